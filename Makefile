@@ -1,0 +1,49 @@
+# Two entry points for a fresh clone (README): `make demo` and `make test`.
+# Both bootstrap what they need: .venv, llama-cpp-python built from source with ggml RPC,
+# the native event library, and the fixture models.
+
+VENV       := .venv
+PY         := $(VENV)/bin/python
+SKIPPYCTL  := $(VENV)/bin/skippyctl
+FIXTURES   := fixtures
+STAMP      := $(VENV)/.skippy-bootstrap
+NATIVE_SRC := $(wildcard native/src/*.c native/src/*.h native/include/skippy/*.h)
+
+.PHONY: bootstrap demo test lint typecheck native-test pytest fixtures clean
+
+$(STAMP): pyproject.toml setup.py scripts/bootstrap.sh
+	./scripts/bootstrap.sh
+	touch $(STAMP)
+
+# Rebuild the native library in place when its sources change (editable install).
+skippyctl/native/.built: $(STAMP) $(NATIVE_SRC)
+	$(PY) setup.py -q build_ext --inplace
+	touch $@
+
+bootstrap: $(STAMP) skippyctl/native/.built
+
+$(FIXTURES)/tiny.gguf: bootstrap
+	$(SKIPPYCTL) fixtures make $(FIXTURES)
+
+fixtures: $(FIXTURES)/tiny.gguf
+
+demo: bootstrap fixtures
+	$(SKIPPYCTL) load $(FIXTURES)/tiny.gguf
+
+lint: bootstrap
+	$(VENV)/bin/ruff check skippyctl tests
+	$(VENV)/bin/ruff format --check skippyctl tests
+
+typecheck: bootstrap
+	$(VENV)/bin/mypy
+
+native-test: bootstrap
+	$(MAKE) -C native test
+
+pytest: bootstrap fixtures
+	$(VENV)/bin/pytest -q
+
+test: lint typecheck native-test pytest
+
+clean:
+	rm -rf build skippyctl/native/_skippy_native*.so skippyctl/native/.built $(FIXTURES)

@@ -1,0 +1,39 @@
+"""The `skippyctl` command: one Typer app composed from one module per command group."""
+
+from __future__ import annotations
+
+import typer
+
+from skippyctl import __version__
+from skippyctl.cli.events import events_app
+from skippyctl.cli.fixtures import fixtures_app
+from skippyctl.cli.load import load_command
+
+app = typer.Typer(
+    name="skippyctl",
+    help="Operate a local llama.cpp runtime: load models and watch structured events.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.command("load")(load_command)
+app.add_typer(fixtures_app, name="fixtures")
+app.add_typer(events_app, name="events")
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"skippyctl {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """Operate a local llama.cpp runtime: load models and watch structured events."""
+
+
+def main() -> None:
+    app()

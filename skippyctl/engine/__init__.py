@@ -1,0 +1,1 @@
+"""The engine: a worker process that owns llama.cpp, and the host-side supervisor."""

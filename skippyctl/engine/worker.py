@@ -1,0 +1,172 @@
+"""The engine worker process: owns llama.cpp for one model.
+
+Run by the supervisor as `python -m skippyctl.engine.worker --control-fd N [--ring-fd M]`.
+With a ring, llama.cpp's progress and log callbacks point straight at C functions of the native
+library (no Python on the callback path), and the worker brackets each load in a native operation
+scope. Without one (legacy mode) it only reports return values. Either way the authoritative result
+of every llama.cpp call is sent on the control channel after the native scope has ended, so the
+host drains every native fact of the operation before it sees the return.
+
+llama.cpp may abort this process (GGML_ASSERT on a bad vocabulary); the supervisor reports that as
+`process_crash`. GGML_NO_BACKTRACE is set by the supervisor so an abort does not run gdb.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from skippyctl.engine.protocol import ControlChannel, Message
+
+
+@dataclass(slots=True)
+class _Loaded:
+    model: Any
+    context: Any | None = None
+
+
+class Worker:
+    def __init__(self, channel: ControlChannel, ring_fd: int | None, capture_debug_log: bool):
+        self.channel = channel
+        self.adapter: Any | None = None
+        self.native_problem: str | None = None
+        self.features = 0
+        self.loaded: _Loaded | None = None
+        import llama_cpp
+
+        self.llama = llama_cpp
+        llama_cpp.llama_backend_init()
+        if ring_fd is not None:
+            self._setup_native(ring_fd, capture_debug_log)
+
+    def _setup_native(self, ring_fd: int, capture_debug_log: bool) -> None:
+        try:
+            from skippyctl.native.devices import resolve_ggml
+            from skippyctl.native.ingress import EngineAdapter, SharedIngress
+            from skippyctl.native.library import (
+                NativeAbiIncompatible,
+                NativeLibraryUnavailable,
+                load_native_library,
+            )
+
+            library = load_native_library()
+            ring = SharedIngress.attach(ring_fd, library=library)
+            self.adapter = EngineAdapter(ring, capture_debug_log=capture_debug_log)
+            self.features = library.features
+            resolve_ggml(library)
+        except (NativeLibraryUnavailable, NativeAbiIncompatible, OSError) as error:
+            self.adapter = None
+            self.native_problem = type(error).__name__
+            return
+        delay = int(os.environ.get("SKIPPY_TEST_PROGRESS_DELAY_US", "0") or 0)
+        if delay > 0:
+            self.adapter.set_test_progress_delay_us(delay)
+        log_callback = self.llama.llama_log_callback(self.adapter.log_callback_address)
+        self._log_callback = log_callback  # keep the function pointer object alive
+        self.llama.llama_log_set(log_callback, self.adapter.user_data)
+
+    def hello(self) -> None:
+        self.channel.send(
+            {
+                "msg": "hello",
+                "pid": os.getpid(),
+                "native": self.adapter is not None,
+                "native_problem": self.native_problem,
+                "features": self.features,
+            }
+        )
+
+    def serve(self) -> int:
+        self.hello()
+        while True:
+            message = self.channel.receive()
+            if message is None or message.get("op") == "shutdown":
+                self._free()
+                return 0
+            if message.get("op") == "load":
+                self._load(message)
+
+    def _load(self, command: Message) -> None:
+        llama = self.llama
+        operation_id = str(command["operation_id"])
+        native_operation = int(command["native_operation"])
+        gpu_layers = int(command.get("gpu_layers", 0))
+        params = llama.llama_model_default_params()
+        params.n_gpu_layers = gpu_layers
+        adapter = self.adapter
+        if adapter is not None:
+            adapter.model_load_begin(native_operation, native_operation)
+            params.progress_callback = llama.llama_progress_callback(
+                adapter.progress_callback_address
+            )
+            params.progress_callback_user_data = adapter.user_data
+        self.channel.send({"msg": "load_begun", "operation_id": operation_id})
+        if adapter is not None:
+            adapter.report_device(gpu_layers)
+        started = time.perf_counter()
+        model = llama.llama_model_load_from_file(str(command["path"]).encode(), params)
+        duration_ms = round((time.perf_counter() - started) * 1000, 3)
+        ok = bool(model)
+        if adapter is not None:
+            from skippyctl.native.abi import FailureCode, Status
+
+            adapter.model_load_end(
+                Status.OK if ok else Status.MODEL_ERROR,
+                FailureCode.NONE if ok else FailureCode.MODEL_ERROR,
+            )
+        reply: Message = {
+            "msg": "load_returned",
+            "operation_id": operation_id,
+            "ok": ok,
+            "duration_ms": duration_ms,
+        }
+        if ok:
+            reply["model_size_bytes"] = int(llama.llama_model_size(model))
+            reply["parameters"] = int(llama.llama_model_n_params(model))
+        self.channel.send(reply)
+        if not ok:
+            return
+        self.loaded = _Loaded(model)
+        self.channel.send({"msg": "context_begun", "operation_id": operation_id})
+        context_params = llama.llama_context_default_params()
+        context_tokens = command.get("context_tokens")
+        if context_tokens:
+            context_params.n_ctx = int(context_tokens)
+        context_params.n_seq_max = int(command.get("lanes", 1))
+        context_params.n_threads = context_params.n_threads_batch = max(1, os.cpu_count() or 1)
+        context = llama.llama_init_from_model(model, context_params)
+        reply = {"msg": "context_returned", "operation_id": operation_id, "ok": bool(context)}
+        if context:
+            self.loaded.context = context
+            reply["context_tokens"] = int(llama.llama_n_ctx(context))
+            reply["lanes"] = int(llama.llama_n_seq_max(context))
+        self.channel.send(reply)
+
+    def _free(self) -> None:
+        if self.loaded is None:
+            return
+        if self.loaded.context:
+            self.llama.llama_free(self.loaded.context)
+        self.llama.llama_model_free(self.loaded.model)
+        self.loaded = None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="skippyctl-engine", description=__doc__)
+    parser.add_argument("--control-fd", type=int, required=True)
+    parser.add_argument("--ring-fd", type=int)
+    parser.add_argument("--capture-debug-log", action="store_true")
+    args = parser.parse_args(argv)
+    channel = ControlChannel(socket.socket(fileno=args.control_fd))
+    worker = Worker(channel, args.ring_fd, args.capture_debug_log)
+    return worker.serve()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Event model: stable ids (catalog), enums (reasons), the typed envelope (envelope)."""

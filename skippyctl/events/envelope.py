@@ -1,0 +1,234 @@
+"""The typed event envelope shared by every producer and consumer.
+
+Privacy by construction (ARCHITECTURE.md §7): an `Event` has no free-text field. Identities are
+`LogicalId`s (a short token: no spaces, no slashes, so neither a prompt nor a path fits), numeric
+summaries use a closed set of keys, states are enum values, and the human summary is rendered by
+the projection from the catalog and these typed fields. Fields that do not apply are `None`
+(absent on the wire), never 0 or "".
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Final
+
+from skippyctl.events.catalog import EventId, spec_of
+from skippyctl.events.reasons import (
+    Category,
+    DeliveryClass,
+    Outcome,
+    Producer,
+    ProgressUnit,
+    ReasonCode,
+    Severity,
+)
+
+SCHEMA_VERSION: Final = 1
+
+_LOGICAL_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:+=-]{0,63}")
+
+
+class InvalidLogicalId(ValueError):
+    """A value offered as an identity is not a short opaque token."""
+
+
+class LogicalId(str):
+    """An opaque identity token: 1–64 of `[A-Za-z0-9._:+=-]`, starting alphanumeric.
+
+    Construction validates, so a prompt (spaces), a path (slashes) or a pointer-like blob longer
+    than 64 characters cannot become an id.
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, value: str) -> LogicalId:
+        if not _LOGICAL_ID.fullmatch(value):
+            raise InvalidLogicalId("identity must be 1-64 characters of [A-Za-z0-9._:+=-]")
+        return super().__new__(cls, value)
+
+
+class SummaryKey(StrEnum):
+    """The closed set of numeric summary keys (bounded cardinality, no free-form attributes)."""
+
+    MEMORY_FREE_BYTES = "memory_free_bytes"
+    MEMORY_TOTAL_BYTES = "memory_total_bytes"
+    MEMORY_USED_BYTES = "memory_used_bytes"
+    DEVICE_TYPE = "device_type"
+    CONTEXT_TOKENS = "context_tokens"
+    CONTEXT_TRAIN_TOKENS = "context_train_tokens"
+    PARAMETERS = "parameters"
+    MODEL_SIZE_BYTES = "model_size_bytes"
+    VOCAB_SIZE = "vocab_size"
+    LAYERS = "layers"
+    GPU_LAYERS = "gpu_layers"
+    LANES = "lanes"
+    LANES_IN_USE = "lanes_in_use"
+    PROMPT_TOKENS = "prompt_tokens"
+    GENERATED_TOKENS = "generated_tokens"
+    REUSED_TOKENS = "reused_tokens"
+    QUEUE_DEPTH = "queue_depth"
+    QUEUE_CAPACITY = "queue_capacity"
+    QUEUE_WAIT_MS = "queue_wait_ms"
+    TIME_TO_FIRST_TOKEN_MS = "time_to_first_token_ms"
+    PREFILL_TOKENS_PER_S = "prefill_tokens_per_s"
+    DECODE_TOKENS_PER_S = "decode_tokens_per_s"
+    BATCH_SIZE = "batch_size"
+    ACTIVE_SESSIONS = "active_sessions"
+    DRAINING_SESSIONS = "draining_sessions"
+    CANCELLED_REQUESTS = "cancelled_requests"
+    KV_CELLS_USED = "kv_cells_used"
+    KV_CELLS_TOTAL = "kv_cells_total"
+    ATTEMPT = "attempt"
+    EXIT_STATUS = "exit_status"
+    EXIT_SIGNAL = "exit_signal"
+    COUNT = "count"
+    COALESCED = "coalesced"
+    SAMPLED = "sampled"
+    DROPPED_TERMINAL = "dropped_terminal"
+    DROPPED_STATE = "dropped_state"
+    DROPPED_PROGRESS = "dropped_progress"
+    DROPPED_DIAGNOSTIC = "dropped_diagnostic"
+    REJECTED = "rejected"
+    LAGGING_SUBSCRIBERS = "lagging_subscribers"
+    EXPECTED_SEQUENCE = "expected_sequence"
+    RECEIVED_SEQUENCE = "received_sequence"
+    NATIVE_KIND = "native_kind"
+    NATIVE_CATEGORY = "native_category"
+    LOG_MESSAGES_WARN = "log_messages_warn"
+    LOG_MESSAGES_ERROR = "log_messages_error"
+    FEATURE_BITS = "feature_bits"
+    ABI_VERSION = "abi_version"
+
+
+class SequenceEvidence(StrEnum):
+    """What the adapter concluded from a native per-operation sequence number."""
+
+    FIRST = "first"
+    CONTIGUOUS = "contiguous"
+    GAP = "gap"
+    DUPLICATE_OR_OUT_OF_ORDER = "duplicate_or_out_of_order"
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    current: int
+    total: int | None
+    unit: ProgressUnit
+
+
+@dataclass(frozen=True, slots=True)
+class StateChange:
+    previous: str | None
+    current: str
+
+
+@dataclass(frozen=True, slots=True)
+class NumericSummary:
+    key: SummaryKey
+    value: int | float
+
+
+@dataclass(frozen=True, slots=True)
+class NativeStamp:
+    """Where a native fact came from: its own clock and per-operation sequence."""
+
+    timestamp_ns: int
+    sequence: int
+    evidence: SequenceEvidence
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    model_id: LogicalId | None = None
+    topology_id: LogicalId | None = None
+    stage_id: LogicalId | None = None
+    stage_index: int | None = None
+    session_id: LogicalId | None = None
+    request_id: LogicalId | None = None
+    device_id: LogicalId | None = None
+
+
+NO_SCOPE: Final = Scope()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Event:
+    """One runtime domain event (the middle layer of the spec: typed, backend-neutral)."""
+
+    id: EventId
+    producer: Producer
+    severity: Severity
+    wall_ns: int
+    mono_ns: int
+    operation_id: LogicalId | None = None
+    parent_operation_id: LogicalId | None = None
+    scope: Scope = NO_SCOPE
+    native: NativeStamp | None = None
+    state: StateChange | None = None
+    progress: Progress | None = None
+    outcome: Outcome | None = None
+    reason_code: ReasonCode | None = None
+    duration_ms: float | None = None
+    summaries: tuple[NumericSummary, ...] = field(default=())
+
+    @property
+    def category(self) -> Category:
+        return spec_of(self.id).category
+
+    @property
+    def delivery(self) -> DeliveryClass:
+        return spec_of(self.id).delivery
+
+    def summary_value(self, key: SummaryKey) -> int | float | None:
+        for item in self.summaries:
+            if item.key is key:
+                return item.value
+        return None
+
+
+def make_event(
+    event_id: EventId,
+    producer: Producer = Producer.RUNTIME,
+    *,
+    severity: Severity | None = None,
+    operation_id: LogicalId | None = None,
+    parent_operation_id: LogicalId | None = None,
+    scope: Scope = NO_SCOPE,
+    native: NativeStamp | None = None,
+    state: StateChange | None = None,
+    progress: Progress | None = None,
+    outcome: Outcome | None = None,
+    reason_code: ReasonCode | None = None,
+    duration_ms: float | None = None,
+    summaries: tuple[NumericSummary, ...] = (),
+    wall_ns: int | None = None,
+    mono_ns: int | None = None,
+) -> Event:
+    """Build an event stamped now, with the catalog's default severity unless one is given."""
+    return Event(
+        id=event_id,
+        producer=producer,
+        severity=severity if severity is not None else spec_of(event_id).severity,
+        wall_ns=wall_ns if wall_ns is not None else time.time_ns(),
+        mono_ns=mono_ns if mono_ns is not None else time.monotonic_ns(),
+        operation_id=operation_id,
+        parent_operation_id=parent_operation_id,
+        scope=scope,
+        native=native,
+        state=state,
+        progress=progress,
+        outcome=outcome,
+        reason_code=reason_code,
+        duration_ms=duration_ms,
+        summaries=summaries,
+    )
+
+
+def summaries(**values: int | float | None) -> tuple[NumericSummary, ...]:
+    """Numeric summaries from keyword arguments named after `SummaryKey` values; None is skipped."""
+    return tuple(
+        NumericSummary(SummaryKey(key), value) for key, value in values.items() if value is not None
+    )

@@ -1,0 +1,104 @@
+"""Wire-stable enumerations of the event contract.
+
+Every value here is public: it appears verbatim in JSON records, SSE frames and exit-code tables.
+Add members, never rename or remove them (ARCHITECTURE.md §5).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Category(StrEnum):
+    """The family an event id belongs to (reference categories)."""
+
+    NATIVE_RUNTIME = "native_runtime"
+    MODEL_PREPARATION = "model_preparation"
+    MODEL_LOADING = "model_loading"
+    MODEL_AVAILABILITY = "model_availability"
+    MODEL_UNLOADING = "model_unloading"
+    STAGE_TOPOLOGY = "stage_topology"
+    SESSION = "session"
+    REQUEST = "request"
+    PREFILL = "prefill"
+    GENERATION = "generation"
+    KV_RUNTIME_STATE = "kv_runtime_state"
+    RESOURCE_HEALTH = "resource_health"
+    DIAGNOSTIC = "diagnostic"
+    NODE_AVAILABILITY = "node_availability"
+    EVENT_SYSTEM_HEALTH = "event_system_health"
+
+
+class DeliveryClass(StrEnum):
+    """How an event travels under pressure (spec: "Delivery, Backpressure, and Correctness")."""
+
+    TERMINAL = "terminal"
+    """Ends an operation; never silently lost (reserved capacity, synthetic terminal otherwise)."""
+    STATE_TRANSITION = "state_transition"
+    """Changes current state; shares the terminal reserve."""
+    PROGRESS = "progress"
+    """Latest value per operation wins; duplicates and regressions suppressed; droppable."""
+    DIAGNOSTIC = "diagnostic"
+    """Droppable, sampled under pressure, always counted."""
+    DEBUG = "debug"
+    """Opt-in evidence only (raw native log lines, per-token observations)."""
+
+
+class Severity(StrEnum):
+    TRACE = "trace"
+    DEBUG = "debug"
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+    FATAL = "fatal"
+
+
+class Producer(StrEnum):
+    """Who stated the fact: the native layer, the Python runtime, or the reconciler."""
+
+    NATIVE = "native"
+    RUNTIME = "runtime"
+    RECONCILED = "reconciled"
+
+
+class Outcome(StrEnum):
+    SUCCESS = "success"
+    FAILURE = "failure"
+    REJECTED = "rejected"
+    CANCELLED = "cancelled"
+    UNKNOWN = "unknown"
+
+
+class ReasonCode(StrEnum):
+    """Stable machine-readable reasons for terminal and warning events (the reference set)."""
+
+    INVALID_CONFIGURATION = "invalid_configuration"
+    UNSUPPORTED_CAPABILITY = "unsupported_capability"
+    MISSING_ARTIFACT = "missing_artifact"
+    ARTIFACT_IO_FAILURE = "artifact_io_failure"
+    MODEL_FORMAT_OR_LOAD_FAILURE = "model_format_or_load_failure"
+    BACKEND_INITIALIZATION_FAILURE = "backend_initialization_failure"
+    DEVICE_UNAVAILABLE = "device_unavailable"
+    RESOURCE_ALLOCATION_FAILURE = "resource_allocation_failure"
+    OUT_OF_MEMORY = "out_of_memory"
+    CONTEXT_EXHAUSTED = "context_exhausted"
+    STAGE_UNAVAILABLE = "stage_unavailable"
+    TIMEOUT = "timeout"
+    CANCELLATION = "cancellation"
+    PROCESS_CRASH = "process_crash"
+    INCOMPATIBLE_ABI_OR_FEATURE_SET = "incompatible_abi_or_feature_set"
+    INTERNAL_RUNTIME_FAILURE = "internal_runtime_failure"
+    UNKNOWN_FAILURE = "unknown_failure"
+    TERMINAL_NOT_DELIVERED = "terminal_not_delivered"
+    RESERVATION_EXHAUSTED = "reservation_exhausted"
+
+
+class ProgressUnit(StrEnum):
+    """Units of `progress.current`/`progress.total` (mirrors the native progress_unit)."""
+
+    NONE = "none"
+    BYTES = "bytes"
+    ITEMS = "items"
+    TENSORS = "tensors"
+    STEPS = "steps"
+    TOKENS = "tokens"

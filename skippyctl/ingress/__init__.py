@@ -1,0 +1,1 @@
+"""Host ingress: the bounded, nonblocking entry for events produced in Python."""

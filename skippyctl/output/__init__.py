@@ -1,0 +1,1 @@
+"""Consumer projections: JSON records, human summaries, terminal presenters."""

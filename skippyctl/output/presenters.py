@@ -1,0 +1,81 @@
+"""Terminal presenters for an event stream: NDJSON on stdout, or a Rich progress bar on stderr."""
+
+from __future__ import annotations
+
+import sys
+from typing import BinaryIO, Protocol
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+
+from skippyctl.events.catalog import EventId
+from skippyctl.events.envelope import Event
+from skippyctl.output.records import dumps_line, event_record
+from skippyctl.output.summary import render_summary
+
+
+class Presenter(Protocol):
+    def show(self, event: Event, seq: int) -> None: ...
+    def close(self) -> None: ...
+
+
+class NdjsonPresenter:
+    """One JSON object per line on stdout, flushed per line so `jq` sees it live."""
+
+    def __init__(self, stream: BinaryIO | None = None) -> None:
+        self._stream = stream or sys.stdout.buffer
+
+    def show(self, event: Event, seq: int) -> None:
+        self._stream.write(dumps_line(event_record(event, seq)))
+        self._stream.flush()
+
+    def close(self) -> None:
+        self._stream.flush()
+
+
+_PHASES = {
+    EventId.MODEL_LOAD_REQUESTED: "requested",
+    EventId.MODEL_LOAD_STARTED: "loading weights",
+    EventId.BACKEND_DEVICE_SELECTED: "loading weights",
+    EventId.NATIVE_MODEL_LOAD_COMPLETED: "weights loaded",
+    EventId.SERVING_BACKEND_INITIALIZATION_STARTED: "creating context",
+    EventId.MODEL_AVAILABLE: "available",
+}
+
+
+class LoadProgressPresenter:
+    """A live load bar with the current phase on stderr; warnings printed above it."""
+
+    def __init__(self, model_label: str, console: Console | None = None) -> None:
+        self.console = console or Console(stderr=True)
+        self._progress = Progress(
+            TextColumn("[bold]{task.fields[model]}[/]"),
+            BarColumn(),
+            TextColumn("{task.percentage:>5.1f}%"),
+            TextColumn("{task.fields[phase]}"),
+            TimeElapsedColumn(),
+            console=self.console,
+            transient=True,
+        )
+        self._task: TaskID = self._progress.add_task(
+            "load", total=1000, model=model_label, phase="starting"
+        )
+        self._progress.start()
+
+    def show(self, event: Event, seq: int) -> None:
+        phase = _PHASES.get(event.id)
+        if phase is not None:
+            self._progress.update(self._task, phase=phase)
+        if event.id is EventId.MODEL_LOAD_PROGRESS and event.progress is not None:
+            total = event.progress.total or 1000
+            self._progress.update(self._task, completed=1000 * event.progress.current / total)
+        if event.id is EventId.NATIVE_MODEL_LOAD_COMPLETED:
+            self._progress.update(self._task, completed=1000)
+        if event.severity.value in ("warning", "error", "fatal") and event.id not in (
+            EventId.MODEL_LOAD_FAILED,
+            EventId.MODEL_LOAD_CANCELLED,
+        ):
+            self._progress.console.print(f"[yellow]{event.id.value}[/]: {render_summary(event)}")
+
+    def close(self) -> None:
+        self._progress.stop()

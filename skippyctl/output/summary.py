@@ -1,0 +1,99 @@
+"""Human one-line summaries rendered from typed event fields (events carry no free text)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Final
+
+from skippyctl.events.catalog import EventId, spec_of
+from skippyctl.events.envelope import Event, SummaryKey
+
+
+def _bytes(value: float | None) -> str:
+    if value is None:
+        return "?"
+    size = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} TiB"
+
+
+def _progress(event: Event) -> str:
+    if event.progress is None or not event.progress.total:
+        return "loading"
+    percent = 100.0 * event.progress.current / event.progress.total
+    return f"loading {percent:.1f}%"
+
+
+def _device(event: Event) -> str:
+    free = event.summary_value(SummaryKey.MEMORY_FREE_BYTES)
+    total = event.summary_value(SummaryKey.MEMORY_TOTAL_BYTES)
+    name = event.scope.device_id or "unknown device"
+    if total:
+        return f"device {name} ({_bytes(free)} free of {_bytes(total)})"
+    return f"device {name}"
+
+
+def _failed(event: Event) -> str:
+    reason = event.reason_code.value if event.reason_code else "unknown_failure"
+    return f"{spec_of(event.id).description.rstrip('.')} ({reason})"
+
+
+def _available(event: Event) -> str:
+    ctx = event.summary_value(SummaryKey.CONTEXT_TOKENS)
+    took = f" after {event.duration_ms:.0f} ms" if event.duration_ms is not None else ""
+    context = f", context {int(ctx)} tokens" if ctx else ""
+    return f"model available{took}{context}"
+
+
+def _native_completed(event: Event) -> str:
+    size = event.summary_value(SummaryKey.MODEL_SIZE_BYTES)
+    params = event.summary_value(SummaryKey.PARAMETERS)
+    parts = ["weights loaded"]
+    if size is not None:
+        parts.append(_bytes(size))
+    if params is not None:
+        parts.append(f"{int(params):,} parameters")
+    return ", ".join(parts)
+
+
+_RENDERERS: Final[dict[EventId, Callable[[Event], str]]] = {
+    EventId.MODEL_LOAD_PROGRESS: _progress,
+    EventId.BACKEND_DEVICE_SELECTED: _device,
+    EventId.MODEL_LOAD_FAILED: _failed,
+    EventId.MODEL_LOAD_CANCELLED: _failed,
+    EventId.SERVING_BACKEND_INITIALIZATION_FAILED: _failed,
+    EventId.MODEL_AVAILABLE: _available,
+    EventId.NATIVE_MODEL_LOAD_COMPLETED: _native_completed,
+}
+
+
+def render_summary(event: Event) -> str:
+    """A bounded human summary (≤ 160 characters) of one event."""
+    renderer = _RENDERERS.get(event.id)
+    text = renderer(event) if renderer is not None else spec_of(event.id).description
+    return text[:160]
+
+
+_REASON_MESSAGES: Final[dict[str, str]] = {
+    "invalid_configuration": "the configuration was refused",
+    "missing_artifact": "the model file does not exist",
+    "artifact_io_failure": "the model file cannot be read",
+    "model_format_or_load_failure": "llama.cpp could not load the file (not GGUF, truncated "
+    "or unsupported)",
+    "backend_initialization_failure": "the serving context could not be created",
+    "process_crash": "the engine process died (llama.cpp aborted or was killed)",
+    "timeout": "gave up after the timeout; the load was cancelled",
+    "cancellation": "cancelled",
+    "terminal_not_delivered": "the outcome was lost under pressure",
+    "incompatible_abi_or_feature_set": "the native library is incompatible",
+}
+
+
+def reason_message(reason: str | None) -> str:
+    """What a reason code means, for people."""
+    if reason is None:
+        return "failed for an unknown reason"
+    return _REASON_MESSAGES.get(reason, reason.replace("_", " "))

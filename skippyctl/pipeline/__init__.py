@@ -1,0 +1,1 @@
+"""The pipeline: adapt native facts, reconcile with authority, reduce, dispatch."""

@@ -1,0 +1,94 @@
+"""Authoritative facts from the engine's return values (the control channel, not the ring).
+
+These are not events: the reconciler turns them, together with native facts, into exactly one
+terminal per operation. They travel in the engine's ordered inbox, after a final drain of that
+engine's ring, so every native fact an engine wrote before returning is seen first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from skippyctl.events.envelope import LogicalId
+from skippyctl.events.reasons import ReasonCode
+
+
+@dataclass(frozen=True, slots=True)
+class OperationBound:
+    """The host started an operation: ties the native u64 to logical ids."""
+
+    engine_key: str
+    operation_id: LogicalId
+    native_operation: int
+    model_id: LogicalId
+
+
+@dataclass(frozen=True, slots=True)
+class LoadBegun:
+    operation_id: LogicalId
+
+
+@dataclass(frozen=True, slots=True)
+class LoadReturned:
+    """llama_model_load_from_file returned: a model (ok) or NULL."""
+
+    operation_id: LogicalId
+    ok: bool
+    reason: ReasonCode | None = None
+    model_size_bytes: int | None = None
+    parameters: int | None = None
+    duration_ms: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ContextBegun:
+    operation_id: LogicalId
+
+
+@dataclass(frozen=True, slots=True)
+class ContextReturned:
+    """llama_init_from_model returned: a usable context (ok) or NULL."""
+
+    operation_id: LogicalId
+    ok: bool
+    context_tokens: int | None = None
+    lanes: int | None = None
+    reason: ReasonCode | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CancelRequested:
+    """The host asked an operation to stop; `reason` is cancellation or timeout."""
+
+    operation_id: LogicalId
+    reason: ReasonCode
+
+
+@dataclass(frozen=True, slots=True)
+class OperationRejected:
+    """The host refused an operation before any engine work (pre-checks, configuration)."""
+
+    operation_id: LogicalId
+    reason: ReasonCode
+
+
+@dataclass(frozen=True, slots=True)
+class EngineExited:
+    """The engine process ended; `crashed` when it was not asked to stop."""
+
+    engine_key: str
+    crashed: bool
+    exit_status: int | None
+    exit_signal: int | None
+
+
+Authoritative = (
+    OperationBound
+    | LoadBegun
+    | LoadReturned
+    | ContextBegun
+    | ContextReturned
+    | CancelRequested
+    | OperationRejected
+    | EngineExited
+)

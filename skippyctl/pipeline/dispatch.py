@@ -1,0 +1,253 @@
+"""Fan-out to subscribers, each with its own bounded queue, plus a bounded replay buffer.
+
+The pipeline thread only appends (O(1)) to a subscriber's queue; it never waits for one. A
+subscriber whose queue passes half its bound is marked lagging (`subscriber_lagging`, once per
+episode); one whose queue is full is disconnected (`subscriber_disconnected`) and its reader is
+told so. A callback subscriber that raises is disconnected and counted. Replay keeps the last
+`max_replay_records` dispatched records, addressable by cursor `rt1:<instance>:<seq>`.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Final
+
+from skippyctl.events.envelope import Event
+
+DEFAULT_SUBSCRIBER_QUEUE_SIZE: Final = 1024
+DEFAULT_REPLAY_RECORDS: Final = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatched:
+    """An event with its process-wide dispatch sequence (the cursor's last part)."""
+
+    sequence: int
+    event: Event
+
+
+class SubscriberStatus(StrEnum):
+    CONNECTED = "connected"
+    LAGGING = "lagging"
+    DISCONNECTED = "disconnected"
+
+
+class DisconnectReason(StrEnum):
+    LAG_BOUND_EXCEEDED = "lag_bound_exceeded"
+    SUBSCRIBER_FAILED = "subscriber_failed"
+    UNSUBSCRIBED = "unsubscribed"
+    SHUTDOWN = "shutdown"
+
+
+class SubscriptionClosed(Exception):
+    """The subscription ended; `reason` says why."""
+
+    def __init__(self, reason: DisconnectReason) -> None:
+        super().__init__(reason.value)
+        self.reason = reason
+
+
+class Subscription:
+    """A pull handle: the consumer thread calls `get`; the pipeline thread calls `offer`."""
+
+    def __init__(self, name: str, max_queue_size: int) -> None:
+        self.name = name
+        self.max_queue_size = max_queue_size
+        self._queue: deque[Dispatched] = deque()
+        self._cond = threading.Condition()
+        self.status = SubscriberStatus.CONNECTED
+        self.disconnect_reason: DisconnectReason | None = None
+        self.delivered = 0
+        self.lag_episodes = 0
+
+    def offer(self, item: Dispatched) -> SubscriberStatus:
+        """Pipeline side. Returns the status after the offer (a change is the caller's news)."""
+        with self._cond:
+            if self.status is SubscriberStatus.DISCONNECTED:
+                return self.status
+            if len(self._queue) >= self.max_queue_size:
+                self._disconnect_locked(DisconnectReason.LAG_BOUND_EXCEEDED)
+                return self.status
+            self._queue.append(item)
+            if (
+                self.status is SubscriberStatus.CONNECTED
+                and len(self._queue) > self.max_queue_size // 2
+            ):
+                self.status = SubscriberStatus.LAGGING
+                self.lag_episodes += 1
+            self._cond.notify()
+            return self.status
+
+    def get(self, timeout_s: float | None = None) -> Dispatched | None:
+        """Consumer side: the next item, None on timeout; raises SubscriptionClosed when ended
+        and drained."""
+        with self._cond:
+            if not self._queue and self.status is not SubscriberStatus.DISCONNECTED:
+                self._cond.wait(timeout_s)
+            if self._queue:
+                item = self._queue.popleft()
+                self.delivered += 1
+                if (
+                    self.status is SubscriberStatus.LAGGING
+                    and len(self._queue) < self.max_queue_size // 4
+                ):
+                    self.status = SubscriberStatus.CONNECTED
+                return item
+            if self.status is SubscriberStatus.DISCONNECTED:
+                raise SubscriptionClosed(self.disconnect_reason or DisconnectReason.SHUTDOWN)
+            return None
+
+    def pending(self) -> int:
+        with self._cond:
+            return len(self._queue)
+
+    def close(self, reason: DisconnectReason) -> None:
+        with self._cond:
+            self._disconnect_locked(reason, keep_queue=True)
+
+    def _disconnect_locked(self, reason: DisconnectReason, keep_queue: bool = False) -> None:
+        if self.status is SubscriberStatus.DISCONNECTED:
+            return
+        self.status = SubscriberStatus.DISCONNECTED
+        self.disconnect_reason = reason
+        if not keep_queue:
+            self._queue.clear()
+        self._cond.notify_all()
+
+
+@dataclass(frozen=True, slots=True)
+class DispatcherStats:
+    dispatched: int
+    subscribers: int
+    lagging: int
+    disconnected_lag: int
+    disconnected_failed: int
+    replay_retained: int
+    replay_evicted: int
+
+
+class Dispatcher:
+    """Owned by the pipeline thread for `publish`; subscribe/unsubscribe from any thread."""
+
+    def __init__(self, max_replay_records: int = DEFAULT_REPLAY_RECORDS) -> None:
+        self.instance_id = uuid.uuid4()
+        self._lock = threading.Lock()
+        self._subscriptions: list[Subscription] = []
+        self._replay: deque[Dispatched] = deque(maxlen=max_replay_records)
+        self._sequence = 0
+        self._replay_evicted = 0
+        self._disconnected_lag = 0
+        self._disconnected_failed = 0
+        self.on_status_change: Callable[[Subscription, SubscriberStatus], None] | None = None
+
+    def cursor(self, sequence: int) -> str:
+        return f"rt1:{self.instance_id}:{sequence}"
+
+    def subscribe(
+        self, name: str, max_queue_size: int = DEFAULT_SUBSCRIBER_QUEUE_SIZE, replay: bool = False
+    ) -> Subscription:
+        """A new subscription; with `replay`, it first receives what the replay buffer holds."""
+        subscription = Subscription(name, max_queue_size)
+        with self._lock:
+            if replay:
+                for item in self._replay:
+                    subscription.offer(item)
+            self._subscriptions.append(subscription)
+        return subscription
+
+    def unsubscribe(self, subscription: Subscription) -> None:
+        subscription.close(DisconnectReason.UNSUBSCRIBED)
+        with self._lock:
+            if subscription in self._subscriptions:
+                self._subscriptions.remove(subscription)
+
+    def publish(self, event: Event) -> Dispatched:
+        with self._lock:
+            self._sequence += 1
+            item = Dispatched(self._sequence, event)
+            if len(self._replay) == self._replay.maxlen:
+                self._replay_evicted += 1
+            self._replay.append(item)
+            subscriptions = list(self._subscriptions)
+        for subscription in subscriptions:
+            before = subscription.status
+            after = subscription.offer(item)
+            if after is not before:
+                self._status_changed(subscription, after)
+        return item
+
+    def mark_failed(self, subscription: Subscription) -> None:
+        """A callback subscriber raised: disconnect and count it."""
+        if subscription.status is not SubscriberStatus.DISCONNECTED:
+            subscription.close(DisconnectReason.SUBSCRIBER_FAILED)
+            self._status_changed(subscription, SubscriberStatus.DISCONNECTED)
+
+    def _status_changed(self, subscription: Subscription, status: SubscriberStatus) -> None:
+        with self._lock:
+            if status is SubscriberStatus.DISCONNECTED:
+                if subscription.disconnect_reason is DisconnectReason.LAG_BOUND_EXCEEDED:
+                    self._disconnected_lag += 1
+                elif subscription.disconnect_reason is DisconnectReason.SUBSCRIBER_FAILED:
+                    self._disconnected_failed += 1
+                if subscription in self._subscriptions:
+                    self._subscriptions.remove(subscription)
+        if self.on_status_change is not None:
+            self.on_status_change(subscription, status)
+
+    def replay_since(self, sequence: int) -> tuple[list[Dispatched], bool]:
+        """Records after `sequence`, and whether some were already evicted (a gap)."""
+        with self._lock:
+            items = [item for item in self._replay if item.sequence > sequence]
+            oldest = self._replay[0].sequence if self._replay else self._sequence + 1
+        return items, sequence + 1 < oldest and self._replay_evicted > 0
+
+    def close_all(self, reason: DisconnectReason) -> None:
+        with self._lock:
+            subscriptions = list(self._subscriptions)
+            self._subscriptions.clear()
+        for subscription in subscriptions:
+            subscription.close(reason)
+
+    def stats(self) -> DispatcherStats:
+        with self._lock:
+            return DispatcherStats(
+                dispatched=self._sequence,
+                subscribers=len(self._subscriptions),
+                lagging=sum(1 for s in self._subscriptions if s.status is SubscriberStatus.LAGGING),
+                disconnected_lag=self._disconnected_lag,
+                disconnected_failed=self._disconnected_failed,
+                replay_retained=len(self._replay),
+                replay_evicted=self._replay_evicted,
+            )
+
+
+def run_callback_subscriber(
+    dispatcher: Dispatcher,
+    subscription: Subscription,
+    callback: Callable[[Dispatched], None],
+    name: str,
+) -> threading.Thread:
+    """Run `callback` for each item on its own named thread; an exception disconnects it."""
+
+    def loop() -> None:
+        while True:
+            try:
+                item = subscription.get(0.5)
+            except SubscriptionClosed:
+                return
+            if item is None:
+                continue
+            try:
+                callback(item)
+            except Exception:  # noqa: BLE001 - any subscriber failure disconnects it, by contract
+                dispatcher.mark_failed(subscription)
+                return
+
+    thread = threading.Thread(target=loop, name=f"skippy-subscriber-{name}", daemon=True)
+    thread.start()
+    return thread

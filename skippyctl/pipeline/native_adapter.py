@@ -1,0 +1,288 @@
+"""Native facts → typed domain events.
+
+Enum values stay raw until here. Each fact is correlated to its logical operation and model through
+the binding the host registered when it started the operation (`OperationBound`); per-operation
+sequence evidence (first, contiguous, gap, duplicate/out-of-order) is computed here from the
+native sequence numbers. A gap that the ring's own coalescing does not explain is recorded as its
+own diagnostic event. Unknown kinds and categories are counted, never raised.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Final, Protocol
+
+from skippyctl.events.catalog import EventId
+from skippyctl.events.envelope import (
+    Event,
+    LogicalId,
+    NativeStamp,
+    Progress,
+    Scope,
+    SequenceEvidence,
+    make_event,
+    summaries,
+)
+from skippyctl.events.reasons import Producer, ProgressUnit, ReasonCode
+from skippyctl.pipeline.authority import OperationBound
+
+
+class NativeFactLike(Protocol):
+    """The fields of a drained native record the adapter reads (skippyctl.native.ingress)."""
+
+    @property
+    def operation_id(self) -> int: ...
+    @property
+    def category(self) -> int: ...
+    @property
+    def kind(self) -> int: ...
+    @property
+    def sequence(self) -> int: ...
+    @property
+    def timestamp_mono_ns(self) -> int: ...
+    @property
+    def progress_current(self) -> int: ...
+    @property
+    def progress_total(self) -> int: ...
+    @property
+    def progress_unit(self) -> int: ...
+    @property
+    def failure_code(self) -> int: ...
+    @property
+    def status(self) -> int: ...
+    @property
+    def detail(self) -> bytes: ...
+    @property
+    def numeric_summaries(self) -> tuple[int, int, int, int] | None: ...
+    @property
+    def coalesced_count(self) -> int: ...
+
+
+KNOWN_CATEGORIES: Final = frozenset(range(1, 9))
+
+# Native kind → event id (skippy-facts.md "Native kind → event id").
+KIND_TO_EVENT: Final[dict[int, EventId]] = {
+    1: EventId.MODEL_LOAD_STARTED,
+    2: EventId.MODEL_LOAD_PROGRESS,
+    3: EventId.BACKEND_DEVICE_SELECTED,
+    4: EventId.NATIVE_MODEL_LOAD_COMPLETED,
+    5: EventId.MODEL_LOAD_FAILED,
+    100: EventId.MODEL_LOAD_PHASE_CHANGED,
+    101: EventId.MODEL_MEMORY_ALLOCATION_SUMMARY,
+    102: EventId.MODEL_LOAD_PHASE_CHANGED,
+    103: EventId.MODEL_LOAD_PHASE_CHANGED,
+    104: EventId.MODEL_LOAD_PHASE_CHANGED,
+    200: EventId.KV_CACHE_INITIALIZATION_COMPLETED,
+    201: EventId.CACHE_PRESSURE_CROSSED,
+    202: EventId.CACHE_PRESSURE_CLEARED,
+    203: EventId.CONTEXT_CAPACITY_APPROACHING_LIMIT,
+    204: EventId.CONTEXT_EXHAUSTED,
+    300: EventId.BACKEND_INITIALIZATION_COMPLETED,
+    301: EventId.DEVICE_READY,
+    302: EventId.DEVICE_DEGRADED,
+    303: EventId.DEVICE_UNAVAILABLE,
+    304: EventId.DEVICE_RECOVERED,
+    305: EventId.DEVICE_LOST,
+    306: EventId.RESOURCE_ALLOCATION_COMPLETED,
+    307: EventId.OUT_OF_MEMORY_CONDITION,
+    308: EventId.BACKEND_FALLBACK_ACTIVATED,
+    400: EventId.WARNING_RAISED,
+    401: EventId.WARNING_CLEARED,
+    402: EventId.RECOVERABLE_NATIVE_FAILURE,
+    403: EventId.FATAL_NATIVE_FAILURE,
+    404: EventId.INVARIANT_PROTOCOL_VIOLATION,
+    500: EventId.UNLOAD_STARTED,
+    501: EventId.UNLOAD_COMPLETED,
+    502: EventId.UNLOAD_FAILED,
+    503: EventId.FORCED_UNLOAD,
+    504: EventId.SESSION_DRAINING_STARTED,
+}
+
+# Terminal kinds the reconciler owns: they are never emitted before the authoritative return.
+RECONCILED_KINDS: Final = frozenset({4, 5})
+
+FAILURE_CODE_TO_REASON: Final[dict[int, ReasonCode]] = {
+    0: ReasonCode.UNKNOWN_FAILURE,
+    1: ReasonCode.INVALID_CONFIGURATION,
+    2: ReasonCode.ARTIFACT_IO_FAILURE,
+    3: ReasonCode.MODEL_FORMAT_OR_LOAD_FAILURE,
+    4: ReasonCode.INTERNAL_RUNTIME_FAILURE,
+    5: ReasonCode.BACKEND_INITIALIZATION_FAILURE,
+    6: ReasonCode.CANCELLATION,
+    7: ReasonCode.INTERNAL_RUNTIME_FAILURE,
+}
+
+PROGRESS_UNITS: Final[dict[int, ProgressUnit]] = {
+    0: ProgressUnit.NONE,
+    1: ProgressUnit.BYTES,
+    2: ProgressUnit.ITEMS,
+    3: ProgressUnit.TENSORS,
+    4: ProgressUnit.STEPS,
+}
+
+_DEVICE_NAME_UNSAFE: Final = re.compile(r"[^A-Za-z0-9._:+=-]+")
+MAX_TRACKED_OPERATIONS: Final = 4096
+
+
+def device_id_from_detail(detail: bytes) -> LogicalId | None:
+    """A device's logical id from its ggml name ("CPU", "CUDA0"); bounded and sanitised."""
+    text = detail.decode("utf-8", "replace").strip()
+    cleaned = _DEVICE_NAME_UNSAFE.sub("_", text).strip("._:+=-")[:32]
+    if not cleaned or not cleaned[0].isalnum():
+        return None
+    return LogicalId(cleaned)
+
+
+@dataclass(slots=True)
+class _Track:
+    binding: OperationBound | None
+    max_sequence: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class AdaptedFact:
+    """One adapted fact: the event, and whether the reconciler must hold it for authority."""
+
+    event: Event
+    needs_authority: bool
+    native_kind: int
+
+
+@dataclass(slots=True)
+class AdapterCounters:
+    facts: int = 0
+    unknown: int = 0
+    gaps: int = 0
+    duplicates: int = 0
+    unbound: int = 0
+
+
+class NativeAdapter:
+    """Stateful per-operation correlation; owned by the pipeline thread only."""
+
+    def __init__(self) -> None:
+        self._tracks: OrderedDict[int, _Track] = OrderedDict()
+        self.counters = AdapterCounters()
+
+    def bind(self, binding: OperationBound) -> None:
+        self._tracks[binding.native_operation] = _Track(binding)
+        self._tracks.move_to_end(binding.native_operation)
+        while len(self._tracks) > MAX_TRACKED_OPERATIONS:
+            self._tracks.popitem(last=False)
+
+    def adapt(self, fact: NativeFactLike) -> list[AdaptedFact]:
+        """Turn one fact into zero or more events (a gap adds a diagnostic event)."""
+        self.counters.facts += 1
+        event_id = KIND_TO_EVENT.get(fact.kind)
+        if event_id is None or fact.category not in KNOWN_CATEGORIES:
+            self.counters.unknown += 1
+            return []
+        track = self._tracks.get(fact.operation_id) if fact.operation_id else None
+        if track is None:
+            self.counters.unbound += 1
+            track = _Track(binding=None)
+            if fact.operation_id:
+                self._tracks[fact.operation_id] = track
+        evidence, expected = self._evidence(track, fact)
+        binding = track.binding
+        operation_id = binding.operation_id if binding is not None else None
+        model_id = binding.model_id if binding is not None else None
+        out: list[AdaptedFact] = []
+        if evidence is SequenceEvidence.GAP and fact.sequence - expected > fact.coalesced_count:
+            self.counters.gaps += 1
+            out.append(
+                AdaptedFact(
+                    make_event(
+                        EventId.NATIVE_SEQUENCE_GAP_DETECTED,
+                        Producer.NATIVE,
+                        operation_id=operation_id,
+                        scope=Scope(model_id=model_id),
+                        summaries=summaries(
+                            expected_sequence=expected, received_sequence=fact.sequence
+                        ),
+                    ),
+                    needs_authority=False,
+                    native_kind=fact.kind,
+                )
+            )
+        elif evidence is SequenceEvidence.DUPLICATE_OR_OUT_OF_ORDER:
+            self.counters.duplicates += 1
+        stamp = NativeStamp(fact.timestamp_mono_ns, fact.sequence, evidence)
+        out.append(
+            AdaptedFact(
+                self._event(event_id, fact, stamp, operation_id, model_id),
+                needs_authority=fact.kind in RECONCILED_KINDS,
+                native_kind=fact.kind,
+            )
+        )
+        return out
+
+    @staticmethod
+    def _evidence(track: _Track, fact: NativeFactLike) -> tuple[SequenceEvidence, int]:
+        expected = track.max_sequence + 1
+        if track.max_sequence == 0:
+            evidence = SequenceEvidence.FIRST
+        elif fact.sequence == expected:
+            evidence = SequenceEvidence.CONTIGUOUS
+        elif fact.sequence > expected:
+            evidence = SequenceEvidence.GAP
+        else:
+            return SequenceEvidence.DUPLICATE_OR_OUT_OF_ORDER, expected
+        track.max_sequence = fact.sequence
+        return evidence, expected
+
+    @staticmethod
+    def _event(
+        event_id: EventId,
+        fact: NativeFactLike,
+        stamp: NativeStamp,
+        operation_id: LogicalId | None,
+        model_id: LogicalId | None,
+    ) -> Event:
+        unit = PROGRESS_UNITS.get(fact.progress_unit, ProgressUnit.NONE)
+        progress = None
+        if unit is not ProgressUnit.NONE:
+            progress = Progress(fact.progress_current, fact.progress_total or None, unit)
+        device_id = None
+        extra = summaries(native_kind=fact.kind) if event_id is not _DIRECT.get(fact.kind) else ()
+        numbers = fact.numeric_summaries
+        if event_id is EventId.BACKEND_DEVICE_SELECTED:
+            device_id = device_id_from_detail(fact.detail)
+            if numbers is not None:
+                extra = summaries(
+                    memory_free_bytes=numbers[0],
+                    memory_total_bytes=numbers[1],
+                    device_type=numbers[2],
+                )
+        reason = _FIXED_REASONS.get(event_id)
+        if reason is None and (fact.kind == 5 or event_id in _FAILURE_EVENTS):
+            reason = FAILURE_CODE_TO_REASON.get(fact.failure_code, ReasonCode.UNKNOWN_FAILURE)
+        return make_event(
+            event_id,
+            Producer.NATIVE,
+            operation_id=operation_id,
+            scope=Scope(model_id=model_id, device_id=device_id),
+            native=stamp,
+            progress=progress,
+            reason_code=reason,
+            summaries=extra,
+        )
+
+
+# Kinds whose event id is specific to them; shared ids (phase changes) carry the native kind.
+_DIRECT: Final[dict[int, EventId]] = {
+    kind: event_id
+    for kind, event_id in KIND_TO_EVENT.items()
+    if list(KIND_TO_EVENT.values()).count(event_id) == 1
+}
+
+_FAILURE_EVENTS: Final = frozenset(
+    {EventId.UNLOAD_FAILED, EventId.FATAL_NATIVE_FAILURE, EventId.DEVICE_LOST}
+)
+_FIXED_REASONS: Final[dict[EventId, ReasonCode]] = {
+    EventId.OUT_OF_MEMORY_CONDITION: ReasonCode.OUT_OF_MEMORY,
+    EventId.CONTEXT_EXHAUSTED: ReasonCode.CONTEXT_EXHAUSTED,
+    EventId.DEVICE_UNAVAILABLE: ReasonCode.DEVICE_UNAVAILABLE,
+}

@@ -1,0 +1,457 @@
+"""The pipeline thread: drains native rings and host ingress, adapts, reconciles, reduces,
+dispatches — and reports its own health, rate-limited.
+
+Threads (all named): one `skippy-pipeline` thread owns the adapter, reconciler, reducer state
+and dispatch; one `skippy-drain-<engine>` thread per engine waits on that engine's shared-memory
+ring with the GIL released and hands batches to the pipeline through a bounded inbox (when the
+inbox is full the drainer stops draining, so pressure lands in the ring, where it is dropped by
+class and counted — never on the native producer).
+
+Ordering: authoritative items from an engine are queued after a synchronous final drain of its
+ring, so the reconciler sees every native fact written before the engine returned. Each cycle
+takes the inbox snapshot before draining host ingress and reduces the host events first, so a host
+event submitted before an engine fact is always reduced before it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Final, Protocol
+
+from skippyctl.events.catalog import EventId
+from skippyctl.events.envelope import Event, make_event, summaries
+from skippyctl.events.reasons import Category, DeliveryClass, Outcome, Producer, ReasonCode
+from skippyctl.ingress.host import HostIngress, HostIngressConfig, HostIngressStats, SubmitOutcome
+from skippyctl.pipeline.authority import Authoritative, OperationBound
+from skippyctl.pipeline.dispatch import (
+    DisconnectReason,
+    Dispatcher,
+    DispatcherStats,
+    SubscriberStatus,
+    Subscription,
+)
+from skippyctl.pipeline.native_adapter import AdapterCounters, NativeAdapter, NativeFactLike
+from skippyctl.pipeline.reconcile import Reconciler, ReconcilerCounters
+from skippyctl.reducer.reduce import reduce
+from skippyctl.reducer.state import RuntimeView
+
+MAX_INBOX_BATCHES: Final = 64
+DRAIN_BATCH_RECORDS: Final = 512
+HEALTH_INTERVAL_S: Final = 0.5
+
+# The failure terminal that stands in for an undelivered terminal of each family.
+SYNTHETIC_TERMINALS: Final[dict[Category, EventId]] = {
+    Category.MODEL_LOADING: EventId.MODEL_LOAD_FAILED,
+    Category.MODEL_AVAILABILITY: EventId.SERVING_BACKEND_INITIALIZATION_FAILED,
+    Category.MODEL_UNLOADING: EventId.UNLOAD_FAILED,
+    Category.MODEL_PREPARATION: EventId.MODEL_PREPARATION_FAILED,
+    Category.SESSION: EventId.SESSION_FAILED,
+    Category.REQUEST: EventId.REQUEST_FAILED,
+    Category.PREFILL: EventId.PREFILL_FAILED,
+    Category.GENERATION: EventId.GENERATION_FAILED,
+    Category.STAGE_TOPOLOGY: EventId.STAGE_FAILED,
+    Category.KV_RUNTIME_STATE: EventId.KV_CACHE_INITIALIZATION_FAILED,
+    Category.RESOURCE_HEALTH: EventId.COMPUTE_FAILURE,
+    Category.NATIVE_RUNTIME: EventId.RUNTIME_CRASHED,
+    Category.DIAGNOSTIC: EventId.INVARIANT_PROTOCOL_VIOLATION,
+}
+
+
+class LaneCounts(Protocol):
+    @property
+    def dropped_full(self) -> int: ...
+    @property
+    def coalesced(self) -> int: ...
+
+
+class RingStats(Protocol):
+    """What the pipeline reads from a native ring's counters (skippyctl.native.ingress)."""
+
+    @property
+    def terminal(self) -> LaneCounts: ...
+    @property
+    def progress(self) -> LaneCounts: ...
+    @property
+    def diagnostic(self) -> LaneCounts: ...
+    @property
+    def unknown_kind(self) -> int: ...
+    def total_rejected(self) -> int: ...
+
+
+class NativeRing(Protocol):
+    """The host side of one engine's shared-memory ring (skippyctl.native.ingress)."""
+
+    def wait(self, timeout_s: float) -> bool: ...
+    def drain(self, max_records: int = ...) -> Sequence[NativeFactLike]: ...
+    def stats(self) -> RingStats: ...
+
+
+@dataclass(frozen=True, slots=True)
+class NativeBatch:
+    engine_key: str
+    facts: Sequence[NativeFactLike]
+
+
+@dataclass(frozen=True, slots=True)
+class EventSystemHealth:
+    """The queryable event-system health (also reported as events, rate-limited)."""
+
+    host_ingress: HostIngressStats
+    native_dropped: int
+    native_coalesced: int
+    native_rejected: int
+    native_unknown: int
+    dispatcher: DispatcherStats
+    adapter: AdapterCounters
+    reconciler: ReconcilerCounters
+    reducer_rejected: int
+    reducer_duplicates: int
+    inbox_batches: int
+    health_events_emitted: int
+
+
+class EngineChannel:
+    """One engine's ring and its drainer thread."""
+
+    def __init__(self, pipeline: Pipeline, key: str, ring: NativeRing) -> None:
+        self.key = key
+        self.ring = ring
+        self._pipeline = pipeline
+        self._drain_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"skippy-drain-{key}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if not self._pipeline._inbox_has_room():
+                self._pipeline._inbox_room.wait(0.05)
+                continue
+            if self.ring.wait(0.2):
+                self.flush()
+
+    def flush(self) -> int:
+        """Drain everything pending now, in order, into the pipeline inbox."""
+        total = 0
+        with self._drain_lock:
+            while True:
+                facts = self.ring.drain(DRAIN_BATCH_RECORDS)
+                if not facts:
+                    return total
+                total += len(facts)
+                self._pipeline._inbox_put(NativeBatch(self.key, facts))
+
+    def submit_authority(self, item: Authoritative) -> None:
+        """Queue an authoritative item after every fact the engine has written so far."""
+        with self._drain_lock:
+            while facts := self.ring.drain(DRAIN_BATCH_RECORDS):
+                self._pipeline._inbox_put(NativeBatch(self.key, facts))
+            self._pipeline._inbox_put(item)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2.0)
+        self.flush()
+
+
+@dataclass(frozen=True, slots=True)
+class ShutdownReport:
+    drained_in_time: bool
+    undelivered: int
+
+
+@dataclass(slots=True)
+class _HealthMarks:
+    dropped: dict[str, int] = field(default_factory=dict)
+    coalesced: int = 0
+    sampled: int = 0
+    unknown: int = 0
+    reducer_rejected: int = 0
+    status_changes: deque[tuple[str, SubscriberStatus]] = field(default_factory=deque)
+    emitted: int = 0
+
+
+class Pipeline:
+    def __init__(
+        self,
+        ingress_config: HostIngressConfig | None = None,
+        max_replay_records: int = 4096,
+        health_interval_s: float = HEALTH_INTERVAL_S,
+    ) -> None:
+        self.ingress = HostIngress(ingress_config)
+        self.dispatcher = Dispatcher(max_replay_records)
+        self.dispatcher.on_status_change = self._on_subscriber_status
+        self.adapter = NativeAdapter()
+        self.reconciler = Reconciler()
+        self._state = RuntimeView()
+        self._state_lock = threading.Lock()
+        self._state_changed = threading.Condition(self._state_lock)
+        self._inbox: deque[NativeBatch | Authoritative] = deque()
+        self._inbox_lock = threading.Lock()
+        self._inbox_room = threading.Event()
+        self._inbox_room.set()
+        self._doorbell = self.ingress.doorbell
+        self._engines: dict[str, EngineChannel] = {}
+        self._stopping = threading.Event()
+        self._health_interval_s = health_interval_s
+        self._health = _HealthMarks()
+        self._next_health = 0.0
+        self._reducer_errors = 0
+        self._thread = threading.Thread(target=self._run, name="skippy-pipeline", daemon=True)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> Pipeline:
+        self._thread.start()
+        return self
+
+    def shutdown(self, timeout_s: float = 2.0) -> ShutdownReport:
+        """Stop accepting, drain what is pending within `timeout_s`, end subscriptions.
+
+        Idempotent and bounded. Reports how many pending items could not be processed.
+        """
+        self.ingress.close()
+        for channel in list(self._engines.values()):
+            channel.close()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and (self.ingress.pending() or self._inbox_size()):
+            self._doorbell.set()
+            time.sleep(0.01)
+        self._stopping.set()
+        self._doorbell.set()
+        if self._thread.is_alive():
+            self._thread.join(max(0.0, deadline - time.monotonic()) + 0.5)
+        undelivered = self.ingress.pending() + self._inbox_size()
+        self.dispatcher.close_all(DisconnectReason.SHUTDOWN)
+        return ShutdownReport(drained_in_time=undelivered == 0, undelivered=undelivered)
+
+    # -- producers ------------------------------------------------------------------------------
+    def submit(self, event: Event) -> SubmitOutcome:
+        return self.ingress.submit(event)
+
+    def submit_authority(self, item: Authoritative) -> None:
+        """Queue an authoritative item that belongs to no engine ring (host decisions)."""
+        self._inbox_put(item)
+
+    def attach_engine(self, key: str, ring: NativeRing) -> EngineChannel:
+        channel = EngineChannel(self, key, ring)
+        self._engines[key] = channel
+        return channel
+
+    def detach_engine(self, key: str) -> None:
+        channel = self._engines.pop(key, None)
+        if channel is not None:
+            channel.close()
+
+    def subscribe(
+        self, name: str, max_queue_size: int = 1024, replay: bool = False
+    ) -> Subscription:
+        return self.dispatcher.subscribe(name, max_queue_size, replay)
+
+    # -- state ----------------------------------------------------------------------------------
+    @property
+    def state(self) -> RuntimeView:
+        with self._state_lock:
+            return self._state
+
+    def wait_state(
+        self, predicate: Callable[[RuntimeView], bool], timeout_s: float
+    ) -> RuntimeView | None:
+        """Block until the reduced state satisfies `predicate`; None on timeout."""
+        deadline = time.monotonic() + timeout_s
+        with self._state_changed:
+            while not predicate(self._state):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                self._state_changed.wait(remaining)
+            return self._state
+
+    def health(self) -> EventSystemHealth:
+        dropped = coalesced = rejected = unknown = 0
+        for channel in list(self._engines.values()):
+            stats = channel.ring.stats()
+            lanes = (stats.terminal, stats.progress, stats.diagnostic)
+            dropped += sum(lane.dropped_full for lane in lanes)
+            coalesced += sum(lane.coalesced for lane in lanes)
+            rejected += stats.total_rejected()
+            unknown += stats.unknown_kind
+        state = self.state
+        return EventSystemHealth(
+            host_ingress=self.ingress.stats(),
+            native_dropped=dropped,
+            native_coalesced=coalesced,
+            native_rejected=rejected,
+            native_unknown=unknown + self.adapter.counters.unknown,
+            dispatcher=self.dispatcher.stats(),
+            adapter=self.adapter.counters,
+            reconciler=self.reconciler.counters,
+            reducer_rejected=state.counters.rejected_transitions + self._reducer_errors,
+            reducer_duplicates=state.counters.duplicate_transitions,
+            inbox_batches=self._inbox_size(),
+            health_events_emitted=self._health.emitted,
+        )
+
+    # -- inbox ----------------------------------------------------------------------------------
+    def _inbox_put(self, item: NativeBatch | Authoritative) -> None:
+        with self._inbox_lock:
+            self._inbox.append(item)
+            if len(self._inbox) >= MAX_INBOX_BATCHES:
+                self._inbox_room.clear()
+        self._doorbell.set()
+
+    def _inbox_has_room(self) -> bool:
+        return self._inbox_room.is_set()
+
+    def _inbox_size(self) -> int:
+        with self._inbox_lock:
+            return len(self._inbox)
+
+    def _inbox_take(self) -> list[NativeBatch | Authoritative]:
+        with self._inbox_lock:
+            items = list(self._inbox)
+            self._inbox.clear()
+            self._inbox_room.set()
+        return items
+
+    # -- the thread -----------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            self._doorbell.wait(self._health_interval_s)
+            self._cycle()
+            now = time.monotonic()
+            if now >= self._next_health:
+                self._next_health = now + self._health_interval_s
+                self._report_health()
+        self._cycle()
+
+    def _cycle(self) -> None:
+        while True:
+            items = self._inbox_take()
+            events = self.ingress.drain()
+            if not items and not events:
+                break
+            for event in events:
+                self._process(event)
+            for item in items:
+                if isinstance(item, NativeBatch):
+                    self._process_batch(item)
+                else:
+                    if isinstance(item, OperationBound):
+                        self.adapter.bind(item)
+                    for event in self.reconciler.on_authority(item):
+                        self._process(event)
+        for undelivered in self.ingress.take_undelivered_terminals():
+            self._process(self._synthetic_terminal(undelivered.event))
+
+    def _process_batch(self, batch: NativeBatch) -> None:
+        facts = sorted(batch.facts, key=lambda f: (f.operation_id, f.sequence))
+        for fact in facts:
+            for adapted in self.adapter.adapt(fact):
+                for event in self.reconciler.on_native(adapted):
+                    self._process(event)
+
+    def _process(self, event: Event) -> None:
+        try:
+            new_state, transitions = reduce(self._state, event)
+        except Exception:  # noqa: BLE001 - the reducer is total by contract; count, never die
+            self._reducer_errors += 1
+            new_state, transitions = self._state, ()
+        with self._state_changed:
+            self._state = new_state
+            self._state_changed.notify_all()
+        self.dispatcher.publish(event)
+        for transition in transitions:
+            self.dispatcher.publish(transition)
+
+    @staticmethod
+    def _synthetic_terminal(lost: Event) -> Event:
+        return make_event(
+            SYNTHETIC_TERMINALS.get(lost.category, EventId.INVARIANT_PROTOCOL_VIOLATION),
+            Producer.RECONCILED,
+            operation_id=lost.operation_id,
+            scope=lost.scope,
+            outcome=Outcome.FAILURE,
+            reason_code=ReasonCode.TERMINAL_NOT_DELIVERED,
+        )
+
+    # -- health (rate-limited; never fed back into ingress) --------------------------------------
+    def _on_subscriber_status(self, subscription: Subscription, status: SubscriberStatus) -> None:
+        marks = self._health.status_changes
+        if len(marks) < 64:
+            marks.append((subscription.name, status))
+
+    def _report_health(self) -> None:
+        health = self.health()
+        marks = self._health
+        lanes = health.host_ingress.lanes
+        dropped = {cls.value: counters.dropped for cls, counters in lanes.items()}
+        dropped["native"] = health.native_dropped
+        delta = {key: value - marks.dropped.get(key, 0) for key, value in dropped.items()}
+        reports: list[Event] = []
+        if any(value > 0 for value in delta.values()):
+            reports.append(
+                make_event(
+                    EventId.EVENTS_DROPPED_BY_CLASS,
+                    summaries=summaries(
+                        dropped_terminal=delta.get(DeliveryClass.TERMINAL.value),
+                        dropped_state=delta.get(DeliveryClass.STATE_TRANSITION.value),
+                        dropped_progress=delta.get(DeliveryClass.PROGRESS.value),
+                        dropped_diagnostic=delta.get(DeliveryClass.DIAGNOSTIC.value),
+                        count=delta.get("native"),
+                    ),
+                )
+            )
+        marks.dropped = dropped
+        coalesced = health.host_ingress.total("coalesced") + health.native_coalesced
+        if coalesced > marks.coalesced:
+            reports.append(
+                make_event(
+                    EventId.EVENTS_COALESCED,
+                    summaries=summaries(coalesced=coalesced - marks.coalesced),
+                )
+            )
+            marks.coalesced = coalesced
+        if health.host_ingress.sampled > marks.sampled:
+            reports.append(
+                make_event(
+                    EventId.EVENTS_SAMPLED,
+                    summaries=summaries(sampled=health.host_ingress.sampled - marks.sampled),
+                )
+            )
+            marks.sampled = health.host_ingress.sampled
+        if health.native_unknown > marks.unknown:
+            reports.append(
+                make_event(
+                    EventId.UNKNOWN_NATIVE_EVENT_RECEIVED,
+                    summaries=summaries(count=health.native_unknown - marks.unknown),
+                )
+            )
+            marks.unknown = health.native_unknown
+        if health.reducer_rejected > marks.reducer_rejected:
+            reports.append(
+                make_event(
+                    EventId.REDUCER_ERROR,
+                    summaries=summaries(rejected=health.reducer_rejected - marks.reducer_rejected),
+                )
+            )
+            marks.reducer_rejected = health.reducer_rejected
+        lagging = disconnected = 0
+        while marks.status_changes:
+            _, status = marks.status_changes.popleft()
+            lagging += status is SubscriberStatus.LAGGING
+            disconnected += status is SubscriberStatus.DISCONNECTED
+        if lagging:
+            reports.append(
+                make_event(EventId.SUBSCRIBER_LAGGING, summaries=summaries(count=lagging))
+            )
+        if disconnected:
+            reports.append(
+                make_event(EventId.SUBSCRIBER_DISCONNECTED, summaries=summaries(count=disconnected))
+            )
+        for report in reports:
+            marks.emitted += 1
+            self._process(report)

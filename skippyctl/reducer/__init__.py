@@ -1,0 +1,1 @@
+"""The reducer: a pure function from (state, event) to (state, transitions)."""

@@ -1,0 +1,113 @@
+"""The reducer: `reduce(state, event) -> (state, transitions)`.
+
+Pure and total: it never raises for an unexpected event; an event that does not fit the current
+state is counted (`rejected_transitions`, or `duplicate_transitions` when it repeats the current
+state) and the state is returned unchanged. Each family's transition table is stated at the top of
+its module: models (availability, readiness gating), topology (stages, topologies), serving
+(sessions, requests), resources (KV, devices), health (runtime, event system), node (derived).
+
+After every event the node's availability and the set of available models are derived again; a
+change is announced as a reducer transition (`node_*`, `available_model_set_changed`).
+Transitions are projections: they are dispatched, never reduced again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Final
+
+from skippyctl.events.catalog import EventId
+from skippyctl.events.envelope import Event, LogicalId, Scope, summaries
+from skippyctl.events.reasons import DeliveryClass, Severity
+from skippyctl.reducer import health, models, resources, serving, topology
+from skippyctl.reducer.common import NO_TRANSITIONS, Handler, count, transition
+from skippyctl.reducer.node import derive_node
+from skippyctl.reducer.state import (
+    MAX_RECENT_EVENTS,
+    ModelState,
+    NodeState,
+    RuntimeView,
+    available_models,
+)
+
+Transitions = tuple[Event, ...]
+
+_HANDLERS: Final[dict[EventId, Handler]] = {
+    **health.HANDLERS,
+    **models.HANDLERS,
+    **topology.HANDLERS,
+    **serving.HANDLERS,
+    **resources.HANDLERS,
+}
+
+NODE_EVENTS: Final[dict[NodeState, EventId]] = {
+    NodeState.STARTING: EventId.NODE_STARTING,
+    NodeState.ACCEPTING: EventId.NODE_ACCEPTING_REQUESTS,
+    NodeState.DEGRADED: EventId.NODE_DEGRADED,
+    NodeState.UNAVAILABLE: EventId.NODE_UNAVAILABLE,
+    NodeState.DRAINING: EventId.NODE_DRAINING,
+    NodeState.STOPPED: EventId.NODE_STOPPED,
+}
+
+_RECENT_SEVERITIES: Final = frozenset({Severity.WARNING, Severity.ERROR, Severity.FATAL})
+
+
+def reduce(state: RuntimeView, event: Event) -> tuple[RuntimeView, Transitions]:
+    """Apply one event. Never raises for any event; see the family modules for the tables."""
+    state = count(state, events_reduced=1)
+    handler = _HANDLERS.get(event.id)
+    before_available = available_models(state)
+    if handler is not None:
+        state, transitions = handler(state, event)
+    else:
+        transitions = NO_TRANSITIONS
+    state, derived = _derive(state, event, before_available)
+    transitions = transitions + derived
+    return _remember(state, (event, *transitions)), transitions
+
+
+def _derive(
+    state: RuntimeView, cause: Event, before: frozenset[LogicalId]
+) -> tuple[RuntimeView, Transitions]:
+    out: list[Event] = []
+    after = available_models(state)
+    if after != before:
+        out.append(
+            transition(
+                EventId.AVAILABLE_MODEL_SET_CHANGED,
+                cause,
+                None,
+                f"{len(after)} available",
+                scope=Scope(),
+                extra=summaries(count=len(after)),
+            )
+        )
+    node = derive_node(state)
+    if node is not state.node:
+        out.append(
+            transition(NODE_EVENTS[node], cause, state.node.value, node.value, scope=Scope())
+        )
+        state = dataclasses.replace(state, node=node)
+    return state, tuple(out)
+
+
+def _remember(state: RuntimeView, events: tuple[Event, ...]) -> RuntimeView:
+    """Keep lifecycle and warning events in the capped recent list (evictions counted)."""
+    keep = tuple(
+        e
+        for e in events
+        if e.delivery is DeliveryClass.TERMINAL
+        or e.severity in _RECENT_SEVERITIES
+        or e.state is not None
+    )
+    if not keep:
+        return state
+    recent = state.recent_events + keep
+    evicted = max(0, len(recent) - MAX_RECENT_EVENTS)
+    state = dataclasses.replace(state, recent_events=recent[evicted:])
+    return count(state, evicted_recent=evicted) if evicted else state
+
+
+def model_state(state: RuntimeView, model_id: LogicalId) -> ModelState | None:
+    view = state.models.get(model_id)
+    return None if view is None else view.state

@@ -1,0 +1,1 @@
+"""The runtime host: pipeline, engines, scheduling (ARCHITECTURE.md §2)."""

@@ -1,0 +1,243 @@
+"""The runtime host: owns the pipeline, the native library status and one engine per model.
+
+`RuntimeHost.start()` resolves the native event library once and says what it found as events
+(`native_library_loaded` + `abi_feature_compatibility_established`, or `native_library_unavailable`
+/ `abi_feature_compatibility_failed` — legacy mode, state from return values only). `load_model`
+validates the request, pre-checks the artifact and starts an engine; every outcome arrives as
+events through the pipeline, ending in exactly one terminal for the operation.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from skippyctl.engine.supervisor import EngineHello, EngineProcess, LoadCommand
+from skippyctl.events.catalog import EventId
+from skippyctl.events.envelope import (
+    InvalidLogicalId,
+    LogicalId,
+    Scope,
+    make_event,
+    summaries,
+)
+from skippyctl.events.identity import OperationIds, model_id_for
+from skippyctl.events.reasons import Outcome, ReasonCode
+from skippyctl.pipeline.authority import OperationBound, OperationRejected
+from skippyctl.pipeline.pipeline import Pipeline
+from skippyctl.pipeline.reconcile import HOST_ENGINE_KEY
+from skippyctl.runtime.artifacts import check_artifact
+
+ENGINE_HELLO_TIMEOUT_S: Final = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class LoadRequest:
+    artifact: str
+    alias: str | None = None
+    context_tokens: int | None = None
+    lanes: int = 1
+    gpu_layers: int = 0
+    timeout_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LoadHandle:
+    operation_id: LogicalId
+    model_id: LogicalId | None
+    problem: str | None = None
+    """A message for people when the host refused the load before any engine work."""
+
+
+@dataclass(frozen=True, slots=True)
+class NativeStatus:
+    library: Any | None
+    problem_event: EventId | None
+    detail: str | None
+
+
+def resolve_native() -> NativeStatus:
+    from skippyctl.native.library import (
+        NativeAbiIncompatible,
+        NativeLibraryUnavailable,
+        load_native_library,
+    )
+
+    try:
+        library = load_native_library()
+    except NativeLibraryUnavailable as error:
+        return NativeStatus(None, EventId.NATIVE_LIBRARY_UNAVAILABLE, str(error))
+    except NativeAbiIncompatible as error:
+        return NativeStatus(None, EventId.ABI_FEATURE_COMPATIBILITY_FAILED, str(error))
+    return NativeStatus(library, None, None)
+
+
+def validate_request(request: LoadRequest) -> str | None:
+    """A message when the configuration is invalid (checked before anything is loaded)."""
+    if request.context_tokens is not None and request.context_tokens <= 0:
+        return "--ctx must be a positive number of tokens"
+    if request.timeout_s is not None and request.timeout_s < 0:
+        return "--timeout must not be negative"
+    if request.lanes <= 0:
+        return "--lanes must be positive"
+    if request.gpu_layers < -1:
+        return "--gpu-layers must be -1 (all) or more"
+    if request.alias is not None:
+        try:
+            LogicalId(request.alias)
+        except InvalidLogicalId:
+            return "--alias must be 1-64 characters of [A-Za-z0-9._:+=-]"
+    return None
+
+
+class RuntimeHost:
+    def __init__(self, pipeline: Pipeline | None = None) -> None:
+        self.pipeline = pipeline or Pipeline()
+        self.native = NativeStatus(None, None, None)
+        self._ids = OperationIds()
+        self._engines: dict[LogicalId, EngineProcess] = {}
+        self._operations: dict[LogicalId, EngineProcess] = {}
+        self._timers: list[threading.Timer] = []
+        self._lock = threading.Lock()
+
+    def start(self) -> RuntimeHost:
+        self.pipeline.start()
+        self.native = resolve_native()
+        if self.native.library is not None:
+            features = int(self.native.library.features)
+            abi = int(self.native.library.abi_version)
+            self.pipeline.submit(
+                make_event(
+                    EventId.NATIVE_LIBRARY_LOADED,
+                    summaries=summaries(abi_version=abi, feature_bits=features),
+                )
+            )
+            self.pipeline.submit(
+                make_event(
+                    EventId.ABI_FEATURE_COMPATIBILITY_ESTABLISHED,
+                    outcome=Outcome.SUCCESS,
+                    summaries=summaries(abi_version=abi, feature_bits=features),
+                )
+            )
+        elif self.native.problem_event is not None:
+            reason = (
+                ReasonCode.INCOMPATIBLE_ABI_OR_FEATURE_SET
+                if self.native.problem_event is EventId.ABI_FEATURE_COMPATIBILITY_FAILED
+                else ReasonCode.UNSUPPORTED_CAPABILITY
+            )
+            self.pipeline.submit(
+                make_event(self.native.problem_event, outcome=Outcome.FAILURE, reason_code=reason)
+            )
+        self.pipeline.submit(make_event(EventId.RUNTIME_INITIALIZED, outcome=Outcome.SUCCESS))
+        return self
+
+    # -- loading --------------------------------------------------------------------------------
+    def load_model(self, request: LoadRequest) -> LoadHandle:
+        operation_id, native_operation = self._ids.next("load")
+        problem = validate_request(request)
+        model_id: LogicalId | None = None
+        if problem is None:
+            model_id = model_id_for(request.artifact, request.alias)
+        self.pipeline.submit(
+            make_event(
+                EventId.MODEL_LOAD_REQUESTED,
+                operation_id=operation_id,
+                scope=Scope(model_id=model_id),
+                summaries=summaries(context_tokens=request.context_tokens, lanes=request.lanes),
+            )
+        )
+        if problem is not None:
+            self._reject(operation_id, native_operation, model_id, ReasonCode.INVALID_CONFIGURATION)
+            return LoadHandle(operation_id, model_id, problem)
+        assert model_id is not None
+        path = Path(request.artifact).expanduser()
+        artifact_problem = check_artifact(path)
+        if artifact_problem is not None:
+            self._reject(operation_id, native_operation, model_id, artifact_problem.reason)
+            return LoadHandle(operation_id, model_id, artifact_problem.message)
+        engine = EngineProcess(
+            f"{model_id}-{native_operation}", self.pipeline, self.native.library, self._on_hello
+        )
+        with self._lock:
+            previous = self._engines.get(model_id)
+            self._engines[model_id] = engine
+            self._operations[operation_id] = engine
+        if previous is not None:
+            previous.stop()
+        engine.load(
+            LoadCommand(
+                operation_id=operation_id,
+                native_operation=native_operation,
+                model_id=model_id,
+                path=str(path.resolve()),
+                context_tokens=request.context_tokens,
+                lanes=request.lanes,
+                gpu_layers=request.gpu_layers,
+            )
+        )
+        if request.timeout_s is not None:
+            timer = threading.Timer(
+                request.timeout_s, self.cancel, args=(operation_id, ReasonCode.TIMEOUT)
+            )
+            timer.name = f"skippy-timeout-{operation_id}"
+            timer.daemon = True
+            timer.start()
+            self._timers.append(timer)
+        return LoadHandle(operation_id, model_id)
+
+    def _reject(
+        self,
+        operation_id: LogicalId,
+        native_operation: int,
+        model_id: LogicalId | None,
+        reason: ReasonCode,
+    ) -> None:
+        self.pipeline.submit_authority(
+            OperationBound(
+                HOST_ENGINE_KEY, operation_id, native_operation, model_id or LogicalId("unknown")
+            )
+        )
+        self.pipeline.submit_authority(OperationRejected(operation_id, reason))
+
+    def cancel(self, operation_id: LogicalId, reason: ReasonCode = ReasonCode.CANCELLATION) -> None:
+        with self._lock:
+            engine = self._operations.get(operation_id)
+        if engine is not None:
+            engine.cancel(operation_id, reason)
+
+    def _on_hello(self, engine: EngineProcess, hello: EngineHello) -> None:
+        if self.native.library is not None and not hello.native:
+            # The host has the library but this engine could not use it: say so, once per engine.
+            self.pipeline.submit(
+                make_event(
+                    EventId.ABI_FEATURE_COMPATIBILITY_FAILED,
+                    outcome=Outcome.FAILURE,
+                    reason_code=ReasonCode.INCOMPATIBLE_ABI_OR_FEATURE_SET,
+                )
+            )
+        self.pipeline.submit(
+            make_event(
+                EventId.ENGINE_PROCESS_STARTED,
+                summaries=summaries(feature_bits=hello.features),
+            )
+        )
+
+    def engine_for(self, model_id: LogicalId) -> EngineProcess | None:
+        with self._lock:
+            return self._engines.get(model_id)
+
+    # -- shutdown -------------------------------------------------------------------------------
+    def shutdown(self, timeout_s: float = 2.0) -> None:
+        for timer in self._timers:
+            timer.cancel()
+        with self._lock:
+            engines = list(self._engines.values())
+            self._engines.clear()
+        self.pipeline.submit(make_event(EventId.RUNTIME_STOPPING))
+        for engine in engines:
+            engine.stop()
+            engine.close_ring()
+        self.pipeline.submit(make_event(EventId.RUNTIME_STOPPED, outcome=Outcome.SUCCESS))
+        self.pipeline.shutdown(timeout_s)

@@ -1,0 +1,253 @@
+"""`skippyctl load` end to end: real engine process, real llama.cpp, real native layer."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from tests.cli.helpers import CliResult, run_cli
+
+SUCCESS_ORDER = [
+    "model_load_requested",
+    "model_load_started",
+    "backend_device_selected",
+    "model_load_progress",
+    "native_model_load_completed",
+    "native_model_loaded",
+    "serving_backend_initialization_started",
+    "serving_backend_initialization_completed",
+    "model_available",
+]
+
+
+def _assert_subsequence(expected: list[str], actual: list[str]) -> None:
+    position = 0
+    for event in actual:
+        if position < len(expected) and event == expected[position]:
+            position += 1
+    assert position == len(expected), f"{expected[position:]} missing in order from {actual}"
+
+
+def _assert_json_contract(result: CliResult) -> None:
+    for record in result.records():
+        assert record["schema_version"] == 1
+        for key in ("event", "category", "severity", "ts", "seq", "producer", "summary"):
+            assert key in record, (key, record)
+        assert record["ts"].endswith("Z")
+        for value in record.values():
+            assert value not in (None, ""), record
+        assert "/" not in record.get("model_id", "")
+
+
+def test_load_json_streams_the_load_events_in_order(fixture_dir: Path) -> None:
+    result = run_cli("load", str(fixture_dir / "tiny.gguf"), "--json")
+    assert result.code == 0, result.stderr
+    _assert_json_contract(result)
+    events = result.events()
+    _assert_subsequence(SUCCESS_ORDER, events)
+    assert events.count("model_load_progress") >= 2
+    assert events.count("model_available") == 1
+    records = result.records()
+    progress = [r for r in records if r["event"] == "model_load_progress"]
+    assert all(r["producer"] == "native" for r in progress)
+    values = [r["progress"]["current"] for r in progress]
+    assert values == sorted(set(values)) and values[-1] == 1000
+    assert all(
+        r["progress"] == {"current": v, "total": 1000, "unit": "steps"}
+        for r, v in zip(progress, values, strict=True)
+    )
+    device = next(r for r in records if r["event"] == "backend_device_selected")
+    assert device["producer"] == "native" and device["device_id"] == "CPU"
+    assert device["summaries"]["memory_total_bytes"] > 0
+    available = next(r for r in records if r["event"] == "model_available")
+    assert available["model_id"] == "tiny"
+    assert available["state"] == {"previous": "initializing", "current": "available"}
+    assert "native_library_loaded" in events
+    assert str(fixture_dir) not in result.stdout
+
+
+def test_load_without_json_prints_only_to_stderr(fixture_dir: Path) -> None:
+    result = run_cli("load", str(fixture_dir / "tiny.gguf"))
+    assert result.code == 0
+    assert result.stdout == ""
+    assert "tiny" in result.stderr and "available" in result.stderr
+
+
+def test_multipart_split_loads_through_its_first_part(fixture_dir: Path) -> None:
+    first = fixture_dir / "tiny-split-00001-of-00003.gguf"
+    result = run_cli("load", str(first), "--json")
+    assert result.code == 0, result.stderr
+    available = [r for r in result.records() if r["event"] == "model_available"]
+    assert [r["model_id"] for r in available] == ["tiny-split"]
+
+
+def _bad_input_cases(fixture_dir: Path, tmp_path: Path) -> dict[str, tuple[list[str], str, int]]:
+    return {
+        "missing": ([str(tmp_path / "nope.gguf")], "missing_artifact", 12),
+        "directory": ([str(tmp_path)], "artifact_io_failure", 13),
+        "truncated": ([str(fixture_dir / "truncated.gguf")], "model_format_or_load_failure", 14),
+        "bad_magic": ([str(fixture_dir / "bad-magic.gguf")], "model_format_or_load_failure", 14),
+        "split_missing": (
+            [str(fixture_dir / "missing-part-00001-of-00003.gguf")],
+            "missing_artifact",
+            12,
+        ),
+        "duplicate_token": ([str(fixture_dir / "duplicate-token.gguf")], "process_crash", 21),
+        "ctx_zero": ([str(fixture_dir / "tiny.gguf"), "--ctx", "0"], "invalid_configuration", 10),
+        "negative_timeout": (
+            [str(fixture_dir / "tiny.gguf"), "--timeout", "-1"],
+            "invalid_configuration",
+            10,
+        ),
+    }
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "missing",
+        "directory",
+        "truncated",
+        "bad_magic",
+        "split_missing",
+        "duplicate_token",
+        "ctx_zero",
+        "negative_timeout",
+    ],
+)
+def test_bad_input_ends_in_one_reason_coded_failure(
+    case: str, fixture_dir: Path, tmp_path: Path
+) -> None:
+    args, reason, code = _bad_input_cases(fixture_dir, tmp_path)[case]
+    result = run_cli("load", *args, "--json")
+    assert result.code == code, result.stderr
+    _assert_json_contract(result)
+    terminals = [
+        r for r in result.records() if r["event"] in ("model_load_failed", "model_available")
+    ]
+    assert len(terminals) == 1
+    assert terminals[0]["event"] == "model_load_failed"
+    assert terminals[0]["reason_code"] == reason
+    assert terminals[0]["outcome"] == "failure"
+    assert "Traceback" not in result.stderr
+    message_lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(message_lines) == 1 and reason in message_lines[0]
+
+
+def test_unreadable_file_is_an_io_failure(fixture_dir: Path, tmp_path: Path) -> None:
+    target = tmp_path / "secret.gguf"
+    shutil.copy(fixture_dir / "tiny.gguf", target)
+    target.chmod(0)
+    env = {}
+    preexec = None
+    if os.geteuid() == 0:
+        # root reads any file: run the CLI as an unprivileged user so the mode bits apply
+        tmp_path.chmod(0o755)
+        env = {"HOME": str(tmp_path)}
+
+        def preexec() -> None:
+            os.setgid(65534)
+            os.setuid(65534)
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "skippyctl", "load", str(target), "--json"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, **env),
+        preexec_fn=preexec,  # drops root for this case only
+        timeout=120,
+    )
+    result = CliResult(proc.returncode, proc.stdout, proc.stderr)
+    assert result.code == 13, result.stderr
+    failed = [r for r in result.records() if r["event"] == "model_load_failed"]
+    assert [r["reason_code"] for r in failed] == ["artifact_io_failure"]
+
+
+def _start_slow_load(fixture_dir: Path, *extra: str) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, SKIPPY_TEST_PROGRESS_DELAY_US="150000")
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "skippyctl",
+            "load",
+            str(fixture_dir / "tiny.gguf"),
+            "--json",
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+
+
+def _read_until(proc: subprocess.Popen[bytes], event: str) -> list[dict[str, object]]:
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:
+        record = orjson.loads(line)
+        seen.append(record)
+        if record["event"] == event:
+            return seen
+    raise AssertionError(f"{event} never arrived: {[r['event'] for r in seen]}")
+
+
+def test_ctrl_c_cancels_the_load_through_the_progress_callback(fixture_dir: Path) -> None:
+    proc = _start_slow_load(fixture_dir)
+    try:
+        _read_until(proc, "model_load_progress")
+        proc.send_signal(signal.SIGINT)
+        rest = _read_until(proc, "model_load_cancelled")
+        assert proc.wait(60) == 130
+    finally:
+        proc.kill()
+        proc.wait()
+    cancelled = rest[-1]
+    assert cancelled["reason_code"] == "cancellation" and cancelled["outcome"] == "cancelled"
+    assert "model_available" not in [r["event"] for r in rest]
+
+
+def test_timeout_cancels_and_exits_124(fixture_dir: Path) -> None:
+    proc = _start_slow_load(fixture_dir, "--timeout", "0.5")
+    try:
+        records = _read_until(proc, "model_load_failed")
+        assert proc.wait(60) == 124
+    finally:
+        proc.kill()
+        proc.wait()
+    assert records[-1]["reason_code"] == "timeout"
+
+
+def test_legacy_mode_loads_and_says_so_once(fixture_dir: Path) -> None:
+    result = run_cli(
+        "load", str(fixture_dir / "tiny.gguf"), "--json", env={"SKIPPY_NATIVE_DISABLE": "1"}
+    )
+    assert result.code == 0, result.stderr
+    events = result.events()
+    assert events.count("native_library_unavailable") == 1
+    assert "model_load_progress" not in events
+    assert events.count("model_available") == 1
+    started = next(r for r in result.records() if r["event"] == "model_load_started")
+    assert started["producer"] == "reconciled"
+
+
+def test_importing_the_cli_does_not_import_textual() -> None:
+    code = "import skippyctl.cli.app, sys; print('textual' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_core_packages_do_not_import_rich_or_typer() -> None:
+    code = (
+        "import sys, skippyctl.pipeline.pipeline, skippyctl.runtime.host, skippyctl.reducer.reduce;"
+        "print(sorted(m for m in ('rich', 'typer', 'textual') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
