@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import signal
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -20,6 +21,24 @@ TERMINALS = frozenset(
     {EventId.MODEL_AVAILABLE, EventId.MODEL_LOAD_FAILED, EventId.MODEL_LOAD_CANCELLED}
 )
 FORCE_QUIT_AFTER_S = 5.0
+
+
+class _InterruptRequests:
+    """Turns SIGINT into a flag the follow loop reads, so Ctrl-C can never land mid-write."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._previous: Any = None
+
+    def __enter__(self) -> _InterruptRequests:
+        self._previous = signal.signal(signal.SIGINT, self._on_signal)
+        return self
+
+    def _on_signal(self, _signum: int, _frame: object) -> None:
+        self.count += 1
+
+    def __exit__(self, *exc: object) -> None:
+        signal.signal(signal.SIGINT, self._previous)
 
 
 def load_command(
@@ -52,6 +71,27 @@ def load_command(
         skippyctl load fixtures/tiny.gguf --json | jq -r .event
     """
     stderr = Console(stderr=True)
+    with _InterruptRequests() as interrupts:
+        code, message = _run_load(
+            model, json_output, ctx, timeout, alias, lanes, gpu_layers, interrupts
+        )
+    if code is ExitCode.SUCCESS:
+        stderr.print(f"[green]✓[/] {message}", soft_wrap=True, highlight=False)
+    else:
+        stderr.print(f"[red]✗[/] {model}: {message}", soft_wrap=True, highlight=False)
+    raise typer.Exit(int(code))
+
+
+def _run_load(
+    model: str,
+    json_output: bool,
+    ctx: int | None,
+    timeout: float | None,
+    alias: str | None,
+    lanes: int,
+    gpu_layers: int,
+    interrupts: _InterruptRequests,
+) -> tuple[ExitCode, str]:
     host = RuntimeHost().start()
     subscription = host.pipeline.subscribe("cli-load", max_queue_size=65536, replay=True)
     request = LoadRequest(
@@ -67,34 +107,35 @@ def load_command(
         NdjsonPresenter() if json_output else LoadProgressPresenter(handle.model_id or model)
     )
     try:
-        code, message = _follow(host, subscription, handle, presenter)
+        return _follow(host, subscription, handle, presenter, interrupts)
     finally:
         presenter.close()
         host.shutdown()
-    if code is ExitCode.SUCCESS:
-        stderr.print(f"[green]✓[/] {message}")
-    else:
-        stderr.print(f"[red]✗[/] {model}: {message}", highlight=False)
-    raise typer.Exit(int(code))
 
 
 def _follow(
-    host: RuntimeHost, subscription: Subscription, handle: LoadHandle, presenter: Presenter
+    host: RuntimeHost,
+    subscription: Subscription,
+    handle: LoadHandle,
+    presenter: Presenter,
+    interrupts: _InterruptRequests,
 ) -> tuple[ExitCode, str]:
     cancel_requested_at: float | None = None
     while True:
+        if interrupts.count and cancel_requested_at is None:
+            cancel_requested_at = time.monotonic()
+            host.cancel(handle.operation_id, ReasonCode.CANCELLATION)
+        if cancel_requested_at is not None and (
+            interrupts.count > 1 or time.monotonic() - cancel_requested_at > FORCE_QUIT_AFTER_S
+        ):
+            return ExitCode.CANCELLED, "cancelled (forced)"
         try:
             item = subscription.get(0.1)
         except SubscriptionClosed:
-            return ExitCode.INTERNAL_RUNTIME_FAILURE, "the runtime stopped before the load ended"
-        except KeyboardInterrupt:
-            if cancel_requested_at is not None:
-                if time.monotonic() - cancel_requested_at > FORCE_QUIT_AFTER_S:
-                    return ExitCode.CANCELLED, "cancelled (forced)"
-                continue
-            cancel_requested_at = time.monotonic()
-            host.cancel(handle.operation_id, ReasonCode.CANCELLATION)
-            continue
+            return (
+                ExitCode.INTERNAL_RUNTIME_FAILURE,
+                "the runtime stopped before the load ended",
+            )
         if item is None:
             continue
         event = item.event

@@ -62,11 +62,13 @@ class EngineProcess:
     def __init__(
         self,
         key: str,
+        model_id: LogicalId,
         pipeline: Pipeline,
         native_library: Any | None,
         on_hello: Callable[[EngineProcess, EngineHello], None] | None = None,
     ) -> None:
         self.key = key
+        self.model_id = model_id
         self._pipeline = pipeline
         self._ring: Any | None = None
         self._stopping = threading.Event()

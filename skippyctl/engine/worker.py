@@ -14,15 +14,17 @@ llama.cpp may abort this process (GGML_ASSERT on a bad vocabulary); the supervis
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import socket
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from skippyctl.engine.protocol import ControlChannel, Message
+
+DEFAULT_MAX_CONTEXT_TOKENS: Final = 4096
+"""Without --ctx the context is the model's training context, capped here to bound memory."""
 
 
 @dataclass(slots=True)
@@ -136,8 +138,10 @@ class Worker:
         self.channel.send({"msg": "context_begun", "operation_id": operation_id})
         context_params = llama.llama_context_default_params()
         context_tokens = command.get("context_tokens")
-        if context_tokens:
-            context_params.n_ctx = int(context_tokens)
+        train_tokens = int(llama.llama_model_n_ctx_train(model))
+        context_params.n_ctx = (
+            int(context_tokens) if context_tokens else min(train_tokens, DEFAULT_MAX_CONTEXT_TOKENS)
+        )
         context_params.n_seq_max = int(command.get("lanes", 1))
         context_params.n_threads = context_params.n_threads_batch = max(1, os.cpu_count() or 1)
         context = llama.llama_init_from_model(model, context_params)

@@ -912,7 +912,7 @@ _SPECS: Final[tuple[EventSpec, ...]] = (
                 _S.WARNING,
                 "Reducer: the node serves with a degraded model or stage.",
             ),
-            (_E.NODE_UNAVAILABLE, STATE, _S.ERROR, "Reducer: the node cannot serve any request."),
+            (_E.NODE_UNAVAILABLE, STATE, _S.WARNING, "Reducer: the node cannot serve any request."),
             (_E.NODE_DRAINING, STATE, _S.INFO, "Reducer: the node is draining."),
             (_E.NODE_STOPPED, STATE, _S.INFO, "Reducer: the node stopped."),
             (

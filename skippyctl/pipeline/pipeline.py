@@ -79,6 +79,7 @@ class RingStats(Protocol):
     def diagnostic(self) -> LaneCounts: ...
     @property
     def unknown_kind(self) -> int: ...
+    @property
     def total_rejected(self) -> int: ...
 
 
@@ -201,6 +202,7 @@ class Pipeline:
         self._health = _HealthMarks()
         self._next_health = 0.0
         self._reducer_errors = 0
+        self._internal_errors = 0
         self._thread = threading.Thread(target=self._run, name="skippy-pipeline", daemon=True)
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -277,7 +279,7 @@ class Pipeline:
             lanes = (stats.terminal, stats.progress, stats.diagnostic)
             dropped += sum(lane.dropped_full for lane in lanes)
             coalesced += sum(lane.coalesced for lane in lanes)
-            rejected += stats.total_rejected()
+            rejected += stats.total_rejected
             unknown += stats.unknown_kind
         state = self.state
         return EventSystemHealth(
@@ -289,7 +291,9 @@ class Pipeline:
             dispatcher=self.dispatcher.stats(),
             adapter=self.adapter.counters,
             reconciler=self.reconciler.counters,
-            reducer_rejected=state.counters.rejected_transitions + self._reducer_errors,
+            reducer_rejected=state.counters.rejected_transitions
+            + self._reducer_errors
+            + self._internal_errors,
             reducer_duplicates=state.counters.duplicate_transitions,
             inbox_batches=self._inbox_size(),
             health_events_emitted=self._health.emitted,
@@ -319,14 +323,25 @@ class Pipeline:
 
     # -- the thread -----------------------------------------------------------------------------
     def _run(self) -> None:
-        while not self._stopping.is_set():
-            self._doorbell.wait(self._health_interval_s)
-            self._cycle()
-            now = time.monotonic()
-            if now >= self._next_health:
-                self._next_health = now + self._health_interval_s
-                self._report_health()
-        self._cycle()
+        try:
+            while not self._stopping.is_set():
+                self._doorbell.wait(self._health_interval_s)
+                self._guarded(self._cycle)
+                now = time.monotonic()
+                if now >= self._next_health:
+                    self._next_health = now + self._health_interval_s
+                    self._guarded(self._report_health)
+            self._guarded(self._cycle)
+        finally:
+            # Whatever ends this thread, readers must not wait for events that cannot come.
+            self.dispatcher.close_all(DisconnectReason.SHUTDOWN)
+
+    def _guarded(self, step: Callable[[], None]) -> None:
+        """Run one pipeline step; a defect in it is counted, never fatal to the thread."""
+        try:
+            step()
+        except Exception:  # noqa: BLE001 - the pipeline thread must outlive any single defect
+            self._internal_errors += 1
 
     def _cycle(self) -> None:
         while True:

@@ -158,7 +158,11 @@ class RuntimeHost:
             self._reject(operation_id, native_operation, model_id, artifact_problem.reason)
             return LoadHandle(operation_id, model_id, artifact_problem.message)
         engine = EngineProcess(
-            f"{model_id}-{native_operation}", self.pipeline, self.native.library, self._on_hello
+            f"{model_id}-{native_operation}",
+            model_id,
+            self.pipeline,
+            self.native.library,
+            self._on_hello,
         )
         with self._lock:
             previous = self._engines.get(model_id)
@@ -213,6 +217,7 @@ class RuntimeHost:
             self.pipeline.submit(
                 make_event(
                     EventId.ABI_FEATURE_COMPATIBILITY_FAILED,
+                    scope=Scope(model_id=engine.model_id),
                     outcome=Outcome.FAILURE,
                     reason_code=ReasonCode.INCOMPATIBLE_ABI_OR_FEATURE_SET,
                 )
@@ -220,6 +225,7 @@ class RuntimeHost:
         self.pipeline.submit(
             make_event(
                 EventId.ENGINE_PROCESS_STARTED,
+                scope=Scope(model_id=engine.model_id),
                 summaries=summaries(feature_bits=hello.features),
             )
         )

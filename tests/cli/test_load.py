@@ -52,7 +52,8 @@ def test_load_json_streams_the_load_events_in_order(fixture_dir: Path) -> None:
     _assert_json_contract(result)
     events = result.events()
     _assert_subsequence(SUCCESS_ORDER, events)
-    assert events.count("model_load_progress") >= 2
+    # a 2 ms load coalesces its 20 callbacks in the ring: at least the final value arrives
+    assert events.count("model_load_progress") >= 1
     assert events.count("model_available") == 1
     records = result.records()
     progress = [r for r in records if r["event"] == "model_load_progress"]
@@ -145,29 +146,19 @@ def test_unreadable_file_is_an_io_failure(fixture_dir: Path, tmp_path: Path) -> 
     target = tmp_path / "secret.gguf"
     shutil.copy(fixture_dir / "tiny.gguf", target)
     target.chmod(0)
-    env = {}
-    preexec = None
+    command = [sys.executable, "-m", "skippyctl", "load", str(target), "--json"]
     if os.geteuid() == 0:
-        # root reads any file: run the CLI as an unprivileged user so the mode bits apply
-        tmp_path.chmod(0o755)
-        env = {"HOME": str(tmp_path)}
-
-        def preexec() -> None:
-            os.setgid(65534)
-            os.setuid(65534)
-
-    proc = subprocess.run(
-        [sys.executable, "-m", "skippyctl", "load", str(target), "--json"],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, **env),
-        preexec_fn=preexec,  # drops root for this case only
-        timeout=120,
-    )
+        # root reads any file: drop the capabilities that bypass mode bits for this process only
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            pytest.skip("running as root without setpriv: cannot make a file unreadable")
+        command = [setpriv, "--bounding-set=-dac_override,-dac_read_search", *command]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=120)
     result = CliResult(proc.returncode, proc.stdout, proc.stderr)
     assert result.code == 13, result.stderr
     failed = [r for r in result.records() if r["event"] == "model_load_failed"]
     assert [r["reason_code"] for r in failed] == ["artifact_io_failure"]
+    assert "Permission denied" in result.stderr
 
 
 def _start_slow_load(fixture_dir: Path, *extra: str) -> subprocess.Popen[bytes]:

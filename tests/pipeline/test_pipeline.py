@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import LogicalId, Progress, Scope, make_event
 from skippyctl.events.reasons import ProgressUnit, ReasonCode
@@ -55,18 +57,16 @@ def test_stuck_subscriber_is_disconnected_without_slowing_others() -> None:
     healthy = pipeline.subscribe("healthy", max_queue_size=100_000)
     try:
         for n in range(2000):
-            pipeline.submit(
-                make_event(EventId.REQUEST_RECEIVED, scope=Scope(request_id=LogicalId(f"r{n}")))
-            )
+            scope = Scope(request_id=LogicalId(f"r{n}"))
+            pipeline.submit(make_event(EventId.REQUEST_RECEIVED, scope=scope))
         _drain_until(healthy, lambda i: i.event.scope.request_id == "r1999")
         assert stuck.status is SubscriberStatus.DISCONNECTED
         assert stuck.disconnect_reason is DisconnectReason.LAG_BOUND_EXCEEDED
         _drain_until(healthy, lambda i: i.event.id is EventId.SUBSCRIBER_DISCONNECTED)
         assert pipeline.dispatcher.stats().disconnected_lag == 1
-        while stuck.get(0) is not None:  # what it had before the cut-off stays readable
-            pass
-    except SubscriptionClosed as closed:
-        assert closed.reason is DisconnectReason.LAG_BOUND_EXCEEDED
+        with pytest.raises(SubscriptionClosed) as closed:
+            stuck.get(0)
+        assert closed.value.reason is DisconnectReason.LAG_BOUND_EXCEEDED
     finally:
         pipeline.shutdown()
 
@@ -138,14 +138,12 @@ def test_shutdown_drains_within_its_deadline_and_ends_subscriptions() -> None:
     assert report.drained_in_time
     assert report.undelivered == 0
     received = 0
-    try:
-        while True:
-            item = watcher.get(0.5)
-            if item is None:
-                break
-            received += 1
-    except SubscriptionClosed as closed:
-        assert closed.reason is DisconnectReason.SHUTDOWN
+    while watcher.pending():
+        assert watcher.get(0) is not None
+        received += 1
+    with pytest.raises(SubscriptionClosed) as closed:
+        watcher.get(0.5)
+    assert closed.value.reason is DisconnectReason.SHUTDOWN
     assert received >= 500
     assert pipeline.submit(make_event(EventId.WARNING_RAISED)).value == "rejected_shutting_down"
     assert pipeline.shutdown().drained_in_time  # idempotent

@@ -1,0 +1,705 @@
+"""Host- and engine-side wrappers around the shared-memory native ingress.
+
+Contract:
+
+- ``SharedIngress.create()`` (host) makes a sealed-size memfd, maps it and initialises the region;
+  the engine maps the same fd with ``SharedIngress.attach(fd)``. Facts an engine pushed survive
+  the engine's death and are drained by the host.
+- The host pulls: ``wait()`` sleeps in C on a cross-process futex with the GIL released, and
+  ``drain()`` copies records into a preallocated ctypes array and turns each into an owned,
+  immutable ``NativeFact`` (raw integers: enum values are interpreted by the adapter layer, so an
+  unknown kind is never an exception here). ``drain`` is single-consumer (serialised by a lock).
+- ``close()`` is idempotent; it destroys the adapters created on this mapping and unmaps only
+  when no wrapper call is in progress. llama.cpp hooks pointing at an adapter must be unhooked
+  (``llama_log_set(None, None)``, model/context freed) before the adapter or mapping is closed.
+- Nothing here runs on a producer path: producers are C functions called by llama.cpp.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import mmap
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Final
+
+from skippyctl.native import abi
+from skippyctl.native.library import NativeLibrary, native_library
+
+DEFAULT_DRAIN_BATCH_RECORDS: Final = 512
+DEBUG_READ_CHUNK_BYTES: Final = 64 * 1024
+_UINT32_MAX: Final = 0xFFFFFFFF
+_FACT_SIZE_BYTES: Final = ctypes.sizeof(abi.skippy_native_fact_v1)
+# Plain ints: IntFlag arithmetic is slow on the drain path.
+_HAS_SUMMARIES: Final = int(abi.FactFlag.HAS_SUMMARIES)
+_DETAIL_TRUNCATED: Final = int(abi.FactFlag.DETAIL_TRUNCATED)
+_UNKNOWN_KIND: Final = int(abi.FactFlag.UNKNOWN_KIND)
+_LARGER_STRUCT: Final = int(abi.FactFlag.LARGER_STRUCT)
+
+
+class WaitResult(IntEnum):
+    """What ``skippy_ingress_wait`` returned."""
+
+    CLOSED = -1
+    TIMEOUT = 0
+    PENDING = 1
+
+
+class IngressClosed(RuntimeError):
+    """The wrapper was closed; its mapping is gone."""
+
+
+@dataclass(frozen=True, slots=True)
+class IngressConfig:
+    """Region sizing (powers of two; 0 = the C default: 1024 / 1024 / 64 / 65536)."""
+
+    terminal_capacity: int = 0
+    diagnostic_capacity: int = 0
+    progress_slots: int = 0
+    debug_bytes: int = 0
+
+    def to_c(self) -> abi.skippy_ingress_config_v1:
+        return abi.skippy_ingress_config_v1(
+            ctypes.sizeof(abi.skippy_ingress_config_v1),
+            self.terminal_capacity,
+            self.diagnostic_capacity,
+            self.progress_slots,
+            self.debug_bytes,
+            0,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class NativeFact:
+    """An owned copy of one drained ``skippy_native_fact_v1`` (reserved fields omitted)."""
+
+    lane: int
+    flags: int
+    has_summaries: bool
+    detail_truncated: bool
+    unknown_kind: bool
+    larger_struct: bool
+    source_struct_size: int
+    operation_id: int
+    ingress_sequence: int
+    coalesced_count: int
+    abi_version: int
+    category: int
+    kind: int
+    emitter: int
+    sequence: int
+    timestamp_mono_ns: int
+    model_id: int
+    stage_id: int
+    session_id: int
+    progress_current: int
+    progress_total: int
+    progress_unit: int
+    failure_code: int
+    status: int
+    detail_len: int
+    detail: bytes
+    numeric_summaries: tuple[int, int, int, int] | None
+
+    @classmethod
+    def from_buffer(cls, buffer: ctypes.Array[abi.skippy_native_fact_v1], index: int) -> NativeFact:
+        (
+            _struct_size,
+            lane,
+            flags,
+            source_struct_size,
+            operation_id,
+            ingress_sequence,
+            coalesced_count,
+            abi_version,
+            _event_struct_size,
+            category,
+            kind,
+            emitter,
+            _reserved0,
+            sequence,
+            timestamp_mono_ns,
+            model_id,
+            stage_id,
+            session_id,
+            progress_current,
+            progress_total,
+            progress_unit,
+            failure_code,
+            status,
+            _reserved1,
+            _detail_ptr,
+            detail_len,
+            summary_0,
+            summary_1,
+            summary_2,
+            summary_3,
+            detail_copied_len,
+            _reserved,
+            detail,
+        ) = abi.FACT_RECORD_FORMAT.unpack_from(buffer, index * _FACT_SIZE_BYTES)
+        has_summaries = bool(flags & _HAS_SUMMARIES)
+        return cls(
+            lane=lane,
+            flags=flags,
+            has_summaries=has_summaries,
+            detail_truncated=bool(flags & _DETAIL_TRUNCATED),
+            unknown_kind=bool(flags & _UNKNOWN_KIND),
+            larger_struct=bool(flags & _LARGER_STRUCT),
+            source_struct_size=source_struct_size,
+            operation_id=operation_id,
+            ingress_sequence=ingress_sequence,
+            coalesced_count=coalesced_count,
+            abi_version=abi_version,
+            category=category,
+            kind=kind,
+            emitter=emitter,
+            sequence=sequence,
+            timestamp_mono_ns=timestamp_mono_ns,
+            model_id=model_id,
+            stage_id=stage_id,
+            session_id=session_id,
+            progress_current=progress_current,
+            progress_total=progress_total,
+            progress_unit=progress_unit,
+            failure_code=failure_code,
+            status=status,
+            detail_len=detail_len,
+            detail=detail[: min(detail_copied_len, abi.RUNTIME_EVENT_DETAIL_COPY_BYTES)],
+            numeric_summaries=(
+                (summary_0, summary_1, summary_2, summary_3) if has_summaries else None
+            ),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class LaneStats:
+    accepted: int
+    drained: int
+    dropped_full: int
+    coalesced: int
+
+
+@dataclass(frozen=True, slots=True)
+class IngressStats:
+    """A snapshot of ``skippy_ingress_stats_v1`` (counters are read one by one, not atomically).
+
+    Exact once producers stopped and a final drain returned nothing:
+    ``accepted == drained + dropped_full + coalesced`` per lane, and
+    ``attempts == total_accepted + total_rejected + suppressed_regression + progress_contended``.
+    """
+
+    terminal: LaneStats
+    progress: LaneStats
+    diagnostic: LaneStats
+    suppressed_regression: int
+    progress_contended: int
+    rejected_abi_version: int
+    rejected_struct_size: int
+    rejected_detail: int
+    rejected_discriminant: int
+    rejected_closed: int
+    unknown_kind: int
+    detail_truncated: int
+    log_messages_by_level: tuple[int, ...]
+    debug_lines_captured: int
+    debug_bytes_dropped: int
+
+    def lane(self, lane: abi.Lane) -> LaneStats:
+        return (self.terminal, self.progress, self.diagnostic)[lane]
+
+    @property
+    def total_accepted(self) -> int:
+        return self.terminal.accepted + self.progress.accepted + self.diagnostic.accepted
+
+    @property
+    def total_drained(self) -> int:
+        return self.terminal.drained + self.progress.drained + self.diagnostic.drained
+
+    @property
+    def total_rejected(self) -> int:
+        return (
+            self.rejected_abi_version
+            + self.rejected_struct_size
+            + self.rejected_detail
+            + self.rejected_discriminant
+            + self.rejected_closed
+        )
+
+    @classmethod
+    def from_c(cls, raw: abi.skippy_ingress_stats_v1) -> IngressStats:
+        lanes = [
+            LaneStats(
+                accepted=int(raw.lanes[i].accepted),
+                drained=int(raw.lanes[i].drained),
+                dropped_full=int(raw.lanes[i].dropped_full),
+                coalesced=int(raw.lanes[i].coalesced),
+            )
+            for i in range(abi.LANE_COUNT)
+        ]
+        return cls(
+            terminal=lanes[abi.Lane.TERMINAL],
+            progress=lanes[abi.Lane.PROGRESS],
+            diagnostic=lanes[abi.Lane.DIAGNOSTIC],
+            suppressed_regression=int(raw.suppressed_regression),
+            progress_contended=int(raw.progress_contended),
+            rejected_abi_version=int(raw.rejected_abi_version),
+            rejected_struct_size=int(raw.rejected_struct_size),
+            rejected_detail=int(raw.rejected_detail),
+            rejected_discriminant=int(raw.rejected_discriminant),
+            rejected_closed=int(raw.rejected_closed),
+            unknown_kind=int(raw.unknown_kind),
+            detail_truncated=int(raw.detail_truncated),
+            log_messages_by_level=tuple(int(v) for v in raw.log_messages_by_level),
+            debug_lines_captured=int(raw.debug_lines_captured),
+            debug_bytes_dropped=int(raw.debug_bytes_dropped),
+        )
+
+
+def _timeout_ms(timeout_s: float) -> int:
+    if timeout_s <= 0:
+        return 0
+    return min(_UINT32_MAX, int(timeout_s * 1000.0 + 0.999))
+
+
+class SharedIngress:
+    """One mapping of a shared ingress region (host: created it; engine: attached to it)."""
+
+    def __init__(
+        self,
+        *,
+        library: NativeLibrary,
+        fd: int,
+        owns_fd: bool,
+        mapping: mmap.mmap,
+        view: ctypes.Array[ctypes.c_char],
+        handle: int,
+        host: bool,
+    ) -> None:
+        self._library = library
+        self._fd = fd
+        self._owns_fd = owns_fd
+        self._mapping: mmap.mmap | None = mapping
+        self._view: ctypes.Array[ctypes.c_char] | None = view
+        self._handle = handle
+        self._host = host
+        self._size = len(mapping)
+        self._state_lock = threading.Lock()
+        self._idle = threading.Condition(self._state_lock)
+        self._users = 0
+        self._closing = False
+        self._marked_closed = False
+        self._drain_lock = threading.Lock()
+        self._drain_buffer = (abi.skippy_native_fact_v1 * DEFAULT_DRAIN_BATCH_RECORDS)()
+        self._adapters: list[EngineAdapter] = []
+
+    # ---- construction ----
+
+    @classmethod
+    def create(
+        cls, config: IngressConfig | None = None, *, library: NativeLibrary | None = None
+    ) -> SharedIngress:
+        """Host side: a new zeroed memfd region sized per ``config``, sealed against resizing."""
+        lib = library if library is not None else native_library()
+        c_config = (config if config is not None else IngressConfig()).to_c()
+        size = int(lib.cdll.skippy_ingress_required_size(ctypes.byref(c_config)))
+        if size == 0:
+            raise ValueError(f"invalid ingress config (capacities must be powers of two): {config}")
+        fd = os.memfd_create("skippy-ingress", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.ftruncate(fd, size)
+            # An engine must never shrink the region under the host (that would SIGBUS it).
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+            mapping = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(fd)
+            raise
+        view = (ctypes.c_char * size).from_buffer(mapping)
+        handle = lib.cdll.skippy_ingress_init(ctypes.addressof(view), size, ctypes.byref(c_config))
+        if not handle:
+            del view
+            mapping.close()
+            os.close(fd)
+            raise ValueError("skippy_ingress_init rejected the region")
+        return cls(
+            library=lib,
+            fd=fd,
+            owns_fd=True,
+            mapping=mapping,
+            view=view,
+            handle=int(handle),
+            host=True,
+        )
+
+    @classmethod
+    def attach(cls, fd: int, *, library: NativeLibrary | None = None) -> SharedIngress:
+        """Engine side: map an initialised region from an inherited fd (the fd stays the
+        caller's; the mapping outlives it)."""
+        lib = library if library is not None else native_library()
+        size = os.fstat(fd).st_size
+        if size <= 0:
+            raise ValueError("not a skippy ingress region (empty)")
+        mapping = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        view = (ctypes.c_char * size).from_buffer(mapping)
+        handle = lib.cdll.skippy_ingress_attach(ctypes.addressof(view), size)
+        if not handle:
+            del view
+            mapping.close()
+            raise ValueError("not a skippy ingress region (magic, version or layout mismatch)")
+        return cls(
+            library=lib,
+            fd=fd,
+            owns_fd=False,
+            mapping=mapping,
+            view=view,
+            handle=int(handle),
+            host=False,
+        )
+
+    # ---- properties ----
+
+    @property
+    def fd(self) -> int:
+        return self._fd
+
+    @property
+    def size_bytes(self) -> int:
+        return self._size
+
+    @property
+    def library(self) -> NativeLibrary:
+        return self._library
+
+    @property
+    def handle(self) -> int:
+        """This process's ``skippy_ingress_t*`` handle on the mapping (valid until close)."""
+        return self._handle
+
+    @property
+    def mapping_address(self) -> int:
+        """Where this process mapped the region (differs between host and engine)."""
+        if self._view is None:
+            raise IngressClosed("ingress wrapper is closed")
+        return ctypes.addressof(self._view)
+
+    @property
+    def is_host(self) -> bool:
+        return self._host
+
+    @property
+    def closed(self) -> bool:
+        return self._closing
+
+    # ---- lifetime guard ----
+
+    @contextlib.contextmanager
+    def _use(self) -> Iterator[int]:
+        with self._state_lock:
+            if self._closing:
+                raise IngressClosed("ingress wrapper is closed")
+            self._users += 1
+        try:
+            yield self._handle
+        finally:
+            with self._state_lock:
+                self._users -= 1
+                if self._users == 0:
+                    self._idle.notify_all()
+
+    # ---- host side ----
+
+    def wait_status(self, timeout_s: float) -> WaitResult:
+        """Sleeps (GIL released) until facts are pending, the timeout passes, or close."""
+        with self._use() as handle:
+            return WaitResult(
+                int(self._library.cdll.skippy_ingress_wait(handle, _timeout_ms(timeout_s)))
+            )
+
+    def wait(self, timeout_s: float) -> bool:
+        """True when facts are pending; False on timeout or when closed and empty."""
+        return self.wait_status(timeout_s) is WaitResult.PENDING
+
+    def drain(self, max_records: int = DEFAULT_DRAIN_BATCH_RECORDS) -> list[NativeFact]:
+        """Up to ``max_records`` facts: terminal lane first, then progress, then diagnostic."""
+        if max_records <= 0:
+            return []
+        with self._use() as handle, self._drain_lock:
+            if len(self._drain_buffer) < max_records:
+                self._drain_buffer = (abi.skippy_native_fact_v1 * max_records)()
+            buffer = self._drain_buffer
+            count = int(self._library.cdll.skippy_ingress_drain(handle, buffer, max_records))
+            return [NativeFact.from_buffer(buffer, i) for i in range(count)]
+
+    def drain_all(self, batch_records: int = DEFAULT_DRAIN_BATCH_RECORDS) -> list[NativeFact]:
+        """Drains until a drain returns nothing."""
+        out: list[NativeFact] = []
+        while True:
+            batch = self.drain(batch_records)
+            if not batch:
+                return out
+            out.extend(batch)
+
+    def stats(self) -> IngressStats:
+        raw = abi.skippy_ingress_stats_v1()
+        with self._use() as handle:
+            self._library.cdll.skippy_ingress_stats(handle, ctypes.byref(raw))
+        return IngressStats.from_c(raw)
+
+    def request_cancel(self, operation_id: int) -> None:
+        """Sets the shared cancel word; the engine's progress/abort callbacks act on it."""
+        with self._use() as handle:
+            self._library.cdll.skippy_ingress_request_cancel(handle, operation_id)
+
+    def read_debug_log(self) -> list[str]:
+        """Drains the opt-in debug-log ring into lines (raw native text; debug artifacts only)."""
+        chunks: list[bytes] = []
+        buffer = ctypes.create_string_buffer(DEBUG_READ_CHUNK_BYTES)
+        with self._use() as handle:
+            while True:
+                n = int(
+                    self._library.cdll.skippy_ingress_debug_read(
+                        handle, buffer, DEBUG_READ_CHUNK_BYTES
+                    )
+                )
+                if n == 0:
+                    break
+                chunks.append(buffer.raw[:n])
+        text = b"".join(chunks).decode("utf-8", errors="replace")
+        lines = text.split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()
+        return lines
+
+    def mark_closed(self) -> None:
+        """Marks the shared region closed: producers count ``rejected_closed`` from now on and
+        a sleeping ``wait`` returns. Pending facts can still be drained."""
+        with self._use() as handle:
+            if not self._marked_closed:
+                self._marked_closed = True
+                self._library.cdll.skippy_ingress_close(handle)
+
+    def close(self) -> None:
+        """Idempotent. Host: marks the region closed, then unmaps and closes the fd. Engine:
+        destroys its adapters and unmaps (the region stays open for the host)."""
+        if self._host:
+            with contextlib.suppress(IngressClosed):
+                self.mark_closed()
+        with self._state_lock:
+            if self._closing:
+                return
+            self._closing = True
+            while self._users:
+                self._idle.wait()
+        for adapter in list(self._adapters):
+            adapter._destroy()
+        self._adapters.clear()
+        self._library.cdll.skippy_ingress_detach(self._handle)
+        view, self._view = self._view, None
+        mapping, self._mapping = self._mapping, None
+        del view
+        if mapping is not None:
+            mapping.close()
+        if self._owns_fd:
+            os.close(self._fd)
+
+    def __enter__(self) -> SharedIngress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- adapter registry (engine side) ----
+
+    def _register(self, adapter: EngineAdapter) -> None:
+        with self._state_lock:
+            if self._closing:
+                raise IngressClosed("ingress wrapper is closed")
+            self._adapters.append(adapter)
+
+    def _unregister(self, adapter: EngineAdapter) -> None:
+        with self._state_lock, contextlib.suppress(ValueError):
+            self._adapters.remove(adapter)
+
+
+class EngineAdapter:
+    """Engine-side, process-local adapter: operation scopes and the llama.cpp hook addresses.
+
+    Put ``progress_callback_address`` / ``log_callback_address`` / ``abort_callback_address``
+    into llama.cpp's callback fields with ``user_data`` as their user data; those calls then go
+    straight to C and never touch Python.
+    """
+
+    def __init__(self, ingress: SharedIngress, capture_debug_log: bool = False) -> None:
+        flags = abi.AdapterFlag.CAPTURE_DEBUG_LOG if capture_debug_log else 0
+        self._ingress = ingress
+        self._lib = ingress.library
+        with ingress._use() as handle:
+            created = self._lib.cdll.skippy_adapter_create(handle, int(flags))
+        if not created:
+            raise RuntimeError("skippy_adapter_create failed")
+        self._handle: int | None = int(created)
+        ingress._register(self)
+
+    @property
+    def handle(self) -> int:
+        """The ``skippy_adapter_t*``."""
+        if self._handle is None:
+            raise IngressClosed("adapter is closed")
+        return self._handle
+
+    @property
+    def user_data(self) -> ctypes.c_void_p:
+        return ctypes.c_void_p(self.handle)
+
+    @property
+    def progress_callback_address(self) -> int:
+        return self._lib.address_of("skippy_llama_progress_callback")
+
+    @property
+    def log_callback_address(self) -> int:
+        return self._lib.address_of("skippy_llama_log_callback")
+
+    @property
+    def abort_callback_address(self) -> int:
+        return self._lib.address_of("skippy_llama_abort_callback")
+
+    @property
+    def trampoline_address(self) -> int:
+        return self._lib.address_of("skippy_trampoline_v1")
+
+    def reporter(self) -> abi.skippy_runtime_event_reporter_v1:
+        """A reporter ``{1, 24, skippy_trampoline_v1, adapter}`` for a Skippy runtime."""
+        out = abi.skippy_runtime_event_reporter_v1()
+        self._lib.cdll.skippy_adapter_reporter(self.handle, ctypes.byref(out))
+        return out
+
+    def operation_begin(self, operation_id: int, model_id: int = 0) -> None:
+        status = int(self._lib.cdll.skippy_operation_begin(self.handle, operation_id, model_id))
+        if status != abi.Status.OK:
+            raise ValueError(
+                f"operation_begin({operation_id}) refused: {abi.Status(status).name} "
+                "(operation id 0, or a scope is already active)"
+            )
+
+    def operation_end(self) -> None:
+        """After this returns no callback pushes anything stamped with the ended operation."""
+        self._lib.cdll.skippy_operation_end(self.handle)
+
+    def model_load_begin(self, operation_id: int, model_id: int) -> None:
+        """Operation begin + MODEL_OPEN STARTED."""
+        status = int(self._lib.cdll.skippy_model_load_begin(self.handle, operation_id, model_id))
+        if status != abi.Status.OK:
+            raise ValueError(f"model_load_begin({operation_id}) refused: {abi.Status(status).name}")
+
+    def report_device(self, n_gpu_layers: int) -> abi.Status:
+        """BACKEND_DEVICE_SELECTED once per operation (needs ``devices.resolve_ggml`` first)."""
+        return abi.Status(
+            int(self._lib.cdll.skippy_model_load_report_device(self.handle, n_gpu_layers))
+        )
+
+    def model_load_end(self, status: int, failure_code: int = abi.FailureCode.NONE) -> None:
+        """FINISHED (status OK) or FAILED_HANDLED with this status/failure code; ends the scope."""
+        self._lib.cdll.skippy_model_load_end(self.handle, int(status), int(failure_code))
+
+    def set_test_progress_delay_us(self, delay_us: int) -> None:
+        self._lib.cdll.skippy_adapter_set_test_progress_delay_us(self.handle, delay_us)
+
+    def emit(self, event: abi.skippy_runtime_event_v1) -> None:
+        """Calls the trampoline with a ctypes event (what a Skippy runtime reporter does)."""
+        self._lib.cdll.skippy_trampoline_v1(ctypes.byref(event), self.handle)
+
+    def emit_raw(self, data: bytes) -> None:
+        """Test emitter: the bytes are the event. They must cover the header and struct_size."""
+        if len(data) < 8:
+            raise ValueError("an event needs at least its 8-byte header")
+        struct_size = int.from_bytes(data[4:8], "little")
+        if len(data) < struct_size:
+            raise ValueError(f"{len(data)} bytes do not cover struct_size {struct_size}")
+        buffer = ctypes.create_string_buffer(data, len(data))
+        self._lib.cdll.skippy_test_emit_raw(self.handle, buffer)
+
+    def close(self) -> None:
+        """Idempotent: ends any scope, waits for in-flight callbacks, frees the adapter."""
+        self._destroy()
+        self._ingress._unregister(self)
+
+    def _destroy(self) -> None:
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            self._lib.cdll.skippy_adapter_destroy(handle)
+
+    def __enter__(self) -> EngineAdapter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerReport:
+    """``skippy_test_producer_report_v1``: per-emit latency from a fixed histogram."""
+
+    threads: int
+    records_attempted: int
+    elapsed_ns: int
+    latency_p50_ns: int
+    latency_p99_ns: int
+    latency_max_ns: int
+
+
+class ProducerThreads:
+    """C producer threads emitting through an adapter (tests and benchmarks)."""
+
+    def __init__(
+        self,
+        adapter: EngineAdapter,
+        *,
+        threads: int,
+        records_per_thread: int,
+        kind: int = abi.Kind.MODEL_OPEN_STARTED,
+        mode: abi.TestProducerMode = abi.TestProducerMode.TRAMPOLINE,
+    ) -> None:
+        self._lib = adapter._lib
+        handle = self._lib.cdll.skippy_test_producers_start(
+            adapter.handle, threads, records_per_thread, int(kind), int(mode)
+        )
+        if not handle:
+            raise RuntimeError("skippy_test_producers_start failed")
+        self._handle: int | None = int(handle)
+
+    @property
+    def handle(self) -> int:
+        if self._handle is None:
+            raise RuntimeError("producers already joined")
+        return self._handle
+
+    def done(self) -> bool:
+        return bool(self._lib.cdll.skippy_test_producers_done(self.handle))
+
+    def attempts(self) -> int:
+        return int(self._lib.cdll.skippy_test_producers_attempts(self.handle))
+
+    def stop(self) -> None:
+        self._lib.cdll.skippy_test_producers_stop(self.handle)
+
+    def hold_gil_until_done(self, timeout_s: float) -> bool:
+        """Waits in C WITH the GIL held (PyDLL); True if the producers finished meanwhile."""
+        return self._lib.hold_gil_until_producers_done(self.handle, _timeout_ms(timeout_s))
+
+    def join(self) -> ProducerReport:
+        raw = abi.skippy_test_producer_report_v1()
+        handle, self._handle = self.handle, None
+        self._lib.cdll.skippy_test_producers_join(handle, ctypes.byref(raw))
+        return ProducerReport(
+            threads=int(raw.threads),
+            records_attempted=int(raw.records_attempted),
+            elapsed_ns=int(raw.elapsed_ns),
+            latency_p50_ns=int(raw.latency_p50_ns),
+            latency_p99_ns=int(raw.latency_p99_ns),
+            latency_max_ns=int(raw.latency_max_ns),
+        )
