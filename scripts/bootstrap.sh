@@ -31,19 +31,20 @@ PY
 status=0; llama_ok || status=$?
 if [ "$status" != 0 ]; then
   echo "bootstrap: building llama-cpp-python $LLAMA_CPP_PYTHON_VERSION from source with ggml RPC (about 6 minutes on 2 cores)" >&2
-  cache_flag=()
-  # A cached wheel built without RPC would be reused silently; refuse the cache in that case.
-  [ "$status" = 2 ] && cache_flag=(--no-cache-dir)
   CMAKE_ARGS="-DGGML_RPC=ON ${CMAKE_ARGS:-}" "$VENV/bin/python" -m pip install --quiet \
-    "${cache_flag[@]}" --no-binary llama-cpp-python --force-reinstall --no-deps \
-    "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION"
+    --no-binary llama-cpp-python "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION"
   status=0; llama_ok || status=$?
-  if [ "$status" != 0 ]; then
-    echo "bootstrap: llama-cpp-python installed without ggml RPC; retrying without the wheel cache" >&2
+  if [ "$status" = 2 ]; then
+    # pip reused a cached wheel that was built without RPC: rebuild, bypassing the cache.
+    echo "bootstrap: cached llama-cpp-python lacks ggml RPC; rebuilding without the wheel cache" >&2
     CMAKE_ARGS="-DGGML_RPC=ON ${CMAKE_ARGS:-}" "$VENV/bin/python" -m pip install --quiet \
-      --no-cache-dir --no-binary llama-cpp-python --force-reinstall --no-deps \
+      --no-cache-dir --force-reinstall --no-deps --no-binary llama-cpp-python \
       "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION"
-    llama_ok
+    status=0; llama_ok || status=$?
+  fi
+  if [ "$status" != 0 ]; then
+    echo "bootstrap: llama-cpp-python $LLAMA_CPP_PYTHON_VERSION does not import with ggml RPC" >&2
+    exit 1
   fi
 fi
 

@@ -54,16 +54,26 @@ _RECENT_SEVERITIES: Final = frozenset({Severity.WARNING, Severity.ERROR, Severit
 
 def reduce(state: RuntimeView, event: Event) -> tuple[RuntimeView, Transitions]:
     """Apply one event. Never raises for any event; see the family modules for the tables."""
-    state = count(state, events_reduced=1)
     handler = _HANDLERS.get(event.id)
-    before_available = available_models(state)
-    if handler is not None:
-        state, transitions = handler(state, event)
-    else:
-        transitions = NO_TRANSITIONS
-    state, derived = _derive(state, event, before_available)
-    transitions = transitions + derived
+    if handler is None:
+        return _remember(state, (event,)), NO_TRANSITIONS
+    before = state
+    state, transitions = handler(state, event)
+    if _inputs_of_derivation_changed(before, state):
+        state, derived = _derive(state, event, available_models(before))
+        transitions = transitions + derived
     return _remember(state, (event, *transitions)), transitions
+
+
+def _inputs_of_derivation_changed(before: RuntimeView, after: RuntimeView) -> bool:
+    """Node state depends only on these; the views are immutable, so identity says enough."""
+    return (
+        after.models is not before.models
+        or after.runtime is not before.runtime
+        or after.stages is not before.stages
+        or after.devices is not before.devices
+        or after.topologies is not before.topologies
+    )
 
 
 def _derive(

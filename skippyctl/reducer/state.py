@@ -239,7 +239,6 @@ class EventSystemView:
 
 @dataclass(frozen=True, slots=True)
 class ReducerCounters:
-    events_reduced: int = 0
     rejected_transitions: int = 0
     duplicate_transitions: int = 0
     evicted_models: int = 0

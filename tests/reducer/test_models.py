@@ -173,4 +173,3 @@ def test_any_sequence_keeps_invariants_and_bounds(events: list[Event]) -> None:
             ):
                 # availability only ever follows initializing (readiness gating)
                 assert previous is not None and previous.state is ModelState.INITIALIZING
-    assert state.counters.events_reduced == len(events)
