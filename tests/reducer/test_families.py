@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event, LogicalId, Progress, Scope, make_event, summaries
 from skippyctl.events.reasons import ProgressUnit, ReasonCode
+from skippyctl.reducer.node import derive_node
 from skippyctl.reducer.reduce import reduce
 from skippyctl.reducer.state import (
     MAX_RECENT_EVENTS,
@@ -299,3 +303,56 @@ def test_recent_events_are_capped_and_evictions_counted() -> None:
     state, _ = _run(warnings)
     assert len(state.recent_events) == MAX_RECENT_EVENTS
     assert state.counters.evicted_recent == 5
+
+
+_ALL_IDS = list(EventId)
+_IDS = [LogicalId(f"x{n}") for n in range(3)]
+
+
+@st.composite
+def _any_event(draw: st.DrawFn) -> Event:
+    def maybe() -> LogicalId | None:
+        return draw(st.one_of(st.none(), st.sampled_from(_IDS)))
+
+    scope = Scope(
+        model_id=maybe(),
+        topology_id=maybe(),
+        stage_id=maybe(),
+        session_id=maybe(),
+        request_id=maybe(),
+        device_id=maybe(),
+    )
+    progress = draw(
+        st.one_of(
+            st.none(),
+            st.builds(Progress, st.integers(0, 100), st.none(), st.just(ProgressUnit.STEPS)),
+        )
+    )
+    values = draw(
+        st.dictionaries(
+            st.sampled_from(["context_tokens", "lanes", "count", "queue_depth"]), st.integers(0, 9)
+        )
+    )
+    return make_event(
+        draw(st.sampled_from(_ALL_IDS)),
+        operation_id=maybe(),
+        scope=scope,
+        progress=progress,
+        summaries=summaries(**values),
+    )
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(_any_event(), max_size=150))
+def test_any_event_sequence_of_any_family_keeps_bounds_and_never_raises(
+    events: list[Event],
+) -> None:
+    state = RuntimeView()
+    for event in events:
+        state, transitions = reduce(state, event)
+        assert len(state.recent_events) <= MAX_RECENT_EVENTS
+        assert len(state.sessions) <= MAX_SESSIONS
+        for transition in transitions:
+            assert transition.state is not None
+            assert transition.state.previous != transition.state.current
+        assert derive_node(state) is state.node  # the stored node is always the derived one
