@@ -31,8 +31,8 @@ demo: bootstrap fixtures
 	$(SKIPPYCTL) load $(FIXTURES)/tiny.gguf
 
 lint: bootstrap
-	$(VENV)/bin/ruff check skippyctl tests
-	$(VENV)/bin/ruff format --check skippyctl tests
+	$(VENV)/bin/ruff check skippyctl skippy_tui tests benchmarks scripts
+	$(VENV)/bin/ruff format --check skippyctl skippy_tui tests benchmarks scripts
 
 typecheck: bootstrap
 	$(VENV)/bin/mypy

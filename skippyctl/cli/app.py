@@ -8,6 +8,7 @@ from skippyctl import __version__
 from skippyctl.cli.events import events_app
 from skippyctl.cli.fixtures import fixtures_app
 from skippyctl.cli.load import load_command
+from skippyctl.cli.runtime import runtime_app
 
 app = typer.Typer(
     name="skippyctl",
@@ -18,6 +19,7 @@ app = typer.Typer(
 app.command("load")(load_command)
 app.add_typer(fixtures_app, name="fixtures")
 app.add_typer(events_app, name="events")
+app.add_typer(runtime_app, name="runtime")
 
 
 def _version(value: bool) -> None:

@@ -1,44 +1,41 @@
-"""`skippyctl load MODEL`: load a GGUF model and follow its events to one outcome."""
+"""`skippyctl load MODEL`: load a GGUF model and follow its events to one outcome.
+
+By default it attaches to the runtime host (starting one in the background when none runs);
+`--embedded` runs a host inside this process for one-shot use (the engine is still its own
+process). Either way the same events are shown, and the exit code comes from the outcome.
+"""
 
 from __future__ import annotations
 
-import signal
 import time
-from typing import Annotated, Any
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich.console import Console
 
+from skippyctl.cli.common import (
+    EventFeed,
+    FeedClosed,
+    InterruptRequests,
+    StreamFeed,
+    SubscriptionFeed,
+)
 from skippyctl.cli.exit_codes import ExitCode, exit_code_for
 from skippyctl.events.catalog import EventId
-from skippyctl.events.reasons import ReasonCode
+from skippyctl.events.envelope import Event
+from skippyctl.events.reasons import Category, ReasonCode
 from skippyctl.output.presenters import LoadProgressPresenter, NdjsonPresenter, Presenter
 from skippyctl.output.summary import reason_message, render_summary
-from skippyctl.pipeline.dispatch import Subscription, SubscriptionClosed
-from skippyctl.runtime.host import LoadHandle, LoadRequest, RuntimeHost
 
 TERMINALS = frozenset(
     {EventId.MODEL_AVAILABLE, EventId.MODEL_LOAD_FAILED, EventId.MODEL_LOAD_CANCELLED}
 )
 FORCE_QUIT_AFTER_S = 5.0
-
-
-class _InterruptRequests:
-    """Turns SIGINT into a flag the follow loop reads, so Ctrl-C can never land mid-write."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self._previous: Any = None
-
-    def __enter__(self) -> _InterruptRequests:
-        self._previous = signal.signal(signal.SIGINT, self._on_signal)
-        return self
-
-    def _on_signal(self, _signum: int, _frame: object) -> None:
-        self.count += 1
-
-    def __exit__(self, *exc: object) -> None:
-        signal.signal(signal.SIGINT, self._previous)
+_LOAD_CATEGORIES = frozenset(
+    {Category.MODEL_LOADING, Category.MODEL_AVAILABILITY, Category.NATIVE_RUNTIME}
+)
 
 
 def load_command(
@@ -47,7 +44,8 @@ def load_command(
         bool, typer.Option("--json", help="NDJSON events on stdout, one per line; nothing else.")
     ] = False,
     ctx: Annotated[
-        int | None, typer.Option("--ctx", help="Context size in tokens (default: the model's).")
+        int | None,
+        typer.Option("--ctx", help="Context size in tokens (default: the model's, at most 4096)."),
     ] = None,
     timeout: Annotated[
         float | None,
@@ -56,10 +54,21 @@ def load_command(
     alias: Annotated[
         str | None, typer.Option("--alias", help="Model id to use instead of the file's name.")
     ] = None,
-    lanes: Annotated[int, typer.Option("--lanes", help="Parallel sequences (lanes).")] = 1,
+    lanes: Annotated[
+        int, typer.Option("--lanes", help="Parallel sequences (lanes) for serving.")
+    ] = 1,
     gpu_layers: Annotated[
         int, typer.Option("--gpu-layers", help="Layers to offload to a GPU (-1: all).")
     ] = 0,
+    wait: Annotated[
+        bool,
+        typer.Option(
+            "--wait/--no-wait", help="Follow the load to its outcome, or return once it started."
+        ),
+    ] = True,
+    embedded: Annotated[
+        bool, typer.Option("--embedded", help="Run a one-shot host inside this process.")
+    ] = False,
 ) -> None:
     """Load MODEL and stream its load events until it is available or has failed.
 
@@ -71,10 +80,15 @@ def load_command(
         skippyctl load fixtures/tiny.gguf --json | jq -r .event
     """
     stderr = Console(stderr=True)
-    with _InterruptRequests() as interrupts:
-        code, message = _run_load(
-            model, json_output, ctx, timeout, alias, lanes, gpu_layers, interrupts
-        )
+    with InterruptRequests() as interrupts:
+        if embedded:
+            code, message = _embedded(
+                model, json_output, ctx, timeout, alias, lanes, gpu_layers, interrupts
+            )
+        else:
+            code, message = _attached(
+                model, json_output, ctx, timeout, alias, lanes, gpu_layers, wait, interrupts
+            )
     if code is ExitCode.SUCCESS:
         stderr.print(f"[green]✓[/] {message}", soft_wrap=True, highlight=False)
     else:
@@ -82,7 +96,11 @@ def load_command(
     raise typer.Exit(int(code))
 
 
-def _run_load(
+def _presenter(json_output: bool, label: str) -> Presenter:
+    return NdjsonPresenter() if json_output else LoadProgressPresenter(label)
+
+
+def _embedded(
     model: str,
     json_output: bool,
     ctx: int | None,
@@ -90,60 +108,144 @@ def _run_load(
     alias: str | None,
     lanes: int,
     gpu_layers: int,
-    interrupts: _InterruptRequests,
+    interrupts: InterruptRequests,
 ) -> tuple[ExitCode, str]:
+    from skippyctl.runtime.host import LoadRequest, RuntimeHost
+
     host = RuntimeHost().start()
     subscription = host.pipeline.subscribe("cli-load", max_queue_size=65536, replay=True)
-    request = LoadRequest(
-        artifact=model,
-        alias=alias,
-        context_tokens=ctx,
-        lanes=lanes,
-        gpu_layers=gpu_layers,
-        timeout_s=timeout,
-    )
+    request = LoadRequest(model, alias, ctx, lanes, gpu_layers, timeout)
     handle = host.load_model(request)
-    presenter: Presenter = (
-        NdjsonPresenter() if json_output else LoadProgressPresenter(handle.model_id or model)
-    )
+    if handle.already_available:  # cannot happen in a fresh host, kept for symmetry
+        return ExitCode.SUCCESS, f"{handle.model_id}: already available"
+    presenter = _presenter(json_output, handle.model_id or model)
+    feed = SubscriptionFeed(subscription, host.pipeline.dispatcher.cursor)
     try:
-        return _follow(host, subscription, handle, presenter, interrupts)
+        return _follow(
+            feed,
+            str(handle.operation_id),
+            handle.model_id,
+            handle.problem,
+            presenter,
+            interrupts,
+            lambda: host.cancel(handle.operation_id, ReasonCode.CANCELLATION),
+            everything=True,  # a one-shot host exists for this load: all it says is relevant
+        )
     finally:
         presenter.close()
         host.shutdown()
 
 
+def _attached(
+    model: str,
+    json_output: bool,
+    ctx: int | None,
+    timeout: float | None,
+    alias: str | None,
+    lanes: int,
+    gpu_layers: int,
+    wait: bool,
+    interrupts: InterruptRequests,
+) -> tuple[ExitCode, str]:
+    from skippyctl.client.http import ApiError, FrameReader, RuntimeUnreachable, connect
+
+    # The runtime resolves relative paths against its model root; a path that exists from here
+    # is made absolute so it means what the user typed.
+    artifact = str(Path(model).resolve()) if Path(model).expanduser().exists() else model
+    body = {
+        "model": artifact,
+        "alias": alias,
+        "ctx": ctx,
+        "lanes": lanes,
+        "gpu_layers": gpu_layers,
+        "timeout_s": timeout,
+    }
+    try:
+        client = connect()
+    except RuntimeUnreachable as error:
+        return ExitCode.RUNTIME_UNREACHABLE, str(error)
+    try:
+        reader = FrameReader(client)
+        reader.connected.wait(10.0)
+        feed = StreamFeed(reader)
+        try:
+            answer = client.load(body)
+        except ApiError as error:
+            return exit_code_for(_reason(error.reason_code)), str(error)
+        operation = str(answer["operation_id"])
+        model_id = answer.get("model_id")
+        if answer.get("already_available"):
+            return ExitCode.SUCCESS, f"{model_id}: already available"
+        presenter = _presenter(json_output, model_id or model)
+        if not wait:
+            presenter.close()
+            return ExitCode.SUCCESS, f"{model_id}: load started ({operation})"
+        try:
+            return _follow(
+                feed,
+                operation,
+                model_id,
+                answer.get("problem"),
+                presenter,
+                interrupts,
+                lambda: client.cancel(operation),
+            )
+        finally:
+            presenter.close()
+    except RuntimeUnreachable as error:
+        return ExitCode.RUNTIME_UNREACHABLE, str(error)
+    finally:
+        client.close()
+
+
+def _reason(value: str | None) -> ReasonCode | None:
+    try:
+        return None if value is None else ReasonCode(value)
+    except ValueError:
+        return ReasonCode.UNKNOWN_FAILURE
+
+
+def _relevant(event: Event, operation: str, model_id: str | None) -> bool:
+    if event.operation_id == operation:
+        return True
+    return (
+        model_id is not None
+        and event.scope.model_id == model_id
+        and event.category in _LOAD_CATEGORIES
+    )
+
+
 def _follow(
-    host: RuntimeHost,
-    subscription: Subscription,
-    handle: LoadHandle,
+    feed: EventFeed,
+    operation: str,
+    model_id: str | None,
+    problem: str | None,
     presenter: Presenter,
-    interrupts: _InterruptRequests,
+    interrupts: InterruptRequests,
+    cancel: Callable[[], None],
+    everything: bool = False,
 ) -> tuple[ExitCode, str]:
     cancel_requested_at: float | None = None
     while True:
         if interrupts.count and cancel_requested_at is None:
             cancel_requested_at = time.monotonic()
-            host.cancel(handle.operation_id, ReasonCode.CANCELLATION)
+            cancel()
         if cancel_requested_at is not None and (
             interrupts.count > 1 or time.monotonic() - cancel_requested_at > FORCE_QUIT_AFTER_S
         ):
             return ExitCode.CANCELLED, "cancelled (forced)"
         try:
-            item = subscription.get(0.1)
-        except SubscriptionClosed:
-            return (
-                ExitCode.INTERNAL_RUNTIME_FAILURE,
-                "the runtime stopped before the load ended",
-            )
-        if item is None:
+            fed = feed.next(0.1)
+        except FeedClosed as closed:
+            return ExitCode.RUNTIME_UNREACHABLE, f"{closed} before the load ended"
+        if fed is None or not (everything or _relevant(fed.event, operation, model_id)):
             continue
-        event = item.event
-        presenter.show(event, item.sequence)
-        if event.operation_id != handle.operation_id or event.id not in TERMINALS:
+        event = fed.event
+        presenter.show(event, fed.sequence)
+        if event.operation_id != operation or event.id not in TERMINALS:
             continue
         if event.id is EventId.MODEL_AVAILABLE:
-            return ExitCode.SUCCESS, f"{handle.model_id}: {render_summary(event)}"
+            return ExitCode.SUCCESS, f"{model_id}: {render_summary(event)}"
         reason = event.reason_code.value if event.reason_code else "unknown_failure"
-        detail = handle.problem or reason_message(reason)
+        detail = problem or reason_message(reason)
         return exit_code_for(event.reason_code), f"{event.id.value} ({reason}): {detail}"

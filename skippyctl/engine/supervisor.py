@@ -17,7 +17,7 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from skippyctl.engine.protocol import ControlChannel, Message
 from skippyctl.events.envelope import LogicalId
@@ -35,6 +35,21 @@ from skippyctl.pipeline.authority import (
 from skippyctl.pipeline.pipeline import Pipeline
 
 STOP_GRACE_S: Final = 3.0
+_LOAD_MESSAGES: Final = frozenset(
+    {"hello", "load_begun", "load_returned", "context_begun", "context_returned"}
+)
+
+
+class EngineListener(Protocol):
+    """Receives an engine's serving messages (generation observations) and its exit.
+
+    Called on the engine's reader thread: implementations hand work off, never block.
+    """
+
+    def on_engine_message(self, engine: EngineProcess, message: Message) -> None: ...
+    def on_engine_exit(self, engine: EngineProcess, crashed: bool) -> None: ...
+
+
 CANCEL_GRACE_S: Final = 2.0
 
 
@@ -49,6 +64,8 @@ class EngineHello:
 class LoadCommand:
     operation_id: LogicalId
     native_operation: int
+    serving_operation: int
+    """Native scope the engine keeps open while it serves (its abort callback watches it)."""
     model_id: LogicalId
     path: str
     context_tokens: int | None
@@ -66,6 +83,7 @@ class EngineProcess:
         pipeline: Pipeline,
         native_library: Any | None,
         on_hello: Callable[[EngineProcess, EngineHello], None] | None = None,
+        listener: EngineListener | None = None,
     ) -> None:
         self.key = key
         self.model_id = model_id
@@ -76,6 +94,7 @@ class EngineProcess:
         self._hello_seen = threading.Event()
         self._on_hello = on_hello
         self.hello: EngineHello | None = None
+        self.listener = listener
         self._operations: dict[LogicalId, int] = {}
         self._settled: dict[LogicalId, threading.Event] = {}
         self._settled_lock = threading.Lock()
@@ -132,6 +151,7 @@ class EngineProcess:
 
     def load(self, command: LoadCommand) -> None:
         self._operations[command.operation_id] = command.native_operation
+        self._serving_operation = command.serving_operation
         self._authority(
             OperationBound(
                 self.key, command.operation_id, command.native_operation, command.model_id
@@ -142,6 +162,7 @@ class EngineProcess:
                 "op": "load",
                 "operation_id": command.operation_id,
                 "native_operation": command.native_operation,
+                "serving_operation": command.serving_operation,
                 "path": command.path,
                 "context_tokens": command.context_tokens,
                 "lanes": command.lanes,
@@ -150,6 +171,17 @@ class EngineProcess:
         )
         if not sent:
             self._exited.wait(STOP_GRACE_S)
+
+    def abort_decode(self) -> None:
+        """Stop any llama_decode in flight now (forced unload): the engine's abort callback
+        reads this flag in shared memory. Every later decode of this engine aborts too."""
+        serving = getattr(self, "_serving_operation", 0)
+        if self._ring is not None and serving:
+            self._ring.request_cancel(serving)
+
+    def send(self, message: Message) -> bool:
+        """Send a serving command (generate, cancel, drop_session); False if the engine is gone."""
+        return self._channel.send(message)
 
     def cancel(self, operation_id: LogicalId, reason: ReasonCode) -> None:
         """Ask a running operation to stop; the engine is killed if it cannot stop by itself."""
@@ -208,6 +240,8 @@ class EngineProcess:
 
     def _report_exit(self, returncode: int) -> None:
         crashed = not self._stopping.is_set()
+        if self.listener is not None:
+            self.listener.on_engine_exit(self, crashed)
         self._authority(
             EngineExited(
                 self.key,
@@ -223,6 +257,11 @@ class EngineProcess:
 
     def _on_message(self, message: Message) -> None:
         kind = message.get("msg")
+        if kind not in _LOAD_MESSAGES:
+            listener = self.listener
+            if listener is not None:
+                listener.on_engine_message(self, message)
+            return
         operation = LogicalId(str(message.get("operation_id", "none")))
         if kind == "hello":
             self.hello = EngineHello(

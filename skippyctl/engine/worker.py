@@ -31,6 +31,7 @@ DEFAULT_MAX_CONTEXT_TOKENS: Final = 4096
 class _Loaded:
     model: Any
     context: Any | None = None
+    generation: Any | None = None  # BatchEngine once the context exists
 
 
 class Worker:
@@ -91,8 +92,64 @@ class Worker:
             if message is None or message.get("op") == "shutdown":
                 self._free()
                 return 0
-            if message.get("op") == "load":
+            op = message.get("op")
+            if op == "load":
                 self._load(message)
+            elif op == "generate":
+                self._generate(message)
+            elif op == "cancel" and self._batch is not None:
+                self._batch.cancel(str(message.get("request_id")))
+            elif op == "drop_session" and self._batch is not None:
+                reason = str(message.get("reason") or "dropped")
+                self._batch.drop_session(str(message.get("session")), reason)
+
+    def _arm_abort(self, context: Any, serving_operation: int) -> None:
+        """Point llama_decode's abort callback at the native layer, inside a serving scope, so the
+        host can stop a decode in flight (forced unload) through shared memory, not Python."""
+        if self.adapter is None or serving_operation <= 0:
+            return
+        self.adapter.operation_begin(serving_operation, serving_operation)
+        self._abort_callback = self.llama.ggml_abort_callback(self.adapter.abort_callback_address)
+        self.llama.llama_set_abort_callback(context, self._abort_callback, self.adapter.user_data)
+
+    def _emit(self, message: Message) -> None:
+        # A host that went away is noticed by the serve loop (end of stream); nothing to do here.
+        self.channel.send(message)
+
+    @property
+    def _batch(self) -> Any | None:
+        return None if self.loaded is None else self.loaded.generation
+
+    def _generate(self, message: Message) -> None:
+        from skippyctl.engine.generation import ChatMessage, GenerateRequest
+        from skippyctl.engine.sampling import SamplingParams
+
+        request_id = str(message.get("request_id"))
+        try:
+            if self._batch is None:
+                raise ValueError("no model is loaded in this engine")
+            sampling = dict(message.get("sampling") or {})
+            sampling["logit_bias"] = tuple(
+                (int(token), float(bias)) for token, bias in sampling.get("logit_bias") or ()
+            )
+            messages = message.get("messages")
+            timeout = message.get("timeout_s")
+            request = GenerateRequest(
+                request_id=request_id,
+                prompt=message.get("prompt"),
+                messages=None
+                if messages is None
+                else tuple(ChatMessage(str(m["role"]), str(m["content"])) for m in messages),
+                session=message.get("session"),
+                max_tokens=int(message.get("max_tokens", 128)),
+                stop=tuple(message.get("stop") or ()),
+                sampling=SamplingParams(**sampling),
+                deadline_mono_s=None if timeout is None else time.monotonic() + float(timeout),
+            )
+        except (ValueError, TypeError, KeyError):
+            self.channel.send(_refused(request_id))
+            return
+        self._batch.submit(request)
 
     def _load(self, command: Message) -> None:
         llama = self.llama
@@ -147,18 +204,72 @@ class Worker:
         context = llama.llama_init_from_model(model, context_params)
         reply = {"msg": "context_returned", "operation_id": operation_id, "ok": bool(context)}
         if context:
+            from skippyctl.engine.generation import BatchEngine
+
             self.loaded.context = context
+            self._arm_abort(context, int(command.get("serving_operation") or 0))
+            lanes = int(llama.llama_n_seq_max(context))
             reply["context_tokens"] = int(llama.llama_n_ctx(context))
-            reply["lanes"] = int(llama.llama_n_seq_max(context))
+            reply["lanes"] = lanes
+            self.loaded.generation = BatchEngine(
+                _with_test_decode_delay(llama), model, context, lanes=lanes, emit=self._emit
+            )
         self.channel.send(reply)
+        if self.loaded.generation is not None:
+            # Started after the reply, so the host sees the context before any kv message.
+            self.loaded.generation.start()
 
     def _free(self) -> None:
         if self.loaded is None:
             return
+        if self.loaded.generation is not None:
+            self.loaded.generation.stop()
         if self.loaded.context:
             self.llama.llama_free(self.loaded.context)
         self.llama.llama_model_free(self.loaded.model)
         self.loaded = None
+
+
+class _SlowDecode:
+    """Test fault injection (SKIPPY_TEST_DECODE_DELAY_MS): every llama_decode takes at least
+    this long, so tests can hold requests in flight on a model that decodes in microseconds."""
+
+    def __init__(self, llama: Any, delay_s: float) -> None:
+        self._llama = llama
+        self._delay_s = delay_s
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._llama, name)
+
+    def llama_decode(self, *args: Any) -> Any:
+        time.sleep(self._delay_s)
+        return self._llama.llama_decode(*args)
+
+
+def _with_test_decode_delay(llama: Any) -> Any:
+    delay_ms = float(os.environ.get("SKIPPY_TEST_DECODE_DELAY_MS", "0") or 0)
+    return _SlowDecode(llama, delay_ms / 1000) if delay_ms > 0 else llama
+
+
+def _refused(request_id: str) -> Message:
+    """The one terminal of a request the engine could not even start."""
+    return {
+        "msg": "gen_done",
+        "request_id": request_id,
+        "outcome": "failed",
+        "reason": "invalid_configuration",
+        "stop_reason": "error",
+        "prompt_tokens": 0,
+        "completion_tokens": 0,
+        "reused_tokens": 0,
+        "prefill_ms": 0.0,
+        "decode_ms": 0.0,
+        "ttft_ms": None,
+        "prefill_tokens_per_s": None,
+        "decode_tokens_per_s": None,
+        "shared_steps": 0,
+        "max_batch": 0,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -76,6 +76,9 @@ class SummaryKey(StrEnum):
     PREFILL_TOKENS_PER_S = "prefill_tokens_per_s"
     DECODE_TOKENS_PER_S = "decode_tokens_per_s"
     BATCH_SIZE = "batch_size"
+    SHARED_DECODE_STEPS = "shared_decode_steps"
+    PREFILL_MS = "prefill_ms"
+    DECODE_MS = "decode_ms"
     ACTIVE_SESSIONS = "active_sessions"
     DRAINING_SESSIONS = "draining_sessions"
     CANCELLED_REQUESTS = "cancelled_requests"
@@ -101,6 +104,24 @@ class SummaryKey(StrEnum):
     LOG_MESSAGES_ERROR = "log_messages_error"
     FEATURE_BITS = "feature_bits"
     ABI_VERSION = "abi_version"
+
+
+class StopReason(StrEnum):
+    """Why generation stopped (closed vocabulary; the stop string itself is never recorded)."""
+
+    EOS = "eos"
+    STOP_STRING = "stop"
+    LENGTH = "length"
+    CANCELLED = "cancelled"
+    TIMEOUT = "timeout"
+    ERROR = "error"
+
+
+class BatchingMode(StrEnum):
+    """How a request was decoded: sharing decode steps with other requests, or alone."""
+
+    CONTINUOUS = "continuous"
+    SINGLE = "single"
 
 
 class SequenceEvidence(StrEnum):
@@ -172,6 +193,8 @@ class Event:
     outcome: Outcome | None = None
     reason_code: ReasonCode | None = None
     duration_ms: float | None = None
+    stop_reason: StopReason | None = None
+    batching: BatchingMode | None = None
     summaries: tuple[NumericSummary, ...] = field(default=())
 
     @property
@@ -203,6 +226,8 @@ def make_event(
     outcome: Outcome | None = None,
     reason_code: ReasonCode | None = None,
     duration_ms: float | None = None,
+    stop_reason: StopReason | None = None,
+    batching: BatchingMode | None = None,
     summaries: tuple[NumericSummary, ...] = (),
     wall_ns: int | None = None,
     mono_ns: int | None = None,
@@ -223,6 +248,8 @@ def make_event(
         outcome=outcome,
         reason_code=reason_code,
         duration_ms=duration_ms,
+        stop_reason=stop_reason,
+        batching=batching,
         summaries=summaries,
     )
 

@@ -3,7 +3,8 @@
 Contract (schema_version 1; add fields, never rename): `schema_version`, `event` (the id),
 `category`, `severity`, `ts` (UTC RFC 3339), `seq`, `producer`, and — only when they apply —
 `operation_id`, `model_id`, `session_id`, `request_id`, `device_id`, `stage_id`, `topology_id`,
-`progress` {current,total,unit}, `outcome`, `reason_code`, `duration_ms`, `state`
+`progress` {current,total,unit}, `outcome`, `reason_code`, `duration_ms`, `stop_reason`,
+`batching`, `state`
 {previous,current}, `native` {sequence,evidence}, `summaries` {key: number}, `summary`.
 """
 
@@ -57,6 +58,10 @@ def event_record(event: Event, seq: int | None = None, cursor: str | None = None
         record["reason_code"] = event.reason_code.value
     if event.duration_ms is not None:
         record["duration_ms"] = event.duration_ms
+    if event.stop_reason is not None:
+        record["stop_reason"] = event.stop_reason.value
+    if event.batching is not None:
+        record["batching"] = event.batching.value
     if event.state is not None:
         state: dict[str, Any] = {"current": event.state.current}
         if event.state.previous is not None:

@@ -206,6 +206,17 @@ class Dispatcher:
             oldest = self._replay[0].sequence if self._replay else self._sequence + 1
         return items, sequence + 1 < oldest and self._replay_evicted > 0
 
+    @property
+    def max_replay_records(self) -> int:
+        return self._replay.maxlen or 0
+
+    def retained_range(self) -> tuple[int, int]:
+        """The oldest and newest sequence still in the replay buffer."""
+        with self._lock:
+            if not self._replay:
+                return self._sequence, self._sequence
+            return self._replay[0].sequence, self._replay[-1].sequence
+
     def close_all(self, reason: DisconnectReason) -> None:
         with self._lock:
             subscriptions = list(self._subscriptions)

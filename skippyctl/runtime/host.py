@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from skippyctl.engine.supervisor import EngineHello, EngineProcess, LoadCommand
+from skippyctl.engine.supervisor import EngineHello, EngineListener, EngineProcess, LoadCommand
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import (
     InvalidLogicalId,
@@ -28,6 +28,11 @@ from skippyctl.events.reasons import Outcome, ReasonCode
 from skippyctl.pipeline.authority import OperationBound, OperationRejected
 from skippyctl.pipeline.pipeline import Pipeline
 from skippyctl.pipeline.reconcile import HOST_ENGINE_KEY
+from skippyctl.reducer.state import (
+    LOADING_MODEL_STATES,
+    SERVING_MODEL_STATES,
+    SETTLED_MODEL_STATES,
+)
 from skippyctl.runtime.artifacts import check_artifact
 
 ENGINE_HELLO_TIMEOUT_S: Final = 60.0
@@ -49,6 +54,8 @@ class LoadHandle:
     model_id: LogicalId | None
     problem: str | None = None
     """A message for people when the host refused the load before any engine work."""
+    already_available: bool = False
+    """The model already serves: nothing was started and no events follow."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,12 +141,24 @@ class RuntimeHost:
         return self
 
     # -- loading --------------------------------------------------------------------------------
-    def load_model(self, request: LoadRequest) -> LoadHandle:
+    def load_model(
+        self, request: LoadRequest, listener: EngineListener | None = None
+    ) -> LoadHandle:
+        """Start loading; the outcome arrives as events ending in one terminal for the
+        returned operation. `listener` receives the engine's serving messages from the start."""
         operation_id, native_operation = self._ids.next("load")
         problem = validate_request(request)
         model_id: LogicalId | None = None
         if problem is None:
             model_id = model_id_for(request.artifact, request.alias)
+            current = self.pipeline.state.models.get(model_id)
+            if current is not None and current.state in SERVING_MODEL_STATES:
+                # Idempotent: loading what already serves is a success, not a new operation.
+                return LoadHandle(
+                    current.operation_id or operation_id, model_id, already_available=True
+                )
+            if current is not None and current.state not in SETTLED_MODEL_STATES:
+                problem = f"model {model_id} is already {current.state.value}; wait or unload it"
         self.pipeline.submit(
             make_event(
                 EventId.MODEL_LOAD_REQUESTED,
@@ -163,6 +182,7 @@ class RuntimeHost:
             self.pipeline,
             self.native.library,
             self._on_hello,
+            listener,
         )
         with self._lock:
             previous = self._engines.get(model_id)
@@ -170,10 +190,12 @@ class RuntimeHost:
             self._operations[operation_id] = engine
         if previous is not None:
             previous.stop()
+        _, serving_operation = self._ids.next("serve")
         engine.load(
             LoadCommand(
                 operation_id=operation_id,
                 native_operation=native_operation,
+                serving_operation=serving_operation,
                 model_id=model_id,
                 path=str(path.resolve()),
                 context_tokens=request.context_tokens,
@@ -206,10 +228,18 @@ class RuntimeHost:
         self.pipeline.submit_authority(OperationRejected(operation_id, reason))
 
     def cancel(self, operation_id: LogicalId, reason: ReasonCode = ReasonCode.CANCELLATION) -> None:
+        """Cancel a load that is still under way; a load that already settled is left alone
+        (a late timeout timer or Ctrl-C must not touch a model that now serves)."""
         with self._lock:
             engine = self._operations.get(operation_id)
-        if engine is not None:
-            engine.cancel(operation_id, reason)
+        if engine is None:
+            return
+        view = self.pipeline.state.models.get(engine.model_id)
+        if view is not None and (
+            view.operation_id != operation_id or view.state not in LOADING_MODEL_STATES
+        ):
+            return
+        engine.cancel(operation_id, reason)
 
     def _on_hello(self, engine: EngineProcess, hello: EngineHello) -> None:
         if self.native.library is not None and not hello.native:
@@ -229,6 +259,19 @@ class RuntimeHost:
                 summaries=summaries(feature_bits=hello.features),
             )
         )
+
+    def stop_engine(self, model_id: LogicalId) -> None:
+        """Stop a model's engine in an orderly way (unload); no-op when there is none."""
+        with self._lock:
+            engine = self._engines.pop(model_id, None)
+        if engine is not None:
+            engine.stop()
+            engine.close_ring()
+
+    def engine_pids(self) -> dict[str, int]:
+        """Live engine processes by model id (for operators: `ps`, kill -9 drills)."""
+        with self._lock:
+            return {str(m): e.pid for m, e in self._engines.items() if not e.exited}
 
     def engine_for(self, model_id: LogicalId) -> EngineProcess | None:
         with self._lock:

@@ -70,8 +70,24 @@ def test_load_json_streams_the_load_events_in_order(fixture_dir: Path) -> None:
     available = next(r for r in records if r["event"] == "model_available")
     assert available["model_id"] == "tiny"
     assert available["state"] == {"previous": "initializing", "current": "available"}
-    assert "native_library_loaded" in events
+    assert "model_load_progress" in events  # native facts arrived through the ring
     assert str(fixture_dir) not in result.stdout
+
+
+def test_embedded_load_streams_its_host_startup_too(fixture_dir: Path) -> None:
+    result = run_cli("load", str(fixture_dir / "tiny.gguf"), "--json", "--embedded")
+    assert result.code == 0, result.stderr
+    events = result.events()
+    assert events.index("native_library_loaded") < events.index("model_load_requested")
+    _assert_subsequence(SUCCESS_ORDER, events)
+
+
+def test_loading_an_available_model_again_succeeds_at_once(fixture_dir: Path) -> None:
+    assert run_cli("load", str(fixture_dir / "tiny.gguf")).code == 0
+    again = run_cli("load", str(fixture_dir / "tiny.gguf"), "--json")
+    assert again.code == 0
+    assert again.stdout == ""
+    assert "already available" in again.stderr
 
 
 def test_load_without_json_prints_only_to_stderr(fixture_dir: Path) -> None:
@@ -218,7 +234,11 @@ def test_timeout_cancels_and_exits_124(fixture_dir: Path) -> None:
 
 def test_legacy_mode_loads_and_says_so_once(fixture_dir: Path) -> None:
     result = run_cli(
-        "load", str(fixture_dir / "tiny.gguf"), "--json", env={"SKIPPY_NATIVE_DISABLE": "1"}
+        "load",
+        str(fixture_dir / "tiny.gguf"),
+        "--json",
+        "--embedded",  # a one-shot host: its startup events are part of this stream
+        env={"SKIPPY_NATIVE_DISABLE": "1"},
     )
     assert result.code == 0, result.stderr
     events = result.events()

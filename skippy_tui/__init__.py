@@ -1,0 +1,59 @@
+"""skippy_tui: the Textual dashboard of skippyctl (ARCHITECTURE.md §6 "TUI").
+
+Public API:
+
+- `SkippyDashboard(source, control=None, title=...)` (`skippy_tui.app`): the app.
+- `EventSource`, `ScriptedSource`, `ReplaySource`, `PushSource` and the connection facts
+  `RuntimeDown`, `RuntimeBack`, `DecodeSkipped`, `SourceEnded` (`skippy_tui.sources`).
+- `RuntimeControl` (`skippy_tui.control`): load/unload seam for the command palette.
+- `event_from_record`, `decode_record`, `decode_line` (`skippy_tui.records`): `--json` record →
+  `Event`.
+
+Only this package imports Textual; it imports skippyctl's core (events, reducer, output), never its
+CLI. The app is imported lazily, so `skippy_tui.records`, `.sources` and `.store` can be used
+without loading Textual.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from skippy_tui.control import RuntimeControl
+from skippy_tui.records import decode_line, decode_record, event_from_record
+from skippy_tui.sources import (
+    DecodeSkipped,
+    EventSource,
+    PushSource,
+    ReplaySource,
+    RuntimeBack,
+    RuntimeDown,
+    ScriptedSource,
+    SourceEnded,
+)
+
+if TYPE_CHECKING:
+    from skippy_tui.app import SkippyDashboard
+
+__all__ = [
+    "DecodeSkipped",
+    "EventSource",
+    "PushSource",
+    "ReplaySource",
+    "RuntimeBack",
+    "RuntimeControl",
+    "RuntimeDown",
+    "ScriptedSource",
+    "SkippyDashboard",
+    "SourceEnded",
+    "decode_line",
+    "decode_record",
+    "event_from_record",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "SkippyDashboard":
+        from skippy_tui.app import SkippyDashboard
+
+        return SkippyDashboard
+    raise AttributeError(name)

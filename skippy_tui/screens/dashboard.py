@@ -1,0 +1,139 @@
+"""The main screen: header, PAUSED banner, the five panes, footer; pane focus and layout.
+
+Layout (app.tcss): on a large terminal a grid — Models across the top, Stages | Sessions, then
+Event health | Events. On a small one (narrower than `WIDE_MIN_COLUMNS` or shorter than
+`TALL_MIN_ROWS`, e.g. 80×24) Models stays on top and the four detail panes share the space below,
+one at a time: the focused one (Events by default). Keys `1`–`5`, tab and shift+tab move focus
+between panes in both layouts, bringing a hidden detail pane into view.
+
+Contract: `show(snapshot)` fans a snapshot out to the panes (UI thread only); `show_header`
+updates only the header, whose connection status the app keeps live while paused.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Container
+from textual.events import DescendantFocus
+from textual.screen import Screen
+from textual.widget import Widget
+from textual.widgets import Footer
+
+from skippy_tui.store import DashboardSnapshot
+from skippy_tui.widgets.events_log import EventsLog
+from skippy_tui.widgets.health_pane import HealthPane
+from skippy_tui.widgets.models_pane import ModelsPane
+from skippy_tui.widgets.node_header import NodeHeader
+from skippy_tui.widgets.pane import Pane
+from skippy_tui.widgets.paused_banner import PausedBanner
+from skippy_tui.widgets.sessions_pane import SessionsPane
+from skippy_tui.widgets.stages_pane import StagesPane
+
+WIDE_MIN_COLUMNS: Final = 100
+TALL_MIN_ROWS: Final = 32
+DEFAULT_DETAIL: Final = "events"
+
+
+class DashboardScreen(Screen[None]):
+    """The dashboard proper."""
+
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (WIDE_MIN_COLUMNS, "-wide")]
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (TALL_MIN_ROWS, "-tall")]
+
+    BINDINGS = [
+        Binding("tab", "next_pane", "Next pane", show=False),
+        Binding("shift+tab", "previous_pane", "Previous pane", show=False),
+        Binding("1", "focus_pane(1)", "Panes", key_display="1-5"),
+        Binding("2", "focus_pane(2)", "Stages", show=False),
+        Binding("3", "focus_pane(3)", "Sessions", show=False),
+        Binding("4", "focus_pane(4)", "Health", show=False),
+        Binding("5", "focus_pane(5)", "Events", show=False),
+        Binding("slash", "filter", "Filter"),
+    ]
+
+    def __init__(self, title: str, source: str) -> None:
+        super().__init__(id="dashboard")
+        self.header = NodeHeader(title, source, id="node-header")
+        self.banner = PausedBanner(id="paused-banner")
+        self.models = ModelsPane(id="models")
+        self.stages = StagesPane(id="stages")
+        self.sessions = SessionsPane(id="sessions")
+        self.health = HealthPane(id="health")
+        self.events = EventsLog(id="events")
+        self.panes: tuple[Pane, ...] = (
+            self.models,
+            self.stages,
+            self.sessions,
+            self.health,
+            self.events,
+        )
+
+    def compose(self) -> ComposeResult:
+        yield self.header
+        yield self.banner
+        with Container(id="body"):
+            yield from self.panes
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.banner.display = False
+        self._show_detail(self.events)
+        self.models.focus_pane()
+
+    def show(self, snapshot: DashboardSnapshot) -> bool:
+        """Draw `snapshot` in every pane; False (nothing drawn) until all panes are mounted."""
+        if not all(pane.is_mounted for pane in self.panes):
+            return False
+        for pane in self.panes:
+            pane.show(snapshot)
+        return True
+
+    def show_header(self, shown: DashboardSnapshot, live: DashboardSnapshot) -> None:
+        if self.header.is_mounted:
+            self.header.show(shown, live)
+
+    def current_pane(self) -> Pane | None:
+        node: Widget | None = self.focused
+        while node is not None:
+            if isinstance(node, Pane):
+                return node
+            parent = node.parent
+            node = parent if isinstance(parent, Widget) else None
+        return None
+
+    def _show_detail(self, pane: Pane) -> None:
+        """Make `pane` the detail pane shown on a small terminal (no effect on a large one)."""
+        if not pane.DETAIL:
+            return
+        for other in self.panes:
+            other.set_class(other is pane, "-shown")
+
+    def action_focus_pane(self, number: int) -> None:
+        pane = self.panes[number - 1]
+        self._show_detail(pane)
+        pane.focus_pane()
+
+    def _step(self, delta: int) -> None:
+        current = self.current_pane()
+        index = self.panes.index(current) if current is not None else -delta
+        self.action_focus_pane((index + delta) % len(self.panes) + 1)
+
+    def action_next_pane(self) -> None:
+        self._step(1)
+
+    def action_previous_pane(self) -> None:
+        self._step(-1)
+
+    def action_filter(self) -> None:
+        self._show_detail(self.events)
+        self.events.open_filter()
+
+    @on(DescendantFocus)
+    def _track_focus(self, event: DescendantFocus) -> None:
+        pane = self.current_pane()
+        if pane is not None:
+            self._show_detail(pane)

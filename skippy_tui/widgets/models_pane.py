@@ -1,0 +1,132 @@
+"""Pane 1, Models: one row per model the reducer knows.
+
+Columns: model, state, detail, device, weights, device free memory, context, lanes in use/lanes,
+queue depth, decode rate. The state reads `loading` for every pre-available state (requested,
+loading, initializing) with the load phase and a progress bar in the detail column: a loading model
+is never shown as down. A failed, cancelled or unavailable model shows its reason code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.widgets import DataTable
+
+from skippy_tui import format as fmt
+from skippy_tui.store import DashboardSnapshot, model_phase
+from skippy_tui.tables import Cells, KeyedRows
+from skippy_tui.widgets.pane import Pane
+from skippyctl.events.envelope import LogicalId
+from skippyctl.reducer.state import (
+    LOADING_MODEL_STATES,
+    SERVING_MODEL_STATES,
+    ModelState,
+    ModelView,
+    RuntimeView,
+    lanes_in_use,
+    queue_depth,
+)
+
+COLUMNS: Final = (
+    "Model",
+    "State",
+    "Detail",
+    "Device",
+    "Weights",
+    "Dev free",
+    "Context",
+    "Lanes",
+    "Queue",
+    "Decode",
+)
+PHASE_WIDTH: Final = 15
+
+
+def detail(snapshot: DashboardSnapshot, model: ModelView) -> Text:
+    """Phase and progress while loading; the reason when it failed; readiness otherwise."""
+    state = model.state
+    if state in LOADING_MODEL_STATES:
+        phase = model_phase(snapshot, model.model_id, state)
+        text = Text(f"{phase:<{PHASE_WIDTH}.{PHASE_WIDTH}} ")
+        if state is ModelState.INITIALIZING:
+            text.append_text(fmt.bar(1, 1))
+        elif model.progress is not None:
+            text.append_text(fmt.bar(model.progress.current, model.progress.total))
+        else:
+            text.append_text(fmt.bar(0, None))
+        return text
+    if model.reason_code is not None and state is not ModelState.AVAILABLE:
+        return Text(model.reason_code.value, style=fmt.MODEL_STYLES[state])
+    topology = (
+        snapshot.view.topologies.get(model.topology_id) if model.topology_id is not None else None
+    )
+    if state in (ModelState.DEGRADED, ModelState.UNAVAILABLE) and topology is not None:
+        return Text(
+            f"topology {topology.topology_id} {topology.state.value}",
+            style=fmt.MODEL_STYLES[state],
+        )
+    if state is ModelState.AVAILABLE:
+        text = Text(f"ready in {fmt.millis(model.load_duration_ms)}", style="green")
+        if model.kv.pressure:
+            text.append(" · KV pressure", style="yellow")
+        return text
+    return Text(state.value, style=fmt.MODEL_STYLES[state])
+
+
+def model_row(snapshot: DashboardSnapshot, model: ModelView) -> Cells:
+    view = snapshot.view
+    lanes = model.lanes
+    in_use = lanes_in_use(view, model.model_id)
+    return (
+        Text(str(model.model_id), style="bold"),
+        fmt.model_state(model.state),
+        detail(snapshot, model),
+        str(model.device_id) if model.device_id is not None else fmt.DASH,
+        fmt.size(model.model_size_bytes),
+        fmt.size(model.device_memory_free_bytes),
+        fmt.count(model.context_tokens),
+        f"{in_use}/{lanes}" if lanes is not None else fmt.DASH,
+        str(queue_depth(view, model.model_id)),
+        fmt.rate(model.decode_tokens_per_s, "t/s"),
+    )
+
+
+class ModelsPane(Pane):
+    """Models, their availability, load progress and serving capacity."""
+
+    NUMBER = 1
+    TITLE = "Models"
+    DETAIL = False
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self._table: DataTable[object] = DataTable(
+            id="models-table", cursor_type="row", zebra_stripes=True
+        )
+        self._rows = KeyedRows(self._table)
+        self._inputs: tuple[object, ...] = ()
+
+    def compose(self) -> ComposeResult:
+        yield self._table
+
+    def on_mount(self) -> None:
+        for label in COLUMNS:
+            self._table.add_column(label, key=label)
+
+    def show(self, snapshot: DashboardSnapshot) -> None:
+        view: RuntimeView = snapshot.view
+        inputs = (view.models, view.requests, snapshot.phases)
+        if len(inputs) == len(self._inputs) and all(
+            a is b for a, b in zip(inputs, self._inputs, strict=True)
+        ):
+            return
+        self._inputs = inputs
+        models: Mapping[LogicalId, ModelView] = view.models
+        self._rows.show(
+            [(str(model_id), model_row(snapshot, models[model_id])) for model_id in sorted(models)]
+        )
+        serving = sum(1 for m in models.values() if m.state in SERVING_MODEL_STATES)
+        self.border_subtitle = f"{serving}/{len(models)} serving" if models else "no models"

@@ -1,0 +1,240 @@
+"""Text <-> tokens for the generation core: tokenization, chat templates, streaming detokenization
+and stop strings.
+
+Contract and invariants:
+
+- :func:`tokenize` is llama.cpp's own tokenizer (``llama_tokenize``); special-token text such as
+  ``<|im_start|>`` is parsed into control tokens (as llama.cpp's server does), and BOS is added when
+  the vocabulary asks for it.
+- :func:`apply_chat_template` renders messages with the model's own template
+  (``llama_model_chat_template``) through llama.cpp's built-in template engine
+  (``llama_chat_apply_template``, which recognises the well-known templates, not arbitrary Jinja).
+  A model without a template gets :data:`DEFAULT_CHAT_TEMPLATE` (ChatML). A template llama.cpp does
+  not recognise raises :class:`ChatTemplateError`: silently formatting a chat the model was not
+  trained on would produce confident garbage, so the request fails instead.
+- :class:`Detokenizer` turns a token stream into text and never returns a partial UTF-8 sequence:
+  bytes of an unfinished character are held until the character completes; bytes that can never
+  become valid UTF-8 come out as U+FFFD at once (they are not held forever).
+- :class:`StopMatcher` finds stop strings across token boundaries. It releases text only when no
+  stop string can still start inside it, so a stop string is never partly streamed out.
+
+Nothing here logs or emits anything: text stays with the caller.
+"""
+
+from __future__ import annotations
+
+import codecs
+import ctypes
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Final
+
+DEFAULT_CHAT_TEMPLATE: Final = "chatml"
+"""llama.cpp's built-in name for ChatML (``<|im_start|>role\\ncontent<|im_end|>\\n`` per message,
+then ``<|im_start|>assistant\\n``); used when the model carries no ``tokenizer.chat_template``."""
+
+_PIECE_BUFFER_BYTES: Final = 64
+"""First guess for one token's text; llama_token_to_piece reports the size needed if larger."""
+
+
+class ChatTemplateError(ValueError):
+    """The chat could not be rendered (unknown template or invalid message)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    """One chat turn. ``role`` is e.g. ``system``/``user``/``assistant``; both fields are text."""
+
+    role: str
+    content: str
+
+
+def tokenize(llama: ModuleType, vocab: Any, text: str, *, add_special: bool = True) -> list[int]:
+    """Tokens of ``text`` (BOS added if ``add_special`` and the vocabulary wants it).
+
+    Special-token text is parsed into control tokens. Raises ``ValueError`` if llama.cpp refuses.
+    """
+    data = text.encode("utf-8")
+    # A token covers at least one byte, plus BOS/EOS: len + 2 always suffices, but ask again on
+    # the (negative) size llama.cpp reports rather than trust that.
+    capacity = len(data) + 2
+    while True:
+        buffer = (llama.llama_token * capacity)()
+        count = int(
+            llama.llama_tokenize(vocab, data, len(data), buffer, capacity, add_special, True)
+        )
+        if count >= 0:
+            tokens: list[int] = buffer[:count]
+            return tokens
+        if -count <= capacity:
+            raise ValueError("llama_tokenize failed")
+        capacity = -count
+
+
+def model_chat_template(llama: ModuleType, model: Any) -> str | None:
+    """The model's default chat template text, or ``None`` when it has none."""
+    raw = llama.llama_model_chat_template(model, None)
+    if not raw:
+        return None
+    return bytes(raw).decode("utf-8", errors="replace")
+
+
+def apply_chat_template(
+    llama: ModuleType,
+    template: str | None,
+    messages: Sequence[ChatMessage],
+    *,
+    add_generation_prompt: bool = True,
+) -> str:
+    """Render ``messages`` with ``template`` (a template text or a llama.cpp template name).
+
+    ``None`` means :data:`DEFAULT_CHAT_TEMPLATE`. Raises :class:`ChatTemplateError` for an empty
+    chat, a NUL character in a message (C strings would silently truncate it) or a template that
+    llama.cpp does not recognise.
+    """
+    if not messages:
+        raise ChatTemplateError("a chat needs at least one message")
+    encoded: list[tuple[bytes, bytes]] = []
+    for message in messages:
+        if not message.role:
+            raise ChatTemplateError("a chat message needs a role")
+        if "\x00" in message.role or "\x00" in message.content:
+            raise ChatTemplateError("chat messages must not contain NUL characters")
+        encoded.append((message.role.encode("utf-8"), message.content.encode("utf-8")))
+    chat = (llama.llama_chat_message * len(encoded))()
+    for index, (role, content) in enumerate(encoded):
+        chat[index].role = role
+        chat[index].content = content
+    template_bytes = (template if template is not None else DEFAULT_CHAT_TEMPLATE).encode("utf-8")
+    # llama.cpp's recommendation is 2x the message text; grow on the size it reports.
+    capacity = 2 * sum(len(r) + len(c) for r, c in encoded) + 256
+    while True:
+        buffer = ctypes.create_string_buffer(capacity)
+        needed = int(
+            llama.llama_chat_apply_template(
+                template_bytes, chat, len(encoded), add_generation_prompt, buffer, capacity
+            )
+        )
+        if needed < 0:
+            raise ChatTemplateError("the model's chat template is not supported by llama.cpp")
+        if needed <= capacity:
+            return buffer.raw[:needed].decode("utf-8", errors="replace")
+        capacity = needed
+
+
+class Detokenizer:
+    """Incremental token -> text for one generation; never yields a partial UTF-8 character.
+
+    Token pieces are cached per instance (one llama.cpp call per distinct token). Control tokens
+    render as nothing (``special=False``), which is what a completion stream should show.
+    """
+
+    __slots__ = ("_buffer", "_decoder", "_llama", "_pieces", "_vocab")
+
+    def __init__(self, llama: ModuleType, vocab: Any, pieces: dict[int, bytes] | None = None):
+        self._llama = llama
+        self._vocab = vocab
+        # Sharing ``pieces`` between generations of one model is safe: a token's piece is a
+        # pure function of the vocabulary.
+        self._pieces: dict[int, bytes] = {} if pieces is None else pieces
+        self._buffer = ctypes.create_string_buffer(_PIECE_BUFFER_BYTES)
+        # errors="replace": invalid bytes become U+FFFD immediately; an incomplete but still
+        # valid prefix of a character stays inside the decoder until it completes.
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def piece(self, token: int) -> bytes:
+        """The raw bytes of one token (may be part of a multi-byte character)."""
+        cached = self._pieces.get(token)
+        if cached is not None:
+            return cached
+        llama = self._llama
+        size = int(
+            llama.llama_token_to_piece(
+                self._vocab, token, self._buffer, len(self._buffer), 0, False
+            )
+        )
+        if size < 0:
+            self._buffer = ctypes.create_string_buffer(-size)
+            size = int(
+                llama.llama_token_to_piece(
+                    self._vocab, token, self._buffer, len(self._buffer), 0, False
+                )
+            )
+            if size < 0:
+                raise ValueError("llama_token_to_piece failed")
+        data = self._buffer.raw[:size]
+        self._pieces[token] = data
+        return data
+
+    def push(self, token: int) -> str:
+        """Text completed by ``token`` (possibly empty while a character is unfinished)."""
+        return self._decoder.decode(self.piece(token))
+
+    def flush(self) -> str:
+        """End of stream: an unfinished trailing character becomes U+FFFD (never raw bytes)."""
+        return self._decoder.decode(b"", final=True)
+
+
+class StopMatcher:
+    """Stop-string detection over streamed text.
+
+    ``push`` returns ``(releasable, stopped)``. While not stopped, ``releasable`` is all text that
+    can no longer be part of a stop string; the held-back rest is at most ``longest stop - 1``
+    characters (the longest suffix that is a prefix of some stop string). When a stop string
+    appears, ``releasable`` is the text before its earliest occurrence and the matcher is done.
+    """
+
+    __slots__ = ("_held", "_stops", "stopped")
+
+    def __init__(self, stops: Sequence[str]):
+        self._stops = tuple(s for s in stops if s)
+        self._held = ""
+        self.stopped = False
+
+    @property
+    def active(self) -> bool:
+        """False when there are no stop strings (then ``push`` is the identity)."""
+        return bool(self._stops)
+
+    def push(self, text: str) -> tuple[str, bool]:
+        if self.stopped:
+            return "", True
+        if not self._stops:
+            return text, False
+        window = self._held + text
+        cut = -1
+        for stop in self._stops:
+            index = window.find(stop)
+            if index >= 0 and (cut < 0 or index < cut):
+                cut = index
+        if cut >= 0:
+            self.stopped = True
+            self._held = ""
+            return window[:cut], True
+        keep_from = self._hold_start(window)
+        self._held = window[keep_from:]
+        return window[:keep_from], False
+
+    def _hold_start(self, window: str) -> int:
+        """Start of the longest suffix of ``window`` that is a proper prefix of a stop string.
+
+        Candidate starts are found with ``str.find`` on each stop's first character, so the cost
+        is linear in the window tail, with no table of prefixes (a long stop string stays cheap).
+        """
+        size = len(window)
+        best = size
+        for stop in self._stops:
+            first = stop[0]
+            index = window.find(first, max(0, size - len(stop) + 1))
+            while 0 <= index < best:
+                if stop.startswith(window[index:]):
+                    best = index
+                    break
+                index = window.find(first, index + 1)
+        return best
+
+    def flush(self) -> str:
+        """End of stream without a stop: the held-back text is ordinary completion text."""
+        held, self._held = self._held, ""
+        return "" if self.stopped else held

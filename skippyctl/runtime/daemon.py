@@ -1,0 +1,216 @@
+"""The runtime host as a server: `skippyctl runtime serve` (foreground) and the background
+launcher behind `runtime start` and every command's launch-or-attach.
+
+Binds loopback unless told otherwise. Writes the discovery file once the socket accepts
+connections and removes it on the way out (SIGINT/SIGTERM shut down in order: API, scheduler,
+engines, pipeline).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from skippyctl import __version__
+from skippyctl.runtime.discovery import (
+    Discovery,
+    DiscoveryProblem,
+    read_discovery,
+    remove_discovery,
+    remove_if_stale,
+    runtime_dir,
+    write_discovery,
+)
+
+DEFAULT_PORT: Final = 8750
+LOOPBACK_HOSTS: Final = frozenset({"127.0.0.1", "localhost", "::1"})
+START_TIMEOUT_S: Final = 60.0
+
+
+class ServeError(Exception):
+    """The server could not start; the message says why, `reason` is a stable token."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class ServeOptions:
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    api_key: str | None = None
+    model_root: Path | None = None
+    max_queue: int = 64
+    session_ttl_s: float = 600.0
+    allow_remote: bool = False
+    replay_records: int = 4096
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        raise ServeError(
+            "address_in_use", f"cannot listen on {host}:{port}: {error.strerror}"
+        ) from error
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(options: ServeOptions) -> None:
+    """Run the host in the foreground until SIGINT/SIGTERM or `POST /api/runtime/shutdown`."""
+    import uvicorn
+
+    from skippyctl.api.app import create_app
+    from skippyctl.api.context import ApiContext
+    from skippyctl.pipeline.pipeline import Pipeline
+    from skippyctl.runtime.host import RuntimeHost
+    from skippyctl.runtime.scheduler import Scheduler
+    from skippyctl.runtime.sessions import SessionRegistry
+    from skippyctl.telemetry.metrics import MetricsCollector
+
+    if options.host not in LOOPBACK_HOSTS and not options.allow_remote:
+        raise ServeError(
+            "remote_not_allowed", f"{options.host} is not loopback; pass --allow-remote"
+        )
+    try:
+        existing = read_discovery()
+    except DiscoveryProblem:
+        remove_if_stale()
+        existing = None
+    if existing is not None and existing.pid != os.getpid():
+        raise ServeError(
+            "already_running",
+            f"a runtime is already running at {existing.url} (pid {existing.pid})",
+        )
+    sock = _bind(options.host, options.port)
+    port = sock.getsockname()[1]
+    shown_host = f"[{options.host}]" if ":" in options.host else options.host
+    url = f"http://{shown_host}:{port}"
+    token = options.api_key or os.environ.get("SKIPPY_API_KEY") or secrets.token_urlsafe(32)
+
+    host = RuntimeHost(Pipeline(max_replay_records=options.replay_records)).start()
+    scheduler = Scheduler(
+        host, max_queue=options.max_queue, sessions=SessionRegistry(ttl_s=options.session_ttl_s)
+    ).start()
+    metrics = MetricsCollector()
+    metrics.attach(host.pipeline.dispatcher)
+    config = uvicorn.Config(
+        "skippyctl.api.app:create_app",  # replaced below; uvicorn needs some app reference
+        log_level="warning",
+        access_log=False,  # request lines are not needed and could carry client-chosen names
+        lifespan="on",
+        timeout_graceful_shutdown=5,
+    )
+    server = uvicorn.Server(config)
+    discovery = Discovery(
+        pid=os.getpid(),
+        url=url,
+        token=token,
+        version=__version__,
+        process_instance_id=str(host.pipeline.dispatcher.instance_id),
+        started_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    )
+
+    def request_shutdown() -> None:
+        server.should_exit = True
+
+    ctx = ApiContext(
+        host=host,
+        scheduler=scheduler,
+        token=token,
+        version=__version__,
+        model_root=options.model_root,
+        metrics=metrics,
+        request_shutdown=request_shutdown,
+    )
+
+    def advertise() -> None:
+        write_discovery(discovery)
+
+    config.app = create_app(ctx, on_ready=advertise)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        remove_discovery(expected_pid=os.getpid())
+        scheduler.shutdown()
+        host.shutdown()
+        sock.close()
+
+
+def log_path() -> Path:
+    return runtime_dir() / "runtime.log"
+
+
+def start_background(options: ServeOptions) -> Discovery:
+    """Start `runtime serve` detached and wait until it answers; returns its discovery."""
+    import httpx
+
+    remove_if_stale()
+    directory = runtime_dir()
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    args = [
+        sys.executable,
+        "-m",
+        "skippyctl",
+        "runtime",
+        "serve",
+        "--host",
+        options.host,
+        "--port",
+        str(options.port),
+        "--max-queue",
+        str(options.max_queue),
+    ]
+    if options.model_root is not None:
+        args += ["--model-root", str(options.model_root)]
+    if options.allow_remote:
+        args.append("--allow-remote")
+    env = dict(os.environ)
+    if options.api_key:
+        env["SKIPPY_API_KEY"] = options.api_key
+    with open(log_path(), "ab") as log:
+        process = subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            env=env,
+            start_new_session=True,
+            close_fds=True,
+        )
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise ServeError(
+                "start_failed",
+                f"the runtime exited at start (status {process.returncode}); see {log_path()}",
+            )
+        try:
+            discovery = read_discovery()
+        except DiscoveryProblem:
+            discovery = None
+        if discovery is not None and discovery.pid == process.pid:
+            try:
+                httpx.get(f"{discovery.url}/health", timeout=2.0)
+            except httpx.HTTPError:
+                pass
+            else:
+                return discovery
+        time.sleep(0.05)
+    process.kill()
+    raise ServeError("start_timeout", f"the runtime did not answer within {START_TIMEOUT_S:.0f} s")

@@ -1,0 +1,162 @@
+"""Generation requests as the host sees them: validated parameters and the stream handle.
+
+A request's text travels only in its own stream (to the caller), never in an event. The
+`RequestHandle` is the bridge between the engine reader thread (which produces chunks) and the
+caller (an asyncio API handler or a blocking CLI): `deliver` is thread-safe and never blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from skippyctl.events.envelope import LogicalId
+from skippyctl.events.reasons import ReasonCode
+
+
+class InvalidRequest(ValueError):
+    """A request parameter is out of range; the message says which (OpenAI-style 400)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True, slots=True)
+class ChatTurn:
+    role: str
+    content: str
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationParams:
+    prompt: str | None = None
+    messages: tuple[ChatTurn, ...] | None = None
+    max_tokens: int = 128
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    seed: int | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    stop: tuple[str, ...] = ()
+    timeout_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if (self.prompt is None) == (self.messages is None):
+            raise InvalidRequest("prompt", "exactly one of prompt or messages is required")
+        if not 1 <= self.max_tokens <= 1_000_000:
+            raise InvalidRequest("max_tokens", "max_tokens must be between 1 and 1000000")
+        if not 0.0 <= self.temperature <= 5.0:
+            raise InvalidRequest("temperature", "temperature must be between 0 and 5")
+        if not 0.0 < self.top_p <= 1.0:
+            raise InvalidRequest("top_p", "top_p must be in (0, 1]")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise InvalidRequest("min_p", "min_p must be in [0, 1]")
+        if self.top_k < 0:
+            raise InvalidRequest("top_k", "top_k must not be negative")
+        if not 0.0 < self.repeat_penalty <= 10.0:
+            raise InvalidRequest("repeat_penalty", "repeat_penalty must be in (0, 10]")
+        if len(self.stop) > 8 or any(not s or len(s) > 256 for s in self.stop):
+            raise InvalidRequest("stop", "at most 8 non-empty stop strings of up to 256 characters")
+        if self.timeout_s is not None and not 0 < self.timeout_s <= 86_400:
+            raise InvalidRequest("timeout", "timeout must be positive seconds (at most a day)")
+
+    def engine_message(self, request_id: LogicalId, session: LogicalId | None) -> dict[str, Any]:
+        return {
+            "op": "generate",
+            "request_id": str(request_id),
+            "prompt": self.prompt,
+            "messages": None
+            if self.messages is None
+            else [{"role": m.role, "content": m.content} for m in self.messages],
+            "session": None if session is None else str(session),
+            "max_tokens": self.max_tokens,
+            "stop": list(self.stop),
+            "sampling": {
+                "temperature": self.temperature,
+                "top_k": self.top_k,
+                "top_p": self.top_p,
+                "min_p": self.min_p,
+                "repeat_penalty": self.repeat_penalty,
+                "seed": self.seed,
+                "logit_bias": [list(pair) for pair in self.logit_bias],
+            },
+            "timeout_s": self.timeout_s,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class TextChunk:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """The one terminal of a request."""
+
+    outcome: str  # completed | cancelled | timed_out | failed | rejected
+    reason: ReasonCode | None
+    stop_reason: str | None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+Chunk = TextChunk | Finished
+
+
+@dataclass(slots=True)
+class RequestHandle:
+    """One request's stream. Exactly one `Finished` is delivered, always last."""
+
+    request_id: LogicalId
+    model_id: LogicalId
+    session_id: LogicalId | None
+    params: GenerationParams
+    received_mono_ns: int
+    loop: asyncio.AbstractEventLoop | None = None
+    _async_queue: asyncio.Queue[Chunk] | None = None
+    _sync_queue: queue.SimpleQueue[Chunk] = field(default_factory=queue.SimpleQueue)
+    _finished: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    admitted_mono_ns: int | None = None
+    finished: Finished | None = None
+
+    def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._async_queue = asyncio.Queue()
+
+    def deliver(self, chunk: Chunk) -> bool:
+        """Thread-safe. False (and dropped) after the terminal was delivered."""
+        with self._lock:
+            if self._finished:
+                return False
+            if isinstance(chunk, Finished):
+                self._finished = True
+                self.finished = chunk
+        if self.loop is not None and self._async_queue is not None:
+            try:
+                self.loop.call_soon_threadsafe(self._async_queue.put_nowait, chunk)
+            except RuntimeError:  # the caller's loop is closed: nobody is listening any more
+                return False
+        else:
+            self._sync_queue.put(chunk)
+        return True
+
+    @property
+    def done(self) -> bool:
+        return self._finished
+
+    async def next_chunk(self) -> Chunk:
+        assert self._async_queue is not None, "bind_loop first"
+        return await self._async_queue.get()
+
+    def next_chunk_blocking(self, timeout_s: float | None = None) -> Chunk | None:
+        try:
+            return self._sync_queue.get(timeout=timeout_s)
+        except queue.Empty:
+            return None

@@ -1,0 +1,1 @@
+"""Optional telemetry consumers (Prometheus text exposition)."""

@@ -1,0 +1,131 @@
+"""A real runtime server (subprocess, loopback, private runtime dir) shared by a test module."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from skippyctl.client.http import Frame, RuntimeClient
+from skippyctl.runtime.discovery import Discovery
+from tests.cli.conftest import stop_runtime
+
+
+@dataclass
+class Server:
+    directory: Path
+    discovery: Discovery
+    process: subprocess.Popen[bytes]
+
+    @property
+    def url(self) -> str:
+        return self.discovery.url
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.discovery.token}"}
+
+    def client(self) -> RuntimeClient:
+        return RuntimeClient(self.discovery)
+
+    def http(self, timeout: float = 60.0) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers=self.headers, timeout=timeout)
+
+    def load(self, path: Path, **options: Any) -> dict[str, Any]:
+        """Load and wait until the model serves (or its load failed)."""
+        with self.http() as http:
+            answer = http.post(
+                "/api/runtime/models/load", json={"model": str(path), **options}
+            ).json()
+            model_id = answer["model_id"]
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                models = http.get("/health").json()["models"]
+                if models.get(model_id) in ("available", "failed", "cancelled"):
+                    return dict(answer, state=models[model_id])
+                time.sleep(0.05)
+        raise AssertionError(f"{model_id} never settled")
+
+    def frames_since_start(self, stop: Any, timeout_s: float = 30.0) -> list[Frame]:
+        """Replay the stream from its first retained frame until `stop(frame)` is true."""
+        client = self.client()
+        seen: list[Frame] = []
+        deadline = time.monotonic() + timeout_s
+        try:
+            for frame in client.frames(f"rt1:{self.discovery.process_instance_id}:0"):
+                seen.append(frame)
+                if stop(frame) or time.monotonic() > deadline:
+                    break
+        finally:
+            client.close()
+        return seen
+
+    def events(self) -> list[dict[str, Any]]:
+        """Every retained event object up to now: replay from the start, stop at the live edge
+        (the sequence the opening `runtime_state` frame announced)."""
+        edge: list[int] = []
+
+        def at_edge(frame: Frame) -> bool:
+            if frame.name == "runtime_state":
+                edge.append(int(frame.data["sequence"]))
+                return edge[0] == 0
+            if frame.name != "runtime_event":
+                return False  # a replay gap frame carries the latest cursor: not the edge yet
+            return bool(edge) and int(frame.data.get("sequence", 0)) >= edge[0]
+
+        frames = self.frames_since_start(at_edge)
+        return [f.data["event"] for f in frames if f.name == "runtime_event"]
+
+
+def start_server(directory: Path, *extra: str, env: dict[str, str] | None = None) -> Server:
+    directory.mkdir(parents=True, exist_ok=True)
+    full_env = dict(os.environ, SKIPPY_RUNTIME_DIR=str(directory), **(env or {}))
+    log = open(directory / "serve.log", "wb")  # noqa: SIM115 - kept open for the server's life
+    process = subprocess.Popen(
+        [sys.executable, "-m", "skippyctl", "runtime", "serve", "--port", "0", *extra],
+        stdout=log,
+        stderr=log,
+        env=full_env,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError((directory / "serve.log").read_text())
+        path = directory / "runtime.json"
+        if path.exists():
+            data = orjson.loads(path.read_bytes())
+            return Server(directory, Discovery(**data), process)
+        time.sleep(0.05)
+    process.kill()
+    raise AssertionError("server did not start")
+
+
+def stop_server(server: Server) -> None:
+    stop_runtime(server.directory)
+    try:
+        server.process.wait(20)
+    except subprocess.TimeoutExpired:
+        server.process.kill()
+        server.process.wait()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, fixture_dir: Path) -> Iterator[Server]:
+    running = start_server(
+        tmp_path_factory.mktemp("runtime"), "--replay-records", "4096", "--max-queue", "8"
+    )
+    try:
+        answer = running.load(fixture_dir / "tiny.gguf", lanes=4)
+        assert answer["state"] == "available", answer
+        yield running
+    finally:
+        stop_server(running)

@@ -1,0 +1,231 @@
+"""Operating the runtime: SSE resume and gaps, admission limits, unload, engine crashes, health,
+metrics, privacy — against a real server process."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.api.conftest import Server, start_server, stop_server
+
+CANARY = "CANARY-q7Zx"
+
+
+@pytest.fixture(scope="module")
+def ops(tmp_path_factory: pytest.TempPathFactory, fixture_dir: Path) -> Iterator[Server]:
+    running = start_server(
+        tmp_path_factory.mktemp("ops"),
+        "--replay-records",
+        "64",
+        "--max-queue",
+        "1",
+        env={"SKIPPY_TEST_DECODE_DELAY_MS": "5"},  # requests stay in flight long enough to act on
+    )
+    try:
+        yield running
+    finally:
+        stop_server(running)
+
+
+def _generate(server: Server, model: str, **body: Any) -> httpx.Response:
+    with server.http(timeout=120) as http:
+        return http.post("/v1/completions", json={"model": model, "prompt": "x", **body})
+
+
+def _long(server: Server, model: str) -> httpx.Response:
+    return _generate(server, model, max_tokens=1500, logit_bias={"2": -100}, timeout=60)
+
+
+def _wait_for(server: Server, predicate: Any, timeout_s: float = 30.0) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        events = server.events()
+        if predicate(events):
+            return events
+        time.sleep(1.0)  # each look is a stream reconnect, and those are rate-limited per peer
+    raise AssertionError("condition never held")
+
+
+def test_health_says_idle_then_ready(ops: Server, fixture_dir: Path) -> None:
+    with ops.http() as http:
+        first = http.get("/health")
+        assert (first.status_code, first.json()["status"]) in {(200, "idle"), (200, "ready")}
+    assert ops.load(fixture_dir / "tiny.gguf", alias="queue", lanes=1)["state"] == "available"
+    with ops.http() as http:
+        ready = http.get("/health")
+        assert (ready.status_code, ready.json()["status"]) == (200, "ready")
+
+
+def test_full_queue_is_a_429_with_retry_after(ops: Server) -> None:
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        running = pool.submit(_long, ops, "queue")
+        time.sleep(0.5)
+        queued = pool.submit(_long, ops, "queue")
+        time.sleep(0.5)
+        rejected = _generate(ops, "queue", max_tokens=2)
+        assert rejected.status_code == 429, rejected.text
+        assert rejected.headers["Retry-After"] == "1"
+        assert rejected.json()["error"]["reason_code"] == "reservation_exhausted"
+        with ops.http() as http:
+            http.post("/api/runtime/models/queue/unload", json={"force": True})
+        codes = {running.result().status_code, queued.result().status_code}
+    assert codes <= {499, 503, 500, 200}
+    events = _wait_for(ops, lambda ev: any(e["kind"] == "unload_completed" for e in ev))
+    kinds = [e["kind"] for e in events]
+    assert "request_rejected" in kinds
+    forced = next(e for e in events if e["kind"] == "forced_unload")
+    cancelled = next(
+        s["value"] for s in forced["numeric_summaries"] if s["key"] == "cancelled_requests"
+    )
+    assert cancelled == 2
+
+
+def test_unload_drains_running_requests_first(ops: Server, fixture_dir: Path) -> None:
+    assert ops.load(fixture_dir / "tiny.gguf", alias="drain", lanes=2)["state"] == "available"
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        running = pool.submit(_generate, ops, "drain", max_tokens=400, logit_bias={"2": -100})
+        time.sleep(0.2)
+        with ops.http() as http:
+            answer = http.post("/api/runtime/models/drain/unload", json={"drain_timeout_s": 30})
+            assert answer.status_code == 202
+        assert running.result().status_code == 200  # it finished: draining waited for it
+    events = _wait_for(
+        ops,
+        lambda ev: any(
+            e["kind"] == "unload_completed" and e["scope"].get("model_id") == "drain" for e in ev
+        ),
+    )
+    kinds = [e["kind"] for e in events if e["scope"].get("model_id") == "drain"]
+    for expected in (
+        "unload_requested",
+        "unload_started",
+        "session_draining_started",
+        "session_draining_completed",
+        "unload_completed",
+    ):
+        assert expected in kinds
+    assert "forced_unload" not in kinds
+    with ops.http() as http:
+        assert http.post("/api/runtime/models/drain/unload", json={}).status_code == 404
+
+
+def test_killed_engine_fails_its_requests_and_others_keep_serving(
+    ops: Server, fixture_dir: Path
+) -> None:
+    assert ops.load(fixture_dir / "tiny.gguf", alias="victim")["state"] == "available"
+    assert ops.load(fixture_dir / "tiny.gguf", alias="bystander")["state"] == "available"
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        streaming = pool.submit(_long, ops, "victim")
+        time.sleep(0.5)
+        with ops.http() as http:
+            engines = http.get("/api/runtime/state").json()["engines"]
+        victim = next(e["pid"] for e in engines if e["model_id"] == "victim")
+        os.kill(victim, signal.SIGKILL)
+        response = streaming.result()
+    assert response.status_code == 503
+    assert response.json()["error"]["reason_code"] == "process_crash"
+    assert _generate(ops, "bystander", max_tokens=3).status_code == 200
+    with ops.http() as http:
+        assert http.get("/health").json()["models"]["victim"] == "unavailable"
+    events = ops.events()
+    failed = [
+        e
+        for e in events
+        if e["kind"] == "request_failed" and e["scope"].get("model_id") == "victim"
+    ]
+    assert failed and failed[-1]["reason_code"] == "process_crash"
+    assert any(
+        e["kind"] == "model_unavailable" and e["scope"].get("model_id") == "victim" for e in events
+    )
+    assert ops.load(fixture_dir / "tiny.gguf", alias="victim")["state"] == "available"
+
+
+def test_sse_resumes_from_a_cursor_and_reports_gaps(ops: Server) -> None:
+    client = ops.client()
+    try:
+        frames = []
+        for frame in client.frames():
+            frames.append(frame)
+            if len(frames) == 1:
+                break
+        state = frames[0]
+        assert state.name == "runtime_state"
+        assert state.data["version"] == 1 and state.data["process_instance_id"]
+        assert state.cursor == state.data["cursor"]
+        # Generate more than the 64 retained frames, then resume from the old cursor: a gap.
+        for _ in range(6):
+            _generate(ops, "bystander", max_tokens=2)
+        resumed = []
+        for frame in client.frames(state.cursor):
+            resumed.append(frame)
+            if len(resumed) == 3:
+                break
+        assert [f.name for f in resumed[:2]] == ["runtime_state", "runtime_replay_gap"]
+        gap = resumed[1].data["gap"]
+        assert gap["reason"] == "evicted"
+        assert gap["oldest_available"].startswith("rt1:")
+        stale = next(iter(client.frames("rt1:00000000-0000-0000-0000-000000000000:5")))
+        del stale
+        frames = []
+        for frame in client.frames("rt1:00000000-0000-0000-0000-000000000000:5"):
+            frames.append(frame)
+            if len(frames) == 2:
+                break
+        assert frames[1].data["gap"]["reason"] == "stale_instance"
+        # A recent cursor resumes exactly after it.
+        latest_frames = ops.events()
+        del latest_frames
+    finally:
+        client.close()
+
+
+def test_privacy_canary_never_leaves_the_completion(ops: Server) -> None:
+    with ops.http() as http:
+        prompt = f"{CANARY} secret words {CANARY}"
+        ok = http.post(
+            "/v1/completions",
+            json={"model": "bystander", "prompt": prompt, "max_tokens": 4, "user": CANARY},
+        )
+        assert ok.status_code == 200
+        chat = http.post(
+            "/v1/chat/completions",
+            headers={"X-Session-Id": CANARY},
+            json={
+                "model": "bystander",
+                "max_tokens": 3,
+                "messages": [{"role": "user", "content": prompt}],
+            },
+        )
+        assert chat.status_code == 200
+        unknown = http.post("/v1/completions", json={"model": CANARY, "prompt": prompt})
+        assert unknown.status_code == 404
+        surfaces = [
+            http.get("/api/runtime/state?recent=128").text,
+            http.get("/api/runtime/events/recent").text,
+            http.get("/metrics").text,
+        ]
+    frames = ops.frames_since_start(
+        lambda f: f.name == "runtime_event" and f.data["event"]["kind"] == "request_rejected"
+    )
+    surfaces.append(repr([f.data for f in frames]))
+    surfaces.append((ops.directory / "serve.log").read_text(errors="replace"))
+    for text in surfaces:
+        assert CANARY not in text
+        assert "secret words" not in text
+
+
+def test_metrics_expose_counters_without_private_labels(ops: Server) -> None:
+    with ops.http() as http:
+        text = http.get("/metrics").text
+    assert 'skippy_requests_total{model="bystander",outcome="completed",reason="none"}' in text
+    assert "skippy_generated_tokens_total" in text
+    assert "skippy_queue_depth" in text and "skippy_events_dropped_total" in text
+    assert "skippy_metrics_collector_up 1.0" in text

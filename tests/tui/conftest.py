@@ -1,0 +1,62 @@
+"""Helpers for dashboard tests: run the app over a scenario and wait until it has drawn it."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from collections.abc import Sequence
+
+import pytest
+from rich.console import Console
+from textual.pilot import Pilot
+from textual.widgets import DataTable
+
+from skippy_tui.app import SkippyDashboard
+from skippy_tui.demo import script
+from skippy_tui.sources import ScriptedSource, SourceItem
+from skippyctl.events.envelope import Event
+
+SETTLE_TIMEOUT_S = 20.0
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    """Async tests run on asyncio through anyio's pytest plugin (Textual needs asyncio)."""
+    return "asyncio"
+
+
+def dashboard(events: Sequence[Event], *, announce_end: bool = False) -> SkippyDashboard:
+    """An app whose source delivers `events` at once (zero delays)."""
+    source = ScriptedSource(script(events), announce_end=announce_end, description="scripted")
+    return SkippyDashboard(source, title="skippy")
+
+
+def scripted(items: Sequence[tuple[float, SourceItem]]) -> SkippyDashboard:
+    return SkippyDashboard(ScriptedSource(items, description="scripted"), title="skippy")
+
+
+async def settle(pilot: Pilot[None]) -> None:
+    """Wait until the scripted source has delivered everything, then draw the final snapshot."""
+    app = pilot.app
+    assert isinstance(app, SkippyDashboard)
+    source = app.source
+    assert isinstance(source, ScriptedSource)
+    delivered = await asyncio.to_thread(source.done.wait, SETTLE_TIMEOUT_S)
+    assert delivered, "the scripted source did not finish"
+    app.poll()
+    await pilot.pause()
+
+
+def plain(renderable: object) -> str:
+    """What a Rich renderable prints, as plain text."""
+    out = io.StringIO()
+    Console(file=out, width=160, color_system=None).print(renderable)
+    return out.getvalue()
+
+
+def cell_text(table: DataTable[object], row_key: str, column_key: str) -> str:
+    return str(table.get_cell(row_key, column_key))
+
+
+def column_texts(table: DataTable[object], column_key: str) -> list[str]:
+    return [str(value) for value in table.get_column(column_key)]

@@ -1,0 +1,72 @@
+"""Snapshot tests (pytest-textual-snapshot) of every pane in its main states.
+
+States are the deterministic `skippy_tui.demo` scenarios (fixed timestamps, no clock on screen).
+Update after an intended change with `pytest tests/tui/test_snapshots.py --snapshot-update` and
+review the SVGs under `tests/tui/__snapshots__/`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from skippy_tui import demo
+from skippyctl.events.envelope import Event
+
+from .conftest import dashboard, settle
+
+SnapCompare = Callable[..., bool]
+
+SCENARIOS: dict[str, Callable[[], list[Event]]] = {
+    "loading": demo.loading,
+    "available": demo.available,
+    "failed": demo.failed,
+    "sessions": demo.sessions,
+    "pressure": demo.pressure,
+    "topology": demo.topology,
+}
+
+
+@pytest.mark.parametrize("state", list(SCENARIOS))
+def test_dashboard_in_state(snap_compare: SnapCompare, state: str) -> None:
+    """All five panes at 120×40."""
+    app = dashboard(SCENARIOS[state]())
+    assert snap_compare(app, terminal_size=(120, 40), run_before=settle)
+
+
+@pytest.mark.parametrize(
+    ("state", "key"),
+    [
+        ("loading", "1"),
+        ("topology", "2"),
+        ("sessions", "3"),
+        ("pressure", "4"),
+        ("failed", "5"),
+    ],
+)
+def test_each_pane_on_a_small_terminal(snap_compare: SnapCompare, state: str, key: str) -> None:
+    """80×24: Models on top and the pane selected with its number key below."""
+    app = dashboard(SCENARIOS[state]())
+    assert snap_compare(app, terminal_size=(80, 24), run_before=settle, press=[key])
+
+
+def test_paused_banner(snap_compare: SnapCompare) -> None:
+    app = dashboard(demo.sessions())
+    assert snap_compare(app, terminal_size=(120, 40), run_before=settle, press=["p"])
+
+
+def test_help_screen(snap_compare: SnapCompare) -> None:
+    app = dashboard(demo.available())
+    assert snap_compare(app, terminal_size=(120, 40), run_before=settle, press=["question_mark"])
+
+
+def test_events_filtered_by_model(snap_compare: SnapCompare) -> None:
+    app = dashboard(demo.failed())
+
+    async def filter_broken(pilot: Any) -> None:
+        await settle(pilot)
+        await pilot.press("slash", *"model:broken", "enter")
+
+    assert snap_compare(app, terminal_size=(120, 40), run_before=filter_broken)
