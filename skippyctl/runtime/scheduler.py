@@ -14,6 +14,7 @@ to the pipeline (nonblocking) outside of any wait.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import deque
@@ -40,6 +41,7 @@ from skippyctl.runtime.sessions import SessionRegistry
 DEFAULT_MAX_QUEUE: Final = 64
 HOUSEKEEPING_INTERVAL_S: Final = 0.2
 DEFAULT_DRAIN_TIMEOUT_S: Final = 30.0
+MEMORY_OBSERVATION_INTERVAL_S: Final = 10.0
 
 _STOP_REASONS: Final = {
     "eos": StopReason.EOS,
@@ -633,8 +635,27 @@ class Scheduler:
         )
 
     # -- housekeeping ---------------------------------------------------------------------------
+    def _observe_host_memory(self) -> None:
+        """Host memory from the OS (sysconf), never from log text; device memory is reported by
+        the native layer when a model is placed (backend_device_selected)."""
+        try:
+            page = os.sysconf("SC_PAGE_SIZE")
+            total = os.sysconf("SC_PHYS_PAGES") * page
+            free = os.sysconf("SC_AVPHYS_PAGES") * page
+        except (OSError, ValueError):
+            return
+        self.pipeline_submit(
+            EventId.MEMORY_OBSERVED,
+            Scope(device_id=LogicalId("host")),
+            summaries(memory_free_bytes=free, memory_total_bytes=total),
+        )
+
     def _housekeeping(self) -> None:
+        next_memory = 0.0
         while not self._stop.wait(HOUSEKEEPING_INTERVAL_S):
+            if time.monotonic() >= next_memory:
+                next_memory = time.monotonic() + MEMORY_OBSERVATION_INTERVAL_S
+                self._observe_host_memory()
             now = time.monotonic_ns()
             for server in self.servers():
                 server.expire_queued(now)

@@ -1,0 +1,70 @@
+"""`skippyctl runtime start|status|stop` and the discovery file."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import orjson
+
+from tests.cli.helpers import run_cli
+
+
+def test_start_status_stop_round_trip(isolated_runtime: Path) -> None:
+    stopped = run_cli("runtime", "status", "--json")
+    assert stopped.code == 3
+    assert orjson.loads(stopped.stdout) == {
+        "schema_version": 1,
+        "record": "runtime_status",
+        "state": "stopped",
+        "running": False,
+    }
+    started = run_cli("runtime", "start", "--port", "0", "--json")
+    assert started.code == 0, started.stderr
+    status = orjson.loads(started.stdout)
+    assert status["running"] is True
+    assert status["url"].startswith("http://127.0.0.1:")
+    assert {"pid", "version", "state", "process_instance_id"} <= set(status)
+    discovery = isolated_runtime / "runtime.json"
+    assert stat.S_IMODE(discovery.stat().st_mode) == 0o600
+    again = run_cli("runtime", "start", "--port", "0")
+    assert again.code == 0
+    assert "already running" in again.stderr
+    stop = run_cli("runtime", "stop", "--json")
+    assert stop.code == 0
+    assert orjson.loads(stop.stdout)["stopped"] is True
+    assert not discovery.exists()
+    assert run_cli("runtime", "status").code == 3
+
+
+def test_stale_discovery_file_is_replaced(isolated_runtime: Path) -> None:
+    isolated_runtime.mkdir(parents=True)
+    dead_pid = 2**22 - 3  # above the default pid_max: never a live process
+    (isolated_runtime / "runtime.json").write_bytes(
+        orjson.dumps(
+            {
+                "pid": dead_pid,
+                "url": "http://127.0.0.1:1",
+                "token": "t",
+                "version": "0",
+                "process_instance_id": "x",
+                "started_at": "then",
+            }
+        )
+    )
+    status = orjson.loads(run_cli("runtime", "status", "--json").stdout)
+    assert status["running"] is False
+    assert status["discovery"] == "stale"
+    started = run_cli("runtime", "start", "--port", "0", "--json")
+    assert started.code == 0, started.stderr
+    fresh = orjson.loads((isolated_runtime / "runtime.json").read_bytes())
+    assert fresh["pid"] != dead_pid
+    os.kill(fresh["pid"], 0)  # alive
+
+
+def test_serve_refuses_a_non_loopback_address_without_allow_remote() -> None:
+    result = run_cli("runtime", "serve", "--host", "0.0.0.0", "--port", "0")
+    assert result.code == 10
+    assert "allow-remote" in result.stderr
+    assert "Traceback" not in result.stderr
