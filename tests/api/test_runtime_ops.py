@@ -161,8 +161,9 @@ def test_sse_resumes_from_a_cursor_and_reports_gaps(ops: Server) -> None:
         assert state.data["version"] == 1 and state.data["process_instance_id"]
         assert state.cursor == state.data["cursor"]
         # Generate more than the 64 retained frames, then resume from the old cursor: a gap.
-        for _ in range(6):
-            _generate(ops, "bystander", max_tokens=2)
+        with ops.http() as http:  # each refused request is one event: 80 > the 64 retained
+            for _ in range(80):
+                http.post("/v1/completions", json={"model": "no-such-model", "prompt": "x"})
         resumed = []
         for frame in client.frames(state.cursor):
             resumed.append(frame)
@@ -172,17 +173,27 @@ def test_sse_resumes_from_a_cursor_and_reports_gaps(ops: Server) -> None:
         gap = resumed[1].data["gap"]
         assert gap["reason"] == "evicted"
         assert gap["oldest_available"].startswith("rt1:")
-        stale = next(iter(client.frames("rt1:00000000-0000-0000-0000-000000000000:5")))
-        del stale
         frames = []
         for frame in client.frames("rt1:00000000-0000-0000-0000-000000000000:5"):
             frames.append(frame)
             if len(frames) == 2:
                 break
         assert frames[1].data["gap"]["reason"] == "stale_instance"
-        # A recent cursor resumes exactly after it.
-        latest_frames = ops.events()
-        del latest_frames
+        # A retained cursor resumes exactly after it.
+        retained = [
+            e
+            for e in ops.frames_since_start(lambda f: f.name == "runtime_event")
+            if e.name == "runtime_event"
+        ]
+        cursor = retained[0].cursor
+        assert cursor is not None
+        after = None
+        for frame in client.frames(cursor):
+            if frame.name == "runtime_event":
+                after = frame
+                break
+        assert after is not None
+        assert after.data["sequence"] == retained[0].data["sequence"] + 1
     finally:
         client.close()
 
