@@ -24,6 +24,34 @@ def rfc3339(wall_ns: int) -> str:
     return stamp.isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
+def outcome_fields(event: Event) -> dict[str, Any]:
+    """The fields the NDJSON record and the SSE event object share, with the same names:
+    progress, outcome, reason_code, duration_ms, stop_reason, batching, state."""
+    fields: dict[str, Any] = {}
+    if event.progress is not None:
+        progress: dict[str, Any] = {"current": event.progress.current}
+        if event.progress.total is not None:
+            progress["total"] = event.progress.total
+        progress["unit"] = event.progress.unit.value
+        fields["progress"] = progress
+    if event.outcome is not None:
+        fields["outcome"] = event.outcome.value
+    if event.reason_code is not None:
+        fields["reason_code"] = event.reason_code.value
+    if event.duration_ms is not None:
+        fields["duration_ms"] = event.duration_ms
+    if event.stop_reason is not None:
+        fields["stop_reason"] = event.stop_reason.value
+    if event.batching is not None:
+        fields["batching"] = event.batching.value
+    if event.state is not None:
+        state: dict[str, Any] = {"current": event.state.current}
+        if event.state.previous is not None:
+            state["previous"] = event.state.previous
+        fields["state"] = state
+    return fields
+
+
 def event_record(event: Event, seq: int | None = None, cursor: str | None = None) -> dict[str, Any]:
     record: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
@@ -46,27 +74,7 @@ def event_record(event: Event, seq: int | None = None, cursor: str | None = None
             record[key] = str(value)
     if scope.stage_index is not None:
         record["stage_index"] = scope.stage_index
-    if event.progress is not None:
-        progress: dict[str, Any] = {"current": event.progress.current}
-        if event.progress.total is not None:
-            progress["total"] = event.progress.total
-        progress["unit"] = event.progress.unit.value
-        record["progress"] = progress
-    if event.outcome is not None:
-        record["outcome"] = event.outcome.value
-    if event.reason_code is not None:
-        record["reason_code"] = event.reason_code.value
-    if event.duration_ms is not None:
-        record["duration_ms"] = event.duration_ms
-    if event.stop_reason is not None:
-        record["stop_reason"] = event.stop_reason.value
-    if event.batching is not None:
-        record["batching"] = event.batching.value
-    if event.state is not None:
-        state: dict[str, Any] = {"current": event.state.current}
-        if event.state.previous is not None:
-            state["previous"] = event.state.previous
-        record["state"] = state
+    record.update(outcome_fields(event))
     if event.native is not None:
         record["native"] = {
             "sequence": event.native.sequence,

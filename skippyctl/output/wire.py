@@ -30,7 +30,7 @@ from skippyctl.events.envelope import (
     SummaryKey,
 )
 from skippyctl.events.reasons import Outcome, Producer, ProgressUnit, ReasonCode, Severity
-from skippyctl.output.records import rfc3339
+from skippyctl.output.records import outcome_fields, rfc3339
 from skippyctl.output.summary import render_summary
 
 WIRE_VERSION: Final = 1
@@ -65,27 +65,7 @@ def event_object(event: Event) -> dict[str, Any]:
         if event.parent_operation_id is not None:
             operation["child"] = str(event.operation_id)
         out["operation"] = operation
-    if event.state is not None:
-        state = {"current": event.state.current}
-        if event.state.previous is not None:
-            state["previous"] = event.state.previous
-        out["state"] = state
-    if event.progress is not None:
-        progress: dict[str, Any] = {"current": event.progress.current}
-        if event.progress.total is not None:
-            progress["total"] = event.progress.total
-        progress["unit"] = event.progress.unit.value
-        out["progress"] = progress
-    if event.outcome is not None:
-        out["outcome"] = event.outcome.value
-    if event.reason_code is not None:
-        out["reason_code"] = event.reason_code.value
-    if event.duration_ms is not None:
-        out["duration_ms"] = event.duration_ms
-    if event.stop_reason is not None:
-        out["stop_reason"] = event.stop_reason.value
-    if event.batching is not None:
-        out["batching"] = event.batching.value
+    out.update(outcome_fields(event))
     if event.native is not None:
         out["native"] = {
             "sequence": event.native.sequence,
