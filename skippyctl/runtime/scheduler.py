@@ -151,9 +151,9 @@ class ModelServer:
         message = handle.params.engine_message(handle.request_id, handle.session_id)
         message["timeout_s"] = timeout
         assert self.engine is not None
-        if not self.engine.send(message):
-            # The engine is gone; its exit handler fails everything running, this one included.
-            pass
+        # If the engine is already gone the send fails silently: its exit handler fails
+        # everything in `_running`, this request included, so it still gets its one terminal.
+        self.engine.send(message)
 
     def _next_locked(self) -> None:
         while self._queued and len(self._running) < self.lanes and self.accepting:
