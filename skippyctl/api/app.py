@@ -346,7 +346,7 @@ async def _event_stream(
             if now >= next_keepalive:
                 next_keepalive = now + ctx.keepalive_s
                 yield b": keepalive\n\n"
-            if await request.is_disconnected():
+            if ctx.stopping() or await request.is_disconnected():
                 return
             await asyncio.sleep(0.05)
     finally:

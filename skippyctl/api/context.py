@@ -48,6 +48,8 @@ class ApiContext:
     keepalive_s: float = 15.0
     stream_queue_size: int = 1024
     limiter: ReconnectLimiter = field(default_factory=ReconnectLimiter)
+    stopping: Callable[[], bool] = lambda: False
+    """True once the server is shutting down: long-lived streams end so shutdown is prompt."""
 
     @property
     def instance_id(self) -> str:

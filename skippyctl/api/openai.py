@@ -192,10 +192,11 @@ async def _generate(ctx: ApiContext, request: Request, chat: bool) -> Response:
     if rejection is None:
         handle.bind_loop(asyncio.get_running_loop())
         rejection = ctx.scheduler.enqueue(handle)
+    request_header = {"X-Request-Id": str(handle.request_id)}
     if rejection is not None:
-        headers = None
+        headers = dict(request_header)
         if rejection.retry_after_s is not None:
-            headers = {"Retry-After": str(rejection.retry_after_s)}
+            headers["Retry-After"] = str(rejection.retry_after_s)
         code = "model_not_found" if rejection.status == 404 else None
         return error_response(
             rejection.message, rejection.status, code=code, reason=rejection.reason, headers=headers
@@ -207,18 +208,22 @@ async def _generate(ctx: ApiContext, request: Request, chat: bool) -> Response:
         return StreamingResponse(
             _stream(ctx, request, handle, chat, completion_id, created, model_id),
             media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache"},
+            headers={"Cache-Control": "no-cache", **request_header},
         )
     text_parts: list[str] = []
     finished = await _collect(ctx, request, handle, text_parts)
     if finished is None:
-        return Response(status_code=499)
+        return Response(status_code=499, headers=request_header)
     if finished.outcome != "completed":
         status, code = _FAILURE_STATUS.get(
             finished.reason or ReasonCode.UNKNOWN_FAILURE, (500, "failed")
         )
         return error_response(
-            f"generation {finished.outcome}", status, code=code, reason=finished.reason
+            f"generation {finished.outcome}",
+            status,
+            code=code,
+            reason=finished.reason,
+            headers=request_header,
         )
     usage = {
         "prompt_tokens": finished.prompt_tokens,
@@ -246,7 +251,8 @@ async def _generate(ctx: ApiContext, request: Request, chat: bool) -> Response:
             "model": model_id,
             "choices": [choice],
             "usage": usage,
-        }
+        },
+        headers=request_header,
     )
 
 

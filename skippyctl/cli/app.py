@@ -5,10 +5,16 @@ from __future__ import annotations
 import typer
 
 from skippyctl import __version__
+from skippyctl.cli.doctor import doctor_command
 from skippyctl.cli.events import events_app
 from skippyctl.cli.fixtures import fixtures_app
+from skippyctl.cli.generate import generate_command
 from skippyctl.cli.load import load_command
+from skippyctl.cli.ps import ps_command
 from skippyctl.cli.runtime import runtime_app
+from skippyctl.cli.tui import tui_command
+from skippyctl.cli.unload import unload_command
+from skippyctl.cli.wait import wait_command
 
 app = typer.Typer(
     name="skippyctl",
@@ -17,6 +23,14 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.command("load")(load_command)
+app.command("unload")(unload_command)
+app.command("ps")(ps_command)
+app.command("status")(ps_command)
+app.command("wait")(wait_command)
+app.command("generate")(generate_command)
+app.command("doctor")(doctor_command)
+app.command("tui")(tui_command)
+app.command("top")(tui_command)
 app.add_typer(fixtures_app, name="fixtures")
 app.add_typer(events_app, name="events")
 app.add_typer(runtime_app, name="runtime")

@@ -137,6 +137,7 @@ def serve(options: ServeOptions) -> None:
         model_root=options.model_root,
         metrics=metrics,
         request_shutdown=request_shutdown,
+        stopping=lambda: bool(server.should_exit),
     )
 
     def advertise() -> None:

@@ -121,7 +121,14 @@ def stop_server(server: Server) -> None:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, fixture_dir: Path) -> Iterator[Server]:
     running = start_server(
-        tmp_path_factory.mktemp("runtime"), "--replay-records", "4096", "--max-queue", "8"
+        tmp_path_factory.mktemp("runtime"),
+        "--replay-records",
+        "4096",
+        "--max-queue",
+        "8",
+        # The tiny model decodes a token in ~0.1 ms: 1 ms per step keeps timeouts and
+        # disconnects reachable before a request fills its lane.
+        env={"SKIPPY_TEST_DECODE_DELAY_MS": "1"},
     )
     try:
         answer = running.load(fixture_dir / "tiny.gguf", lanes=4)

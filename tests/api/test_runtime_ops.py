@@ -44,6 +44,18 @@ def _long(server: Server, model: str) -> httpx.Response:
     return _generate(server, model, max_tokens=1500, logit_bias={"2": -100}, timeout=60)
 
 
+def _wait_until_model(server: Server, model: str, predicate: Any, timeout_s: float = 30.0) -> None:
+    """Poll the reduced state until the model's document satisfies `predicate`."""
+    deadline = time.monotonic() + timeout_s
+    with server.http() as http:
+        while time.monotonic() < deadline:
+            models = http.get("/api/runtime/state").json()["models"]
+            if any(m["model_id"] == model and predicate(m) for m in models):
+                return
+            time.sleep(0.05)
+    raise AssertionError(f"{model} never reached the expected state")
+
+
 def _wait_for(server: Server, predicate: Any, timeout_s: float = 30.0) -> list[dict[str, Any]]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -67,9 +79,9 @@ def test_health_says_idle_then_ready(ops: Server, fixture_dir: Path) -> None:
 def test_full_queue_is_a_429_with_retry_after(ops: Server) -> None:
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
         running = pool.submit(_long, ops, "queue")
-        time.sleep(0.5)
+        _wait_until_model(ops, "queue", lambda m: m["lanes_in_use"] == 1)
         queued = pool.submit(_long, ops, "queue")
-        time.sleep(0.5)
+        _wait_until_model(ops, "queue", lambda m: m["queue_depth"] == 1)
         rejected = _generate(ops, "queue", max_tokens=2)
         assert rejected.status_code == 429, rejected.text
         assert rejected.headers["Retry-After"] == "1"
@@ -92,7 +104,7 @@ def test_unload_drains_running_requests_first(ops: Server, fixture_dir: Path) ->
     assert ops.load(fixture_dir / "tiny.gguf", alias="drain", lanes=2)["state"] == "available"
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         running = pool.submit(_generate, ops, "drain", max_tokens=400, logit_bias={"2": -100})
-        time.sleep(0.2)
+        _wait_until_model(ops, "drain", lambda m: m["lanes_in_use"] == 1)
         with ops.http() as http:
             answer = http.post("/api/runtime/models/drain/unload", json={"drain_timeout_s": 30})
             assert answer.status_code == 202
@@ -124,7 +136,7 @@ def test_killed_engine_fails_its_requests_and_others_keep_serving(
     assert ops.load(fixture_dir / "tiny.gguf", alias="bystander")["state"] == "available"
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         streaming = pool.submit(_long, ops, "victim")
-        time.sleep(0.5)
+        _wait_until_model(ops, "victim", lambda m: m["lanes_in_use"] == 1)
         with ops.http() as http:
             engines = http.get("/api/runtime/state").json()["engines"]
         victim = next(e["pid"] for e in engines if e["model_id"] == "victim")

@@ -1,0 +1,180 @@
+"""The dashboard over a running runtime: `LiveSource` (its SSE event stream) and `LiveControl`
+(load/unload through its management API).
+
+`LiveSource` follows the `EventSource` contract (skippy_tui.sources): on its own thread it reads
+the runtime's SSE stream, decodes each `runtime_event` frame with the wire decoder and delivers
+the event. The first connection replays everything the runtime retained (cursor
+`rt1:<instance>:0`) so the client-side reducer starts from the runtime's history. When the
+stream breaks it delivers `RuntimeDown(attempt)`, reconnects with backoff — re-reading the
+discovery file, so a restarted runtime is found — resuming from the last cursor (or from the
+start of a new runtime instance's retained events), and delivers `RuntimeBack()` once frames
+flow again. The state document is not decoded into a `RuntimeView`: the replayed events rebuild
+the state (a replay gap means the oldest history is missing).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Final
+
+from skippy_tui.records import SkipReason
+from skippy_tui.sources import DecodeSkipped, RuntimeBack, RuntimeDown, Sink, SourceItem
+from skippyctl.output.wire import event_from_object
+
+if TYPE_CHECKING:
+    from skippyctl.client.http import FrameReader, RuntimeClient
+
+BACKOFF_S: Final = (0.5, 1.0, 2.0, 5.0)
+POLL_S: Final = 0.1
+
+
+def _cursor_for(client: RuntimeClient, cursor: str | None) -> str:
+    """Resume from `cursor` when it belongs to this runtime instance, else replay from 0."""
+    instance = client.discovery.process_instance_id
+    if cursor is not None and cursor.split(":")[1:2] == [instance]:
+        return cursor
+    return f"rt1:{instance}:0"
+
+
+class LiveSource:
+    """An `EventSource` over the runtime's live SSE stream, reconnecting when it breaks."""
+
+    def __init__(self, client: RuntimeClient) -> None:
+        self._client = client
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._sink: Sink | None = None
+        self._thread: threading.Thread | None = None
+        self.cursor: str | None = None
+        self.delivered = 0
+        self.reconnects = 0
+
+    @property
+    def description(self) -> str:
+        return f"live {self._client.discovery.url}"
+
+    @property
+    def client(self) -> RuntimeClient:
+        """The client of the runtime currently followed (replaced when it restarted)."""
+        return self._client
+
+    def start(self, sink: Sink) -> None:
+        if self._thread is not None:
+            raise RuntimeError("source already started")
+        self._sink = sink
+        self._thread = threading.Thread(target=self._run, name="skippy-tui-live", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        self._stop.set()
+        with self._lock:
+            self._sink = None
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout_s)
+
+    def _deliver(self, item: SourceItem) -> None:
+        with self._lock:  # serialised with stop(): nothing is delivered after it returns
+            if self._sink is not None:
+                self._sink(item)
+
+    def _run(self) -> None:
+        from skippyctl.client.http import FrameReader
+
+        attempt = 0
+        connect = True
+        while not self._stop.is_set():
+            if connect:
+                reader = FrameReader(self._client, _cursor_for(self._client, self.cursor))
+                flowing = self._pump(reader, announce_back=attempt > 0)
+                if self._stop.is_set():
+                    return
+                # Drop this client's connections: a stopping runtime waits for open ones.
+                self._client.close()
+                attempt = 1 if flowing else attempt + 1
+            else:
+                attempt += 1
+            self._deliver(RuntimeDown(attempt))
+            self.reconnects += 1
+            if self._stop.wait(BACKOFF_S[min(attempt, len(BACKOFF_S)) - 1]):
+                return
+            connect = self._reattach()
+
+    def _reattach(self) -> bool:
+        """Find the runtime again through the discovery file (it may have restarted on a new
+        port, token or instance); False while none answers. Reconnecting only to a runtime that
+        answers /health keeps a stopping runtime free of new streams."""
+        from skippyctl.client.http import RuntimeUnreachable, connect
+
+        try:
+            client = connect(autostart=False)
+        except RuntimeUnreachable:
+            return False
+        self._client.close()
+        self._client = client
+        return True
+
+    def _pump(self, reader: FrameReader, announce_back: bool) -> bool:
+        """Deliver the reader's events until its stream ends; True if any frame arrived."""
+        flowing = False
+        while not self._stop.is_set():
+            frame = reader.get(POLL_S)
+            if frame is False:
+                continue
+            if frame is None or isinstance(frame, Exception):
+                return flowing
+            assert not isinstance(frame, bool)
+            if not flowing:
+                flowing = True
+                if announce_back:
+                    self._deliver(RuntimeBack())
+            if frame.name != "runtime_event":
+                continue
+            self.cursor = frame.cursor or self.cursor
+            raw = frame.data.get("event")
+            event = event_from_object(raw) if isinstance(raw, dict) else None
+            if event is None:
+                self._deliver(
+                    DecodeSkipped(
+                        SkipReason.UNKNOWN_EVENT
+                        if isinstance(raw, dict)
+                        else SkipReason.INVALID_RECORD
+                    )
+                )
+                continue
+            self._deliver(event)
+            self.delivered += 1
+        return flowing
+
+
+class LiveControl:
+    """`RuntimeControl` over the management API (called from a worker thread); given the
+    `LiveSource`, it follows the source to a restarted runtime."""
+
+    def __init__(self, client: RuntimeClient, source: LiveSource | None = None) -> None:
+        self._fixed = client
+        self._source = source
+
+    @property
+    def _client(self) -> RuntimeClient:
+        return self._source.client if self._source is not None else self._fixed
+
+    def load(self, path: str) -> None:
+        from skippyctl.client.http import ApiError, RuntimeUnreachable
+
+        try:
+            self._client.load({"model": path})
+        except ApiError as error:
+            raise RuntimeError(f"load refused: {error}") from error
+        except RuntimeUnreachable as error:
+            raise RuntimeError(f"runtime unreachable: {error}") from error
+
+    def unload(self, model_id: str, force: bool) -> None:
+        from skippyctl.client.http import ApiError, RuntimeUnreachable
+
+        try:
+            self._client.unload(model_id, force, None)
+        except ApiError as error:
+            raise RuntimeError(f"unload refused: {error}") from error
+        except RuntimeUnreachable as error:
+            raise RuntimeError(f"runtime unreachable: {error}") from error

@@ -1,0 +1,270 @@
+"""`skippyctl wait --for CONDITION`: block until the runtime reaches a state (or fails to).
+
+The current state (the stream's `runtime_state` frame) is checked first, then every new event;
+`--fail-on` conditions end the wait at once with the exit code of the event's reason, so a
+known failure never waits out the timeout.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Annotated, Any, Final
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from skippyctl.cli.common import InterruptRequests
+from skippyctl.cli.events import (
+    RECORD_SCHEMA_VERSION,
+    LiveStream,
+    StreamEnded,
+    attach_or_exit,
+    emit_json,
+)
+from skippyctl.cli.exit_codes import ExitCode, exit_code_for
+from skippyctl.events.catalog import EventId
+from skippyctl.events.envelope import Event
+from skippyctl.events.reasons import ReasonCode
+from skippyctl.output.records import event_record
+
+_MODEL_KINDS: Final = (
+    "model_available",
+    "model_loading",
+    "model_unavailable",
+    "model_load_failed",
+)
+_NODE_KINDS: Final = ("node_accepting", "node_degraded")
+KINDS: Final = (*_MODEL_KINDS, *_NODE_KINDS, "event")
+_STATES: Final[dict[str, frozenset[str]]] = {
+    "model_available": frozenset({"available", "degraded"}),
+    "model_loading": frozenset({"requested", "loading", "initializing"}),
+    "model_unavailable": frozenset({"unavailable", "failed", "cancelled", "unloaded"}),
+    "model_load_failed": frozenset({"failed"}),
+}
+_EVENTS: Final[dict[str, frozenset[EventId]]] = {
+    "model_available": frozenset({EventId.MODEL_AVAILABLE, EventId.MODEL_RECOVERY_COMPLETED}),
+    "model_loading": frozenset(
+        {EventId.MODEL_LOAD_REQUESTED, EventId.MODEL_LOAD_STARTED, EventId.MODEL_LOAD_PROGRESS}
+    ),
+    "model_unavailable": frozenset(
+        {
+            EventId.MODEL_UNAVAILABLE,
+            EventId.UNLOAD_COMPLETED,
+            EventId.MODEL_LOAD_FAILED,
+            EventId.MODEL_LOAD_CANCELLED,
+        }
+    ),
+    "model_load_failed": frozenset({EventId.MODEL_LOAD_FAILED}),
+    "node_accepting": frozenset({EventId.NODE_ACCEPTING_REQUESTS}),
+    "node_degraded": frozenset({EventId.NODE_DEGRADED}),
+}
+_NODE_STATES: Final = {"node_accepting": "accepting", "node_degraded": "degraded"}
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    """One parsed `--for`/`--fail-on` value: `kind`, `model` (for model_* and event=ID@MODEL)
+    and `event` (for event=ID)."""
+
+    text: str
+    kind: str
+    model: str | None = None
+    event: EventId | None = None
+
+    def holds_in(self, state: dict[str, Any]) -> tuple[bool, str | None]:
+        """(whether the state document satisfies it, the model's reason code if any)."""
+        if self.kind in _NODE_STATES:
+            return state.get("node") == _NODE_STATES[self.kind], None
+        if self.kind not in _STATES:
+            return False, None  # event=… only matches events that happen from now on
+        for model in state.get("models", []):
+            if model.get("model_id") == self.model:
+                return str(model.get("state")) in _STATES[self.kind], model.get("reason_code")
+        return self.kind == "model_unavailable", None  # not loaded at all: unavailable
+
+    def holds_for(self, event: Event) -> bool:
+        if self.kind == "event":
+            return event.id is self.event and (
+                self.model is None or str(event.scope.model_id) == self.model
+            )
+        if event.id not in _EVENTS[self.kind]:
+            return False
+        return self.model is None or str(event.scope.model_id) == self.model
+
+
+def parse_condition(text: str, option: str) -> Condition:
+    kind, sep, value = text.partition("=")
+    if kind in _NODE_KINDS and not sep:
+        return Condition(text, kind)
+    if kind in _MODEL_KINDS and sep and value:
+        return Condition(text, kind, model=value)
+    if kind == "event" and sep and value:
+        event_text, _, model = value.partition("@")
+        try:
+            event = EventId(event_text)
+        except ValueError:
+            valid = ", ".join(e.value for e in EventId)
+            raise typer.BadParameter(
+                f"unknown event id {event_text!r}; valid ids: {valid}", param_hint=option
+            ) from None
+        return Condition(text, kind, model=model or None, event=event)
+    raise typer.BadParameter(
+        f"{text!r} is not a condition; use one of: "
+        + ", ".join(f"{k}=MODEL" for k in _MODEL_KINDS)
+        + ", node_accepting, node_degraded, event=EVENT_ID[@MODEL]",
+        param_hint=option,
+    )
+
+
+def _reason(value: Any) -> ReasonCode | None:
+    try:
+        return None if value is None else ReasonCode(value)
+    except ValueError:
+        return ReasonCode.UNKNOWN_FAILURE
+
+
+def wait_command(
+    for_: Annotated[
+        list[str],
+        typer.Option(
+            "--for",
+            metavar="CONDITION",
+            help="Return 0 as soon as this holds (repeatable: any of them).",
+        ),
+    ],
+    fail_on: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--fail-on",
+            metavar="CONDITION",
+            help="Fail at once when this holds, with the code of its reason (repeatable).",
+        ),
+    ] = None,
+    timeout: Annotated[
+        float | None,
+        typer.Option("--timeout", metavar="S", help="Give up after S seconds (exit 124)."),
+    ] = None,
+    json_output: Annotated[
+        bool, typer.Option("--json", help="One JSON record saying which condition ended it.")
+    ] = False,
+) -> None:
+    """Wait until a condition holds: checks the current state first, then follows events.
+
+    CONDITION is one of model_available=MODEL, model_loading=MODEL, model_unavailable=MODEL
+    (also true when MODEL is not loaded), model_load_failed=MODEL, node_accepting,
+    node_degraded, event=EVENT_ID or event=EVENT_ID@MODEL (event conditions match only events
+    that happen after the wait starts).
+
+    Exit 0 when a --for condition holds; when a --fail-on condition holds, the exit code of its
+    reason (12 missing_artifact, 14 model_format_or_load_failure, …; 1 when it has none);
+    124 on --timeout; 3 when no runtime answers or it goes away; 130 on Ctrl-C.
+
+    Example:
+
+        skippyctl load model.gguf --no-wait && skippyctl wait --for model_available=model \\
+            --fail-on model_load_failed=model --timeout 120
+    """
+    wanted = [parse_condition(text, "--for") for text in for_]
+    failing = [parse_condition(text, "--fail-on") for text in fail_on or ()]
+    if timeout is not None and timeout < 0:
+        raise typer.BadParameter("must not be negative", param_hint="--timeout")
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    started = time.monotonic()
+    client = attach_or_exit("wait", json_output)
+    try:
+        with InterruptRequests() as interrupts:
+            record = _wait(LiveStream(client), wanted, failing, timeout, started, interrupts)
+    finally:
+        client.close()
+    record["elapsed_ms"] = round((time.monotonic() - started) * 1000, 1)
+    code = ExitCode(record["exit_code"])
+    if json_output:
+        emit_json(record)
+    condition = escape(str(record.get("condition") or ""))
+    if code is ExitCode.SUCCESS:
+        err.print(f"[green]✓[/] {condition} ({record['source']})")
+    elif record["outcome"] == "failed":
+        reason = record.get("reason_code") or "no reason"
+        err.print(f"[red]✗[/] {condition} ({record['source']}, {reason})")
+    else:
+        err.print(f"[red]✗[/] {escape(str(record.get('message')))}")
+    raise typer.Exit(int(code))
+
+
+def _record(
+    outcome: str,
+    code: ExitCode,
+    condition: Condition | None,
+    source: str,
+    reason: str | None = None,
+    message: str | None = None,
+) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "schema_version": RECORD_SCHEMA_VERSION,
+        "record": "wait",
+        "outcome": outcome,
+        "condition": None if condition is None else condition.text,
+        "source": source,
+        "exit_code": int(code),
+    }
+    if reason is not None:
+        record["reason_code"] = reason
+    if message is not None:
+        record["message"] = message
+    return record
+
+
+def _wait(
+    stream: LiveStream,
+    wanted: list[Condition],
+    failing: list[Condition],
+    timeout: float | None,
+    started: float,
+    interrupts: InterruptRequests,
+) -> dict[str, Any]:
+    checked_state = False
+    while True:
+        if interrupts.count:
+            return _record("cancelled", ExitCode.CANCELLED, None, "interrupt", message="cancelled")
+        if timeout is not None and time.monotonic() - started >= timeout:
+            return _record(
+                "timeout",
+                ExitCode.TIMEOUT,
+                None,
+                "timeout",
+                message=f"no condition held within {timeout:g} s",
+            )
+        try:
+            item = stream.next(0.1)
+        except StreamEnded as ended:
+            return _record(
+                "unreachable", ExitCode.RUNTIME_UNREACHABLE, None, "stream", message=str(ended)
+            )
+        if not checked_state and stream.state is not None:
+            checked_state = True
+            for condition in failing:
+                holds, reason = condition.holds_in(stream.state)
+                if holds:
+                    code = exit_code_for(_reason(reason))
+                    return _record("failed", code, condition, "state", reason)
+            for condition in wanted:
+                if condition.holds_in(stream.state)[0]:
+                    return _record("matched", ExitCode.SUCCESS, condition, "state")
+        if item is None:
+            continue
+        event = item.event
+        for condition in failing:
+            if condition.holds_for(event):
+                reason = event.reason_code.value if event.reason_code else None
+                record = _record(
+                    "failed", exit_code_for(event.reason_code), condition, "event", reason
+                )
+                record["event"] = event_record(event, item.sequence, item.cursor)
+                return record
+        for condition in wanted:
+            if condition.holds_for(event):
+                record = _record("matched", ExitCode.SUCCESS, condition, "event")
+                record["event"] = event_record(event, item.sequence, item.cursor)
+                return record
