@@ -27,8 +27,10 @@ $(FIXTURES)/tiny.gguf: bootstrap
 
 fixtures: $(FIXTURES)/tiny.gguf
 
+# The tour: runtime, the tiny model with live load progress, traffic from a few sessions, and
+# the dashboard (without a terminal, as in CI, it prints the event stream and exits).
 demo: bootstrap fixtures
-	$(SKIPPYCTL) load $(FIXTURES)/tiny.gguf
+	$(PY) scripts/demo.py
 
 lint: bootstrap
 	$(VENV)/bin/ruff check skippyctl skippy_tui tests benchmarks scripts
