@@ -182,7 +182,7 @@ def test_timeout_and_client_disconnect_end_requests(server: Server) -> None:
                 "model": "tiny",
                 "prompt": "a b c",
                 "max_tokens": 100000,
-                "timeout": 0.2,
+                "timeout": 0.005,
                 "temperature": 1.0,
                 "logit_bias": {"2": -100},
             },
