@@ -39,9 +39,8 @@ from typing import Any, Final
 
 import orjson
 
-REPO: Final = Path(__file__).resolve().parent.parent
-TINY: Final = REPO / "fixtures" / "tiny.gguf"
-MID: Final = Path("/tmp/skippy-bench/bench-mid.gguf")
+from benchmarks.models import REPO, model_path
+
 DEFAULT_TOKENS: Final = {"tiny": 512, "mid": 128}
 VARIANTS: Final = ("engine", "minimal", "high-level")
 TARGET_VS_MINIMAL: Final = 0.95
@@ -258,23 +257,10 @@ def _measure(variant: str, path: Path, n_tokens: int) -> Sample:
     return Sample(float(report["ttft_ms"]), float(report["tokens_per_s"]), int(report["tokens"]))
 
 
-def _model_path(name: str) -> Path:
-    if name == "tiny":
-        return TINY
-    if name == "mid":
-        from skippyctl.fixtures.generate import BENCH_MID, ensure_model
-
-        started = time.monotonic()
-        ensure_model(MID, BENCH_MID)
-        sys.stderr.write(f"mid model ready at {MID} ({time.monotonic() - started:.1f} s)\n")
-        return MID
-    raise SystemExit(f"unknown model {name!r} (tiny, mid)")
-
-
 def run(models: list[str], rounds: int, tokens: int | None) -> list[Row]:
     rows: list[Row] = []
     for name in models:
-        path = _model_path(name)
+        path = model_path(name)
         n_tokens = tokens or DEFAULT_TOKENS[name]
         samples: dict[str, list[Sample]] = {variant: [] for variant in VARIANTS}
         for index in range(rounds):

@@ -31,9 +31,8 @@ from typing import Final
 
 import orjson
 
-REPO: Final = Path(__file__).resolve().parent.parent
-TINY: Final = REPO / "fixtures" / "tiny.gguf"
-MID: Final = Path("/tmp/skippy-bench/bench-mid.gguf")
+from benchmarks.models import REPO, model_path
+
 TARGET_RATIO: Final = 1.02
 VARIANTS: Final = ("on", "off")
 
@@ -110,23 +109,10 @@ def _measure(path: Path, variant: str, timeout_s: float) -> float:
     return float(report["ms"])
 
 
-def _model_path(name: str) -> Path:
-    if name == "tiny":
-        return TINY
-    if name == "mid":
-        from skippyctl.fixtures.generate import BENCH_MID, ensure_model
-
-        started = time.monotonic()
-        ensure_model(MID, BENCH_MID)
-        sys.stderr.write(f"mid model ready at {MID} ({time.monotonic() - started:.1f} s)\n")
-        return MID
-    raise SystemExit(f"unknown model {name!r} (tiny, mid)")
-
-
 def run(models: list[str], rounds: int, timeout_s: float) -> list[Row]:
     rows: list[Row] = []
     for name in models:
-        path = _model_path(name)
+        path = model_path(name)
         for variant in VARIANTS:  # warm-up, not measured
             _measure(path, variant, timeout_s)
         times: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
