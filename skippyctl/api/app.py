@@ -82,6 +82,8 @@ def health_counters(ctx: ApiContext) -> dict[str, Any]:
         "native_coalesced": health.native_coalesced,
         "native_rejected": health.native_rejected,
         "native_unknown": health.native_unknown,
+        "native_sampled": health.adapter.sampled,
+        "native_facts_processed": health.native_facts_processed,
         "subscribers": dispatcher.subscribers,
         "subscribers_lagging": dispatcher.lagging,
         "subscribers_disconnected_lag": dispatcher.disconnected_lag,

@@ -8,7 +8,10 @@ Contract:
 - The host pulls: ``wait()`` sleeps in C on a cross-process futex with the GIL released, and
   ``drain()`` copies records into a preallocated ctypes array and turns each into an owned,
   immutable ``NativeFact`` (raw integers: enum values are interpreted by the adapter layer, so an
-  unknown kind is never an exception here). ``drain`` is single-consumer (serialised by a lock).
+  unknown kind is never an exception here). ``drain_batch()`` is the pipeline's path: one owned
+  byte copy of the drained records with numpy columns over it, so batch decisions (sorting,
+  folding diagnostics) cost no per-record Python object; a ``NativeFact`` is built only for a
+  record that becomes an event. Draining is single-consumer (serialised by a lock).
 - ``close()`` is idempotent; it destroys the adapters created on this mapping and unmaps only
   when no wrapper call is in progress. llama.cpp hooks pointing at an adapter must be unhooked
   (``llama_log_set(None, None)``, model/context freed) before the adapter or mapping is closed.
@@ -23,10 +26,13 @@ import fcntl
 import mmap
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Final
+from typing import Final, overload
+
+import numpy as np
+import numpy.typing as npt
 
 from skippyctl.native import abi
 from skippyctl.native.library import NativeLibrary, native_library
@@ -107,7 +113,9 @@ class NativeFact:
     numeric_summaries: tuple[int, int, int, int] | None
 
     @classmethod
-    def from_buffer(cls, buffer: ctypes.Array[abi.skippy_native_fact_v1], index: int) -> NativeFact:
+    def from_buffer(
+        cls, buffer: ctypes.Array[abi.skippy_native_fact_v1] | bytes, index: int
+    ) -> NativeFact:
         (
             _struct_size,
             lane,
@@ -175,6 +183,57 @@ class NativeFact:
                 (summary_0, summary_1, summary_2, summary_3) if has_summaries else None
             ),
         )
+
+
+FACT_DTYPE: Final = np.dtype(abi.skippy_native_fact_v1)
+U64Column = npt.NDArray[np.uint64]
+U32Column = npt.NDArray[np.uint32]
+
+
+class FactBatch(Sequence[NativeFact]):
+    """Drained records as one owned byte copy, with read-only numpy columns over it.
+
+    Indexing builds the ``NativeFact`` of one record on demand (the same decoding as ``drain``).
+    """
+
+    __slots__ = (
+        "_raw",
+        "_count",
+        "operation_ids",
+        "sequences",
+        "kinds",
+        "categories",
+        "lanes",
+        "coalesced_counts",
+    )
+
+    def __init__(self, raw: bytes, count: int) -> None:
+        self._raw = raw
+        self._count = count
+        records = np.frombuffer(raw, dtype=FACT_DTYPE, count=count)
+        event = records["event"]
+        self.operation_ids: U64Column = records["operation_id"]
+        self.sequences: U64Column = event["sequence"]
+        self.kinds: U32Column = event["kind"]
+        self.categories: U32Column = event["category"]
+        self.lanes: U32Column = records["lane"]
+        self.coalesced_counts: U64Column = records["coalesced_count"]
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, index: int) -> NativeFact: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[NativeFact]: ...
+    def __getitem__(self, index: int | slice) -> NativeFact | list[NativeFact]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self._count))]
+        if index < 0:
+            index += self._count
+        if not 0 <= index < self._count:
+            raise IndexError(index)
+        return NativeFact.from_buffer(self._raw, index)
 
 
 @dataclass(frozen=True, slots=True)
@@ -434,6 +493,17 @@ class SharedIngress:
             buffer = self._drain_buffer
             count = int(self._library.cdll.skippy_ingress_drain(handle, buffer, max_records))
             return [NativeFact.from_buffer(buffer, i) for i in range(count)]
+
+    def drain_batch(self, max_records: int = DEFAULT_DRAIN_BATCH_RECORDS) -> FactBatch:
+        """Like ``drain``, as a ``FactBatch`` (columns first, records on demand)."""
+        with self._use() as handle, self._drain_lock:
+            if len(self._drain_buffer) < max_records:
+                self._drain_buffer = (abi.skippy_native_fact_v1 * max_records)()
+            buffer = self._drain_buffer
+            count = 0
+            if max_records > 0:
+                count = int(self._library.cdll.skippy_ingress_drain(handle, buffer, max_records))
+            return FactBatch(ctypes.string_at(buffer, count * _FACT_SIZE_BYTES), count)
 
     def drain_all(self, batch_records: int = DEFAULT_DRAIN_BATCH_RECORDS) -> list[NativeFact]:
         """Drains until a drain returns nothing."""

@@ -5,6 +5,14 @@ the binding the host registered when it started the operation (`OperationBound`)
 sequence evidence (first, contiguous, gap, duplicate/out-of-order) is computed here from the
 native sequence numbers. A gap that the ring's own coalescing does not explain is recorded as its
 own diagnostic event. Unknown kinds and categories are counted, never raised.
+
+`adapt_batch` is the pipeline's path over a drained batch's numpy columns: the same per-operation
+evidence, computed per batch, and the diagnostic class folded (ARCHITECTURE §3: diagnostics are
+droppable, sampled, counted) — per operation and kind, the first diagnostic fact of a batch
+becomes an event whose `count` summary says how many facts it stands for; the others are counted
+as `sampled`. Sequence gaps are reported once per operation per batch (`count` = gaps). Terminal,
+state and progress facts (progress is already latest-value coalesced in the ring) each become an
+event. So a diagnostic storm costs the pipeline per batch, not per fact.
 """
 
 from __future__ import annotations
@@ -13,6 +21,9 @@ import re
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Final, Protocol
+
+import numpy as np
+import numpy.typing as npt
 
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import (
@@ -58,6 +69,25 @@ class NativeFactLike(Protocol):
     def numeric_summaries(self) -> tuple[int, int, int, int] | None: ...
     @property
     def coalesced_count(self) -> int: ...
+
+
+class FactColumns(Protocol):
+    """A drained batch with numpy columns (skippyctl.native.ingress.FactBatch)."""
+
+    @property
+    def operation_ids(self) -> npt.NDArray[np.uint64]: ...
+    @property
+    def sequences(self) -> npt.NDArray[np.uint64]: ...
+    @property
+    def kinds(self) -> npt.NDArray[np.uint32]: ...
+    @property
+    def categories(self) -> npt.NDArray[np.uint32]: ...
+    @property
+    def lanes(self) -> npt.NDArray[np.uint32]: ...
+    @property
+    def coalesced_counts(self) -> npt.NDArray[np.uint64]: ...
+    def __len__(self) -> int: ...
+    def __getitem__(self, index: int) -> NativeFactLike: ...
 
 
 KNOWN_CATEGORIES: Final = frozenset(range(1, 9))
@@ -124,6 +154,16 @@ PROGRESS_UNITS: Final[dict[int, ProgressUnit]] = {
 
 _DEVICE_NAME_UNSAFE: Final = re.compile(r"[^A-Za-z0-9._:+=-]+")
 MAX_TRACKED_OPERATIONS: Final = 4096
+# skippy_lane: which ring a record was drained from.
+DIAGNOSTIC_LANE: Final = 2
+_KNOWN_KINDS: Final = np.array(sorted(KIND_TO_EVENT), dtype=np.uint32)
+_EVIDENCE_BY_CODE: Final = (
+    SequenceEvidence.FIRST,
+    SequenceEvidence.CONTIGUOUS,
+    SequenceEvidence.GAP,
+    SequenceEvidence.DUPLICATE_OR_OUT_OF_ORDER,
+)
+_FIRST, _CONTIGUOUS, _GAP, _DUPLICATE = range(4)
 
 
 def device_id_from_detail(detail: bytes) -> LogicalId | None:
@@ -157,6 +197,7 @@ class AdapterCounters:
     gaps: int = 0
     duplicates: int = 0
     unbound: int = 0
+    sampled: int = 0
 
 
 class NativeAdapter:
@@ -219,6 +260,138 @@ class NativeAdapter:
         )
         return out
 
+    def adapt_batch(self, batch: FactColumns) -> list[AdaptedFact]:
+        """Adapt a drained batch in (operation, sequence) order; see the module docstring."""
+        total = len(batch)
+        self.counters.facts += total
+        kinds = batch.kinds
+        categories = batch.categories
+        known = np.isin(kinds, _KNOWN_KINDS) & (categories >= 1) & (categories <= 8)
+        rows = np.flatnonzero(known)
+        self.counters.unknown += total - int(rows.size)
+        if rows.size == 0:
+            return []
+        operations = batch.operation_ids[rows]
+        rows = rows[np.lexsort((batch.sequences[rows], operations))]
+        operations = batch.operation_ids[rows]
+        starts = np.flatnonzero(np.r_[True, operations[1:] != operations[:-1]])
+        ends = np.r_[starts[1:], rows.size]
+        out: list[AdaptedFact] = []
+        for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
+            self._adapt_group(batch, rows[start:end], int(operations[start]), out)
+        return out
+
+    def _adapt_group(
+        self, batch: FactColumns, rows: npt.NDArray[np.intp], operation: int, out: list[AdaptedFact]
+    ) -> None:
+        """One operation's facts of a batch, in sequence order."""
+        count = int(rows.size)
+        sequences = batch.sequences[rows].astype(np.int64)
+        track = self._tracks.get(operation) if operation else None
+        if track is None:
+            # Counted as `adapt` does: once per new operation, per fact for operation 0.
+            self.counters.unbound += 1 if operation else count
+            track = _Track(binding=None)
+            if operation:
+                self._tracks[operation] = track
+        if operation:
+            codes, expected = self._batch_evidence(track, sequences)
+        else:
+            # Operation 0 has no track: every fact is a first (as `adapt` does).
+            codes = np.zeros(count, dtype=np.int8)
+            expected = sequences + 1
+        binding = track.binding
+        operation_id = binding.operation_id if binding is not None else None
+        model_id = binding.model_id if binding is not None else None
+
+        gaps = np.flatnonzero(
+            (codes == _GAP) & (sequences - expected > batch.coalesced_counts[rows].astype(np.int64))
+        )
+        self.counters.gaps += int(gaps.size)
+        self.counters.duplicates += int(np.count_nonzero(codes == _DUPLICATE))
+
+        represents = np.ones(count, dtype=np.int64)
+        keep = np.ones(count, dtype=bool)
+        diagnostic = np.flatnonzero(batch.lanes[rows] == DIAGNOSTIC_LANE)
+        if diagnostic.size > 1:
+            diagnostic_kinds = batch.kinds[rows[diagnostic]]
+            _, first, folded = np.unique(diagnostic_kinds, return_index=True, return_counts=True)
+            keep[diagnostic] = False
+            keep[diagnostic[first]] = True
+            represents[diagnostic[first]] = folded
+            self.counters.sampled += int(diagnostic.size - first.size)
+
+        first_gap = int(gaps[0]) if gaps.size else -1
+        gap_event = None
+        if first_gap >= 0:
+            gap_event = self._gap_event(
+                batch[int(rows[first_gap])],
+                int(expected[first_gap]),
+                int(gaps.size),
+                operation_id,
+                model_id,
+            )
+        evidence = codes.tolist()
+        for position in np.flatnonzero(keep).tolist():
+            if gap_event is not None and position >= first_gap:
+                out.append(gap_event)
+                gap_event = None
+            fact = batch[int(rows[position])]
+            event_id = KIND_TO_EVENT[fact.kind]
+            stamp = NativeStamp(
+                fact.timestamp_mono_ns, fact.sequence, _EVIDENCE_BY_CODE[evidence[position]]
+            )
+            out.append(
+                AdaptedFact(
+                    self._event(
+                        event_id, fact, stamp, operation_id, model_id, int(represents[position])
+                    ),
+                    needs_authority=fact.kind in RECONCILED_KINDS,
+                    native_kind=fact.kind,
+                )
+            )
+        if gap_event is not None:
+            out.append(gap_event)
+
+    @staticmethod
+    def _batch_evidence(
+        track: _Track, sequences: npt.NDArray[np.int64]
+    ) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.int64]]:
+        """Per fact (sorted by sequence): evidence code and the sequence that was expected."""
+        before = np.empty_like(sequences)
+        before[0] = track.max_sequence
+        if sequences.size > 1:
+            before[1:] = np.maximum(np.maximum.accumulate(sequences)[:-1], track.max_sequence)
+        expected = before + 1
+        codes = np.full(sequences.size, _CONTIGUOUS, dtype=np.int8)
+        codes[sequences > expected] = _GAP
+        codes[sequences < expected] = _DUPLICATE
+        codes[before == 0] = _FIRST
+        track.max_sequence = max(track.max_sequence, int(sequences[-1]))
+        return codes, expected
+
+    def _gap_event(
+        self,
+        fact: NativeFactLike,
+        expected: int,
+        gaps: int,
+        operation_id: LogicalId | None,
+        model_id: LogicalId | None,
+    ) -> AdaptedFact:
+        extra = summaries(count=gaps) if gaps > 1 else ()
+        return AdaptedFact(
+            make_event(
+                EventId.NATIVE_SEQUENCE_GAP_DETECTED,
+                Producer.NATIVE,
+                operation_id=operation_id,
+                scope=Scope(model_id=model_id),
+                summaries=summaries(expected_sequence=expected, received_sequence=fact.sequence)
+                + extra,
+            ),
+            needs_authority=False,
+            native_kind=fact.kind,
+        )
+
     @staticmethod
     def _evidence(track: _Track, fact: NativeFactLike) -> tuple[SequenceEvidence, int]:
         expected = track.max_sequence + 1
@@ -240,6 +413,7 @@ class NativeAdapter:
         stamp: NativeStamp,
         operation_id: LogicalId | None,
         model_id: LogicalId | None,
+        represents: int = 1,
     ) -> Event:
         unit = PROGRESS_UNITS.get(fact.progress_unit, ProgressUnit.NONE)
         progress = None
@@ -256,6 +430,8 @@ class NativeAdapter:
                     memory_total_bytes=numbers[1],
                     device_type=numbers[2],
                 )
+        if represents > 1:
+            extra = extra + summaries(count=represents)
         reason = _FIXED_REASONS.get(event_id)
         if reason is None and (fact.kind == 5 or event_id in _FAILURE_EVENTS):
             reason = FAILURE_CODE_TO_REASON.get(fact.failure_code, ReasonCode.UNKNOWN_FAILURE)

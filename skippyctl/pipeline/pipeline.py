@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
@@ -34,7 +34,7 @@ from skippyctl.pipeline.dispatch import (
     SubscriberStatus,
     Subscription,
 )
-from skippyctl.pipeline.native_adapter import AdapterCounters, NativeAdapter, NativeFactLike
+from skippyctl.pipeline.native_adapter import AdapterCounters, FactColumns, NativeAdapter
 from skippyctl.pipeline.reconcile import Reconciler, ReconcilerCounters
 from skippyctl.reducer.reduce import reduce
 from skippyctl.reducer.state import RuntimeView
@@ -87,14 +87,14 @@ class NativeRing(Protocol):
     """The host side of one engine's shared-memory ring (skippyctl.native.ingress)."""
 
     def wait(self, timeout_s: float) -> bool: ...
-    def drain(self, max_records: int = ...) -> Sequence[NativeFactLike]: ...
+    def drain_batch(self, max_records: int = ...) -> FactColumns: ...
     def stats(self) -> RingStats: ...
 
 
 @dataclass(frozen=True, slots=True)
 class NativeBatch:
     engine_key: str
-    facts: Sequence[NativeFactLike]
+    facts: FactColumns
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +113,7 @@ class EventSystemHealth:
     reducer_duplicates: int
     inbox_batches: int
     health_events_emitted: int
+    native_facts_processed: int
 
 
 class EngineChannel:
@@ -140,8 +141,8 @@ class EngineChannel:
         total = 0
         with self._drain_lock:
             while True:
-                facts = self.ring.drain(DRAIN_BATCH_RECORDS)
-                if not facts:
+                facts = self.ring.drain_batch(DRAIN_BATCH_RECORDS)
+                if not len(facts):
                     return total
                 total += len(facts)
                 self._pipeline._inbox_put(NativeBatch(self.key, facts))
@@ -149,7 +150,7 @@ class EngineChannel:
     def submit_authority(self, item: Authoritative) -> None:
         """Queue an authoritative item after every fact the engine has written so far."""
         with self._drain_lock:
-            while facts := self.ring.drain(DRAIN_BATCH_RECORDS):
+            while len(facts := self.ring.drain_batch(DRAIN_BATCH_RECORDS)):
                 self._pipeline._inbox_put(NativeBatch(self.key, facts))
             self._pipeline._inbox_put(item)
 
@@ -203,6 +204,7 @@ class Pipeline:
         self._next_health = 0.0
         self._reducer_errors = 0
         self._internal_errors = 0
+        self._native_facts_processed = 0
         self._thread = threading.Thread(target=self._run, name="skippy-pipeline", daemon=True)
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -297,6 +299,7 @@ class Pipeline:
             reducer_duplicates=state.counters.duplicate_transitions,
             inbox_batches=self._inbox_size(),
             health_events_emitted=self._health.emitted,
+            native_facts_processed=self._native_facts_processed,
         )
 
     # -- inbox ----------------------------------------------------------------------------------
@@ -350,7 +353,7 @@ class Pipeline:
             if not items and not events:
                 break
             for event in events:
-                self._process(event)
+                self._process(event, notify=False)
             for item in items:
                 if isinstance(item, NativeBatch):
                     self._process_batch(item)
@@ -358,29 +361,37 @@ class Pipeline:
                     if isinstance(item, OperationBound):
                         self.adapter.bind(item)
                     for event in self.reconciler.on_authority(item):
-                        self._process(event)
+                        self._process(event, notify=False)
+            self._notify_state()
         for undelivered in self.ingress.take_undelivered_terminals():
             self._process(self._synthetic_terminal(undelivered.event))
 
     def _process_batch(self, batch: NativeBatch) -> None:
-        facts = sorted(batch.facts, key=lambda f: (f.operation_id, f.sequence))
-        for fact in facts:
-            for adapted in self.adapter.adapt(fact):
-                for event in self.reconciler.on_native(adapted):
-                    self._process(event)
+        for adapted in self.adapter.adapt_batch(batch.facts):
+            for event in self.reconciler.on_native(adapted):
+                self._process(event, notify=False)
+        self._native_facts_processed += len(batch.facts)
 
-    def _process(self, event: Event) -> None:
+    def _process(self, event: Event, notify: bool = True) -> None:
+        """Reduce and dispatch one event. With `notify=False` the caller wakes state waiters
+        once for a whole batch (`_notify_state`); the new state is visible at once either way.
+        """
         try:
             new_state, transitions = reduce(self._state, event)
         except Exception:  # noqa: BLE001 - the reducer is total by contract; count, never die
             self._reducer_errors += 1
             new_state, transitions = self._state, ()
-        with self._state_changed:
-            self._state = new_state
-            self._state_changed.notify_all()
+        # Only this thread writes `_state`; a reference swap is atomic, readers copy it.
+        self._state = new_state
+        if notify:
+            self._notify_state()
         self.dispatcher.publish(event)
         for transition in transitions:
             self.dispatcher.publish(transition)
+
+    def _notify_state(self) -> None:
+        with self._state_changed:
+            self._state_changed.notify_all()
 
     @staticmethod
     def _synthetic_terminal(lost: Event) -> Event:
@@ -430,14 +441,14 @@ class Pipeline:
                 )
             )
             marks.coalesced = coalesced
-        if health.host_ingress.sampled > marks.sampled:
+        sampled = health.host_ingress.sampled + health.adapter.sampled
+        if sampled > marks.sampled:
             reports.append(
                 make_event(
-                    EventId.EVENTS_SAMPLED,
-                    summaries=summaries(sampled=health.host_ingress.sampled - marks.sampled),
+                    EventId.EVENTS_SAMPLED, summaries=summaries(sampled=sampled - marks.sampled)
                 )
             )
-            marks.sampled = health.host_ingress.sampled
+            marks.sampled = sampled
         if health.native_unknown > marks.unknown:
             reports.append(
                 make_event(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Final, TypeVar
@@ -17,6 +16,7 @@ from skippyctl.events.envelope import (
     make_event,
 )
 from skippyctl.events.reasons import Outcome, Producer
+from skippyctl.reducer.immutable import evolve
 from skippyctl.reducer.state import RuntimeView
 
 Transitions = tuple[Event, ...]
@@ -31,7 +31,7 @@ def count(state: RuntimeView, **increments: int) -> RuntimeView:
     """Add to reducer counters by name."""
     counters = state.counters
     changes = {name: getattr(counters, name) + value for name, value in increments.items()}
-    return dataclasses.replace(state, counters=dataclasses.replace(counters, **changes))
+    return evolve(state, counters=evolve(counters, **changes))
 
 
 def reject(state: RuntimeView, duplicate: bool = False) -> Step:

@@ -13,12 +13,12 @@ events_dropped_by_class, events_coalesced, events_sampled, unknown_native_event_
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Final
 
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event, SummaryKey
 from skippyctl.reducer.common import NO_TRANSITIONS, Handler, Step, reject
+from skippyctl.reducer.immutable import evolve
 from skippyctl.reducer.state import EventSystemView, NativeMode, RuntimeState, RuntimeView
 
 
@@ -30,7 +30,7 @@ def _n(event: Event, key: SummaryKey) -> int:
 def on_native_loaded(state: RuntimeView, event: Event) -> Step:
     features = event.summary_value(SummaryKey.FEATURE_BITS)
     return (
-        dataclasses.replace(
+        evolve(
             state,
             native_mode=NativeMode.NATIVE,
             native_features=None if features is None else int(features),
@@ -40,7 +40,7 @@ def on_native_loaded(state: RuntimeView, event: Event) -> Step:
 
 
 def on_native_unavailable(state: RuntimeView, event: Event) -> Step:
-    return dataclasses.replace(state, native_mode=NativeMode.LEGACY), NO_TRANSITIONS
+    return evolve(state, native_mode=NativeMode.LEGACY), NO_TRANSITIONS
 
 
 def _runtime(target: RuntimeState, allowed: frozenset[RuntimeState]) -> Handler:
@@ -49,7 +49,7 @@ def _runtime(target: RuntimeState, allowed: frozenset[RuntimeState]) -> Handler:
             return reject(state, duplicate=True)
         if state.runtime not in allowed:
             return reject(state)
-        return dataclasses.replace(state, runtime=target), NO_TRANSITIONS
+        return evolve(state, runtime=target), NO_TRANSITIONS
 
     return handler
 
@@ -58,7 +58,7 @@ def on_health(state: RuntimeView, event: Event) -> Step:
     view: EventSystemView = state.event_system
     match event.id:
         case EventId.EVENTS_DROPPED_BY_CLASS:
-            view = dataclasses.replace(
+            view = evolve(
                 view,
                 dropped_terminal=view.dropped_terminal + _n(event, SummaryKey.DROPPED_TERMINAL),
                 dropped_state=view.dropped_state + _n(event, SummaryKey.DROPPED_STATE),
@@ -68,41 +68,35 @@ def on_health(state: RuntimeView, event: Event) -> Step:
                 dropped_native=view.dropped_native + _n(event, SummaryKey.COUNT),
             )
         case EventId.EVENTS_COALESCED:
-            view = dataclasses.replace(
-                view, coalesced=view.coalesced + _n(event, SummaryKey.COALESCED)
-            )
+            view = evolve(view, coalesced=view.coalesced + _n(event, SummaryKey.COALESCED))
         case EventId.EVENTS_SAMPLED:
-            view = dataclasses.replace(view, sampled=view.sampled + _n(event, SummaryKey.SAMPLED))
+            view = evolve(view, sampled=view.sampled + _n(event, SummaryKey.SAMPLED))
         case EventId.UNKNOWN_NATIVE_EVENT_RECEIVED:
-            view = dataclasses.replace(
-                view, unknown_native=view.unknown_native + _n(event, SummaryKey.COUNT)
-            )
+            view = evolve(view, unknown_native=view.unknown_native + _n(event, SummaryKey.COUNT))
         case EventId.NATIVE_SEQUENCE_GAP_DETECTED:
-            view = dataclasses.replace(view, sequence_gaps=view.sequence_gaps + 1)
+            view = evolve(view, sequence_gaps=view.sequence_gaps + 1)
         case EventId.SUBSCRIBER_LAGGING:
-            view = dataclasses.replace(
+            view = evolve(
                 view, lagging_subscribers=view.lagging_subscribers + _n(event, SummaryKey.COUNT)
             )
         case EventId.SUBSCRIBER_DISCONNECTED:
-            view = dataclasses.replace(
+            view = evolve(
                 view,
                 disconnected_subscribers=view.disconnected_subscribers
                 + _n(event, SummaryKey.COUNT),
             )
         case EventId.REDUCER_ERROR:
-            view = dataclasses.replace(
-                view, reducer_errors=view.reducer_errors + _n(event, SummaryKey.REJECTED)
-            )
+            view = evolve(view, reducer_errors=view.reducer_errors + _n(event, SummaryKey.REJECTED))
         case EventId.TELEMETRY_EXPORTER_DEGRADED | EventId.TELEMETRY_EXPORTER_RECOVERED:
             degraded = event.id is EventId.TELEMETRY_EXPORTER_DEGRADED
             if view.exporter_degraded is degraded:
                 return reject(state, duplicate=True)
-            view = dataclasses.replace(view, exporter_degraded=degraded)
+            view = evolve(view, exporter_degraded=degraded)
         case EventId.RUNTIME_REPLAY_GAP:
-            view = dataclasses.replace(view, replay_gaps=view.replay_gaps + 1)
+            view = evolve(view, replay_gaps=view.replay_gaps + 1)
         case _:
             return reject(state)
-    return dataclasses.replace(state, event_system=view), NO_TRANSITIONS
+    return evolve(state, event_system=view), NO_TRANSITIONS
 
 
 _ANY: Final = frozenset(RuntimeState)

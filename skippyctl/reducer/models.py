@@ -27,7 +27,6 @@ topology are ready. "settled" = failed, cancelled, unloaded, unavailable.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Final
 
@@ -44,6 +43,7 @@ from skippyctl.reducer.common import (
     reject,
     transition,
 )
+from skippyctl.reducer.immutable import evolve
 from skippyctl.reducer.state import (
     LOADING_MODEL_STATES,
     MAX_MODELS,
@@ -64,7 +64,7 @@ def _model_of(state: RuntimeView, event: Event) -> ModelView | None:
 
 
 def _store(state: RuntimeView, view: ModelView) -> RuntimeView:
-    return dataclasses.replace(state, models=put(state.models, view.model_id, view))
+    return evolve(state, models=put(state.models, view.model_id, view))
 
 
 def _announce(
@@ -102,7 +102,7 @@ def _move(
     foreign = event.operation_id is not None and view.operation_id not in (None, event.operation_id)
     if foreign and event.id not in _ANY_OPERATION:
         return state, None, None
-    moved = amend(dataclasses.replace(view, state=target, updated_mono_ns=event.mono_ns))
+    moved = amend(evolve(view, state=target, updated_mono_ns=event.mono_ns))
     return _store(state, moved), moved, view.state
 
 
@@ -148,7 +148,7 @@ def on_load_requested(state: RuntimeView, event: Event) -> Step:
     if placed is None:
         return reject(state)
     models, evicted = placed
-    return count(dataclasses.replace(state, models=models), evicted_models=evicted), NO_TRANSITIONS
+    return count(evolve(state, models=models), evicted_models=evicted), NO_TRANSITIONS
 
 
 def on_load_started(state: RuntimeView, event: Event) -> Step:
@@ -164,15 +164,15 @@ def on_loading_fact(state: RuntimeView, event: Event) -> Step:
         return reject(state)
     if event.operation_id is not None and view.operation_id != event.operation_id:
         return reject(state)
-    updated = dataclasses.replace(view, updated_mono_ns=event.mono_ns)
+    updated = evolve(view, updated_mono_ns=event.mono_ns)
     if event.progress is not None:
         if view.progress is not None and event.progress.current <= view.progress.current:
             return reject(state, duplicate=True)
-        updated = dataclasses.replace(updated, progress=event.progress)
+        updated = evolve(updated, progress=event.progress)
     if event.id is EventId.BACKEND_DEVICE_SELECTED:
         free = event.summary_value(SummaryKey.MEMORY_FREE_BYTES)
         total = event.summary_value(SummaryKey.MEMORY_TOTAL_BYTES)
-        updated = dataclasses.replace(
+        updated = evolve(
             updated,
             device_id=event.scope.device_id,
             device_memory_free_bytes=None if free is None else int(free),
@@ -189,7 +189,7 @@ def on_native_completed(state: RuntimeView, event: Event) -> Step:
         event,
         frozenset({ModelState.LOADING}),
         ModelState.INITIALIZING,
-        lambda view: dataclasses.replace(
+        lambda view: evolve(
             view,
             model_size_bytes=None if size is None else int(size),
             parameters=None if params is None else int(params),
@@ -228,7 +228,7 @@ def on_backend_completed(state: RuntimeView, event: Event) -> Step:
         return reject(state)
     ctx = event.summary_value(SummaryKey.CONTEXT_TOKENS)
     lanes = event.summary_value(SummaryKey.LANES)
-    ready = dataclasses.replace(
+    ready = evolve(
         view,
         backend_ready=True,
         context_tokens=None if ctx is None else int(ctx),
@@ -242,7 +242,7 @@ def on_backend_completed(state: RuntimeView, event: Event) -> Step:
 
 def _become_available(state: RuntimeView, view: ModelView, cause: Event) -> Step:
     duration = _load_duration_ms(view, cause.mono_ns) if view.load_duration_ms is None else None
-    available = dataclasses.replace(
+    available = evolve(
         view,
         state=ModelState.AVAILABLE,
         reason_code=None,
@@ -267,7 +267,7 @@ def settle_load(target: ModelState) -> Handler:
             event,
             LOADING_MODEL_STATES,
             target,
-            lambda view: dataclasses.replace(view, reason_code=event.reason_code),
+            lambda view: evolve(view, reason_code=event.reason_code),
         )
         if moved is None:
             return reject(state, duplicate=_is_duplicate(state, event, target))
@@ -282,7 +282,7 @@ def on_engine_crashed(state: RuntimeView, event: Event) -> Step:
         event,
         SERVING_MODEL_STATES | {ModelState.UNLOADING},
         ModelState.UNAVAILABLE,
-        lambda view: dataclasses.replace(view, reason_code=event.reason_code, backend_ready=False),
+        lambda view: evolve(view, reason_code=event.reason_code, backend_ready=False),
     )
     if moved is None or previous is None:
         return state, NO_TRANSITIONS  # a crash during a load is settled by model_load_failed
@@ -320,7 +320,7 @@ def on_topology_changed(
             target, announce = ModelState.UNAVAILABLE, EventId.MODEL_UNAVAILABLE
         if target is None or announce is None:
             continue
-        moved = dataclasses.replace(view, state=target, updated_mono_ns=event.mono_ns)
+        moved = evolve(view, state=target, updated_mono_ns=event.mono_ns)
         state = _store(state, moved)
         transitions.append(_announce(announce, moved, view.state, event))
     return state, tuple(transitions)
@@ -339,7 +339,7 @@ def on_unload_completed(state: RuntimeView, event: Event) -> Step:
         event,
         frozenset({ModelState.UNLOADING}),
         ModelState.UNLOADED,
-        lambda view: dataclasses.replace(view, backend_ready=False, progress=None),
+        lambda view: evolve(view, backend_ready=False, progress=None),
     )
     if moved is None:
         return reject(state, duplicate=_is_duplicate(state, event, ModelState.UNLOADED))
@@ -352,7 +352,7 @@ def on_unload_failed(state: RuntimeView, event: Event) -> Step:
         event,
         frozenset({ModelState.UNLOADING}),
         ModelState.UNAVAILABLE,
-        lambda view: dataclasses.replace(view, reason_code=event.reason_code),
+        lambda view: evolve(view, reason_code=event.reason_code),
     )
     if moved is None or previous is None:
         return reject(state)

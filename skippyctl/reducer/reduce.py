@@ -13,14 +13,14 @@ Transitions are projections: they are dispatched, never reduced again.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Final
 
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event, LogicalId, Scope, summaries
 from skippyctl.events.reasons import DeliveryClass, Severity
 from skippyctl.reducer import health, models, resources, serving, topology
-from skippyctl.reducer.common import NO_TRANSITIONS, Handler, count, transition
+from skippyctl.reducer.common import NO_TRANSITIONS, Handler, transition
+from skippyctl.reducer.immutable import evolve
 from skippyctl.reducer.node import derive_node
 from skippyctl.reducer.state import (
     MAX_RECENT_EVENTS,
@@ -97,7 +97,7 @@ def _derive(
         out.append(
             transition(NODE_EVENTS[node], cause, state.node.value, node.value, scope=Scope())
         )
-        state = dataclasses.replace(state, node=node)
+        state = evolve(state, node=node)
     return state, tuple(out)
 
 
@@ -113,9 +113,15 @@ def _remember(state: RuntimeView, events: tuple[Event, ...]) -> RuntimeView:
     if not keep:
         return state
     recent = state.recent_events + keep
-    evicted = max(0, len(recent) - MAX_RECENT_EVENTS)
-    state = dataclasses.replace(state, recent_events=recent[evicted:])
-    return count(state, evicted_recent=evicted) if evicted else state
+    evicted = len(recent) - MAX_RECENT_EVENTS
+    if evicted <= 0:
+        return evolve(state, recent_events=recent)
+    counters = state.counters
+    return evolve(
+        state,
+        recent_events=recent[evicted:],
+        counters=evolve(counters, evicted_recent=counters.evicted_recent + evicted),
+    )
 
 
 def model_state(state: RuntimeView, model_id: LogicalId) -> ModelState | None:

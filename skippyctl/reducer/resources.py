@@ -13,12 +13,12 @@ out_of_memory_condition             counted per device
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Final
 
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event, LogicalId, SummaryKey
 from skippyctl.reducer.common import NO_TRANSITIONS, Handler, Step, bounded_put, count, put, reject
+from skippyctl.reducer.immutable import evolve
 from skippyctl.reducer.models import on_loading_fact
 from skippyctl.reducer.state import (
     MAX_DEVICES,
@@ -55,9 +55,7 @@ def _with_kv(state: RuntimeView, event: Event) -> tuple[ModelView, KvView] | Non
 
 
 def _store_kv(state: RuntimeView, model: ModelView, kv: KvView) -> RuntimeView:
-    return dataclasses.replace(
-        state, models=put(state.models, model.model_id, dataclasses.replace(model, kv=kv))
-    )
+    return evolve(state, models=put(state.models, model.model_id, evolve(model, kv=kv)))
 
 
 def on_kv(state: RuntimeView, event: Event) -> Step:
@@ -67,19 +65,17 @@ def on_kv(state: RuntimeView, event: Event) -> Step:
     model, kv = found
     if event.id is EventId.KV_CACHE_INITIALIZATION_COMPLETED:
         total = event.summary_value(SummaryKey.KV_CELLS_TOTAL)
-        kv = dataclasses.replace(kv, cells_total=None if total is None else int(total))
+        kv = evolve(kv, cells_total=None if total is None else int(total))
     elif event.id in (EventId.CACHE_PRESSURE_CROSSED, EventId.CACHE_PRESSURE_CLEARED):
         pressure = event.id is EventId.CACHE_PRESSURE_CROSSED
         if kv.pressure is pressure:
             return reject(state, duplicate=True)
         used = event.summary_value(SummaryKey.KV_CELLS_USED)
-        kv = dataclasses.replace(
-            kv, pressure=pressure, cells_used=kv.cells_used if used is None else int(used)
-        )
+        kv = evolve(kv, pressure=pressure, cells_used=kv.cells_used if used is None else int(used))
     elif event.id is EventId.CONTEXT_CAPACITY_APPROACHING_LIMIT:
-        kv = dataclasses.replace(kv, approaching_limit=kv.approaching_limit + 1)
+        kv = evolve(kv, approaching_limit=kv.approaching_limit + 1)
     else:
-        kv = dataclasses.replace(kv, exhausted=kv.exhausted + 1)
+        kv = evolve(kv, exhausted=kv.exhausted + 1)
     return _store_kv(state, model, kv), NO_TRANSITIONS
 
 
@@ -101,9 +97,7 @@ def _store_device(state: RuntimeView, view: DeviceView) -> Step:
     if placed is None:
         return reject(state)
     devices, evicted = placed
-    return count(
-        dataclasses.replace(state, devices=devices), evicted_devices=evicted
-    ), NO_TRANSITIONS
+    return count(evolve(state, devices=devices), evicted_devices=evicted), NO_TRANSITIONS
 
 
 def on_device(state: RuntimeView, event: Event) -> Step:
@@ -118,7 +112,7 @@ def on_device(state: RuntimeView, event: Event) -> Step:
         target = view.state  # selecting an already known device keeps its health
     free = event.summary_value(SummaryKey.MEMORY_FREE_BYTES)
     total = event.summary_value(SummaryKey.MEMORY_TOTAL_BYTES)
-    updated = dataclasses.replace(
+    updated = evolve(
         view,
         state=target,
         memory_free_bytes=view.memory_free_bytes if free is None else int(free),
@@ -141,13 +135,13 @@ def on_device_fact(state: RuntimeView, event: Event) -> Step:
         return reject(state)
     view = _device_view(state, device_id, event)
     if event.id is EventId.OUT_OF_MEMORY_CONDITION:
-        view = dataclasses.replace(view, out_of_memory=view.out_of_memory + 1)
+        view = evolve(view, out_of_memory=view.out_of_memory + 1)
     else:
         pressure = event.id is EventId.MEMORY_PRESSURE_CROSSED
         if view.memory_pressure is pressure and device_id in state.devices:
             return reject(state, duplicate=True)
-        view = dataclasses.replace(view, memory_pressure=pressure)
-    return _store_device(state, dataclasses.replace(view, updated_mono_ns=event.mono_ns))
+        view = evolve(view, memory_pressure=pressure)
+    return _store_device(state, evolve(view, updated_mono_ns=event.mono_ns))
 
 
 HANDLERS: Final[dict[EventId, Handler]] = {

@@ -23,7 +23,6 @@ generation_completed                            model throughput figures
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Final
 
 from skippyctl.events.catalog import EventId
@@ -38,6 +37,7 @@ from skippyctl.reducer.common import (
     put,
     reject,
 )
+from skippyctl.reducer.immutable import evolve
 from skippyctl.reducer.state import (
     MAX_RECENT_REQUESTS,
     MAX_REQUESTS,
@@ -104,22 +104,20 @@ def on_session(state: RuntimeView, event: Event) -> Step:
     if event.id in _SESSION_ENDS:
         if current is None:
             return reject(state, duplicate=True)
-        return dataclasses.replace(state, sessions=drop(state.sessions, session_id)), NO_TRANSITIONS
+        return evolve(state, sessions=drop(state.sessions, session_id)), NO_TRANSITIONS
     if event.id in _SESSION_FACTS:
         if current is None:
             return reject(state)
         trimmed = current.trimmed + (event.id is EventId.SESSION_TRIMMED)
-        updated = dataclasses.replace(current, trimmed=trimmed, updated_mono_ns=event.mono_ns)
-        return dataclasses.replace(
-            state, sessions=put(state.sessions, session_id, updated)
-        ), NO_TRANSITIONS
+        updated = evolve(current, trimmed=trimmed, updated_mono_ns=event.mono_ns)
+        return evolve(state, sessions=put(state.sessions, session_id, updated)), NO_TRANSITIONS
     target = _SESSION_TARGETS[event.id]
     if current is not None and current.state is target and event.id is not EventId.SESSION_CREATED:
         return reject(state, duplicate=True)
     lane = _int(event, SummaryKey.LANES)
     ctx = _int(event, SummaryKey.CONTEXT_TOKENS)
     base = current or SessionView(session_id=session_id, state=target)
-    view = dataclasses.replace(
+    view = evolve(
         base,
         state=target,
         model_id=event.scope.model_id or base.model_id,
@@ -138,9 +136,7 @@ def on_session(state: RuntimeView, event: Event) -> Step:
     if placed is None:
         return reject(state)
     sessions, evicted = placed
-    return count(
-        dataclasses.replace(state, sessions=sessions), evicted_sessions=evicted
-    ), NO_TRANSITIONS
+    return count(evolve(state, sessions=sessions), evicted_sessions=evicted), NO_TRANSITIONS
 
 
 def on_request_received(state: RuntimeView, event: Event) -> Step:
@@ -163,9 +159,7 @@ def on_request_received(state: RuntimeView, event: Event) -> Step:
     )
     assert placed is not None
     requests, evicted = placed
-    return count(
-        dataclasses.replace(state, requests=requests), evicted_requests=evicted
-    ), NO_TRANSITIONS
+    return count(evolve(state, requests=requests), evicted_requests=evicted), NO_TRANSITIONS
 
 
 def on_request_step(state: RuntimeView, event: Event) -> Step:
@@ -182,7 +176,7 @@ def on_request_step(state: RuntimeView, event: Event) -> Step:
     wait = event.summary_value(SummaryKey.QUEUE_WAIT_MS)
     ttft = event.summary_value(SummaryKey.TIME_TO_FIRST_TOKEN_MS)
     prompt = _int(event, SummaryKey.PROMPT_TOKENS)
-    updated = dataclasses.replace(
+    updated = evolve(
         view,
         state=target,
         queue_depth=depth if depth is not None else view.queue_depth,
@@ -191,9 +185,7 @@ def on_request_step(state: RuntimeView, event: Event) -> Step:
         prompt_tokens=prompt if prompt is not None else view.prompt_tokens,
         updated_mono_ns=event.mono_ns,
     )
-    return dataclasses.replace(
-        state, requests=put(state.requests, request_id, updated)
-    ), NO_TRANSITIONS
+    return evolve(state, requests=put(state.requests, request_id, updated)), NO_TRANSITIONS
 
 
 def on_generation_progress(state: RuntimeView, event: Event) -> Step:
@@ -203,12 +195,8 @@ def on_generation_progress(state: RuntimeView, event: Event) -> Step:
         return reject(state)
     if view.generated_tokens is not None and event.progress.current <= view.generated_tokens:
         return reject(state, duplicate=True)
-    updated = dataclasses.replace(
-        view, generated_tokens=event.progress.current, updated_mono_ns=event.mono_ns
-    )
-    return dataclasses.replace(
-        state, requests=put(state.requests, request_id, updated)
-    ), NO_TRANSITIONS
+    updated = evolve(view, generated_tokens=event.progress.current, updated_mono_ns=event.mono_ns)
+    return evolve(state, requests=put(state.requests, request_id, updated)), NO_TRANSITIONS
 
 
 def on_generation_completed(state: RuntimeView, event: Event) -> Step:
@@ -218,12 +206,12 @@ def on_generation_completed(state: RuntimeView, event: Event) -> Step:
         return state, NO_TRANSITIONS
     rate = event.summary_value(SummaryKey.DECODE_TOKENS_PER_S)
     tokens = _int(event, SummaryKey.GENERATED_TOKENS) or 0
-    updated = dataclasses.replace(
+    updated = evolve(
         model,
         generated_tokens=model.generated_tokens + tokens,
         decode_tokens_per_s=float(rate) if rate is not None else model.decode_tokens_per_s,
     )
-    return dataclasses.replace(state, models=put(state.models, model_id, updated)), NO_TRANSITIONS
+    return evolve(state, models=put(state.models, model_id, updated)), NO_TRANSITIONS
 
 
 def on_request_end(state: RuntimeView, event: Event) -> Step:
@@ -242,7 +230,7 @@ def on_request_end(state: RuntimeView, event: Event) -> Step:
     )
     recent = (*state.recent_requests, outcome)
     evicted = max(0, len(recent) - MAX_RECENT_REQUESTS)
-    state = dataclasses.replace(
+    state = evolve(
         state,
         requests=drop(state.requests, request_id),
         recent_requests=recent[evicted:],
@@ -250,8 +238,8 @@ def on_request_end(state: RuntimeView, event: Event) -> Step:
     model_id = event.scope.model_id
     model = None if model_id is None else state.models.get(model_id)
     if model is not None and model_id is not None and event.id is EventId.REQUEST_COMPLETED:
-        model = dataclasses.replace(model, completed_requests=model.completed_requests + 1)
-        state = dataclasses.replace(state, models=put(state.models, model_id, model))
+        model = evolve(model, completed_requests=model.completed_requests + 1)
+        state = evolve(state, models=put(state.models, model_id, model))
     return count(state, evicted_recent=evicted), NO_TRANSITIONS
 
 

@@ -255,7 +255,7 @@ def _frozen(mapping: dict[Any, Any] | None = None) -> Mapping[Any, Any]:
 
 @dataclass(frozen=True, slots=True)
 class RuntimeView:
-    """Everything the reducer knows. Replace, never mutate (dataclasses.replace)."""
+    """Everything the reducer knows. Replace, never mutate (reducer.immutable.evolve)."""
 
     runtime: RuntimeState = RuntimeState.STARTING
     native_mode: NativeMode = NativeMode.UNKNOWN

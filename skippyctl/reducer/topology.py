@@ -10,12 +10,12 @@ topology_assembling | _ready | _degraded | _unavailable
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Final
 
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event
 from skippyctl.reducer.common import NO_TRANSITIONS, Handler, Step, bounded_put, count, reject
+from skippyctl.reducer.immutable import evolve
 from skippyctl.reducer.models import on_topology_changed
 from skippyctl.reducer.state import (
     MAX_STAGES,
@@ -68,7 +68,7 @@ def _store_stage(state: RuntimeView, view: StageView) -> RuntimeView | None:
     if placed is None:
         return None
     stages, evicted = placed
-    return count(dataclasses.replace(state, stages=stages), evicted_stages=evicted)
+    return count(evolve(state, stages=stages), evicted_stages=evicted)
 
 
 def on_stage(state: RuntimeView, event: Event) -> Step:
@@ -80,7 +80,7 @@ def on_stage(state: RuntimeView, event: Event) -> Step:
     if current is not None and current.state is target:
         return reject(state, duplicate=True)
     view = current or StageView(stage_id=stage_id, state=target)
-    view = dataclasses.replace(
+    view = evolve(
         view,
         state=target,
         topology_id=event.scope.topology_id or view.topology_id,
@@ -103,12 +103,12 @@ def on_link(state: RuntimeView, event: Event) -> Step:
     if getattr(view, flag) is connected:
         return reject(state, duplicate=True)
     if flag == "upstream_connected":
-        updated = dataclasses.replace(view, upstream_connected=connected)
+        updated = evolve(view, upstream_connected=connected)
     else:
-        updated = dataclasses.replace(view, downstream_connected=connected)
-    updated = dataclasses.replace(updated, updated_mono_ns=event.mono_ns)
+        updated = evolve(view, downstream_connected=connected)
+    updated = evolve(updated, updated_mono_ns=event.mono_ns)
     if not connected and view.state is StageState.READY:
-        updated = dataclasses.replace(updated, state=StageState.DEGRADED)
+        updated = evolve(updated, state=StageState.DEGRADED)
     elif (
         connected
         and view.state is StageState.DEGRADED
@@ -118,7 +118,7 @@ def on_link(state: RuntimeView, event: Event) -> Step:
             updated.downstream_connected,
         )
     ):
-        updated = dataclasses.replace(updated, state=StageState.READY)
+        updated = evolve(updated, state=StageState.READY)
     stored = _store_stage(state, updated)
     return reject(state) if stored is None else (stored, NO_TRANSITIONS)
 
@@ -148,9 +148,7 @@ def on_topology(state: RuntimeView, event: Event) -> Step:
     if placed is None:
         return reject(state)
     topologies, _ = placed
-    return on_topology_changed(
-        dataclasses.replace(state, topologies=topologies), event, topology_id, target
-    )
+    return on_topology_changed(evolve(state, topologies=topologies), event, topology_id, target)
 
 
 HANDLERS: Final[dict[EventId, Handler]] = {
