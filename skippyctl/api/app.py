@@ -75,7 +75,7 @@ def health_counters(ctx: ApiContext) -> dict[str, Any]:
         for cls, c in health.host_ingress.lanes.items()
     }
     dispatcher = health.dispatcher
-    return {
+    counters: dict[str, Any] = {
         "host_ingress": lanes,
         "sampled": health.host_ingress.sampled,
         "native_dropped": health.native_dropped,
@@ -98,6 +98,9 @@ def health_counters(ctx: ApiContext) -> dict[str, Any]:
             "keepalive_s": ctx.keepalive_s,
         },
     }
+    if ctx.metrics.exporter is not None:  # absent when no telemetry endpoint is configured
+        counters["telemetry_exporter"] = ctx.metrics.exporter.stats().as_dict()
+    return counters
 
 
 def create_app(ctx: ApiContext, on_ready: Callable[[], None] | None = None) -> FastAPI:

@@ -50,6 +50,38 @@ QueueOption = Annotated[
 RemoteOption = Annotated[
     bool, typer.Option("--allow-remote", help="Allow listening on a non-loopback address.")
 ]
+TelemetryOption = Annotated[
+    str | None,
+    typer.Option(
+        "--telemetry-endpoint",
+        envvar="SKIPPY_TELEMETRY_ENDPOINT",
+        metavar="URL",
+        show_default=False,
+        help=(
+            "Optional push telemetry: POST batches of event records (the `events --json`"
+            " records, as application/x-ndjson) to this http:// or https:// URL. Never slows or"
+            " fails startup or serving: when the collector fails or stalls, batches are dropped"
+            " and counted (/metrics skippy_telemetry_*) and telemetry_exporter_degraded is"
+            " emitted once. User:password in the URL is sent as Basic auth; the URL is never"
+            " printed. Absent: no exporter."
+        ),
+    ),
+]
+
+
+def _telemetry_endpoint(value: str | None) -> str | None:
+    """The endpoint if set and valid; exits with invalid_configuration (10) otherwise. The
+    message never repeats the URL (it may carry credentials)."""
+    if not value:
+        return None
+    from skippyctl.telemetry.exporter import TelemetryConfigError, exporter_config
+
+    try:
+        exporter_config(value, os.environ)
+    except TelemetryConfigError as error:
+        _err.print(f"[red]✗[/] invalid_configuration: {error}", soft_wrap=True)
+        raise typer.Exit(int(ExitCode.INVALID_CONFIGURATION)) from None
+    return value
 
 
 def _echo_json(record: dict[str, Any]) -> None:
@@ -71,6 +103,7 @@ def serve_command(
         int,
         typer.Option("--replay-records", help="Events kept for resuming streams (Last-Event-ID)."),
     ] = 4096,
+    telemetry_endpoint: TelemetryOption = None,
 ) -> None:
     """Run the runtime host in the foreground (Ctrl-C stops it) and advertise it to other commands.
 
@@ -81,8 +114,17 @@ def serve_command(
     if max_queue < 0 or session_ttl <= 0 or replay_records < 16:
         _err.print("[red]✗[/] --max-queue must be ≥ 0, --session-ttl > 0, --replay-records ≥ 16")
         raise typer.Exit(int(ExitCode.INVALID_CONFIGURATION))
+    telemetry_endpoint = _telemetry_endpoint(telemetry_endpoint)
     options = ServeOptions(
-        host, port, api_key, model_root, max_queue, session_ttl, allow_remote, replay_records
+        host,
+        port,
+        api_key,
+        model_root,
+        max_queue,
+        session_ttl,
+        allow_remote,
+        replay_records,
+        telemetry_endpoint=telemetry_endpoint,
     )
     try:
         serve(options)
@@ -91,7 +133,7 @@ def serve_command(
         raise typer.Exit(
             int(
                 ExitCode.INVALID_CONFIGURATION
-                if error.reason == "remote_not_allowed"
+                if error.reason in ("remote_not_allowed", "invalid_configuration")
                 else ExitCode.RUNTIME_UNREACHABLE
             )
         ) from error
@@ -105,6 +147,7 @@ def start_command(
     model_root: RootOption = None,
     max_queue: QueueOption = 64,
     allow_remote: RemoteOption = False,
+    telemetry_endpoint: TelemetryOption = None,
     json_output: Annotated[
         bool, typer.Option("--json", help="Print the runtime's status as one JSON object.")
     ] = False,
@@ -115,6 +158,7 @@ def start_command(
 
         skippyctl runtime start && skippyctl runtime status --json | jq -r .url
     """
+    telemetry_endpoint = _telemetry_endpoint(telemetry_endpoint)
     try:
         existing = read_discovery()
     except DiscoveryProblem:
@@ -122,7 +166,15 @@ def start_command(
     if existing is None:
         try:
             existing = start_background(
-                ServeOptions(host, port, api_key, model_root, max_queue, allow_remote=allow_remote)
+                ServeOptions(
+                    host,
+                    port,
+                    api_key,
+                    model_root,
+                    max_queue,
+                    allow_remote=allow_remote,
+                    telemetry_endpoint=telemetry_endpoint,
+                )
             )
         except ServeError as error:
             _err.print(f"[red]✗[/] {error}", soft_wrap=True)

@@ -53,6 +53,9 @@ class ServeOptions:
     session_ttl_s: float = 600.0
     allow_remote: bool = False
     replay_records: int = 4096
+    telemetry_endpoint: str | None = None
+    """Push event records as NDJSON to this http(s) URL (telemetry/exporter.py); None: no
+    exporter at all. May carry credentials: never logged, printed or put on a command line."""
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -87,6 +90,14 @@ def serve(options: ServeOptions) -> None:
         raise ServeError(
             "remote_not_allowed", f"{options.host} is not loopback; pass --allow-remote"
         )
+    telemetry = None
+    if options.telemetry_endpoint:
+        from skippyctl.telemetry.exporter import TelemetryConfigError, exporter_config
+
+        try:
+            telemetry = exporter_config(options.telemetry_endpoint, os.environ)
+        except TelemetryConfigError as error:
+            raise ServeError("invalid_configuration", str(error)) from error
     try:
         existing = read_discovery()
     except DiscoveryProblem:
@@ -109,6 +120,14 @@ def serve(options: ServeOptions) -> None:
     ).start()
     metrics = MetricsCollector()
     metrics.attach(host.pipeline.dispatcher)
+    exporter = None
+    if telemetry is not None:
+        from skippyctl.telemetry.exporter import TelemetryExporter
+
+        # Replays what the dispatcher retained (startup events), then follows; never blocks.
+        exporter = TelemetryExporter(telemetry, submit=host.pipeline.submit)
+        exporter.start(host.pipeline.dispatcher)
+        metrics.exporter = exporter
     config = uvicorn.Config(
         "skippyctl.api.app:create_app",  # replaced below; uvicorn needs some app reference
         log_level="warning",
@@ -150,6 +169,8 @@ def serve(options: ServeOptions) -> None:
         remove_discovery(expected_pid=os.getpid())
         scheduler.shutdown()
         host.shutdown()
+        if exporter is not None:
+            exporter.shutdown()  # after the host: runtime_stopped is exported too (bounded)
         sock.close()
 
 
@@ -184,6 +205,9 @@ def start_background(options: ServeOptions) -> Discovery:
     env = dict(os.environ)
     if options.api_key:
         env["SKIPPY_API_KEY"] = options.api_key
+    if options.telemetry_endpoint:
+        # Through the environment, not argv: the URL may carry credentials (argv is public).
+        env["SKIPPY_TELEMETRY_ENDPOINT"] = options.telemetry_endpoint
     with open(log_path(), "ab") as log:
         process = subprocess.Popen(
             args,

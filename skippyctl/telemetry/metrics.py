@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import SummaryKey
@@ -22,6 +22,9 @@ from skippyctl.pipeline.dispatch import (
 )
 from skippyctl.pipeline.pipeline import EventSystemHealth
 from skippyctl.reducer.state import RuntimeView, lanes_in_use, queue_depth
+
+if TYPE_CHECKING:  # only a type here: no exporter configured, nothing of it imported
+    from skippyctl.telemetry.exporter import TelemetryExporter
 
 _REQUEST_TERMINALS: Final = {
     EventId.REQUEST_COMPLETED: "completed",
@@ -40,6 +43,8 @@ class MetricsCollector:
         self._generated_tokens: Counter[str] = Counter()
         self._events: Counter[str] = Counter()
         self.subscription_status = SubscriberStatus.DISCONNECTED
+        self.exporter: TelemetryExporter | None = None
+        """The push exporter when one is configured: its counters are rendered too."""
 
     def attach(self, dispatcher: Dispatcher) -> None:
         subscription = dispatcher.subscribe("metrics", max_queue_size=8192)
@@ -185,4 +190,42 @@ class MetricsCollector:
             "1 while this collector receives events.",
             [("", 1.0 if self.up else 0.0)],
         )
+        if self.exporter is not None:
+            exporter = self.exporter.stats()
+            metric(
+                "skippy_telemetry_exported_events_total",
+                "counter",
+                "Events the telemetry exporter delivered to its collector.",
+                [("", float(exporter.exported))],
+            )
+            metric(
+                "skippy_telemetry_export_batches_total",
+                "counter",
+                "Batches the telemetry exporter delivered.",
+                [("", float(exporter.batches))],
+            )
+            metric(
+                "skippy_telemetry_export_failures_total",
+                "counter",
+                "Failed export attempts, by kind (timeout, connection, http_status).",
+                [(f'{{kind="{k.value}"}}', float(n)) for k, n in exporter.failures.items()],
+            )
+            metric(
+                "skippy_telemetry_dropped_events_total",
+                "counter",
+                "Events the telemetry exporter dropped, by reason.",
+                [(f'{{reason="{r.value}"}}', float(n)) for r, n in exporter.dropped.items()],
+            )
+            metric(
+                "skippy_telemetry_queue_events",
+                "gauge",
+                "Events buffered for export.",
+                [("", float(exporter.pending + exporter.in_flight))],
+            )
+            metric(
+                "skippy_telemetry_exporter_degraded",
+                "gauge",
+                "1 while the telemetry exporter's last attempt failed.",
+                [("", 1.0 if exporter.degraded else 0.0)],
+            )
         return "\n".join(lines) + "\n"
