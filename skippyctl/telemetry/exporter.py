@@ -31,6 +31,8 @@ Contract and invariants:
 from __future__ import annotations
 
 import base64
+import functools
+import ssl
 import threading
 import time
 import urllib.parse
@@ -232,6 +234,12 @@ class _ExportFailed(Exception):
         self.kind = kind
 
 
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    """One default (verifying) context: loading the CA store per batch would cost ~10 ms."""
+    return ssl.create_default_context()
+
+
 def post_ndjson(endpoint: Endpoint, body: bytes, timeout_s: float) -> None:
     """One POST on a fresh connection, finished within `timeout_s` of wall time per blocking
     step, the remaining budget recomputed before each. Raises _ExportFailed.
@@ -240,7 +248,6 @@ def post_ndjson(endpoint: Endpoint, body: bytes, timeout_s: float) -> None:
     failures a reused connection would report as collector outages.
     """
     import http.client
-    import ssl
 
     deadline = time.monotonic() + timeout_s
 
@@ -253,7 +260,7 @@ def post_ndjson(endpoint: Endpoint, body: bytes, timeout_s: float) -> None:
     connection: http.client.HTTPConnection
     if endpoint.scheme == "https":
         connection = http.client.HTTPSConnection(
-            endpoint.host, endpoint.port, timeout=remaining(), context=ssl.create_default_context()
+            endpoint.host, endpoint.port, timeout=remaining(), context=_tls_context()
         )
     else:
         connection = http.client.HTTPConnection(endpoint.host, endpoint.port, timeout=remaining())

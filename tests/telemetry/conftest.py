@@ -5,6 +5,7 @@ condition variable for what they expect, never on a sleep."""
 from __future__ import annotations
 
 import socket
+import ssl
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ class Post:
 
 
 class Collector:
-    def __init__(self, mode: str = "ok") -> None:
+    def __init__(self, mode: str = "ok", tls: ssl.SSLContext | None = None) -> None:
         self.mode = mode
         self.posts: list[Post] = []
         self.changed = threading.Condition()
@@ -63,6 +64,10 @@ class Collector:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
+        self.scheme = "http"
+        if tls is not None:
+            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
+            self.scheme = "https"
         self.thread = threading.Thread(
             target=self.server.serve_forever, name="test-collector", daemon=True
         )
@@ -70,7 +75,7 @@ class Collector:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/ingest"
+        return f"{self.scheme}://127.0.0.1:{self.server.server_address[1]}/ingest"
 
     def set_mode(self, mode: str) -> None:
         with self.changed:

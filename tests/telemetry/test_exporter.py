@@ -4,8 +4,11 @@ validation and redaction. Threads are synchronised with threading.Event / condit
 from __future__ import annotations
 
 import base64
+import ssl
+import subprocess
 import threading
 import time
+from pathlib import Path
 
 import orjson
 import pytest
@@ -22,6 +25,7 @@ from skippyctl.telemetry.exporter import (
     FailureKind,
     TelemetryConfigError,
     TelemetryExporter,
+    _tls_context,
     exporter_config,
     parse_endpoint,
     post_ndjson,
@@ -270,3 +274,31 @@ def test_debug_evidence_is_never_exported_but_is_counted() -> None:
     stats = exporter.stats()
     assert (stats.skipped_debug, stats.received, stats.exported) == (1, 1, 1)
     assert [orjson.loads(line)["seq"] for b in bodies for line in b.splitlines()] == [2]
+
+
+def test_https_collector_is_verified_against_the_trust_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"]
+        + ["-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1"]
+        + ["-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True,
+        capture_output=True,
+    )
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(cert, key)
+    collector = Collector("ok", tls=tls)
+    endpoint = parse_endpoint(collector.url)
+    try:
+        _tls_context.cache_clear()
+        with pytest.raises(Exception, match="connection"):  # self-signed: not trusted
+            post_ndjson(endpoint, b'{"event":"x"}\n', 5.0)
+        monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+        _tls_context.cache_clear()
+        post_ndjson(endpoint, b'{"event":"x"}\n', 5.0)
+        collector.wait_for(lambda posts: any(p.status == 204 for p in posts))
+    finally:
+        _tls_context.cache_clear()
+        collector.close()
