@@ -84,6 +84,19 @@ def _telemetry_endpoint(value: str | None) -> str | None:
     return value
 
 
+DebugTokenOption = Annotated[
+    bool,
+    typer.Option(
+        "--debug-token-events",
+        envvar="SKIPPY_DEBUG_TOKEN_EVENTS",
+        help=(
+            "Debug: one generation_token_observed event per sampled token (index and step"
+            " time, never the token). Droppable; drops are counted."
+        ),
+    ),
+]
+
+
 def _echo_json(record: dict[str, Any]) -> None:
     typer.echo(orjson.dumps(record).decode())
 
@@ -103,6 +116,7 @@ def serve_command(
         int,
         typer.Option("--replay-records", help="Events kept for resuming streams (Last-Event-ID)."),
     ] = 4096,
+    debug_token_events: DebugTokenOption = False,
     telemetry_endpoint: TelemetryOption = None,
 ) -> None:
     """Run the runtime host in the foreground (Ctrl-C stops it) and advertise it to other commands.
@@ -124,6 +138,7 @@ def serve_command(
         session_ttl,
         allow_remote,
         replay_records,
+        debug_token_events=debug_token_events,
         telemetry_endpoint=telemetry_endpoint,
     )
     try:
@@ -147,6 +162,7 @@ def start_command(
     model_root: RootOption = None,
     max_queue: QueueOption = 64,
     allow_remote: RemoteOption = False,
+    debug_token_events: DebugTokenOption = False,
     telemetry_endpoint: TelemetryOption = None,
     json_output: Annotated[
         bool, typer.Option("--json", help="Print the runtime's status as one JSON object.")
@@ -173,6 +189,7 @@ def start_command(
                     model_root,
                     max_queue,
                     allow_remote=allow_remote,
+                    debug_token_events=debug_token_events,
                     telemetry_endpoint=telemetry_endpoint,
                 )
             )

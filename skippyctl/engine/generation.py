@@ -24,7 +24,8 @@ Invariants (decode thread):
 - Messages carry counts, durations and logical ids only; completion text travels only in
   ``gen_text.text``. No prompt text, token ids or paths, ever (ARCHITECTURE.md section 7).
 
-Messages (``msg`` field; exactly these keys):
+Messages (``msg`` field; exactly these keys). With ``observations=False`` (the events-off
+benchmark baseline, SKIPPY_SERVING_EVENTS=off) only ``gen_text`` and ``gen_done`` are sent.
 
 - ``gen_started`` {request_id, lane, session, prompt_tokens, reused_tokens, cache} once a
   tokenized request got a lane. cache: "hit" (all but the last prompt token were in the
@@ -36,6 +37,9 @@ Messages (``msg`` field; exactly these keys):
 - ``gen_text`` {request_id, text}: new completion text, whole UTF-8 characters only, stop strings
   held back and cut; at most one per request per decode step.
 - ``gen_progress`` {request_id, generated} at most every 500 ms per request.
+- ``gen_token`` {request_id, index, step_ms}: only with ``token_observations`` (opt-in debug
+  evidence), one per sampled token: its 0-based index and the ms since the request's previous
+  sampled token (the first: since submit). Never the token id or its text.
 - ``gen_done`` {request_id, outcome, reason, stop_reason, prompt_tokens, completion_tokens,
   reused_tokens, prefill_ms, decode_ms, ttft_ms, prefill_tokens_per_s, decode_tokens_per_s,
   shared_steps, max_batch}: exactly one per submitted request. ``completion_tokens`` excludes an
@@ -116,6 +120,9 @@ GEN_PROGRESS_INTERVAL_S: Final = 0.5
 _SESSION_REASON = re.compile(r"[a-z][a-z0-9_]{0,31}")
 _DEFAULT_DROP_REASON: Final = "dropped"
 
+
+_ESSENTIAL_MESSAGES: Final = frozenset({"gen_text", "gen_done"})
+"""What the host needs to serve a request; with ``observations=False`` nothing else is sent."""
 
 DECODE_ABORTED: Final = 2
 """llama_decode's return value when the abort callback stopped it (llama.h)."""
@@ -307,6 +314,8 @@ class BatchEngine:
         kv_pressure_low: float = 0.70,
         approaching_limit: float = 0.90,
         n_threads: int | None = None,
+        observations: bool = True,
+        token_observations: bool = False,
     ) -> None:
         if lanes < 1:
             raise ValueError("lanes must be >= 1")
@@ -323,6 +332,9 @@ class BatchEngine:
         self._model = model
         self._ctx = context
         self._emit_fn = emit
+        # Benchmark baseline (SKIPPY_SERVING_EVENTS=off): only text and terminals are sent.
+        self._observations = observations
+        self._token_observations = observations and token_observations
         self._lanes = [_Lane(seq) for seq in range(lanes)]
         self._vocab = llama.llama_model_get_vocab(model)
         self._n_vocab = int(llama.llama_vocab_n_tokens(self._vocab))
@@ -490,6 +502,8 @@ class BatchEngine:
     # ---------------------------------------------------------------- messages
 
     def _emit(self, message: dict[str, Any]) -> None:
+        if not self._observations and message["msg"] not in _ESSENTIAL_MESSAGES:
+            return
         try:
             self._emit_fn(message)
         except Exception:  # noqa: BLE001 - a broken consumer must not kill the decode thread
@@ -884,6 +898,16 @@ class BatchEngine:
         assert sampler is not None
         token = int(llama.llama_sampler_sample(sampler.pointer, self._ctx, index))
         r.sampled += 1
+        if self._token_observations:
+            # Opt-in debug evidence: the token's ordinal and timing only, never the token.
+            self._emit(
+                {
+                    "msg": "gen_token",
+                    "request_id": r.id,
+                    "index": r.sampled - 1,
+                    "step_ms": round((now - (r.t_last or r.submitted)) * 1000.0, 3),
+                }
+            )
         r.t_last = now
         if r.sampled == 1:
             r.t_first = r.t_progress = now

@@ -25,6 +25,17 @@ from skippyctl.engine.protocol import ControlChannel, Message
 
 DEFAULT_MAX_CONTEXT_TOKENS: Final = 4096
 """Without --ctx the context is the model's training context, capped here to bound memory."""
+SERVING_EVENTS_ENV: Final = "SKIPPY_SERVING_EVENTS"
+"""`off`: a benchmark baseline, not an operator feature. The engine sends only text and terminals
+and the host submits no serving events (request, prefill, generation, session, KV); model
+lifecycle events still flow. Read by the engine worker and the scheduler (inherited env)."""
+DEBUG_TOKEN_EVENTS_ENV: Final = "SKIPPY_DEBUG_TOKEN_EVENTS"
+"""`1` (set by `runtime serve --debug-token-events`): one `gen_token` observation per sampled
+token, mapped by the host to the debug-class `generation_token_observed`."""
+
+
+def serving_events_enabled() -> bool:
+    return os.environ.get(SERVING_EVENTS_ENV, "on").strip().lower() != "off"
 
 
 @dataclass(slots=True)
@@ -212,7 +223,13 @@ class Worker:
             reply["context_tokens"] = int(llama.llama_n_ctx(context))
             reply["lanes"] = lanes
             self.loaded.generation = BatchEngine(
-                _with_test_decode_delay(llama), model, context, lanes=lanes, emit=self._emit
+                _with_test_decode_delay(llama),
+                model,
+                context,
+                lanes=lanes,
+                emit=self._emit,
+                observations=serving_events_enabled(),
+                token_observations=os.environ.get(DEBUG_TOKEN_EVENTS_ENV) == "1",
             )
         self.channel.send(reply)
         if self.loaded.generation is not None:

@@ -53,6 +53,9 @@ class ServeOptions:
     session_ttl_s: float = 600.0
     allow_remote: bool = False
     replay_records: int = 4096
+    debug_token_events: bool = False
+    """Opt-in debug evidence: one `generation_token_observed` per sampled token (no token ids or
+    text), through the droppable debug lane (drops counted)."""
     telemetry_endpoint: str | None = None
     """Push event records as NDJSON to this http(s) URL (telemetry/exporter.py); None: no
     exporter at all. May carry credentials: never logged, printed or put on a command line."""
@@ -114,7 +117,18 @@ def serve(options: ServeOptions) -> None:
     url = f"http://{shown_host}:{port}"
     token = options.api_key or os.environ.get("SKIPPY_API_KEY") or secrets.token_urlsafe(32)
 
-    host = RuntimeHost(Pipeline(max_replay_records=options.replay_records)).start()
+    from skippyctl.engine.worker import DEBUG_TOKEN_EVENTS_ENV
+    from skippyctl.ingress.host import HostIngressConfig
+
+    # Engine workers inherit the environment: this is how the option reaches them.
+    if options.debug_token_events:
+        os.environ[DEBUG_TOKEN_EVENTS_ENV] = "1"
+    else:
+        os.environ.pop(DEBUG_TOKEN_EVENTS_ENV, None)
+    ingress = HostIngressConfig(debug_enabled=options.debug_token_events)
+    host = RuntimeHost(
+        Pipeline(ingress_config=ingress, max_replay_records=options.replay_records)
+    ).start()
     scheduler = Scheduler(
         host, max_queue=options.max_queue, sessions=SessionRegistry(ttl_s=options.session_ttl_s)
     ).start()
@@ -202,6 +216,8 @@ def start_background(options: ServeOptions) -> Discovery:
         args += ["--model-root", str(options.model_root)]
     if options.allow_remote:
         args.append("--allow-remote")
+    if options.debug_token_events:
+        args.append("--debug-token-events")
     env = dict(os.environ)
     if options.api_key:
         env["SKIPPY_API_KEY"] = options.api_key

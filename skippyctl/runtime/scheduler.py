@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from skippyctl.engine.supervisor import EngineProcess
+from skippyctl.engine.worker import serving_events_enabled
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import (
     BatchingMode,
@@ -252,6 +253,13 @@ class ModelServer:
                 handle,
                 progress=Progress(int(message.get("generated", 0)), None, ProgressUnit.TOKENS),
             )
+        elif kind == "gen_token":  # opt-in debug class: dropped (and counted) when disabled
+            emit(
+                EventId.GENERATION_TOKEN_OBSERVED,
+                handle,
+                summaries(generated_tokens=int(message.get("index", 0)) + 1),
+                duration_ms=message.get("step_ms"),
+            )
         elif kind == "gen_done":
             self._on_done(handle, message)
 
@@ -409,6 +417,9 @@ class Scheduler:
         self._thread = threading.Thread(
             target=self._housekeeping, name="skippy-scheduler", daemon=True
         )
+        self.serving_events = serving_events_enabled()
+        """False only for the events-off benchmark baseline (SKIPPY_SERVING_EVENTS=off): request,
+        prefill, generation, session and KV events are not submitted; model lifecycle still is."""
 
     def start(self) -> Scheduler:
         self._thread.start()
@@ -428,6 +439,8 @@ class Scheduler:
         stop_reason: StopReason | None = None,
         batching: BatchingMode | None = None,
     ) -> None:
+        if not self.serving_events:
+            return
         self.host.pipeline.submit(
             make_event(
                 event_id,
@@ -450,7 +463,9 @@ class Scheduler:
     def pipeline_submit(
         self, event_id: EventId, scope: Scope, numbers: tuple[Any, ...] = ()
     ) -> None:
-        self.host.pipeline.submit(make_event(event_id, scope=scope, summaries=numbers))
+        """A serving fact outside a request (session, KV): gated like :meth:`emit`."""
+        if self.serving_events:
+            self.host.pipeline.submit(make_event(event_id, scope=scope, summaries=numbers))
 
     # -- models ---------------------------------------------------------------------------------
     def load(self, request: LoadRequest, max_queue: int | None = None) -> LoadHandle:
@@ -507,15 +522,16 @@ class Scheduler:
         if server is None:
             # The requested name is never echoed into events: it may be anything a client sent.
             rejection = Rejection(404, ReasonCode.MISSING_ARTIFACT, "model not loaded")
-            self.host.pipeline.submit(
-                make_event(
-                    EventId.REQUEST_REJECTED,
-                    operation_id=request_id,
-                    scope=Scope(request_id=request_id),
-                    outcome=Outcome.REJECTED,
-                    reason_code=rejection.reason,
+            if self.serving_events:
+                self.host.pipeline.submit(
+                    make_event(
+                        EventId.REQUEST_REJECTED,
+                        operation_id=request_id,
+                        scope=Scope(request_id=request_id),
+                        outcome=Outcome.REJECTED,
+                        reason_code=rejection.reason,
+                    )
                 )
-            )
             handle.deliver(Finished("rejected", rejection.reason, None))
             return handle, rejection
         return handle, None
@@ -644,10 +660,13 @@ class Scheduler:
             free = os.sysconf("SC_AVPHYS_PAGES") * page
         except (OSError, ValueError):
             return
-        self.pipeline_submit(
-            EventId.MEMORY_OBSERVED,
-            Scope(device_id=LogicalId("host")),
-            summaries(memory_free_bytes=free, memory_total_bytes=total),
+        # Not a serving event: it flows with SKIPPY_SERVING_EVENTS=off too.
+        self.host.pipeline.submit(
+            make_event(
+                EventId.MEMORY_OBSERVED,
+                scope=Scope(device_id=LogicalId("host")),
+                summaries=summaries(memory_free_bytes=free, memory_total_bytes=total),
+            )
         )
 
     def _housekeeping(self) -> None:
