@@ -327,6 +327,7 @@ async def _event_stream(
                     sent = replayed.sequence
         next_keepalive = time.monotonic() + ctx.keepalive_s
         next_health = time.monotonic() + 5.0
+        next_disconnect_check = 0.0
         while True:
             try:
                 item = subscription.get(0)
@@ -351,8 +352,15 @@ async def _event_stream(
             if now >= next_keepalive:
                 next_keepalive = now + ctx.keepalive_s
                 yield b": keepalive\n\n"
-            if ctx.stopping() or await request.is_disconnected():
+            if ctx.stopping():
                 return
+            # Starlette's is_disconnected() costs ~0.9% of a core at 20 Hz, taken from the
+            # engine's decode on a small machine; StreamingResponse notices a disconnect by
+            # itself, so this is only a backstop: once a second is enough.
+            if now >= next_disconnect_check:
+                next_disconnect_check = now + 1.0
+                if await request.is_disconnected():
+                    return
             await asyncio.sleep(0.05)
     finally:
         dispatcher.unsubscribe(subscription)
