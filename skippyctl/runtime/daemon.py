@@ -11,12 +11,15 @@ from __future__ import annotations
 import datetime as dt
 import os
 import secrets
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Final
 
 from skippyctl import __version__
@@ -177,15 +180,27 @@ def serve(options: ServeOptions) -> None:
         write_discovery(discovery)
 
     config.app = create_app(ctx, on_ready=advertise)
+    # uvicorn shuts down gracefully on SIGTERM, then re-raises the signal with the handler that
+    # was installed before it started; with the default handler that kills the process before
+    # the `finally` below (discovery file left, no runtime_stopped). This handler ends it as an
+    # orderly exit instead, also for a SIGTERM that arrives before uvicorn is listening.
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous_sigterm = signal.signal(signal.SIGTERM, _exit_on_sigterm) if in_main_thread else None
     try:
         server.run(sockets=[sock])
     finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous_sigterm)
         remove_discovery(expected_pid=os.getpid())
         scheduler.shutdown()
         host.shutdown()
         if exporter is not None:
             exporter.shutdown()  # after the host: runtime_stopped is exported too (bounded)
         sock.close()
+
+
+def _exit_on_sigterm(_signum: int, _frame: FrameType | None) -> None:
+    raise SystemExit(0)
 
 
 def log_path() -> Path:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import stat
+import time
 from pathlib import Path
 
 import orjson
@@ -68,3 +70,19 @@ def test_serve_refuses_a_non_loopback_address_without_allow_remote() -> None:
     assert result.code == 10
     assert "allow-remote" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_sigterm_stops_the_runtime_in_order(isolated_runtime: Path) -> None:
+    started = run_cli("runtime", "start", "--port", "0", "--json")
+    assert started.code == 0, started.stderr
+    pid = orjson.loads(started.stdout)["pid"]
+    discovery = isolated_runtime / "runtime.json"
+    assert discovery.exists()
+    os.kill(pid, signal.SIGTERM)
+    # The serve process is not our child (start detaches it): watch its discovery file, which
+    # only the orderly shutdown path removes.
+    deadline = time.monotonic() + 30
+    while discovery.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not discovery.exists(), "SIGTERM killed the runtime without its orderly shutdown"
+    assert run_cli("runtime", "status").code == 3
