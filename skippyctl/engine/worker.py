@@ -61,16 +61,18 @@ class Worker:
 
     def _setup_native(self, ring_fd: int, capture_debug_log: bool) -> None:
         try:
+            # Only the engine-side modules: this runs in every engine start, inside the time
+            # to model_available (the host's fact decoding in native.ingress is not needed here).
             from skippyctl.native.devices import resolve_ggml
-            from skippyctl.native.ingress import EngineAdapter, SharedIngress
             from skippyctl.native.library import (
                 NativeAbiIncompatible,
                 NativeLibraryUnavailable,
                 load_native_library,
             )
+            from skippyctl.native.region import EngineAdapter, IngressRegion
 
             library = load_native_library()
-            ring = SharedIngress.attach(ring_fd, library=library)
+            ring = IngressRegion.attach(ring_fd, library=library)
             self.adapter = EngineAdapter(ring, capture_debug_log=capture_debug_log)
             self.features = library.features
             resolve_ggml(library)
