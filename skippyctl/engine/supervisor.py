@@ -22,6 +22,10 @@ from typing import Any, Final, Protocol
 from skippyctl.engine.protocol import ControlChannel, Message
 from skippyctl.events.envelope import LogicalId
 from skippyctl.events.reasons import ReasonCode
+
+# Host side: imported with the supervisor at host start, not in EngineProcess.__init__, which
+# runs inside every load (time to model_available). Loads no native code by itself.
+from skippyctl.native.ingress import SharedIngress
 from skippyctl.pipeline.authority import (
     Authoritative,
     CancelRequested,
@@ -103,8 +107,6 @@ class EngineProcess:
         args = [sys.executable, "-m", "skippyctl.engine.worker"]
         args += ["--control-fd", str(child_sock.fileno())]
         if native_library is not None:
-            from skippyctl.native.ingress import SharedIngress
-
             self._ring = SharedIngress.create(library=native_library)
             pass_fds.append(self._ring.fd)
             args += ["--ring-fd", str(self._ring.fd)]
