@@ -156,7 +156,11 @@ _DEVICE_NAME_UNSAFE: Final = re.compile(r"[^A-Za-z0-9._:+=-]+")
 MAX_TRACKED_OPERATIONS: Final = 4096
 # skippy_lane: which ring a record was drained from.
 DIAGNOSTIC_LANE: Final = 2
-_KNOWN_KINDS: Final = np.array(sorted(KIND_TO_EVENT), dtype=np.uint32)
+# Known-kind lookup by index (the last slot stands for every larger value). np.isin and
+# np.unique are avoided on this path: they import numpy.ma (~15 ms) at their first call.
+_KIND_IS_KNOWN: Final = np.zeros(max(KIND_TO_EVENT) + 2, dtype=bool)
+_KIND_IS_KNOWN[list(KIND_TO_EVENT)] = True
+_KIND_LOOKUP_LAST: Final = len(_KIND_IS_KNOWN) - 1
 _EVIDENCE_BY_CODE: Final = (
     SequenceEvidence.FIRST,
     SequenceEvidence.CONTIGUOUS,
@@ -266,7 +270,11 @@ class NativeAdapter:
         self.counters.facts += total
         kinds = batch.kinds
         categories = batch.categories
-        known = np.isin(kinds, _KNOWN_KINDS) & (categories >= 1) & (categories <= 8)
+        known = (
+            _KIND_IS_KNOWN[np.minimum(kinds, _KIND_LOOKUP_LAST)]
+            & (categories >= 1)
+            & (categories <= 8)
+        )
         rows = np.flatnonzero(known)
         self.counters.unknown += total - int(rows.size)
         if rows.size == 0:
@@ -316,7 +324,7 @@ class NativeAdapter:
         diagnostic = np.flatnonzero(batch.lanes[rows] == DIAGNOSTIC_LANE)
         if diagnostic.size > 1:
             diagnostic_kinds = batch.kinds[rows[diagnostic]]
-            _, first, folded = np.unique(diagnostic_kinds, return_index=True, return_counts=True)
+            first, folded = _first_of_each(diagnostic_kinds)
             keep[diagnostic] = False
             keep[diagnostic[first]] = True
             represents[diagnostic[first]] = folded
@@ -446,6 +454,16 @@ class NativeAdapter:
             reason_code=reason,
             summaries=extra,
         )
+
+
+def _first_of_each(
+    values: npt.NDArray[np.uint32],
+) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
+    """Index of each distinct value's first occurrence, and how often it occurs."""
+    order = np.argsort(values, kind="stable")
+    ordered = values[order]
+    starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
+    return order[starts], np.diff(np.append(starts, values.size))
 
 
 # Kinds whose event id is specific to them; shared ids (phase changes) carry the native kind.

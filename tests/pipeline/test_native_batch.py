@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import ctypes
+import subprocess
+import sys
 from dataclasses import dataclass
 
 from hypothesis import given, settings
@@ -216,3 +218,21 @@ def test_a_real_diagnostic_storm_is_folded_and_every_fact_accounted_for() -> Non
     assert represented == storm
     assert sampled == storm - warning_events
     assert warning_events < storm // 8  # folded per drained batch, not one event per fact
+
+
+def test_the_batch_path_does_not_import_numpy_ma() -> None:
+    """np.unique/np.isin import numpy.ma (~15 ms) at first use: inside every host's first
+    model load. The batch path must stay clear of them."""
+    script = (
+        "import sys\n"
+        "from tests.pipeline.test_native_batch import Record, batch_of, DIAGNOSTIC_LANE\n"
+        "from skippyctl.pipeline.native_adapter import NativeAdapter\n"
+        "records = [Record(1, n, 400 + n % 2, DIAGNOSTIC_LANE, 4) for n in range(1, 9)]\n"
+        "records.append(Record(1, 20, 201, category=3))\n"
+        "NativeAdapter().adapt_batch(batch_of(records))\n"
+        "print('numpy.ma' in sys.modules)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert result.stdout.strip() == "False"
