@@ -81,7 +81,8 @@ def _sampled(body: dict[str, Any]) -> int:
     """Tokens the engine sampled: the completion, plus an end-of-generation token if one ended
     it (no stop strings here, so finish_reason "stop" means end of generation)."""
     choice = body["choices"][0]
-    return int(body["usage"]["completion_tokens"]) + (choice["finish_reason"] == "stop")
+    ended_by_eog = int(choice["finish_reason"] == "stop")
+    return int(body["usage"]["completion_tokens"]) + ended_by_eog
 
 
 def test_debug_token_events_count_every_sampled_token_or_its_counted_drop(
