@@ -260,7 +260,9 @@ async def _next(handle: RequestHandle, request: Request) -> TextChunk | Finished
     """The next chunk; None when the client went away (the request is then cancelled)."""
     while True:
         try:
-            return await asyncio.wait_for(handle.next_chunk(), timeout=0.5)
+            # asyncio.timeout, not wait_for: wait_for wraps the wait in a new Task per chunk.
+            async with asyncio.timeout(0.5):
+                return await handle.next_chunk()
         except TimeoutError:
             if await request.is_disconnected():
                 return None
