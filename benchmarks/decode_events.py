@@ -17,8 +17,9 @@ non-streaming request's usage). One runtime per variant, all alive for the whole
   accepts each POST and never answers (it closes after 10 s), subscribed.
 - failing exporter: the same with a stub that answers 503 at once.
 
-The exporter variants shorten the exporter's interval and backoff (100 ms, at most 200 ms) so it
-keeps retrying through the measured window: the worst case, not the default pacing. The SSE
+The exporter runs with its default pacing (1 s batches, 2 s deadline, backoff up to 30 s), as an
+operator's would; `--exporter-retry-fast` shortens its interval and backoff (100 ms, at most
+200 ms) so it keeps retrying through the measured window: a worst case. The SSE
 subscriber and the stub collectors are separate processes, so parsing the event stream does not
 share the timing client's interpreter.
 
@@ -75,10 +76,12 @@ START_TIMEOUT_S: Final = 60.0
 REQUEST_TIMEOUT_S: Final = 600.0
 BAN_BIAS: Final = -1e9
 """JSON has no -inf; this is far below any logit of these models."""
-EXPORTER_KNOBS: Final = {
+EXPORTER_RETRY_FAST: Final = {
     "SKIPPY_TELEMETRY_EXPORT_INTERVAL_MILLIS": "100",
     "SKIPPY_TELEMETRY_MAX_BACKOFF_MILLIS": "200",
 }
+exporter_knobs: dict[str, str] = {}
+"""Set from --exporter-retry-fast; empty = the exporter's defaults."""
 _INHERITED_KNOBS: Final = re.compile(
     r"SKIPPY_(SERVING_EVENTS|NATIVE_DISABLE|DEBUG_TOKEN_EVENTS|TELEMETRY_.*|TEST_.*|RUNTIME_DIR|"
     r"API_KEY|CAPTURE_NATIVE_LOG|ENGINE_STDERR)"
@@ -295,7 +298,7 @@ class Runtime:
         if variant.collector is not None:
             port = collectors[variant.collector]
             args += ["--telemetry-endpoint", f"http://127.0.0.1:{port}/v1/events"]
-            self.env.update(EXPORTER_KNOBS)
+            self.env.update(exporter_knobs)
         self._log = open(self.directory / "serve.log", "wb")  # noqa: SIM115 - the server's life
         self.process = subprocess.Popen(
             [sys.executable, "-m", "skippyctl", "runtime", "serve", *args],
@@ -757,6 +760,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", type=int, default=4, help="simultaneous sessions (1: none)")
     parser.add_argument("--ttft-samples", type=int, default=5, help="extra TTFT requests/round")
     parser.add_argument("--decode-samples", type=int, default=2, help="decode requests/round")
+    parser.add_argument(
+        "--exporter-retry-fast",
+        action="store_true",
+        help="exporter variants retry every 100-200 ms (worst case) instead of default pacing",
+    )
     parser.add_argument("--collectors", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--subscriber", metavar="URL", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -766,6 +774,8 @@ def main(argv: list[str] | None = None) -> int:
         return _subscriber(args.subscriber)
     if args.rounds < 1 or args.sessions < 1 or args.ttft_samples < 0 or args.decode_samples < 1:
         parser.error("--rounds, --sessions, --decode-samples must be ≥ 1, --ttft-samples ≥ 0")
+    if args.exporter_retry_fast:
+        exporter_knobs.update(EXPORTER_RETRY_FAST)
     tokens = args.tokens or DEFAULT_TOKENS[args.model]
     if tokens < 2:
         parser.error("--tokens must be ≥ 2")
@@ -815,6 +825,7 @@ def main(argv: list[str] | None = None) -> int:
         "sessions": args.sessions,
         "ttft_samples": args.ttft_samples + args.decode_samples,
         "decode_samples": args.decode_samples,
+        "exporter_retry_fast": args.exporter_retry_fast,
         "targets": {"tokens_per_s_vs_off_min": TARGET_TOKENS_PER_S, "ttft_vs_off_max": TARGET_TTFT},
         "rows": [asdict(r) for r in single + multi],
         "pending": measured.pending,
