@@ -63,6 +63,7 @@ import httpx
 import orjson
 
 from benchmarks.models import REPO, model_path
+from skippyctl.runtime.discovery import pid_alive
 
 SERVERS: Final = ("skippy", "llama_cpp.server")
 TARGET_SESSIONS: Final = 4
@@ -167,16 +168,6 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 class Server:
     """A server process this script started, and the ids of the processes it spawned."""
 
@@ -207,9 +198,9 @@ class Server:
                 process.wait()
         deadline = time.monotonic() + STOP_TIMEOUT_S
         for pid in self.spawned:
-            while _alive(pid) and time.monotonic() < deadline:
+            while pid_alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            if _alive(pid):
+            if pid_alive(pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         self.log.close()
