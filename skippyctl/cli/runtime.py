@@ -12,6 +12,7 @@ import orjson
 import typer
 from rich.console import Console
 
+from skippyctl.cli.events import fail
 from skippyctl.cli.exit_codes import ExitCode
 from skippyctl.runtime.daemon import (
     DEFAULT_PORT,
@@ -69,9 +70,9 @@ TelemetryOption = Annotated[
 ]
 
 
-def _telemetry_endpoint(value: str | None) -> str | None:
-    """The endpoint if set and valid; exits with invalid_configuration (10) otherwise. The
-    message never repeats the URL (it may carry credentials)."""
+def _telemetry_endpoint(value: str | None, command: str, json_output: bool = False) -> str | None:
+    """The endpoint if set and valid; exits with invalid_configuration (10) otherwise (with an
+    error record under --json). The message never repeats the URL (it may carry credentials)."""
     if not value:
         return None
     from skippyctl.telemetry.exporter import TelemetryConfigError, exporter_config
@@ -79,8 +80,13 @@ def _telemetry_endpoint(value: str | None) -> str | None:
     try:
         exporter_config(value, os.environ)
     except TelemetryConfigError as error:
-        _err.print(f"[red]✗[/] invalid_configuration: {error}", soft_wrap=True)
-        raise typer.Exit(int(ExitCode.INVALID_CONFIGURATION)) from None
+        fail(
+            command,
+            ExitCode.INVALID_CONFIGURATION,
+            f"invalid_configuration: {error}",
+            json_output,
+            reason="invalid_configuration",
+        )
     return value
 
 
@@ -128,7 +134,7 @@ def serve_command(
     if max_queue < 0 or session_ttl <= 0 or replay_records < 16:
         _err.print("[red]✗[/] --max-queue must be ≥ 0, --session-ttl > 0, --replay-records ≥ 16")
         raise typer.Exit(int(ExitCode.INVALID_CONFIGURATION))
-    telemetry_endpoint = _telemetry_endpoint(telemetry_endpoint)
+    telemetry_endpoint = _telemetry_endpoint(telemetry_endpoint, "runtime serve")
     options = ServeOptions(
         host,
         port,
@@ -174,7 +180,7 @@ def start_command(
 
         skippyctl runtime start && skippyctl runtime status --json | jq -r .url
     """
-    telemetry_endpoint = _telemetry_endpoint(telemetry_endpoint)
+    telemetry_endpoint = _telemetry_endpoint(telemetry_endpoint, "runtime start", json_output)
     try:
         existing = read_discovery()
     except DiscoveryProblem:
@@ -194,8 +200,7 @@ def start_command(
                 )
             )
         except ServeError as error:
-            _err.print(f"[red]✗[/] {error}", soft_wrap=True)
-            raise typer.Exit(int(ExitCode.RUNTIME_UNREACHABLE)) from error
+            fail("runtime start", ExitCode.RUNTIME_UNREACHABLE, str(error), json_output)
         _err.print(
             f"[green]✓[/] runtime started at {existing.url} (pid {existing.pid})", soft_wrap=True
         )

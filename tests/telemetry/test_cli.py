@@ -41,6 +41,18 @@ def test_bad_endpoint_is_invalid_configuration_and_never_echoed(
     assert not (isolated / "runtime.json").exists()
 
 
+def test_start_json_says_why_as_one_error_record(isolated: Path) -> None:
+    url = "ftp://bob:hunter2-secret@collector/x"
+    result = run_cli("runtime", "start", "--port", "0", "--telemetry-endpoint", url, "--json")
+    assert result.code == ExitCode.INVALID_CONFIGURATION
+    record = orjson.loads(result.stdout)
+    assert record["record"] == "error"
+    assert record["command"] == "runtime start"
+    assert record["exit_code"] == ExitCode.INVALID_CONFIGURATION
+    assert record["reason_code"] == "invalid_configuration"
+    assert "hunter2" not in result.stdout
+
+
 def test_bad_endpoint_from_the_environment_is_refused_too(isolated: Path) -> None:
     env = {"SKIPPY_TELEMETRY_ENDPOINT": "gopher://hunter2-secret@x"}
     result = run_cli("runtime", "serve", "--port", "0", env=env)
