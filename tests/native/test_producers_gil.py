@@ -90,7 +90,8 @@ def test_exact_conservation_with_4_progress_producers_on_their_own_keys(lib: Nat
         # same moment can contend (that first value is dropped and counted)
         assert stats.progress_contended <= THREADS
         assert stats.suppressed_regression == 0
-        assert stats.progress.accepted == attempts
+        # a contended value is counted there and not accepted (exact either way)
+        assert stats.progress.accepted == attempts - stats.progress_contended
         assert stats.progress.drained == len(facts)
         assert stats.progress.coalesced == sum(f.coalesced_count for f in facts)
         assert_lanes_conserved(ingress)
