@@ -17,15 +17,20 @@ class CliResult:
 
     def records(self) -> list[dict[str, Any]]:
         """Every stdout line parsed as one JSON object (fails the test if one is not)."""
-        out = []
-        for line in self.stdout.splitlines():
-            value = orjson.loads(line)
-            assert isinstance(value, dict), line
-            out.append(value)
-        return out
+        return ndjson_objects(self.stdout)
 
     def events(self) -> list[str]:
         return [r["event"] for r in self.records()]
+
+
+def ndjson_objects(text: str | bytes) -> list[dict[str, Any]]:
+    """Every line of `text` parsed as one JSON object (fails the test if one is not)."""
+    out = []
+    for line in text.splitlines():
+        value = orjson.loads(line)
+        assert isinstance(value, dict), line
+        out.append(value)
+    return out
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> CliResult:

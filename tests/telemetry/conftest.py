@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-import orjson
 import pytest
+
+from tests.cli.helpers import ndjson_objects
 
 
 @dataclass(frozen=True)
@@ -26,12 +27,7 @@ class Post:
 
     def records(self) -> list[dict[str, Any]]:
         """Every NDJSON line parsed (fails the test if one does not parse to an object)."""
-        out = []
-        for line in self.body.splitlines():
-            value = orjson.loads(line)
-            assert isinstance(value, dict), line
-            out.append(value)
-        return out
+        return ndjson_objects(self.body)
 
 
 class Collector:
