@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from skippy_tui import demo
+from skippy_tui.screens.help import HelpScreen
 from skippyctl.events.envelope import Event
 
 from .conftest import dashboard, settle
@@ -59,7 +60,23 @@ def test_paused_banner(snap_compare: SnapCompare) -> None:
 
 def test_help_screen(snap_compare: SnapCompare) -> None:
     app = dashboard(demo.available())
-    assert snap_compare(app, terminal_size=(120, 40), run_before=settle, press=["question_mark"])
+
+    async def open_help(pilot: Any) -> None:
+        # Wait for the modal to be mounted, laid out and focused rather than for a fixed number of
+        # idle ticks: on a loaded CI machine the screenshot was once taken a step too early.
+        await settle(pilot)
+        await pilot.press("question_mark")
+        for _ in range(200):
+            screen = pilot.app.screen
+            if isinstance(screen, HelpScreen) and screen.focused is not None:
+                if screen.query_one("#help-text").size.height > 0:
+                    break
+            await pilot.pause(0.01)
+        assert isinstance(pilot.app.screen, HelpScreen), "the help screen did not open"
+        await pilot.wait_for_scheduled_animations()
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=(120, 40), run_before=open_help)
 
 
 def test_events_filtered_by_model(snap_compare: SnapCompare) -> None:
