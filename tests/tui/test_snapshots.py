@@ -68,9 +68,12 @@ def test_help_screen(snap_compare: SnapCompare) -> None:
         await pilot.press("question_mark")
         for _ in range(200):
             screen = pilot.app.screen
-            if isinstance(screen, HelpScreen) and screen.focused is not None:
-                if screen.query_one("#help-text").size.height > 0:
-                    break
+            if (
+                isinstance(screen, HelpScreen)
+                and screen.focused is not None
+                and screen.query_one("#help-text").size.height > 0
+            ):
+                break
             await pilot.pause(0.01)
         assert isinstance(pilot.app.screen, HelpScreen), "the help screen did not open"
         await pilot.wait_for_scheduled_animations()
