@@ -12,7 +12,15 @@ watching thread to CPU 1. Mixes:
 
 - diagnostic storm: warnings only (folded per operation and kind in each drained batch);
 - mixed: 2% state facts (KV pressure crossed/cleared) in a diagnostic stream, plus progress;
-- state flood: state facts only (each one becomes a reduced, dispatched event).
+- state repeats: state facts only, a KV pressure level re-reported (crossed 30,000 times, then
+  cleared 30,000 times): contiguous repeats are duplicate-coalesced per drained batch;
+- state flapping: state facts only, crossed and cleared alternating — every fact a real
+  transition that becomes its own reduced, dispatched event (the worst case).
+
+Each producer group reports through its own operation (sequences start at 1 and are contiguous,
+as a real emitter's are); every operation is bound to one model the reducer knows, so state facts
+are reduced as real pressure transitions. The flapping backlog is emitted from Python through the
+trampoline (the C test producers emit one kind each).
 
 Variants: two healthy subscribers; one healthy and one stuck subscriber (never reads); and
 "full diagnostic lane", where a producer keeps the diagnostic lane full (1,024 slots) for one
@@ -36,7 +44,8 @@ from dataclasses import dataclass
 import orjson
 
 from skippyctl.events.catalog import EventId
-from skippyctl.events.envelope import LogicalId, Scope, make_event
+from skippyctl.events.envelope import LogicalId, Scope, SummaryKey, make_event
+from skippyctl.native import abi
 from skippyctl.native.abi import Kind
 from skippyctl.native.ingress import (
     EngineAdapter,
@@ -45,6 +54,7 @@ from skippyctl.native.ingress import (
     SharedIngress,
 )
 from skippyctl.native.library import NativeLibrary, load_native_library
+from skippyctl.pipeline.authority import OperationBound
 from skippyctl.pipeline.dispatch import SubscriberStatus, Subscription, SubscriptionClosed
 from skippyctl.pipeline.pipeline import Pipeline
 
@@ -65,6 +75,8 @@ class Mix:
     name: str
     # (kind, share of the backlog) per producer group
     groups: tuple[tuple[Kind, float], ...]
+    # kinds emitted alternately, one fact each in turn, instead of one group after another
+    alternating: bool = False
 
 
 MIXES = (
@@ -78,8 +90,15 @@ MIXES = (
             (Kind.MODEL_OPEN_PROGRESS, 0.01),
         ),
     ),
-    Mix("state flood", ((Kind.KV_PRESSURE_CROSSED, 0.5), (Kind.KV_PRESSURE_CLEARED, 0.5))),
+    Mix("state repeats", ((Kind.KV_PRESSURE_CROSSED, 0.5), (Kind.KV_PRESSURE_CLEARED, 0.5))),
+    Mix(
+        "state flapping",
+        ((Kind.KV_PRESSURE_CROSSED, 0.5), (Kind.KV_PRESSURE_CLEARED, 0.5)),
+        alternating=True,
+    ),
 )
+MIXED, FLAPPING = MIXES[1], MIXES[3]
+MODEL = LogicalId("bench-model")
 
 
 @dataclass(frozen=True)
@@ -88,6 +107,7 @@ class RoundResult:
     seconds: float
     events: int
     sampled: int
+    coalesced: int
     dropped_by_ring: int
     stuck_disconnected: bool | None
 
@@ -103,13 +123,54 @@ def fill(adapter: EngineAdapter, kind: Kind, records: int) -> None:
         ProducerThreads(adapter, threads=1, records_per_thread=records, kind=kind).join()
 
 
+def fill_alternating(adapter: EngineAdapter, kinds: tuple[Kind, ...], records: int) -> None:
+    """`records` facts of `kinds` in turn, contiguous sequences, through the trampoline."""
+    event = abi.skippy_runtime_event_v1()
+    event.abi_version = abi.RUNTIME_EVENT_ABI_VERSION
+    event.struct_size = abi.RUNTIME_EVENT_V1_FULL_SIZE
+    event.category = abi.Category.KV
+    event.emitter = abi.Emitter.WORKER_THREAD
+    for number in range(records):
+        event.kind = kinds[number % len(kinds)]
+        event.sequence = number + 1
+        event.timestamp_mono_ns = time.monotonic_ns()
+        adapter.emit(event)
+
+
+def fill_backlog(pipeline: Pipeline, adapter: EngineAdapter, mix: Mix, facts: int) -> None:
+    """Each group through its own operation, bound to MODEL, before the ring is attached."""
+    pipeline.submit(
+        make_event(
+            EventId.MODEL_LOAD_REQUESTED,
+            operation_id=LogicalId(f"op-{OPERATION}"),
+            scope=Scope(model_id=MODEL),
+        )
+    )
+    groups = [(kind, int(facts * share)) for kind, share in mix.groups]
+    if mix.alternating:
+        groups = [(groups[0][0], sum(records for _, records in groups))]
+    for index, (kind, records) in enumerate(groups):
+        operation = OPERATION + index
+        pipeline.submit_authority(
+            OperationBound("bench", LogicalId(f"op-{operation}"), operation, MODEL)
+        )
+        adapter.operation_begin(operation)
+        if mix.alternating:
+            fill_alternating(adapter, tuple(kind for kind, _ in mix.groups), records)
+        else:
+            fill(adapter, kind, records)
+        adapter.operation_end()
+    if pipeline.wait_state(lambda state: MODEL in state.models, WAIT_LIMIT_S) is None:
+        raise RuntimeError("the benchmark model never reached the reduced state")
+
+
 class Reader:
     """A subscriber thread that reads everything (pinned away from the pipeline)."""
 
     def __init__(self, subscription: Subscription) -> None:
         self.subscription = subscription
         self.received = 0
-        self.state_events = 0
+        self.state_facts = 0
         self._thread = threading.Thread(target=self._run, name=f"bench-{subscription.name}")
         self._thread.start()
 
@@ -122,7 +183,9 @@ class Reader:
                 return
             if item is not None:
                 self.received += 1
-                self.state_events += item.event.id in STATE_EVENTS
+                if item.event.id in STATE_EVENTS:
+                    # a coalesced run of repeats stands for `count` facts
+                    self.state_facts += int(item.event.summary_value(SummaryKey.COUNT) or 1)
 
     def join(self) -> None:
         self._thread.join(10)
@@ -147,7 +210,6 @@ def run_round(
         library=lib,
     )
     adapter = EngineAdapter(ring)
-    adapter.operation_begin(OPERATION)
     pipeline = Pipeline(health_interval_s=0.25).start()
     readers = [Reader(pipeline.subscribe("healthy-a", max_queue_size=1 << 22))]
     if stuck:
@@ -155,10 +217,10 @@ def run_round(
     else:
         readers.append(Reader(pipeline.subscribe("healthy-b", max_queue_size=1 << 22)))
     pin(OTHER_CPU)
-    for kind, share in mix.groups:
-        fill(adapter, kind, int(facts * share))
+    fill_backlog(pipeline, adapter, mix, facts)
     flood = None
     if flood_diagnostics:
+        adapter.operation_begin(OPERATION)
         flood = ProducerThreads(
             adapter, threads=1, records_per_thread=0, kind=Kind.DIAGNOSTIC_WARNING_RAISED
         )
@@ -174,7 +236,7 @@ def run_round(
             # The diagnostic lane never empties: run a fixed time, and until every state fact
             # was delivered (the state lane drains first, so a full diagnostic lane can't delay it).
             return (
-                readers[0].state_events >= state_backlog
+                readers[0].state_facts >= state_backlog
                 and time.perf_counter() - started >= FLOOD_SECONDS
             )
         stats = ring.stats()
@@ -196,13 +258,15 @@ def run_round(
     stats = ring.stats()
     drained = pipeline.health().native_facts_processed
     sampled = pipeline.adapter.counters.sampled
+    coalesced = pipeline.adapter.counters.coalesced
     events = pipeline.dispatcher.stats().dispatched
     stuck_status = stuck_subscription.status if stuck else None
     pipeline.detach_engine("bench")
     pipeline.shutdown(timeout_s=5.0)
     for reader in readers:
         reader.join()
-    adapter.operation_end()
+    if flood is not None:
+        adapter.operation_end()
     adapter.close()
     ring.close()
     if not finished:
@@ -212,6 +276,7 @@ def run_round(
         seconds=elapsed,
         events=events,
         sampled=sampled,
+        coalesced=coalesced,
         dropped_by_ring=sum(
             lane.dropped_full for lane in (stats.terminal, stats.progress, stats.diagnostic)
         ),
@@ -286,14 +351,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     lib = load_native_library()
     variants = [(mix, False, False, "2 subscribers") for mix in MIXES] + [
-        (MIXES[1], True, False, "stuck subscriber"),
-        (MIXES[2], True, False, "stuck subscriber"),
-        (MIXES[1], False, True, "full diagnostic lane"),
+        (MIXED, True, False, "stuck subscriber"),
+        (FLAPPING, True, False, "stuck subscriber"),
+        (MIXED, False, True, "full diagnostic lane"),
     ]
     rows: list[dict[str, object]] = []
     sys.stderr.write(
         f"{'mix':<18} {'variant':<21} {'facts/s (min..max)':>30} {'events/s':>9} "
-        f"{'sampled':>8} {'ring drops':>10}  ≥ 200k/s\n"
+        f"{'sampled':>8} {'coalesced':>9} {'ring drops':>10}  ≥ 200k/s\n"
     )
     for mix, stuck, flood, label in variants:
         results = [run_round(lib, mix, args.facts, stuck, flood) for _ in range(args.rounds)]
@@ -310,6 +375,7 @@ def main(argv: list[str] | None = None) -> int:
             "events_per_s": round(events_rate),
             "facts_per_round": statistics.median(r.facts for r in results),
             "sampled_per_round": statistics.median(r.sampled for r in results),
+            "coalesced_per_round": statistics.median(r.coalesced for r in results),
             "ring_drops_per_round": statistics.median(r.dropped_by_ring for r in results),
             "stuck_disconnected": None
             if not stuck
@@ -320,7 +386,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(
             f"{mix.name:<18} {label:<21} "
             f"{f'{median:,.0f} ({low:,.0f}..{high:,.0f})':>30} {events_rate:>9,.0f} "
-            f"{row['sampled_per_round']:>8,.0f} {row['ring_drops_per_round']:>10,.0f}  "
+            f"{row['sampled_per_round']:>8,.0f} {row['coalesced_per_round']:>9,.0f} "
+            f"{row['ring_drops_per_round']:>10,.0f}  "
             f"{'yes' if met else 'NO'}\n"
         )
     rss = measure_rss(lib, args.rss_events)

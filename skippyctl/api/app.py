@@ -83,6 +83,7 @@ def health_counters(ctx: ApiContext) -> dict[str, Any]:
         "native_rejected": health.native_rejected,
         "native_unknown": health.native_unknown,
         "native_sampled": health.adapter.sampled,
+        "native_state_coalesced": health.adapter.coalesced,
         "native_facts_processed": health.native_facts_processed,
         "subscribers": dispatcher.subscribers,
         "subscribers_lagging": dispatcher.lagging,

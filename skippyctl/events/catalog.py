@@ -948,7 +948,8 @@ _SPECS: Final[tuple[EventSpec, ...]] = (
                 _E.EVENTS_COALESCED,
                 DIAG,
                 _S.DEBUG,
-                "Progress values were coalesced (count since the last report).",
+                "Progress values or repeated level states were coalesced"
+                " (count since the last report).",
             ),
             (_E.EVENTS_SAMPLED, DIAG, _S.DEBUG, "Diagnostics were sampled under pressure (count)."),
             (

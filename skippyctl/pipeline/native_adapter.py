@@ -10,9 +10,16 @@ own diagnostic event. Unknown kinds and categories are counted, never raised.
 evidence, computed per batch, and the diagnostic class folded (ARCHITECTURE §3: diagnostics are
 droppable, sampled, counted) — per operation and kind, the first diagnostic fact of a batch
 becomes an event whose `count` summary says how many facts it stands for; the others are counted
-as `sampled`. Sequence gaps are reported once per operation per batch (`count` = gaps). Terminal,
-state and progress facts (progress is already latest-value coalesced in the ring) each become an
-event. So a diagnostic storm costs the pipeline per batch, not per fact.
+as `sampled`. Sequence gaps are reported once per operation per batch (`count` = gaps). Level
+states (cache pressure crossed/cleared, device ready/degraded/unavailable/recovered) are
+duplicate-coalesced (spec: "State transitions: … duplicate coalescing"): a fact that repeats the
+operation's previous fact in the batch — same kind, contiguous sequence, so nothing in between was
+lost — is folded into the first of its run, whose `count` summary says how many facts it stands
+for, and counted as `coalesced`. Every transition between different states, and the state after
+the batch, are kept; the reducer ignored such repeats anyway (`duplicate_transitions`). Terminal
+facts, other state facts and progress facts (progress is already latest-value coalesced in the
+ring) each become an event. So a diagnostic storm or a re-reported state costs the pipeline per
+batch, not per fact.
 """
 
 from __future__ import annotations
@@ -161,6 +168,21 @@ DIAGNOSTIC_LANE: Final = 2
 _KIND_IS_KNOWN: Final = np.zeros(max(KIND_TO_EVENT) + 2, dtype=bool)
 _KIND_IS_KNOWN[list(KIND_TO_EVENT)] = True
 _KIND_LOOKUP_LAST: Final = len(_KIND_IS_KNOWN) - 1
+# Kinds that report a level (on/off, a health state) rather than an occurrence: a contiguous
+# repeat says nothing new. Occurrences (context approaching its limit, exhaustion, OOM, failures)
+# are counted by the reducer and never folded.
+LEVEL_STATE_KINDS: Final = frozenset(
+    {
+        201,  # kv pressure crossed
+        202,  # kv pressure cleared
+        301,  # device ready
+        302,  # device degraded
+        303,  # device unavailable
+        304,  # device recovered
+    }
+)
+_KIND_IS_LEVEL_STATE: Final = np.zeros_like(_KIND_IS_KNOWN)
+_KIND_IS_LEVEL_STATE[list(LEVEL_STATE_KINDS)] = True
 _EVIDENCE_BY_CODE: Final = (
     SequenceEvidence.FIRST,
     SequenceEvidence.CONTIGUOUS,
@@ -202,6 +224,7 @@ class AdapterCounters:
     duplicates: int = 0
     unbound: int = 0
     sampled: int = 0
+    coalesced: int = 0
 
 
 class NativeAdapter:
@@ -321,6 +344,8 @@ class NativeAdapter:
 
         represents = np.ones(count, dtype=np.int64)
         keep = np.ones(count, dtype=bool)
+        if count > 1:
+            self._fold_repeated_states(batch.kinds[rows], codes, keep, represents)
         diagnostic = np.flatnonzero(batch.lanes[rows] == DIAGNOSTIC_LANE)
         if diagnostic.size > 1:
             diagnostic_kinds = batch.kinds[rows[diagnostic]]
@@ -361,6 +386,28 @@ class NativeAdapter:
             )
         if gap_event is not None:
             out.append(gap_event)
+
+    def _fold_repeated_states(
+        self,
+        kinds: npt.NDArray[np.uint32],
+        codes: npt.NDArray[np.int8],
+        keep: npt.NDArray[np.bool_],
+        represents: npt.NDArray[np.int64],
+    ) -> None:
+        """Fold contiguous repeats of a level state into the first fact of their run."""
+        repeat = np.zeros(kinds.size, dtype=bool)
+        repeat[1:] = (
+            (kinds[1:] == kinds[:-1])
+            & (codes[1:] == _CONTIGUOUS)
+            & _KIND_IS_LEVEL_STATE[np.minimum(kinds[1:], _KIND_LOOKUP_LAST)]
+        )
+        folded = int(np.count_nonzero(repeat))
+        if folded == 0:
+            return
+        heads = np.flatnonzero(~repeat)
+        keep[repeat] = False
+        represents[heads] = np.diff(np.append(heads, kinds.size))
+        self.counters.coalesced += folded
 
     @staticmethod
     def _batch_evidence(

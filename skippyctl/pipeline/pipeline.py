@@ -432,7 +432,11 @@ class Pipeline:
                 )
             )
         marks.dropped = dropped
-        coalesced = health.host_ingress.total("coalesced") + health.native_coalesced
+        coalesced = (
+            health.host_ingress.total("coalesced")
+            + health.native_coalesced
+            + health.adapter.coalesced
+        )
         if coalesced > marks.coalesced:
             reports.append(
                 make_event(

@@ -12,7 +12,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from skippyctl.events.catalog import EventId
-from skippyctl.events.envelope import LogicalId, SummaryKey
+from skippyctl.events.envelope import (
+    Event,
+    LogicalId,
+    Scope,
+    SequenceEvidence,
+    SummaryKey,
+    make_event,
+)
 from skippyctl.native import abi
 from skippyctl.native.ingress import (
     EngineAdapter,
@@ -24,12 +31,22 @@ from skippyctl.native.ingress import (
 )
 from skippyctl.native.library import native_library
 from skippyctl.pipeline.authority import OperationBound
-from skippyctl.pipeline.native_adapter import DIAGNOSTIC_LANE, NativeAdapter
+from skippyctl.pipeline.native_adapter import (
+    DIAGNOSTIC_LANE,
+    LEVEL_STATE_KINDS,
+    AdaptedFact,
+    NativeAdapter,
+)
 from skippyctl.pipeline.pipeline import Pipeline
+from skippyctl.reducer.reduce import reduce
+from skippyctl.reducer.state import RuntimeView
 
 WARNING = int(abi.Kind.DIAGNOSTIC_WARNING_RAISED)
 PRESSURE = int(abi.Kind.KV_PRESSURE_CROSSED)
 PROGRESS = int(abi.Kind.MODEL_OPEN_PROGRESS)
+CLEARED = int(abi.Kind.KV_PRESSURE_CLEARED)
+EXHAUSTED = int(abi.Kind.KV_CAPACITY_EXHAUSTED)
+UNLOAD_COMPLETED = int(abi.Kind.UNLOAD_COMPLETED)
 STATE_LANE = 0
 PROGRESS_LANE = 1
 
@@ -96,18 +113,77 @@ def test_a_diagnostic_storm_becomes_one_event_per_operation_and_kind_with_its_co
     assert adapter.counters.sampled == 499  # facts = events' counts: nothing unaccounted
 
 
-def test_state_and_progress_facts_are_never_folded() -> None:
+def count_of(adapted: AdaptedFact) -> int:
+    numbers = {s.key: s.value for s in adapted.event.summaries}
+    return int(numbers.get(SummaryKey.COUNT, 1))
+
+
+def pressure_after(events: list[Event]) -> bool:
+    """Model m's reduced kv pressure after its load was requested and `events` happened."""
+    model = LogicalId("m")
+    requested = make_event(
+        EventId.MODEL_LOAD_REQUESTED, operation_id=LogicalId("op-1"), scope=Scope(model_id=model)
+    )
+    state = RuntimeView()
+    for event in [requested, *events]:
+        state, _ = reduce(state, event)
+    return state.models[model].kv.pressure
+
+
+def test_repeated_level_states_fold_into_the_first_of_each_run_and_transitions_are_kept() -> None:
     adapter = bound_adapter(1)
-    records = [Record(1, n, PRESSURE, category=3) for n in range(1, 41)]
-    records.append(Record(1, 41, PROGRESS, PROGRESS_LANE))
+    kinds = [PRESSURE] * 40 + [CLEARED] * 20 + [PRESSURE] * 10
+    records = [Record(1, n, kind, category=3) for n, kind in enumerate(kinds, start=1)]
+    records.append(Record(1, 71, PROGRESS, PROGRESS_LANE))
+    records.append(Record(1, 72, PROGRESS, PROGRESS_LANE))
     adapted = adapter.adapt_batch(batch_of(records))
-    assert len(adapted) == 41
+    assert [(a.event.id, count_of(a)) for a in adapted] == [
+        (EventId.CACHE_PRESSURE_CROSSED, 40),
+        (EventId.CACHE_PRESSURE_CLEARED, 20),
+        (EventId.CACHE_PRESSURE_CROSSED, 10),
+        (EventId.MODEL_LOAD_PROGRESS, 1),
+        (EventId.MODEL_LOAD_PROGRESS, 1),
+    ]
+    # The event of a run is its first fact: the moment of the transition.
+    assert adapted[1].event.native is not None and adapted[1].event.native.sequence == 41
+    assert adapter.counters.coalesced == 39 + 19 + 9
     assert adapter.counters.sampled == 0
+
+
+def test_occurrences_terminals_and_facts_after_a_gap_are_never_folded() -> None:
+    adapter = bound_adapter(1)
+    records = [Record(1, s, PRESSURE, category=3) for s in (1, 2, 5, 6)]
+    records += [Record(1, s, EXHAUSTED, category=3) for s in (7, 8, 9)]
+    records += [Record(1, s, UNLOAD_COMPLETED, category=7) for s in (10, 11)]
+    adapted = adapter.adapt_batch(batch_of(records))
+    assert [(a.event.id, count_of(a)) for a in adapted] == [
+        (EventId.CACHE_PRESSURE_CROSSED, 2),
+        (EventId.NATIVE_SEQUENCE_GAP_DETECTED, 1),
+        # sequence 5 follows a gap: what was lost may have been a different state
+        (EventId.CACHE_PRESSURE_CROSSED, 2),
+        (EventId.CONTEXT_EXHAUSTED, 1),
+        (EventId.CONTEXT_EXHAUSTED, 1),
+        (EventId.CONTEXT_EXHAUSTED, 1),
+        (EventId.UNLOAD_COMPLETED, 1),
+        (EventId.UNLOAD_COMPLETED, 1),
+    ]
+    assert adapter.counters.coalesced == 2
+
+
+def test_folding_repeats_leaves_the_reduced_kv_pressure_as_the_per_fact_stream_does() -> None:
+    """Reducing the folded stream gives the same pressure state as reducing every fact."""
+    kinds = [PRESSURE] * 5 + [CLEARED] * 3 + [PRESSURE] * 4
+    records = [Record(1, n, kind, category=3) for n, kind in enumerate(kinds, start=1)]
+    folded = [a.event for a in bound_adapter(1).adapt_batch(batch_of(records))]
+    per_fact_adapter = bound_adapter(1)
+    every = [a.event for fact in batch_of(records) for a in per_fact_adapter.adapt(fact)]
+    assert len(folded) == 3 and len(every) == 12
+    assert pressure_after(folded) == pressure_after(every) is True
 
 
 def test_gaps_are_reported_once_per_operation_per_batch_and_all_counted() -> None:
     adapter = bound_adapter(1)
-    records = [Record(1, s, PRESSURE, category=3) for s in (1, 2, 5, 6, 9)]
+    records = [Record(1, s, EXHAUSTED, category=3) for s in (1, 2, 5, 6, 9)]
     adapted = adapter.adapt_batch(batch_of(records))
     ids = [a.event.id for a in adapted]
     assert ids.count(EventId.NATIVE_SEQUENCE_GAP_DETECTED) == 1
@@ -151,7 +227,7 @@ records_strategy = st.lists(
         Record,
         operation_id=st.sampled_from([0, 1, 2, 3]),
         sequence=st.integers(0, 40),
-        kind=st.sampled_from([PRESSURE, int(abi.Kind.DEVICE_READY), 9999]),
+        kind=st.sampled_from([PRESSURE, CLEARED, int(abi.Kind.DEVICE_READY), EXHAUSTED, 9999]),
         lane=st.just(STATE_LANE),
         category=st.sampled_from([1, 3, 5]),
         coalesced_count=st.integers(0, 2),
@@ -165,13 +241,32 @@ records_strategy = st.lists(
 def test_without_diagnostics_the_batch_path_matches_the_per_fact_path(
     first: list[Record], second: list[Record]
 ) -> None:
-    """Same events, evidence and counters, over two consecutive batches (tracks carry over)."""
+    """Same events, evidence and counters, over two consecutive batches (tracks carry over),
+    once the per-fact stream's contiguous repeats of a level state are folded as documented."""
     per_fact, batched = bound_adapter(1, 2), bound_adapter(1, 2)
-    expected, got = [], []
+    expected: list[AdaptedFact] = []
+    got: list[AdaptedFact] = []
+    folded = 0
     for records in (first, second):
         batch = batch_of(records)
         ordered = sorted(batch, key=lambda f: (f.operation_id, f.sequence))
-        singles = [a for fact in ordered for a in per_fact.adapt(fact)]
+        singles: list[AdaptedFact] = []
+        previous: NativeFact | None = None
+        for fact in ordered:
+            adapted = per_fact.adapt(fact)
+            if not adapted:
+                continue  # unknown: not adapted, not part of a run
+            main = adapted[-1]
+            repeat = (
+                previous is not None
+                and fact.kind in LEVEL_STATE_KINDS
+                and (previous.operation_id, previous.kind) == (fact.operation_id, fact.kind)
+                and main.event.native is not None
+                and main.event.native.evidence is SequenceEvidence.CONTIGUOUS
+            )
+            singles += adapted[:-1] if repeat else adapted
+            folded += repeat
+            previous = fact
         many = batched.adapt_batch(batch)
         # The batch path reports one gap event per operation per batch; compare the rest.
         expected += [a for a in singles if a.event.id is not EventId.NATIVE_SEQUENCE_GAP_DETECTED]
@@ -184,6 +279,7 @@ def test_without_diagnostics_the_batch_path_matches_the_per_fact_path(
     assert batched.counters.duplicates == per_fact.counters.duplicates
     assert batched.counters.gaps == per_fact.counters.gaps
     assert batched.counters.unbound == per_fact.counters.unbound
+    assert batched.counters.coalesced == folded
 
 
 def test_a_real_diagnostic_storm_is_folded_and_every_fact_accounted_for() -> None:
