@@ -34,6 +34,8 @@ from skippyctl.reducer.state import LOADING_MODEL_STATES, NodeState
 from skippyctl.runtime.host import LoadRequest
 
 PUBLIC_PATHS = frozenset({"/health", "/metrics"})
+# Event frames written to an SSE client in one chunk at most (what gathered since the last look).
+SSE_FRAMES_PER_WRITE = 256
 
 
 def health_document(ctx: ApiContext) -> tuple[int, dict[str, Any]]:
@@ -331,13 +333,15 @@ async def _event_stream(
         next_disconnect_check = 0.0
         while True:
             try:
-                item = subscription.get(0)
+                items = subscription.get_many(SSE_FRAMES_PER_WRITE, 0)
             except SubscriptionClosed:
                 return  # lagged past its bound (or shutdown): the client resumes with its cursor
-            if item is not None:
-                if item.sequence > sent:
-                    yield _event_frame(ctx, item)
-                    sent = item.sequence
+            if items:
+                # One write for what gathered since the last look, not one per event.
+                fresh = [item for item in items if item.sequence > sent]
+                if fresh:
+                    yield b"".join(_event_frame(ctx, item) for item in fresh)
+                    sent = fresh[-1].sequence
                 continue
             now = time.monotonic()
             if now >= next_health:

@@ -205,6 +205,8 @@ class Pipeline:
         self._reducer_errors = 0
         self._internal_errors = 0
         self._native_facts_processed = 0
+        self._outbox: list[Event] = []
+        """Reduced events of the current inbox item, dispatched together (`_publish_outbox`)."""
         self._thread = threading.Thread(target=self._run, name="skippy-pipeline", daemon=True)
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -354,6 +356,7 @@ class Pipeline:
                 break
             for event in events:
                 self._process(event, notify=False)
+            self._publish_outbox()
             for item in items:
                 if isinstance(item, NativeBatch):
                     self._process_batch(item)
@@ -362,6 +365,7 @@ class Pipeline:
                         self.adapter.bind(item)
                     for event in self.reconciler.on_authority(item):
                         self._process(event, notify=False)
+                self._publish_outbox()
             self._notify_state()
         for undelivered in self.ingress.take_undelivered_terminals():
             self._process(self._synthetic_terminal(undelivered.event))
@@ -374,7 +378,8 @@ class Pipeline:
 
     def _process(self, event: Event, notify: bool = True) -> None:
         """Reduce and dispatch one event. With `notify=False` the caller wakes state waiters
-        once for a whole batch (`_notify_state`); the new state is visible at once either way.
+        once for a whole batch (`_notify_state`) and dispatches the batch's events together
+        (`_publish_outbox`); the new state is visible at once either way.
         """
         try:
             new_state, transitions = reduce(self._state, event)
@@ -383,11 +388,16 @@ class Pipeline:
             new_state, transitions = self._state, ()
         # Only this thread writes `_state`; a reference swap is atomic, readers copy it.
         self._state = new_state
+        self._outbox.append(event)
+        self._outbox.extend(transitions)
         if notify:
             self._notify_state()
-        self.dispatcher.publish(event)
-        for transition in transitions:
-            self.dispatcher.publish(transition)
+            self._publish_outbox()
+
+    def _publish_outbox(self) -> None:
+        if self._outbox:
+            events, self._outbox = self._outbox, []
+            self.dispatcher.publish_many(events)
 
     def _notify_state(self) -> None:
         with self._state_changed:
