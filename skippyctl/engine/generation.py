@@ -33,7 +33,9 @@ benchmark baseline, SKIPPY_SERVING_EVENTS=off) only ``gen_text`` and ``gen_done`
 - ``gen_prefill_progress`` {request_id, done, total} (tokens to prefill, reuse excluded) at most
   every 250 ms per request, none for a prefill under 250 ms.
 - ``gen_prefill_done`` {request_id, tokens, ms}; ``gen_first_token`` {request_id, ttft_ms}
-  (submit to first sampled token).
+  (submit to first sampled token). Both are held back until the first token's ``gen_text``
+  has gone out (the client's first text must not wait for the host to turn them into events),
+  and sent before ``gen_done`` if the request ends first.
 - ``gen_text`` {request_id, text}: new completion text, whole UTF-8 characters only, stop strings
   held back and cut; at most one per request per decode step.
 - ``gen_progress`` {request_id, generated} at most every 500 ms per request.
@@ -238,6 +240,7 @@ class _Request:
         "deadline",
         "detok",
         "error",
+        "held_observations",
         "id",
         "lane",
         "max_batch",
@@ -279,6 +282,8 @@ class _Request:
         self.out_index = -1
         self.completion_tokens = 0
         self.sampled = 0
+        self.held_observations: list[dict[str, Any]] = []
+        """gen_prefill_done and gen_first_token, sent after the first token's text."""
         self.shared_steps = 0
         self.max_batch = 0
         self.approaching_sent = False
@@ -508,6 +513,13 @@ class BatchEngine:
             self._emit_fn(message)
         except Exception:  # noqa: BLE001 - a broken consumer must not kill the decode thread
             self.emit_failures += 1
+
+    def _release_observations(self, r: _Request) -> None:
+        """Send the observations held back while the first token's text went out first: the
+        client's time to first token does not wait for the host to turn them into events."""
+        held, r.held_observations = r.held_observations, []
+        for message in held:
+            self._emit(message)
 
     def _emit_kv(self, event: str, used: int, total: int, request_id: str | None = None) -> None:
         message: dict[str, Any] = {
@@ -869,7 +881,7 @@ class BatchEngine:
                     )
             else:
                 prefill.t_prefill_end = now
-                self._emit(
+                prefill.held_observations.append(
                     {
                         "msg": "gen_prefill_done",
                         "request_id": prefill.id,
@@ -911,7 +923,7 @@ class BatchEngine:
         r.t_last = now
         if r.sampled == 1:
             r.t_first = r.t_progress = now
-            self._emit(
+            r.held_observations.append(
                 {
                     "msg": "gen_first_token",
                     "request_id": r.id,
@@ -957,6 +969,8 @@ class BatchEngine:
             return
         if text:
             self._emit({"msg": "gen_text", "request_id": r.id, "text": text})
+        if r.held_observations:
+            self._release_observations(r)
         if now - r.t_progress >= GEN_PROGRESS_INTERVAL_S:
             r.t_progress = now
             self._emit(
@@ -1034,6 +1048,7 @@ class BatchEngine:
                 self._emit({"msg": "gen_text", "request_id": r.id, "text": text})
         except Exception:  # noqa: BLE001 - the terminal below must still be sent
             pass
+        self._release_observations(r)
         # A request may already be off its list (popped for admission or for a prefill chunk).
         with contextlib.suppress(ValueError):
             if phase is _Phase.QUEUED:

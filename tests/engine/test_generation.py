@@ -226,7 +226,9 @@ def test_generation_completes_with_counts_and_ordered_messages(
     if done["prefill_ms"] < 250:
         assert h.recorder.of("r1", "gen_prefill_progress") == []
     order = [m["msg"] for m in h.recorder.messages if m.get("request_id") == "r1"]
-    assert order[:3] == ["gen_started", "gen_prefill_done", "gen_first_token"]
+    # This prompt's first token is a partial UTF-8 character (no text yet): the observations
+    # go out at the end of its step, before the second token's text.
+    assert order[:4] == ["gen_started", "gen_prefill_done", "gen_first_token", "gen_text"]
     assert order[-1] == "gen_done"
     assert h.engine.context_tokens_per_lane() == 1024
     assert h.engine.lanes == 1
@@ -242,6 +244,45 @@ def test_eos_token_ends_generation_without_counting_it(make_engine: EngineFactor
     assert done["completion_tokens"] == 0
     assert done["ttft_ms"] is not None  # a token (the EOS) was sampled
     assert h.recorder.text("r") == ""
+
+
+def test_first_token_text_goes_out_before_the_prefill_and_first_token_observations(
+    make_engine: EngineFactory, model: Any, eog_ban: tuple[tuple[int, float], ...]
+) -> None:
+    """The client's time to first token must not wait for the host to turn the prefill and
+    first-token observations into events: they follow the first text."""
+    vocab = llama_cpp.llama_model_get_vocab(model)
+    (word,) = tokenize(llama_cpp, vocab, "the", add_special=False)
+    h = make_engine(lanes=1)
+    forced = greedy((*eog_ban, (word, 100.0)))
+    h.engine.submit(GenerateRequest("t", prompt=PROMPT, max_tokens=3, sampling=forced))
+    (done,) = h.recorder.wait_done(1)
+    assert done["completion_tokens"] == 3
+    messages = [m for m in h.recorder.messages if m.get("request_id") == "t"]
+    assert [m["msg"] for m in messages] == [
+        "gen_started",
+        "gen_text",
+        "gen_prefill_done",
+        "gen_first_token",
+        "gen_text",
+        "gen_text",  # the last token's text, flushed by the finish
+        "gen_done",
+    ]
+    assert messages[1]["text"] == " the"  # this vocabulary's pieces carry their leading space
+    assert h.recorder.text("t") == " the the the"
+
+
+def test_observations_held_for_the_first_text_are_sent_before_gen_done(
+    make_engine: EngineFactory, eog_ban: tuple[tuple[int, float], ...]
+) -> None:
+    """A request that ends on its first token still reports prefill and first token."""
+    h = make_engine(lanes=1)
+    h.engine.submit(GenerateRequest("one", prompt=PROMPT, max_tokens=1, sampling=greedy(eog_ban)))
+    (done,) = h.recorder.wait_done(1)
+    order = [m["msg"] for m in h.recorder.messages if m.get("request_id") == "one"]
+    assert order[0] == "gen_started" and order[-1] == "gen_done"
+    assert order.index("gen_prefill_done") + 1 == order.index("gen_first_token")
+    assert done["completion_tokens"] == 1
 
 
 def test_chat_messages_use_the_model_template(
