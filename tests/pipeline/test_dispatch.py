@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event, LogicalId, Scope, make_event
 from skippyctl.pipeline.dispatch import (
@@ -72,12 +74,8 @@ def test_get_many_returns_queued_items_in_order_at_most_max_then_reports_the_end
     dispatcher.publish_many(numbered(2))
     dispatcher.unsubscribe(subscription)
     assert len(subscription.get_many(10)) == 2  # what was queued is still read
-    try:
+    with pytest.raises(SubscriptionClosed):
         subscription.get_many(10, 0.01)
-    except SubscriptionClosed:
-        pass
-    else:
-        raise AssertionError("an ended, drained subscription must raise SubscriptionClosed")
 
 
 def test_a_waiting_reader_is_woken_by_a_batch() -> None:
