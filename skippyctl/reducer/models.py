@@ -366,7 +366,6 @@ HANDLERS: Final[dict[EventId, Handler]] = {
     EventId.MODEL_LOAD_STARTED: on_load_started,
     EventId.MODEL_LOAD_PHASE_CHANGED: on_loading_fact,
     EventId.MODEL_LOAD_PROGRESS: on_loading_fact,
-    EventId.BACKEND_DEVICE_SELECTED: on_loading_fact,
     EventId.MODEL_MEMORY_ALLOCATION_SUMMARY: on_loading_fact,
     EventId.NATIVE_MODEL_LOAD_COMPLETED: on_native_completed,
     EventId.SERVING_BACKEND_INITIALIZATION_STARTED: on_backend_started,

@@ -13,6 +13,7 @@ Transitions are projections: they are dispatched, never reduced again.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Final
 
 from skippyctl.events.catalog import EventId
@@ -32,13 +33,24 @@ from skippyctl.reducer.state import (
 
 Transitions = tuple[Event, ...]
 
-_HANDLERS: Final[dict[EventId, Handler]] = {
-    **health.HANDLERS,
-    **models.HANDLERS,
-    **topology.HANDLERS,
-    **serving.HANDLERS,
-    **resources.HANDLERS,
-}
+FAMILIES: Final = (health, models, topology, serving, resources)
+
+
+def merge_handlers(*maps: Mapping[EventId, Handler]) -> dict[EventId, Handler]:
+    """One handler map from the families'; an event id claimed by two families is a programming
+    error (a plain dict merge would let the later family silently replace the earlier handler),
+    so it fails at import. An event that belongs to two families has one handler that composes
+    both (e.g. `resources.on_backend_device_selected`)."""
+    merged: dict[EventId, Handler] = {}
+    for handlers in maps:
+        for event_id, handler in handlers.items():
+            if event_id in merged:
+                raise ValueError(f"reducer families both handle {event_id.value}")
+            merged[event_id] = handler
+    return merged
+
+
+_HANDLERS: Final[dict[EventId, Handler]] = merge_handlers(*(f.HANDLERS for f in FAMILIES))
 
 NODE_EVENTS: Final[dict[NodeState, EventId]] = {
     NodeState.STARTING: EventId.NODE_STARTING,

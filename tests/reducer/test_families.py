@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event, LogicalId, Progress, Scope, make_event, summaries
 from skippyctl.events.reasons import ProgressUnit, ReasonCode
+from skippyctl.reducer.common import reject
 from skippyctl.reducer.node import derive_node
-from skippyctl.reducer.reduce import reduce
+from skippyctl.reducer.reduce import FAMILIES, merge_handlers, reduce
 from skippyctl.reducer.state import (
     MAX_RECENT_EVENTS,
     MAX_SESSIONS,
@@ -356,3 +358,17 @@ def test_any_event_sequence_of_any_family_keeps_bounds_and_never_raises(
             assert transition.state is not None
             assert transition.state.previous != transition.state.current
         assert derive_node(state) is state.node  # the stored node is always the derived one
+
+
+def test_family_handler_maps_are_disjoint() -> None:
+    owners: dict[EventId, list[str]] = {}
+    for family in FAMILIES:
+        for event_id in family.HANDLERS:
+            owners.setdefault(event_id, []).append(family.__name__)
+    assert {e: o for e, o in owners.items() if len(o) > 1} == {}
+
+
+def test_merging_handler_maps_refuses_an_id_claimed_twice() -> None:
+    claimed = {EventId.MODEL_LOAD_STARTED: reject}
+    with pytest.raises(ValueError, match="model_load_started"):
+        merge_handlers(claimed, dict(claimed))
