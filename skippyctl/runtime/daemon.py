@@ -104,6 +104,15 @@ def serve(options: ServeOptions) -> None:
             telemetry = exporter_config(options.telemetry_endpoint, os.environ)
         except TelemetryConfigError as error:
             raise ServeError("invalid_configuration", str(error)) from error
+    # OTLP is configured by the standard OTEL_* variables only (telemetry/otlp.py); this check
+    # imports nothing from OpenTelemetry: the SDK is loaded below only when OTLP is on.
+    from skippyctl.telemetry.exporter import TelemetryConfigError
+    from skippyctl.telemetry.otlp import otlp_config
+
+    try:
+        otlp_settings = otlp_config(os.environ)
+    except TelemetryConfigError as error:
+        raise ServeError("invalid_configuration", str(error)) from error
     try:
         existing = read_discovery()
     except DiscoveryProblem:
@@ -145,6 +154,22 @@ def serve(options: ServeOptions) -> None:
         exporter = TelemetryExporter(telemetry, submit=host.pipeline.submit)
         exporter.start(host.pipeline.dispatcher)
         metrics.exporter = exporter
+    otlp = None
+    if otlp_settings is not None:
+        from skippyctl.telemetry.otlp_export import OtlpTelemetry
+
+        pipeline = host.pipeline
+        otlp = OtlpTelemetry(
+            otlp_settings,
+            submit=pipeline.submit,
+            collector=metrics,
+            state=lambda: pipeline.state,
+            health=pipeline.health,
+            instance_id=str(pipeline.dispatcher.instance_id),
+        ).start(pipeline.dispatcher)
+        metrics.otlp = otlp
+        if metrics.exporter is None:  # shown under telemetry_exporter unless NDJSON is too
+            metrics.exporter = otlp
     config = uvicorn.Config(
         "skippyctl.api.app:create_app",  # replaced below; uvicorn needs some app reference
         log_level="warning",
@@ -196,6 +221,8 @@ def serve(options: ServeOptions) -> None:
         host.shutdown()
         if exporter is not None:
             exporter.shutdown()  # after the host: runtime_stopped is exported too (bounded)
+        if otlp is not None:
+            otlp.shutdown()  # likewise: bounded, idempotent
         sock.close()
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from typing import TYPE_CHECKING, Final
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import SummaryKey
@@ -24,7 +25,32 @@ from skippyctl.pipeline.pipeline import EventSystemHealth
 from skippyctl.reducer.state import RuntimeView, lanes_in_use, queue_depth
 
 if TYPE_CHECKING:  # only a type here: no exporter configured, nothing of it imported
-    from skippyctl.telemetry.exporter import TelemetryExporter
+    from skippyctl.telemetry.otlp_export import OtlpTelemetry
+
+
+class _StatsRecord(Protocol):
+    def as_dict(self) -> dict[str, Any]: ...
+
+
+class PushExporter(Protocol):
+    """A push exporter whose counters the API shows under `telemetry_exporter` and /metrics
+    renders as `skippy_telemetry_*`: `as_dict()` has at least `degraded`, `exported`, `batches`,
+    `failures` {kind: n}, `dropped` {reason: n}, `pending`, `in_flight`."""
+
+    def stats(self) -> _StatsRecord: ...
+
+
+@dataclass(frozen=True, slots=True)
+class CounterSnapshot:
+    """A copy of the collector's counters (for the OTLP metric callbacks)."""
+
+    requests: dict[tuple[str, str, str], int]
+    """(model, outcome, reason) → requests."""
+    prompt_tokens: dict[str, int]
+    generated_tokens: dict[str, int]
+    events: dict[str, int]
+    """category → events."""
+
 
 _REQUEST_TERMINALS: Final = {
     EventId.REQUEST_COMPLETED: "completed",
@@ -43,8 +69,11 @@ class MetricsCollector:
         self._generated_tokens: Counter[str] = Counter()
         self._events: Counter[str] = Counter()
         self.subscription_status = SubscriberStatus.DISCONNECTED
-        self.exporter: TelemetryExporter | None = None
-        """The push exporter when one is configured: its counters are rendered too."""
+        self.exporter: PushExporter | None = None
+        """The push exporter when one is configured (NDJSON if set, else OTLP): its counters
+        are rendered too and /api/runtime/state shows them under `telemetry_exporter`."""
+        self.otlp: OtlpTelemetry | None = None
+        """The OTLP exporter when configured: per-signal counters as `skippy_otlp_*`."""
 
     def attach(self, dispatcher: Dispatcher) -> None:
         subscription = dispatcher.subscribe("metrics", max_queue_size=8192)
@@ -70,6 +99,15 @@ class MetricsCollector:
                 generated = event.summary_value(SummaryKey.GENERATED_TOKENS) or 0
                 self._prompt_tokens[model] += int(prompt)
                 self._generated_tokens[model] += int(generated)
+
+    def snapshot(self) -> CounterSnapshot:
+        with self._lock:
+            return CounterSnapshot(
+                requests=dict(self._requests),
+                prompt_tokens=dict(self._prompt_tokens),
+                generated_tokens=dict(self._generated_tokens),
+                events=dict(self._events),
+            )
 
     def render(self, state: RuntimeView, health: EventSystemHealth) -> str:
         lines: list[str] = []
@@ -191,41 +229,90 @@ class MetricsCollector:
             [("", 1.0 if self.up else 0.0)],
         )
         if self.exporter is not None:
-            exporter = self.exporter.stats()
+            exporter = self.exporter.stats().as_dict()
             metric(
                 "skippy_telemetry_exported_events_total",
                 "counter",
                 "Events the telemetry exporter delivered to its collector.",
-                [("", float(exporter.exported))],
+                [("", float(exporter["exported"]))],
             )
             metric(
                 "skippy_telemetry_export_batches_total",
                 "counter",
                 "Batches the telemetry exporter delivered.",
-                [("", float(exporter.batches))],
+                [("", float(exporter["batches"]))],
             )
             metric(
                 "skippy_telemetry_export_failures_total",
                 "counter",
                 "Failed export attempts, by kind (timeout, connection, http_status).",
-                [(f'{{kind="{k.value}"}}', float(n)) for k, n in exporter.failures.items()],
+                [(f'{{kind="{k}"}}', float(n)) for k, n in exporter["failures"].items()],
             )
             metric(
                 "skippy_telemetry_dropped_events_total",
                 "counter",
                 "Events the telemetry exporter dropped, by reason.",
-                [(f'{{reason="{r.value}"}}', float(n)) for r, n in exporter.dropped.items()],
+                [(f'{{reason="{r}"}}', float(n)) for r, n in exporter["dropped"].items()],
             )
             metric(
                 "skippy_telemetry_queue_events",
                 "gauge",
                 "Events buffered for export.",
-                [("", float(exporter.pending + exporter.in_flight))],
+                [("", float(exporter["pending"] + exporter["in_flight"]))],
             )
             metric(
                 "skippy_telemetry_exporter_degraded",
                 "gauge",
                 "1 while the telemetry exporter's last attempt failed.",
-                [("", 1.0 if exporter.degraded else 0.0)],
+                [("", 1.0 if exporter["degraded"] else 0.0)],
+            )
+        if self.otlp is not None:
+            otlp = self.otlp.stats()
+            metric(
+                "skippy_otlp_exported_total",
+                "counter",
+                "Items the OTLP exporter delivered, by signal (log records, spans, points).",
+                [(f'{{signal="{s.signal.value}"}}', float(s.exported)) for s in otlp.signals],
+            )
+            metric(
+                "skippy_otlp_export_failures_total",
+                "counter",
+                "Failed OTLP export attempts, by signal and kind.",
+                [
+                    (f'{{signal="{s.signal.value}",kind="{k.value}"}}', float(n))
+                    for s in otlp.signals
+                    for k, n in s.failures.items()
+                ],
+            )
+            metric(
+                "skippy_otlp_dropped_total",
+                "counter",
+                "Items the OTLP exporter dropped, by signal and reason.",
+                [
+                    (f'{{signal="{s.signal.value}",reason="{r.value}"}}', float(n))
+                    for s in otlp.signals
+                    for r, n in s.dropped.items()
+                ],
+            )
+            metric(
+                "skippy_otlp_queue_items",
+                "gauge",
+                "Items queued or in flight in the OTLP exporter, by signal.",
+                [
+                    (f'{{signal="{s.signal.value}"}}', float(s.pending + s.in_flight))
+                    for s in otlp.signals
+                ],
+            )
+            metric(
+                "skippy_otlp_spans_evicted_total",
+                "counter",
+                "Request span trees ended early because too many were open.",
+                [("", float(otlp.spans.evicted))],
+            )
+            metric(
+                "skippy_otlp_exporter_degraded",
+                "gauge",
+                "1 while the latest export of some OTLP signal failed.",
+                [("", 1.0 if otlp.degraded else 0.0)],
             )
         return "\n".join(lines) + "\n"
