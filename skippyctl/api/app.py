@@ -1,7 +1,10 @@
 """The runtime's HTTP surface (FastAPI): management, live events, OpenAI-compatible generation.
 
-Auth: a bearer token (from the discovery file) guards control, state and generation endpoints;
-`/health` and `/metrics` answer without it. Errors are OpenAI-shaped with a `reason_code`.
+Auth: a bearer token (from the discovery file) guards every path but `/health` and `/metrics`
+(an unknown path without the token is a 401, with it a 404). Every error — a handler's, request
+validation, routing (404/405), the body limit (413), an unexpected exception (500) — is
+OpenAI-shaped with a `reason_code` (api/errors.py, api/edge.py). Request bodies are validated by
+the models in api/schemas.py, which also make up the OpenAPI document at `/openapi.json`.
 Nothing private is logged or evented here: request bodies stay in handler memory; the client's
 `model` name is never echoed into events (unknown models are rejected without it).
 """
@@ -15,15 +18,35 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Final
 
-import orjson
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Header, Query, Request
+from fastapi.openapi.utils import get_openapi
+from starlette.datastructures import Headers
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from skippyctl.api.context import ApiContext
-from skippyctl.api.errors import JsonResponse, error_response
+from skippyctl.api.edge import EdgeMiddleware
+from skippyctl.api.errors import JsonResponse, error_response, install_error_handlers
 from skippyctl.api.openai import register_openai_routes
+from skippyctl.api.schemas import (
+    FIELD_NAMES,
+    SSE,
+    CancelAccepted,
+    HealthDocument,
+    LoadAccepted,
+    LoadBody,
+    RecentEvents,
+    ShutdownAccepted,
+    StateDocument,
+    UnloadAccepted,
+    UnloadBody,
+    add_request_models,
+    errors,
+    json_body,
+    read_body,
+)
 from skippyctl.events.envelope import InvalidLogicalId, LogicalId
 from skippyctl.events.reasons import ReasonCode
 from skippyctl.output.records import event_record
@@ -106,6 +129,28 @@ def health_counters(ctx: ApiContext) -> dict[str, Any]:
     return counters
 
 
+class BearerAuthMiddleware:
+    """Every path but PUBLIC_PATHS needs `Authorization: Bearer <token>` (checked before
+    routing: an unknown path without the token is a 401, not a 404). Pure ASGI, so a streamed
+    response passes straight through."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self.token = token.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS:
+            await self.app(scope, receive, send)
+            return
+        header = Headers(scope=scope).get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), self.token):
+            response = error_response("missing or wrong bearer token", 401, code="invalid_api_key")
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
 def create_app(ctx: ApiContext, on_ready: Callable[[], None] | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -121,33 +166,42 @@ def create_app(ctx: ApiContext, on_ready: Callable[[], None] | None = None) -> F
         lifespan=lifespan,
     )
     app.state.ctx = ctx
+    install_error_handlers(app, FIELD_NAMES)
 
-    @app.middleware("http")
-    async def authenticate(request: Request, call_next: Any) -> Response:
-        if request.url.path in PUBLIC_PATHS:
-            response: Response = await call_next(request)
-            return response
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            token.encode(), ctx.token.encode()
-        ):
-            return error_response("missing or wrong bearer token", 401, code="invalid_api_key")
-        response = await call_next(request)
-        return response
+    app.add_middleware(BearerAuthMiddleware, token=ctx.token)
+    # Outermost (added last): the body-size limit and the last-resort 500 wrap everything.
+    app.add_middleware(EdgeMiddleware, max_body_bytes=ctx.max_body_bytes)
 
-    @app.get("/health")
+    @app.get(
+        "/health",
+        response_model=HealthDocument,
+        response_class=JsonResponse,
+        responses={503: {"model": HealthDocument, "description": "Loading or draining"}},
+        openapi_extra=PUBLIC,
+    )
     async def health() -> Response:
         code, body = health_document(ctx)
         return JsonResponse(body, status_code=code)
 
-    @app.get("/metrics")
+    @app.get(
+        "/metrics",
+        response_class=PlainTextResponse,
+        responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
+        openapi_extra=PUBLIC,
+    )
     async def metrics() -> Response:
         text = ctx.metrics.render(ctx.host.pipeline.state, ctx.host.pipeline.health())
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
-    @app.get("/api/runtime/state")
-    async def runtime_state(recent: int = 0) -> Response:
+    @app.get(
+        "/api/runtime/state",
+        response_model=StateDocument,
+        response_class=JsonResponse,
+        responses=errors(400, 401),
+    )
+    async def runtime_state(
+        recent: Annotated[int, Query(description="Also return up to N (≤128) recent events")] = 0,
+    ) -> Response:
         state = ctx.host.pipeline.state
         events = state.recent_events[-max(0, min(recent, 128)) :] if recent > 0 else None
         document = state_document(state, health=health_counters(ctx), recent=events)
@@ -156,38 +210,53 @@ def create_app(ctx: ApiContext, on_ready: Callable[[], None] | None = None) -> F
         ]
         return JsonResponse(document)
 
-    @app.get("/api/runtime/events/recent")
-    async def recent_events(limit: int = 128) -> Response:
+    @app.get(
+        "/api/runtime/events/recent",
+        response_model=RecentEvents,
+        response_class=JsonResponse,
+        responses=errors(400, 401),
+    )
+    async def recent_events(
+        limit: Annotated[int, Query(description="At most this many (1-128)")] = 128,
+    ) -> Response:
         state = ctx.host.pipeline.state
         events = state.recent_events[-max(1, min(limit, 128)) :]
         return JsonResponse({"events": [event_record(e) for e in events]})
 
-    @app.post("/api/runtime/models/load")
+    @app.post(
+        "/api/runtime/models/load",
+        status_code=202,
+        response_model=LoadAccepted,
+        response_class=JsonResponse,
+        responses={
+            200: {"model": LoadAccepted, "description": "Already available"},
+            **errors(400, 401, 413),
+        },
+        openapi_extra=json_body(LoadBody),
+    )
     async def load(request: Request) -> Response:
-        body = await _json_body(request)
+        body = await read_body(request, LoadBody)
         if isinstance(body, Response):
             return body
-        path = body.get("model")
-        if not isinstance(path, str) or not path:
+        try:
+            artifact = resolve_model_path(ctx.model_root, body.model)
+        except ModelPathRefused as refused:
             return error_response(
-                "'model' (a path to a GGUF file) is required",
+                str(refused),
                 400,
                 param="model",
+                code="invalid_value",
                 reason=ReasonCode.INVALID_CONFIGURATION,
             )
-        try:
-            load_request = LoadRequest(
-                artifact=_resolve(ctx.model_root, path),
-                alias=_opt(body, "alias", str),
-                context_tokens=_opt(body, "ctx", int),
-                lanes=_opt(body, "lanes", int) or 1,
-                gpu_layers=_opt(body, "gpu_layers", int) or 0,
-                timeout_s=_opt(body, "timeout_s", float),
-            )
-        except (TypeError, ValueError) as error:
-            return error_response(str(error), 400, reason=ReasonCode.INVALID_CONFIGURATION)
-        max_queue = _opt(body, "max_queue", int)
-        handle = await asyncio.to_thread(ctx.scheduler.load, load_request, max_queue)
+        load_request = LoadRequest(
+            artifact=artifact,
+            alias=body.alias,
+            context_tokens=body.ctx,
+            lanes=body.lanes or 1,
+            gpu_layers=body.gpu_layers or 0,
+            timeout_s=body.timeout_s,
+        )
+        handle = await asyncio.to_thread(ctx.scheduler.load, load_request, body.max_queue)
         return JsonResponse(
             {
                 "operation_id": str(handle.operation_id),
@@ -198,21 +267,20 @@ def create_app(ctx: ApiContext, on_ready: Callable[[], None] | None = None) -> F
             status_code=200 if handle.already_available else 202,
         )
 
-    @app.post("/api/runtime/models/{model_id}/unload")
+    @app.post(
+        "/api/runtime/models/{model_id}/unload",
+        status_code=202,
+        response_model=UnloadAccepted,
+        response_class=JsonResponse,
+        responses=errors(400, 401, 404, 413),
+        openapi_extra=json_body(UnloadBody, required=False),
+    )
     async def unload(model_id: str, request: Request) -> Response:
-        body = await _json_body(request, allow_empty=True)
+        body = await read_body(request, UnloadBody, allow_empty=True)
         if isinstance(body, Response):
             return body
-        force = bool(body.get("force", False))
-        drain = _opt(body, "drain_timeout_s", float)
-        if drain is not None and drain < 0:
-            return error_response(
-                "drain_timeout_s must not be negative",
-                400,
-                param="drain_timeout_s",
-                reason=ReasonCode.INVALID_CONFIGURATION,
-            )
-        operation = ctx.scheduler.unload(model_id, force=force, drain_timeout_s=drain or 30.0)
+        drain = 30.0 if body.drain_timeout_s is None else body.drain_timeout_s
+        operation = ctx.scheduler.unload(model_id, force=body.force, drain_timeout_s=drain)
         if operation is None:
             return error_response(
                 "model is not loaded",
@@ -222,72 +290,134 @@ def create_app(ctx: ApiContext, on_ready: Callable[[], None] | None = None) -> F
             )
         return JsonResponse({"operation_id": str(operation), "model_id": model_id}, status_code=202)
 
-    @app.post("/api/runtime/operations/{operation_id}/cancel")
+    @app.post(
+        "/api/runtime/operations/{operation_id}/cancel",
+        status_code=202,
+        response_model=CancelAccepted,
+        response_class=JsonResponse,
+        responses=errors(400, 401),
+    )
     async def cancel(operation_id: str) -> Response:
         try:
             operation = LogicalId(operation_id)
         except InvalidLogicalId:
-            return error_response("not an operation id", 400, param="operation_id")
+            return error_response(
+                "not an operation id",
+                400,
+                param="operation_id",
+                code="invalid_value",
+                reason=ReasonCode.INVALID_CONFIGURATION,
+            )
         ctx.host.cancel(operation, ReasonCode.CANCELLATION)
         return JsonResponse(
             {"operation_id": operation_id, "cancel_requested": True}, status_code=202
         )
 
-    @app.post("/api/runtime/shutdown")
+    @app.post(
+        "/api/runtime/shutdown",
+        status_code=202,
+        response_model=ShutdownAccepted,
+        response_class=JsonResponse,
+        responses=errors(401),
+    )
     async def shutdown() -> Response:
         ctx.request_shutdown()
         return JsonResponse({"stopping": True}, status_code=202)
 
-    @app.get("/api/runtime/events/v1")
-    async def events(request: Request) -> Response:
+    @app.get(
+        "/api/runtime/events/v1",
+        response_class=StreamingResponse,
+        responses={
+            200: {
+                "description": "Live SSE frames: runtime_state, runtime_event, runtime_health, "
+                "runtime_replay_gap (resumable by cursor)",
+                "content": {SSE: {"schema": {"type": "string"}}},
+            },
+            **errors(401, 429),
+        },
+    )
+    async def events(
+        request: Request,
+        since: Annotated[str | None, Query(description="Resume after this cursor")] = None,
+        last_event_id: Annotated[
+            str | None, Header(alias="Last-Event-ID", description="Resume after this cursor")
+        ] = None,
+    ) -> Response:
         peer = request.client.host if request.client else "unknown"
         if not ctx.limiter.allow(peer):
             return error_response(
-                "too many event-stream reconnects; slow down", 429, headers={"Retry-After": "2"}
+                "too many event-stream reconnects; slow down",
+                429,
+                code="rate_limit_exceeded",
+                headers={"Retry-After": "2"},
             )
-        last_event_id = request.headers.get("last-event-id") or request.query_params.get("since")
         return StreamingResponse(
-            _event_stream(ctx, request, last_event_id),
-            media_type="text/event-stream",
+            _event_stream(ctx, request, last_event_id or since),
+            media_type=SSE,
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
 
     register_openai_routes(app, ctx)
+    _document(app)
     return app
 
 
-async def _json_body(request: Request, allow_empty: bool = False) -> dict[str, Any] | Response:
-    raw = await request.body()
-    if not raw and allow_empty:
-        return {}
+PUBLIC: Final[dict[str, Any]] = {"security": []}
+
+
+def _document(app: FastAPI) -> None:
+    """The OpenAPI document: every request model, the bearer scheme (all but /health and
+    /metrics need it), and the error body on every operation."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            document = get_openapi(
+                title=app.title, version=app.version, routes=app.routes, openapi_version="3.1.0"
+            )
+            add_request_models(document)
+            components = document.setdefault("components", {})
+            components.setdefault("securitySchemes", {})["bearer"] = {
+                "type": "http",
+                "scheme": "bearer",
+            }
+            document["security"] = [{"bearer": []}]
+            for item in document.get("paths", {}).values():
+                for operation in item.values():
+                    responses = operation.setdefault("responses", {})
+                    responses.pop("422", None)  # FastAPI's default; validation answers 400
+            app.openapi_schema = document
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented override
+
+
+class ModelPathRefused(ValueError):
+    """The load path is not acceptable; the message names why, never the path."""
+
+
+def resolve_model_path(model_root: Path | None, path: str) -> str:
+    """The artifact path to load. Without a model root: the path as given (`~` expanded).
+
+    With a root, a relative path is taken relative to it, and the result — symlinks and `..`
+    resolved — must lie inside the (resolved) root, or `ModelPathRefused`. The unresolved path
+    is returned so a symlinked file keeps its own name as the model id; the host resolves it
+    again when it loads (whoever can swap links inside the root in between can already put any
+    file there)."""
     try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return error_response(
-            "request body is not valid JSON (UTF-8)", 400, reason=ReasonCode.INVALID_CONFIGURATION
-        )
-    if not isinstance(body, dict):
-        return error_response(
-            "request body must be a JSON object", 400, reason=ReasonCode.INVALID_CONFIGURATION
-        )
-    return body
-
-
-def _opt(body: dict[str, Any], key: str, kind: type[Any]) -> Any:
-    value = body.get(key)
-    if value is None:
-        return None
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if not isinstance(value, kind) or isinstance(value, bool):
-        raise TypeError(f"'{key}' must be {kind.__name__}")
-    return value
-
-
-def _resolve(model_root: Path | None, path: str) -> str:
-    candidate = Path(path).expanduser()
-    if not candidate.is_absolute() and model_root is not None:
-        candidate = model_root / candidate
+        candidate = Path(path).expanduser()
+    except RuntimeError as error:  # `~user` of an unknown user
+        raise ModelPathRefused("model path names an unknown home directory") from error
+    if model_root is None:
+        return str(candidate)
+    try:
+        root = model_root.expanduser().resolve()
+        if not candidate.is_absolute():
+            candidate = root / candidate
+        real = candidate.resolve()
+    except (OSError, RuntimeError, ValueError) as error:  # symlink loop, bad bytes
+        raise ModelPathRefused("model path cannot be resolved") from error
+    if not real.is_relative_to(root):
+        raise ModelPathRefused("model path is outside the model root")
     return str(candidate)
 
 

@@ -1,7 +1,10 @@
 """OpenAI-compatible endpoints: /v1/models, /v1/completions, /v1/chat/completions.
 
-Streaming responses are SSE `data: {chunk}` lines ending in `data: [DONE]`; a failure after the
-stream started is sent as one `data: {"error": …}` line before `[DONE]` (the official client
+Request bodies are validated by the models in `skippyctl.api.schemas` (a wrong type or an
+unsupported parameter is a 400 naming it). Streaming responses are SSE `data: {chunk}` lines
+ending in `data: [DONE]`; with `stream_options.include_usage` every chunk carries `usage: null`
+and one last chunk with `choices: []` carries the request's usage, as OpenAI does. A failure after
+the stream started is sent as one `data: {"error": …}` line before `[DONE]` (the official client
 raises it). A client that goes away cancels its request (between decode steps). Sessions come
 from the `user` field or an `X-Session-Id` header and are mapped to opaque ids by the scheduler.
 """
@@ -12,7 +15,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Final, TypeVar
 
 import orjson
 from fastapi import FastAPI, Request
@@ -20,6 +23,17 @@ from starlette.responses import Response, StreamingResponse
 
 from skippyctl.api.context import ApiContext
 from skippyctl.api.errors import JsonResponse, error_body, error_response
+from skippyctl.api.schemas import (
+    SSE,
+    ChatCompletion,
+    ChatCompletionBody,
+    Completion,
+    CompletionBody,
+    ModelList,
+    errors,
+    json_body,
+    read_body,
+)
 from skippyctl.events.reasons import ReasonCode
 from skippyctl.reducer.state import SERVING_MODEL_STATES
 from skippyctl.runtime.requests import (
@@ -30,117 +44,94 @@ from skippyctl.runtime.requests import (
     RequestHandle,
     TextChunk,
 )
+from skippyctl.runtime.scheduler import Rejection
 
-_FAILURE_STATUS = {
+# A failed generation's reason -> (HTTP status, OpenAI `code`). `context_length_exceeded` is the
+# code OpenAI itself uses (clients match on it); the reason code says `context_exhausted`.
+_FAILURE_STATUS: Final = {
     ReasonCode.CONTEXT_EXHAUSTED: (400, "context_length_exceeded"),
     ReasonCode.INVALID_CONFIGURATION: (400, "invalid_request"),
+    ReasonCode.UNSUPPORTED_CAPABILITY: (400, "unsupported_parameter"),
     ReasonCode.TIMEOUT: (504, "timeout"),
     ReasonCode.PROCESS_CRASH: (503, "engine_crashed"),
     ReasonCode.STAGE_UNAVAILABLE: (503, "model_unavailable"),
+    ReasonCode.OUT_OF_MEMORY: (503, "out_of_memory"),
+    ReasonCode.RESOURCE_ALLOCATION_FAILURE: (503, "resource_exhausted"),
     ReasonCode.CANCELLATION: (499, "cancelled"),
 }
-_FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
-_CHAT_ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
+_FINISH: Final = {"eos": "stop", "stop": "stop", "length": "length"}
+COMPLETION_DEFAULT_MAX_TOKENS: Final = 16  # OpenAI's default for /v1/completions
+CHAT_DEFAULT_MAX_TOKENS: Final = 256
+
+T = TypeVar("T")
 
 
-class _BadRequest(Exception):
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
-
-
-def _number(body: dict[str, Any], key: str, default: Any, kind: type[Any]) -> Any:
-    value = body.get(key, default)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise _BadRequest(f"'{key}' must be a number", key)
-    if kind is int:
-        if isinstance(value, float) and not value.is_integer():
-            raise _BadRequest(f"'{key}' must be an integer", key)
-        return int(value)
-    return float(value)
-
-
-def _params(body: dict[str, Any], chat: bool) -> GenerationParams:
-    stop = body.get("stop")
-    if isinstance(stop, str):
-        stop = [stop]
-    if stop is not None and (
-        not isinstance(stop, list) or not all(isinstance(s, str) for s in stop)
-    ):
-        raise _BadRequest("'stop' must be a string or a list of strings", "stop")
-    bias_raw = body.get("logit_bias") or {}
-    if not isinstance(bias_raw, dict):
-        raise _BadRequest("'logit_bias' must map token ids to numbers", "logit_bias")
-    try:
-        bias = tuple((int(k), float(v)) for k, v in bias_raw.items())
-    except (TypeError, ValueError) as error:
-        raise _BadRequest("'logit_bias' must map token ids to numbers", "logit_bias") from error
-    if body.get("n", 1) != 1:
-        raise _BadRequest("only n=1 is supported", "n")
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+def _params(body: CompletionBody | ChatCompletionBody) -> GenerationParams:
+    """The host's parameters from a validated body (ranges are GenerationParams' to check)."""
+    stop = [body.stop] if isinstance(body.stop, str) else body.stop
+    bias = tuple((int(k), float(v)) for k, v in (body.logit_bias or {}).items())
     messages: tuple[ChatTurn, ...] | None = None
     prompt: str | None = None
-    if chat:
-        raw = body.get("messages")
-        if not isinstance(raw, list) or not raw:
-            raise _BadRequest("'messages' must be a non-empty list", "messages")
-        turns = []
-        for message in raw:
-            if not isinstance(message, dict) or message.get("role") not in _CHAT_ROLES:
-                raise _BadRequest("each message needs a known 'role'", "messages")
-            content = message.get("content")
-            if isinstance(content, list):  # content parts: keep the text ones
-                content = "".join(
-                    p.get("text", "")
-                    for p in content
-                    if isinstance(p, dict) and p.get("type") == "text"
-                )
-            if not isinstance(content, str):
-                raise _BadRequest("each message needs string 'content'", "messages")
-            turns.append(ChatTurn(str(message["role"]), content))
-        messages = tuple(turns)
-    else:
-        raw_prompt = body.get("prompt")
-        if isinstance(raw_prompt, list) and len(raw_prompt) == 1 and isinstance(raw_prompt[0], str):
-            raw_prompt = raw_prompt[0]
-        if not isinstance(raw_prompt, str):
-            raise _BadRequest("'prompt' must be a string", "prompt")
-        prompt = raw_prompt
-    seed = body.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise _BadRequest("'seed' must be an integer", "seed")
-    try:
-        return GenerationParams(
-            prompt=prompt,
-            messages=messages,
-            max_tokens=_number(body, "max_tokens", 16 if not chat else 256, int)
-            if max_tokens is not None or not chat
-            else 256,
-            temperature=_number(body, "temperature", 0.8, float),
-            top_k=_number(body, "top_k", 40, int),
-            top_p=_number(body, "top_p", 0.95, float),
-            min_p=_number(body, "min_p", 0.05, float),
-            repeat_penalty=_number(body, "repeat_penalty", 1.0, float),
-            seed=seed,
-            logit_bias=bias,
-            stop=tuple(stop or ()),
-            timeout_s=_number(body, "timeout", None, float),
+    if isinstance(body, ChatCompletionBody):
+        wanted = (
+            body.max_tokens if body.max_completion_tokens is None else body.max_completion_tokens
         )
-    except InvalidRequest as error:
-        raise _BadRequest(str(error), error.param) from error
+        max_tokens = CHAT_DEFAULT_MAX_TOKENS if wanted is None else wanted
+        messages = tuple(
+            ChatTurn(
+                m.role,
+                m.content if isinstance(m.content, str) else "".join(p.text for p in m.content),
+            )
+            for m in body.messages
+        )
+    else:
+        max_tokens = COMPLETION_DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
+        prompt = body.text()
+    return GenerationParams(
+        prompt=prompt,
+        messages=messages,
+        max_tokens=max_tokens,
+        temperature=_or(body.temperature, 0.8),
+        top_k=_or(body.top_k, 40),
+        top_p=_or(body.top_p, 0.95),
+        min_p=_or(body.min_p, 0.05),
+        repeat_penalty=_or(body.repeat_penalty, 1.0),
+        seed=body.seed,
+        logit_bias=bias,
+        stop=tuple(stop or ()),
+        timeout_s=body.timeout,
+    )
 
 
-def _session_key(body: dict[str, Any], request: Request) -> str | None:
+def _or(value: T | None, default: T) -> T:
+    return default if value is None else value
+
+
+def _session_key(body: CompletionBody | ChatCompletionBody, request: Request) -> str | None:
     header = request.headers.get("x-session-id")
-    user = body.get("user")
-    key = header or (user if isinstance(user, str) else None)
+    key = header or body.user
     return key[:256] if key else None
 
 
+def _stream_responses(model: type[Any]) -> dict[int | str, dict[str, Any]]:
+    return {
+        200: {
+            "model": model,
+            "description": "The completion; with `stream: true` an SSE stream of chunks ending "
+            "in `data: [DONE]`",
+            "content": {SSE: {"schema": {"type": "string"}}},
+        },
+        **errors(400, 401, 404, 413, 429, 499, 503, 504),
+    }
+
+
 def register_openai_routes(app: FastAPI, ctx: ApiContext) -> None:
-    @app.get("/v1/models")
+    @app.get(
+        "/v1/models",
+        response_model=ModelList,
+        response_class=JsonResponse,
+        responses=errors(401),
+    )
     async def models() -> Response:
         state = ctx.host.pipeline.state
         data = [
@@ -155,40 +146,59 @@ def register_openai_routes(app: FastAPI, ctx: ApiContext) -> None:
         ]
         return JsonResponse({"object": "list", "data": data})
 
-    @app.post("/v1/completions")
+    @app.post(
+        "/v1/completions",
+        response_model=Completion,
+        response_class=JsonResponse,
+        responses=_stream_responses(Completion),
+        openapi_extra=json_body(CompletionBody),
+    )
     async def completions(request: Request) -> Response:
-        return await _generate(ctx, request, chat=False)
+        body = await read_body(request, CompletionBody)
+        if isinstance(body, Response):
+            return body
+        return await _generate(ctx, request, body)
 
-    @app.post("/v1/chat/completions")
+    @app.post(
+        "/v1/chat/completions",
+        response_model=ChatCompletion,
+        response_class=JsonResponse,
+        responses=_stream_responses(ChatCompletion),
+        openapi_extra=json_body(ChatCompletionBody),
+    )
     async def chat_completions(request: Request) -> Response:
-        return await _generate(ctx, request, chat=True)
+        body = await read_body(request, ChatCompletionBody)
+        if isinstance(body, Response):
+            return body
+        return await _generate(ctx, request, body)
 
 
-async def _generate(ctx: ApiContext, request: Request, chat: bool) -> Response:
-    raw = await request.body()
+def _failure(reason: ReasonCode | None) -> tuple[int, str]:
+    return _FAILURE_STATUS.get(reason or ReasonCode.UNKNOWN_FAILURE, (500, "failed"))
+
+
+def _rejection_code(rejection: Rejection) -> str | None:
+    if rejection.status == 404:
+        return "model_not_found"
+    status, code = _FAILURE_STATUS.get(rejection.reason, (None, None))
+    return code if status == rejection.status else None
+
+
+async def _generate(
+    ctx: ApiContext, request: Request, body: CompletionBody | ChatCompletionBody
+) -> Response:
+    chat = isinstance(body, ChatCompletionBody)
     try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError:
+        params = _params(body)
+    except InvalidRequest as error:
         return error_response(
-            "request body is not valid JSON (UTF-8)", 400, reason=ReasonCode.INVALID_CONFIGURATION
+            str(error),
+            400,
+            param=error.param,
+            code="invalid_value",
+            reason=ReasonCode.INVALID_CONFIGURATION,
         )
-    if not isinstance(body, dict):
-        return error_response(
-            "request body must be a JSON object", 400, reason=ReasonCode.INVALID_CONFIGURATION
-        )
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        return error_response(
-            "'model' is required", 400, param="model", reason=ReasonCode.INVALID_CONFIGURATION
-        )
-    try:
-        params = _params(body, chat)
-    except _BadRequest as error:
-        return error_response(
-            str(error), 400, param=error.param, reason=ReasonCode.INVALID_CONFIGURATION
-        )
-    stream = bool(body.get("stream", False))
-    handle, rejection = ctx.scheduler.generate(model, params, _session_key(body, request))
+    handle, rejection = ctx.scheduler.generate(body.model, params, _session_key(body, request))
     if rejection is None:
         handle.bind_loop(asyncio.get_running_loop())
         rejection = ctx.scheduler.enqueue(handle)
@@ -197,17 +207,21 @@ async def _generate(ctx: ApiContext, request: Request, chat: bool) -> Response:
         headers = dict(request_header)
         if rejection.retry_after_s is not None:
             headers["Retry-After"] = str(rejection.retry_after_s)
-        code = "model_not_found" if rejection.status == 404 else None
         return error_response(
-            rejection.message, rejection.status, code=code, reason=rejection.reason, headers=headers
+            rejection.message,
+            rejection.status,
+            code=_rejection_code(rejection),
+            reason=rejection.reason,
+            headers=headers,
         )
     created = int(time.time())
     completion_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
     model_id = str(handle.model_id)
-    if stream:
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return StreamingResponse(
-            _stream(ctx, request, handle, chat, completion_id, created, model_id),
-            media_type="text/event-stream",
+            _stream(ctx, request, handle, chat, completion_id, created, model_id, include_usage),
+            media_type=SSE,
             headers={"Cache-Control": "no-cache", **request_header},
         )
     text_parts: list[str] = []
@@ -215,9 +229,7 @@ async def _generate(ctx: ApiContext, request: Request, chat: bool) -> Response:
     if finished is None:
         return Response(status_code=499, headers=request_header)
     if finished.outcome != "completed":
-        status, code = _FAILURE_STATUS.get(
-            finished.reason or ReasonCode.UNKNOWN_FAILURE, (500, "failed")
-        )
+        status, code = _failure(finished.reason)
         return error_response(
             f"generation {finished.outcome}",
             status,
@@ -225,11 +237,6 @@ async def _generate(ctx: ApiContext, request: Request, chat: bool) -> Response:
             reason=finished.reason,
             headers=request_header,
         )
-    usage = {
-        "prompt_tokens": finished.prompt_tokens,
-        "completion_tokens": finished.completion_tokens,
-        "total_tokens": finished.prompt_tokens + finished.completion_tokens,
-    }
     finish = _FINISH.get(finished.stop_reason or "", "stop")
     text = "".join(text_parts)
     if chat:
@@ -250,10 +257,18 @@ async def _generate(ctx: ApiContext, request: Request, chat: bool) -> Response:
             "created": created,
             "model": model_id,
             "choices": [choice],
-            "usage": usage,
+            "usage": _usage(finished),
         },
         headers=request_header,
     )
+
+
+def _usage(finished: Finished) -> dict[str, int]:
+    return {
+        "prompt_tokens": finished.prompt_tokens,
+        "completion_tokens": finished.completion_tokens,
+        "total_tokens": finished.prompt_tokens + finished.completion_tokens,
+    }
 
 
 async def _next(handle: RequestHandle, request: Request) -> TextChunk | Finished | None:
@@ -297,8 +312,21 @@ async def _stream(
     completion_id: str,
     created: int,
     model_id: str,
+    include_usage: bool = False,
 ) -> AsyncIterator[bytes]:
     kind = "chat.completion.chunk" if chat else "text_completion"
+
+    def envelope(choices: list[dict[str, Any]], usage: dict[str, int] | None) -> bytes:
+        payload: dict[str, Any] = {
+            "id": completion_id,
+            "object": kind,
+            "created": created,
+            "model": model_id,
+            "choices": choices,
+        }
+        if include_usage:  # OpenAI: null on every chunk but the last, which carries it
+            payload["usage"] = usage
+        return _sse(payload)
 
     def chunk(delta: str | None, finish: str | None, first: bool = False) -> bytes:
         if chat:
@@ -313,15 +341,7 @@ async def _stream(
             }
         else:
             choice = {"index": 0, "text": delta or "", "logprobs": None, "finish_reason": finish}
-        return _sse(
-            {
-                "id": completion_id,
-                "object": kind,
-                "created": created,
-                "model": model_id,
-                "choices": [choice],
-            }
-        )
+        return envelope([choice], None)
 
     finished = False
     try:
@@ -338,10 +358,10 @@ async def _stream(
             finished = True
             if item.outcome == "completed":
                 yield chunk(None if chat else "", _FINISH.get(item.stop_reason or "", "stop"))
+                if include_usage:
+                    yield envelope([], _usage(item))
             else:
-                status, code = _FAILURE_STATUS.get(
-                    item.reason or ReasonCode.UNKNOWN_FAILURE, (500, "failed")
-                )
+                status, code = _failure(item.reason)
                 yield _sse(
                     error_body(f"generation {item.outcome}", status, code=code, reason=item.reason)
                 )

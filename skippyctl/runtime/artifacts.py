@@ -44,6 +44,8 @@ def check_artifact(path: Path) -> ArtifactProblem | None:
     """None when the file looks loadable; otherwise the first problem found."""
     try:
         info = path.stat()
+    except ValueError:  # an embedded NUL byte: no such path can exist
+        return ArtifactProblem(ReasonCode.INVALID_CONFIGURATION, "model path is not a valid path")
     except FileNotFoundError:
         return ArtifactProblem(ReasonCode.MISSING_ARTIFACT, "model file not found")
     except OSError as error:

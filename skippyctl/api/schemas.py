@@ -1,0 +1,438 @@
+"""Declared request and response bodies of the HTTP API (pydantic), and how a body is read.
+
+Every request body is validated by one of these models before a handler acts on it. Types are
+strict (a string is never taken for a number, nor 1 for true); an integral float (`5.0`) is taken
+for an integer, since JSON does not tell them apart. Unknown fields are accepted and ignored — what
+OpenAI clients send that does not change the result — while parameters that would change the
+result in a way the runtime cannot honour (`logprobs`, `top_logprobs`, `echo`, `best_of`,
+`suffix`, penalties, tools, non-text `response_format`, `n` != 1, non-text content parts) are
+refused with a 400 naming them (`code: unsupported_parameter`), never silently dropped. Numbers
+are bounded where the engine or llama.cpp takes them as fixed-size integers.
+
+The same models describe the OpenAPI document (`/openapi.json`), so schema-driven clients and
+the schemathesis run in the test suite see exactly what is enforced.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Final, Literal, TypeVar
+
+import orjson
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
+from pydantic_core import PydanticCustomError
+from starlette.requests import Request
+
+from skippyctl.api.errors import (
+    UNSUPPORTED_PARAMETER,
+    ErrorBody,
+    JsonResponse,
+    error_response,
+    model_field_names,
+    validation_error_response,
+)
+from skippyctl.events.reasons import ReasonCode
+
+INT32_MAX: Final = 2**31 - 1
+MAX_SEED: Final = 0xFFFFFFFE
+"""llama.cpp takes a 32-bit seed and reserves 0xFFFFFFFF for "random" (engine/sampling.py)."""
+MAX_DURATION_S: Final = 86_400.0
+"""A day: the longest load, drain or request timeout accepted (also keeps timers finite)."""
+
+
+def _integral(value: Any) -> Any:
+    """JSON has one number type: `5.0` is the integer 5 (any other float stays a type error)."""
+    if isinstance(value, float) and value.is_integer() and abs(value) <= 2**63:
+        return int(value)
+    return value
+
+
+Int = Annotated[int, BeforeValidator(_integral)]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
+
+
+def _unsupported(name: str, hint: str) -> PydanticCustomError:
+    return PydanticCustomError(
+        UNSUPPORTED_PARAMETER,
+        "'{name}' is not supported by this runtime ({hint})",
+        {"name": name, "hint": hint},
+    )
+
+
+# -- management API --------------------------------------------------------------------------------
+
+
+class LoadBody(_Body):
+    """`POST /api/runtime/models/load`. Ranges beyond the integer bounds here are checked by the
+    host, which answers with a `problem` and a failed load operation."""
+
+    model: str = Field(
+        min_length=1,
+        max_length=4096,
+        description="Path of a GGUF file; a relative path is resolved against --model-root, and "
+        "with a model root set the path must stay inside it.",
+    )
+    alias: str | None = Field(default=None, description="Model id to serve it under.")
+    ctx: Int | None = Field(default=None, le=INT32_MAX, description="Context size in tokens.")
+    lanes: Int | None = Field(default=None, le=INT32_MAX, description="Parallel sequences.")
+    gpu_layers: Int | None = Field(default=None, ge=-INT32_MAX, le=INT32_MAX)
+    timeout_s: float | None = Field(default=None, le=MAX_DURATION_S)
+    max_queue: Int | None = Field(
+        default=None, ge=0, le=1_000_000, description="Queued requests beyond the lanes."
+    )
+
+    @field_validator("model")
+    @classmethod
+    def _no_nul(cls, value: str) -> str:
+        if "\x00" in value:
+            raise ValueError("a path must not contain a NUL byte")
+        return value
+
+
+class UnloadBody(_Body):
+    """`POST /api/runtime/models/{model_id}/unload` (the body is optional)."""
+
+    force: bool = Field(default=False, description="Cancel running requests instead of draining.")
+    drain_timeout_s: float | None = Field(default=None, ge=0, le=MAX_DURATION_S)
+
+
+class LoadAccepted(BaseModel):
+    operation_id: str
+    model_id: str | None
+    problem: str | None = Field(description="Why the host refused the load before any work.")
+    already_available: bool
+
+
+class UnloadAccepted(BaseModel):
+    operation_id: str
+    model_id: str
+
+
+class CancelAccepted(BaseModel):
+    operation_id: str
+    cancel_requested: bool
+
+
+class ShutdownAccepted(BaseModel):
+    stopping: bool
+
+
+class HealthDocument(BaseModel):
+    status: Literal["ready", "degraded", "loading", "idle", "draining"]
+    node: str
+    models: dict[str, str]
+    version: str
+    process_instance_id: str
+
+
+class StateDocument(BaseModel):
+    """The reduced state document (schema version 1; fields are only ever added)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    schema_version: int
+    record: Literal["state"]
+    node: str
+    models: list[dict[str, Any]]
+    engines: list[dict[str, Any]]
+
+
+class RecentEvents(BaseModel):
+    events: list[dict[str, Any]] = Field(description="Event records, oldest first (at most 128).")
+
+
+# -- OpenAI-compatible API -------------------------------------------------------------------------
+
+
+class StreamOptions(_Body):
+    include_usage: bool | None = Field(
+        default=None,
+        description="Send a last chunk with `choices: []` and the request's `usage`.",
+    )
+
+
+class TextPart(_Body):
+    type: Literal["text"] = Field(description="Only text parts are supported.")
+    text: str
+
+
+class ChatMessage(_Body):
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str | list[TextPart]
+
+
+class ResponseFormat(_Body):
+    type: Literal["text", "json_object", "json_schema"]
+
+
+# A parameter with no effect at these values is accepted; any other value is refused.
+_NEUTRAL: Final[tuple[Any, ...]] = (None, False, 0, "", [])
+
+
+class _Generation(_Body):
+    model: str = Field(min_length=1)
+    max_tokens: Int | None = Field(default=None, le=INT32_MAX)
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: Int | None = Field(default=None, le=INT32_MAX)
+    min_p: float | None = None
+    repeat_penalty: float | None = None
+    seed: Int | None = Field(default=None, ge=0, le=MAX_SEED)
+    logit_bias: dict[str, float] | None = Field(
+        default=None, description="Token id (a decimal string) to an additive bias."
+    )
+    stop: str | list[str] | None = None
+    n: Int | None = Field(default=None, description="Only 1 is supported.")
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    user: str | None = Field(default=None, description="Session key (KV reuse).")
+    timeout: float | None = Field(default=None, description="Seconds (at most a day).")
+    presence_penalty: float | None = Field(default=None, description="Only 0 is supported.")
+    frequency_penalty: float | None = Field(default=None, description="Only 0 is supported.")
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_ids(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key in value or {}:
+            if not key.isascii() or not key.isdigit() or int(key) > INT32_MAX:
+                raise ValueError("keys must be token ids (non-negative integers)")
+        return value
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, value: int | None) -> int | None:
+        if value not in (None, 1):
+            raise _unsupported("n", "only n=1")
+        return value
+
+    @field_validator("presence_penalty", "frequency_penalty", mode="after")
+    @classmethod
+    def _neutral(cls, value: Any, info: ValidationInfo) -> Any:
+        if value not in _NEUTRAL:
+            raise _unsupported(str(info.field_name), "omit it or set it to 0")
+        return value
+
+
+class CompletionBody(_Generation):
+    """`POST /v1/completions`."""
+
+    prompt: str | list[str]
+    logprobs: Int | None = Field(default=None, description="Refused unless null or 0.")
+    echo: bool | None = Field(default=None, description="Refused unless null or false.")
+    best_of: Int | None = Field(default=None, description="Refused unless null or 1.")
+    suffix: str | None = Field(default=None, description="Refused unless null or empty.")
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, value: str | list[str]) -> str | list[str]:
+        if isinstance(value, list) and len(value) != 1:
+            raise _unsupported("prompt", "one prompt per request: a string")
+        return value
+
+    @field_validator("logprobs", "echo", "suffix", mode="after")
+    @classmethod
+    def _neutral_completion(cls, value: Any, info: ValidationInfo) -> Any:
+        if value not in _NEUTRAL:
+            raise _unsupported(str(info.field_name), "omit it or set it to null, false or 0")
+        return value
+
+    @field_validator("best_of")
+    @classmethod
+    def _best_of_one(cls, value: int | None) -> int | None:
+        if value not in (None, 1):
+            raise _unsupported("best_of", "only best_of=1")
+        return value
+
+    def text(self) -> str:
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+
+class ChatCompletionBody(_Generation):
+    """`POST /v1/chat/completions`."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: Int | None = Field(default=None, le=INT32_MAX)
+    logprobs: bool | None = Field(default=None, description="Refused unless null or false.")
+    top_logprobs: Int | None = Field(default=None, description="Refused unless null or 0.")
+    response_format: ResponseFormat | None = Field(
+        default=None, description="Only {'type': 'text'} is supported."
+    )
+    tools: list[dict[str, Any]] | None = Field(default=None, description="Refused unless empty.")
+    functions: list[dict[str, Any]] | None = Field(
+        default=None, description="Refused unless empty."
+    )
+
+    @field_validator("logprobs", "top_logprobs", "tools", "functions", mode="after")
+    @classmethod
+    def _neutral_chat(cls, value: Any, info: ValidationInfo) -> Any:
+        if value not in _NEUTRAL:
+            raise _unsupported(str(info.field_name), "omit it or set it to null, false or 0")
+        return value
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_only(cls, value: ResponseFormat | None) -> ResponseFormat | None:
+        if value is not None and value.type != "text":
+            raise _unsupported("response_format", "only type 'text'")
+        return value
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+
+
+class ModelList(BaseModel):
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: None
+    finish_reason: Literal["stop", "length"]
+
+
+class Completion(BaseModel):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"]
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: None
+    finish_reason: Literal["stop", "length"]
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+REQUEST_MODELS: Final[tuple[type[BaseModel], ...]] = (
+    LoadBody,
+    UnloadBody,
+    CompletionBody,
+    ChatCompletionBody,
+)
+FIELD_NAMES: Final = model_field_names(REQUEST_MODELS)
+"""Names that may appear as an error's `param` (union tags and dict keys never do)."""
+
+
+# -- reading a body --------------------------------------------------------------------------------
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+async def read_body(
+    request: Request, model: type[M], *, allow_empty: bool = False
+) -> M | JsonResponse:
+    """The request body validated as `model`, or the 400 to answer with.
+
+    Any content type is read as JSON (clients such as `curl -d` send form types for JSON); the
+    body size is already bounded by the edge middleware."""
+    raw = await request.body()
+    if not raw.strip() and allow_empty:
+        raw = b"{}"
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return error_response(
+            "request body is not valid JSON (UTF-8)",
+            400,
+            code="invalid_json",
+            reason=ReasonCode.INVALID_CONFIGURATION,
+        )
+    if not isinstance(data, dict):
+        return error_response(
+            "request body must be a JSON object",
+            400,
+            code="invalid_type",
+            reason=ReasonCode.INVALID_CONFIGURATION,
+        )
+    try:
+        return model.model_validate(data)
+    except ValidationError as error:
+        return validation_error_response(list(error.errors()), FIELD_NAMES)
+
+
+# -- OpenAPI ---------------------------------------------------------------------------------------
+
+JSON: Final = "application/json"
+SSE: Final = "text/event-stream"
+
+
+def json_body(model: type[BaseModel], *, required: bool = True) -> dict[str, Any]:
+    """`openapi_extra` declaring a JSON request body of `model` (its schema is added to the
+    document's components by `openapi_with_request_models`)."""
+    return {
+        "requestBody": {
+            "required": required,
+            "content": {JSON: {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}},
+        }
+    }
+
+
+def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """`responses=` entries for these error statuses, each an `ErrorBody`."""
+    described = {
+        400: "Invalid input (the `param` names it)",
+        401: "Missing or wrong bearer token",
+        404: "Unknown model or endpoint",
+        413: "Request body larger than the limit",
+        429: "Queue full or too many reconnects (see Retry-After)",
+        499: "The client went away",
+        503: "The model is not serving (loading, crashed, unloading) or the runtime is draining",
+        504: "The request's timeout passed",
+    }
+    return {
+        status: {"model": ErrorBody, "description": described.get(status, "Error")}
+        for status in statuses
+    }
+
+
+def add_request_models(document: dict[str, Any]) -> dict[str, Any]:
+    """Put every request model's schema (and the models it nests) into `components.schemas`."""
+    schemas = document.setdefault("components", {}).setdefault("schemas", {})
+    for model in REQUEST_MODELS:
+        schema = model.model_json_schema(
+            ref_template="#/components/schemas/{model}", mode="validation"
+        )
+        for name, nested in schema.pop("$defs", {}).items():
+            schemas.setdefault(name, nested)
+        schemas[model.__name__] = schema
+    return document
