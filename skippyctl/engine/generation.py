@@ -100,7 +100,6 @@ from skippyctl.engine.text import (
     StopMatcher,
     apply_chat_template,
     model_chat_template,
-    tokenize,
 )
 from skippyctl.events.reasons import ReasonCode
 
@@ -125,6 +124,9 @@ _DEFAULT_DROP_REASON: Final = "dropped"
 
 _ESSENTIAL_MESSAGES: Final = frozenset({"gen_text", "gen_done"})
 """What the host needs to serve a request; with ``observations=False`` nothing else is sent."""
+
+_MAX_TOKENIZE_BYTES: Final = (1 << 31) - 1
+"""llama_tokenize takes the text length as an int32_t."""
 
 DECODE_ABORTED: Final = 2
 """llama_decode's return value when the abort callback stopped it (llama.h)."""
@@ -247,6 +249,7 @@ class _Request:
         "out_index",
         "pending_token",
         "phase",
+        "prompt_count",
         "prefill_pos",
         "prompt",
         "reused",
@@ -273,6 +276,8 @@ class _Request:
         self.phase = _Phase.QUEUED
         self.lane: _Lane | None = None
         self.prompt: list[int] = []
+        self.prompt_count: int | None = None
+        """The prompt's token count when it was refused without keeping its tokens."""
         self.reused = 0
         self.prefill_pos = 0
         self.sampler: SamplerChain | None = None
@@ -566,7 +571,7 @@ class BatchEngine:
             "outcome": outcome.value,
             "reason": None if reason is None else reason.value,
             "stop_reason": stop_reason.value,
-            "prompt_tokens": len(r.prompt),
+            "prompt_tokens": len(r.prompt) if r.prompt_count is None else r.prompt_count,
             "completion_tokens": r.completion_tokens,
             "reused_tokens": r.reused,
             "prefill_ms": round(prefill_s * 1000.0, 3),
@@ -648,7 +653,7 @@ class BatchEngine:
             else:
                 assert spec.prompt is not None  # validated: exactly one of prompt/messages
                 text = spec.prompt
-            r.prompt = tokenize(self._llama, self._vocab, text, add_special=self._add_bos)
+            prompt, counted = self._tokenize_for_lane(text)
         except (ChatTemplateError, ValueError, UnicodeError):
             self._finish(
                 r, GenerationOutcome.FAILED, StopReason.ERROR, ReasonCode.INVALID_CONFIGURATION
@@ -659,19 +664,48 @@ class BatchEngine:
                 r, GenerationOutcome.FAILED, StopReason.ERROR, ReasonCode.INTERNAL_RUNTIME_FAILURE
             )
             return
+        if prompt is None:
+            # Longer than a lane: refused before any lane or session is touched (no decode).
+            r.prompt_count = counted
+            self._finish(
+                r, GenerationOutcome.FAILED, StopReason.ERROR, ReasonCode.CONTEXT_EXHAUSTED
+            )
+            return
+        r.prompt = prompt
         bias_outside_vocab = any(t >= self._n_vocab for t, _b in spec.sampling.logit_bias)
         if not r.prompt or bias_outside_vocab:
             self._finish(
                 r, GenerationOutcome.FAILED, StopReason.ERROR, ReasonCode.INVALID_CONFIGURATION
             )
             return
-        if len(r.prompt) > self._ctx_per_lane:
-            # Refused before any lane or session is touched: nothing is decoded.
-            self._finish(
-                r, GenerationOutcome.FAILED, StopReason.ERROR, ReasonCode.CONTEXT_EXHAUSTED
-            )
-            return
         self._queue.append(r)
+
+    def _tokenize_for_lane(self, text: str) -> tuple[list[int] | None, int]:
+        """The prompt's tokens (None when they cannot fit a lane) and how many there are (at
+        least 2**31 when llama.cpp reports an int32 overflow).
+
+        The buffer holds one token more than a lane, whatever the prompt's size: llama_tokenize
+        still counts a longer prompt and returns minus the count (INT32_MIN when the count
+        overflows int32), so a huge prompt costs its tokenization, never a buffer of its size.
+        """
+        data = text.encode("utf-8")
+        if len(data) > _MAX_TOKENIZE_BYTES:
+            # llama_tokenize's text_len is an int32_t. Not counted: only "more than a lane holds"
+            # is known (2 GiB of text is millions of tokens even with long tokens).
+            return None, self._ctx_per_lane + 1
+        capacity = self._ctx_per_lane + 1
+        buffer = (self._llama.llama_token * capacity)()
+        count = int(
+            self._llama.llama_tokenize(
+                self._vocab, data, len(data), buffer, capacity, self._add_bos, True
+            )
+        )
+        if count < 0:
+            return None, -count
+        if count > self._ctx_per_lane:
+            return None, count
+        tokens: list[int] = buffer[:count]
+        return tokens, count
 
     def _drop(self, session: str, reason: str) -> None:
         lane = self._sessions.pop(session, None)

@@ -5,27 +5,48 @@ opts into a debug artifact (SKIPPY_ENGINE_STDERR=inherit). What the engine retur
 control channel and is queued, in order after the engine's ring, as authoritative items; an
 end-of-stream on that channel means the engine exited, and the exit status says whether it was
 asked to (`crashed` otherwise).
+
+Commands go out through one writer thread per engine (`skippy-engine-writer-…`): `send` encodes
+and queues, and never blocks on the socket, so an engine that stops reading (SIGSTOP, a stuck
+process) can never block an API handler, the scheduler or this engine's reader thread. A message
+over the frame limit raises :class:`MessageTooLarge` in `send` itself, before anything is queued:
+the caller refuses the one request it belongs to.
+
+An unusable frame or message from the engine is counted (`protocol_errors`) and reported as
+`invariant_protocol_violation`; it never ends the reader (only end of stream does).
+
+Liveness: every message from the engine counts as a sign of life (`silent_for_s`); `ping` asks the
+engine's main thread (not its decode thread) for a `pong`, at most one unanswered at a time.
+
+A load that ends without a serving context (llama.cpp returned NULL, the load raised in the
+engine, it was cancelled, or the engine had to be killed) retires the engine: `on_retire` is
+called once and its owner stops it (without an owner the engine stops itself). No failed or
+cancelled load leaves an idle engine behind.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import queue
 import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
-from skippyctl.engine.protocol import ControlChannel, Message
-from skippyctl.events.envelope import LogicalId
-from skippyctl.events.reasons import ReasonCode
+from skippyctl.engine.protocol import ControlChannel, MalformedMessage, Message, encode_frame
+from skippyctl.events.catalog import EventId
+from skippyctl.events.envelope import LogicalId, Scope, make_event, summaries
+from skippyctl.events.reasons import Outcome, ReasonCode
 
 # Host side: imported with the supervisor at host start, not in EngineProcess.__init__, which
 # runs inside every load (time to model_available). Loads no native code by itself.
-from skippyctl.native.ingress import SharedIngress
+from skippyctl.native.ingress import IngressClosed, SharedIngress
 from skippyctl.pipeline.authority import (
     Authoritative,
     CancelRequested,
@@ -39,6 +60,7 @@ from skippyctl.pipeline.authority import (
 from skippyctl.pipeline.pipeline import Pipeline
 
 STOP_GRACE_S: Final = 3.0
+WRITER_JOIN_S: Final = 1.0
 _LOAD_MESSAGES: Final = frozenset(
     {"hello", "load_begun", "load_returned", "context_begun", "context_returned"}
 )
@@ -88,6 +110,7 @@ class EngineProcess:
         native_library: Any | None,
         on_hello: Callable[[EngineProcess, EngineHello], None] | None = None,
         listener: EngineListener | None = None,
+        on_retire: Callable[[EngineProcess], None] | None = None,
     ) -> None:
         self.key = key
         self.model_id = model_id
@@ -97,41 +120,78 @@ class EngineProcess:
         self._exited = threading.Event()
         self._hello_seen = threading.Event()
         self._on_hello = on_hello
+        self._on_retire = on_retire
         self.hello: EngineHello | None = None
         self.listener = listener
         self._operations: dict[LogicalId, int] = {}
         self._settled: dict[LogicalId, threading.Event] = {}
         self._settled_lock = threading.Lock()
+        # Orders a cancel against the context's return, so this process and the reconciler
+        # agree on whether the load ended cancelled (then the engine is retired) or serves.
+        self._load_lock = threading.Lock()
+        self._cancelled: set[LogicalId] = set()
+        self._retired = False
+        self._ring_closed = False
+        self._serving = False
+        self.protocol_errors = 0
+        self._last_heard_ns = time.monotonic_ns()
+        self._ping_lock = threading.Lock()
+        self._ping_outstanding = False
+        self._pings = 0
+        self._outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._send_closed = threading.Event()
         host_sock, child_sock = socket.socketpair()
         pass_fds = [child_sock.fileno()]
         args = [sys.executable, "-m", "skippyctl.engine.worker"]
         args += ["--control-fd", str(child_sock.fileno())]
-        if native_library is not None:
-            self._ring = SharedIngress.create(library=native_library)
-            pass_fds.append(self._ring.fd)
-            args += ["--ring-fd", str(self._ring.fd)]
-            if os.environ.get("SKIPPY_CAPTURE_NATIVE_LOG") == "1":
-                args.append("--capture-debug-log")
-        env = dict(os.environ, GGML_NO_BACKTRACE="1", PYTHONUNBUFFERED="1")
-        stderr = None if os.environ.get("SKIPPY_ENGINE_STDERR") == "inherit" else subprocess.DEVNULL
-        self.process = subprocess.Popen(
-            args,
-            pass_fds=pass_fds,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
-            start_new_session=True,  # a Ctrl-C for the CLI must not kill the engine mid-reply
-        )
+        try:
+            if native_library is not None:
+                self._ring = SharedIngress.create(library=native_library)
+                pass_fds.append(self._ring.fd)
+                args += ["--ring-fd", str(self._ring.fd)]
+                if os.environ.get("SKIPPY_CAPTURE_NATIVE_LOG") == "1":
+                    args.append("--capture-debug-log")
+            env = dict(os.environ, GGML_NO_BACKTRACE="1", PYTHONUNBUFFERED="1")
+            stderr = (
+                None if os.environ.get("SKIPPY_ENGINE_STDERR") == "inherit" else subprocess.DEVNULL
+            )
+            self.process = subprocess.Popen(
+                args,
+                pass_fds=pass_fds,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                start_new_session=True,  # a Ctrl-C for the CLI must not kill the engine mid-reply
+            )
+        except BaseException:
+            host_sock.close()
+            child_sock.close()
+            self.close_ring()
+            raise
         child_sock.close()
-        self._channel = ControlChannel(host_sock)
-        self._engine_channel = (
-            pipeline.attach_engine(key, self._ring) if self._ring is not None else None
-        )
-        self._reader = threading.Thread(
-            target=self._read_loop, name=f"skippy-engine-{key}", daemon=True
-        )
-        self._reader.start()
+        try:
+            self._channel = ControlChannel(host_sock)
+            self._engine_channel = (
+                pipeline.attach_engine(key, self._ring) if self._ring is not None else None
+            )
+            self._reader = threading.Thread(
+                target=self._read_loop, name=f"skippy-engine-{key}", daemon=True
+            )
+            self._writer = threading.Thread(
+                target=self._write_loop, name=f"skippy-engine-writer-{key}", daemon=True
+            )
+            self._reader.start()
+            self._writer.start()
+        except BaseException:
+            # Never leave a process behind that nobody watches.
+            self.process.kill()
+            self.process.wait()
+            host_sock.close()
+            if self._ring is not None:
+                pipeline.detach_engine(key)
+            self.close_ring()
+            raise
 
     @property
     def pid(self) -> int:
@@ -140,6 +200,11 @@ class EngineProcess:
     @property
     def ring(self) -> Any | None:
         return self._ring
+
+    @property
+    def serving(self) -> bool:
+        """The engine has a serving context (its load completed) and has not exited."""
+        return self._serving and not self._exited.is_set()
 
     def _authority(self, item: Authoritative) -> None:
         if self._engine_channel is not None:
@@ -159,7 +224,7 @@ class EngineProcess:
                 self.key, command.operation_id, command.native_operation, command.model_id
             )
         )
-        sent = self._channel.send(
+        sent = self.send(
             {
                 "op": "load",
                 "operation_id": command.operation_id,
@@ -179,18 +244,52 @@ class EngineProcess:
         reads this flag in shared memory. Every later decode of this engine aborts too."""
         serving = getattr(self, "_serving_operation", 0)
         if self._ring is not None and serving:
-            self._ring.request_cancel(serving)
+            with contextlib.suppress(IngressClosed):  # the engine is gone already
+                self._ring.request_cancel(serving)
 
     def send(self, message: Message) -> bool:
-        """Send a serving command (generate, cancel, drop_session); False if the engine is gone."""
-        return self._channel.send(message)
+        """Queue a command (generate, cancel, drop_session, ping, shutdown) for the writer
+        thread; never blocks. False if the engine is gone. Raises :class:`MessageTooLarge`
+        (nothing queued) for a message over the frame limit."""
+        frame = encode_frame(message, self._channel.limit_bytes)
+        if self._send_closed.is_set():
+            return False
+        self._outbox.put(frame)
+        return True
 
+    def _write_loop(self) -> None:
+        while True:
+            frame = self._outbox.get()
+            if frame is None or not self._channel.send_frame(frame):
+                self._send_closed.set()
+                return
+
+    # -- liveness -------------------------------------------------------------------------------
+    def silent_for_s(self, now_ns: int | None = None) -> float:
+        """Seconds since the engine last sent anything (a pong, text, any message)."""
+        now = time.monotonic_ns() if now_ns is None else now_ns
+        return max(0.0, (now - self._last_heard_ns) / 1e9)
+
+    def ping(self) -> bool:
+        """Ask the engine for a pong unless a ping is still unanswered; True if one was sent."""
+        with self._ping_lock:
+            if self._ping_outstanding:
+                return False
+            self._ping_outstanding = True
+            self._pings += 1
+            seq = self._pings
+        return self.send({"op": "ping", "seq": seq})
+
+    # -- load cancellation ----------------------------------------------------------------------
     def cancel(self, operation_id: LogicalId, reason: ReasonCode) -> None:
         """Ask a running operation to stop; the engine is killed if it cannot stop by itself."""
-        self._authority(CancelRequested(operation_id, reason))
+        with self._load_lock:
+            self._cancelled.add(operation_id)
+            self._authority(CancelRequested(operation_id, reason))
         native_operation = self._operations.get(operation_id)
         if self._ring is not None and native_operation is not None:
-            self._ring.request_cancel(native_operation)
+            with contextlib.suppress(IngressClosed):  # the engine is gone already
+                self._ring.request_cancel(native_operation)
         threading.Thread(
             target=self._kill_unless_settled,
             args=(operation_id, CANCEL_GRACE_S),
@@ -203,6 +302,7 @@ class EngineProcess:
         # progress callback; the operation's terminal is already decided by CancelRequested.
         if not self._settled_event(operation_id).wait(grace_s):
             self.kill()
+            self._retire()
 
     def _settled_event(self, operation_id: LogicalId) -> threading.Event:
         with self._settled_lock:
@@ -211,37 +311,75 @@ class EngineProcess:
     def _settle(self, operation_id: LogicalId) -> None:
         self._settled_event(operation_id).set()
 
+    def _retire(self) -> None:
+        """This engine will never serve: hand it to its owner to stop (once)."""
+        with self._load_lock:
+            if self._retired:
+                return
+            self._retired = True
+        if self._on_retire is not None:
+            self._on_retire(self)
+        else:
+            threading.Thread(
+                target=self.stop, name=f"skippy-engine-stop-{self.key}", daemon=True
+            ).start()
+
+    # -- stopping -------------------------------------------------------------------------------
     def kill(self) -> None:
         self._stopping.set()
         if self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.process.pid, signal.SIGKILL)
 
     def stop(self, timeout_s: float = STOP_GRACE_S) -> None:
-        """Orderly stop: ask, wait, then kill. Idempotent."""
+        """Orderly stop: ask, wait, then kill (a stopped or stuck engine too). Idempotent;
+        returns once the process is reaped."""
         self._stopping.set()
-        self._channel.send({"op": "shutdown"})
+        self.send({"op": "shutdown"})
         try:
             self.process.wait(timeout_s)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(timeout_s)
         self._exited.wait(timeout_s)
-        self._reader.join(timeout_s)
+        if self._reader is not threading.current_thread():
+            self._reader.join(timeout_s)
 
+    # -- reading --------------------------------------------------------------------------------
     def _read_loop(self) -> None:
         while True:
             try:
                 message = self._channel.receive()
-            except ValueError:
-                message = None
+            except MalformedMessage:
+                self._last_heard_ns = time.monotonic_ns()
+                self._protocol_error()
+                continue
             if message is None:
                 break
-            self._on_message(message)
+            self._last_heard_ns = time.monotonic_ns()
+            try:
+                self._on_message(message)
+            except Exception:  # noqa: BLE001 - a bad message must not end the reader
+                self._protocol_error()
         returncode = self.process.wait()
         self._report_exit(returncode)
 
+    def _protocol_error(self) -> None:
+        self.protocol_errors += 1
+        self._pipeline.submit(
+            make_event(
+                EventId.INVARIANT_PROTOCOL_VIOLATION,
+                scope=Scope(model_id=self.model_id),
+                outcome=Outcome.FAILURE,
+                reason_code=ReasonCode.INTERNAL_RUNTIME_FAILURE,
+                summaries=summaries(count=self.protocol_errors),
+            )
+        )
+
     def _report_exit(self, returncode: int) -> None:
         crashed = not self._stopping.is_set()
+        self._send_closed.set()
+        self._outbox.put(None)
         if self.listener is not None:
             self.listener.on_engine_exit(self, crashed)
         self._authority(
@@ -254,11 +392,20 @@ class EngineProcess:
         )
         if self._engine_channel is not None:
             self._pipeline.detach_engine(self.key)
+        # The peer is gone, so a write in flight fails at once; then the socket can close.
+        self._writer.join(WRITER_JOIN_S)
         self._channel.close()
         self._exited.set()
 
     def _on_message(self, message: Message) -> None:
         kind = message.get("msg")
+        if kind == "pong":
+            with self._ping_lock:
+                self._ping_outstanding = False
+            return
+        if kind == "protocol_error":  # the engine could not use a frame we sent
+            self._protocol_error()
+            return
         if kind not in _LOAD_MESSAGES:
             listener = self.listener
             if listener is not None:
@@ -277,34 +424,47 @@ class EngineProcess:
         elif kind == "load_begun":
             self._authority(LoadBegun(operation))
         elif kind == "load_returned":
-            if not message.get("ok"):
+            ok = bool(message.get("ok"))
+            if not ok:
                 self._settle(operation)
             self._authority(
                 LoadReturned(
                     operation,
-                    ok=bool(message.get("ok")),
+                    ok=ok,
                     model_size_bytes=message.get("model_size_bytes"),
                     parameters=message.get("parameters"),
                     duration_ms=message.get("duration_ms"),
                 )
             )
+            if not ok:
+                self._retire()
         elif kind == "context_begun":
             self._authority(ContextBegun(operation))
         elif kind == "context_returned":
-            self._settle(operation)
-            self._authority(
-                ContextReturned(
-                    operation,
-                    ok=bool(message.get("ok")),
-                    context_tokens=message.get("context_tokens"),
-                    lanes=message.get("lanes"),
+            ok = bool(message.get("ok"))
+            with self._load_lock:
+                cancelled = operation in self._cancelled
+                self._settle(operation)
+                self._authority(
+                    ContextReturned(
+                        operation,
+                        ok=ok,
+                        context_tokens=message.get("context_tokens"),
+                        lanes=message.get("lanes"),
+                    )
                 )
-            )
+                self._serving = ok and not cancelled
+            if not self._serving:
+                self._retire()
 
     @property
     def exited(self) -> bool:
         return self._exited.is_set()
 
     def close_ring(self) -> None:
-        if self._ring is not None:
-            self._ring.close()
+        """Idempotent: unmap the shared ring (after the engine exited)."""
+        with self._load_lock:
+            if self._ring_closed or self._ring is None:
+                return
+            self._ring_closed = True
+        self._ring.close()

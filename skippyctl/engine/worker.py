@@ -9,6 +9,12 @@ host drains every native fact of the operation before it sees the return.
 
 llama.cpp may abort this process (GGML_ASSERT on a bad vocabulary); the supervisor reports that as
 `process_crash`. GGML_NO_BACKTRACE is set by the supervisor so an abort does not run gdb.
+
+Nothing the host forwards from a client may end this process: an unusable frame is counted and
+answered with `protocol_error`, and any exception while handling one command ends that command
+only — a `generate` with its one `gen_done` (failed, with a reason code), a `load` with a failed
+`load_returned`/`context_returned`. The main thread reads the channel and answers `ping` with
+`pong` without touching the decode thread, so the host can tell a stuck process from a busy one.
 """
 
 from __future__ import annotations
@@ -21,7 +27,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Final
 
-from skippyctl.engine.protocol import ControlChannel, Message
+from skippyctl.engine.protocol import ControlChannel, MalformedMessage, Message
+from skippyctl.events.reasons import ReasonCode
 
 DEFAULT_MAX_CONTEXT_TOKENS: Final = 4096
 """Without --ctx the context is the model's training context, capped here to bound memory."""
@@ -52,6 +59,7 @@ class Worker:
         self.native_problem: str | None = None
         self.features = 0
         self.loaded: _Loaded | None = None
+        self.protocol_errors = 0
         import llama_cpp
 
         self.llama = llama_cpp
@@ -101,20 +109,49 @@ class Worker:
     def serve(self) -> int:
         self.hello()
         while True:
-            message = self.channel.receive()
+            try:
+                message = self.channel.receive()
+            except MalformedMessage:
+                # The frame was consumed whole: the channel is in step, carry on. It cannot be
+                # attributed to a request (the host encodes every frame itself, so this is a bug).
+                self.protocol_errors += 1
+                self._send({"msg": "protocol_error", "count": self.protocol_errors})
+                continue
             if message is None or message.get("op") == "shutdown":
                 self._free()
                 return 0
-            op = message.get("op")
-            if op == "load":
-                self._load(message)
-            elif op == "generate":
-                self._generate(message)
-            elif op == "cancel" and self._batch is not None:
-                self._batch.cancel(str(message.get("request_id")))
-            elif op == "drop_session" and self._batch is not None:
-                reason = str(message.get("reason") or "dropped")
-                self._batch.drop_session(str(message.get("session")), reason)
+            try:
+                self._dispatch(message)
+            except Exception:  # noqa: BLE001 - one command's failure must not end the engine
+                self._command_failed(message)
+
+    def _dispatch(self, message: Message) -> None:
+        op = message.get("op")
+        if op == "ping":
+            self._send({"msg": "pong", "seq": message.get("seq")})
+        elif op == "load":
+            self._load(message)
+        elif op == "generate":
+            self._generate(message)
+        elif op == "cancel" and self._batch is not None:
+            self._batch.cancel(str(message.get("request_id")))
+        elif op == "drop_session" and self._batch is not None:
+            reason = str(message.get("reason") or "dropped")
+            self._batch.drop_session(str(message.get("session")), reason)
+
+    def _command_failed(self, message: Message) -> None:
+        """The terminal of a command whose handling raised (never re-raises)."""
+        try:
+            if message.get("op") == "generate":
+                self._send(
+                    _refused(str(message.get("request_id")), ReasonCode.INTERNAL_RUNTIME_FAILURE)
+                )
+        except Exception:  # noqa: BLE001 - the serve loop must go on whatever happens here
+            self.protocol_errors += 1
+
+    def _send(self, message: Message) -> None:
+        # A host that went away is noticed by the serve loop (end of stream); nothing to do here.
+        self.channel.send(message)
 
     def _arm_abort(self, context: Any, serving_operation: int) -> None:
         """Point llama_decode's abort callback at the native layer, inside a serving scope, so the
@@ -126,8 +163,7 @@ class Worker:
         self.llama.llama_set_abort_callback(context, self._abort_callback, self.adapter.user_data)
 
     def _emit(self, message: Message) -> None:
-        # A host that went away is noticed by the serve loop (end of stream); nothing to do here.
-        self.channel.send(message)
+        self._send(message)
 
     @property
     def _batch(self) -> Any | None:
@@ -159,53 +195,78 @@ class Worker:
                 sampling=SamplingParams(**sampling),
                 deadline_mono_s=None if timeout is None else time.monotonic() + float(timeout),
             )
-        except (ValueError, TypeError, KeyError):
-            self.channel.send(_refused(request_id))
+        except Exception:  # noqa: BLE001 - any bad field refuses this request, never the engine
+            self._send(_refused(request_id, ReasonCode.INVALID_CONFIGURATION))
             return
         self._batch.submit(request)
 
     def _load(self, command: Message) -> None:
-        llama = self.llama
-        operation_id = str(command["operation_id"])
-        native_operation = int(command["native_operation"])
-        gpu_layers = int(command.get("gpu_layers", 0))
-        params = llama.llama_model_default_params()
-        params.n_gpu_layers = gpu_layers
-        adapter = self.adapter
-        if adapter is not None:
-            adapter.model_load_begin(native_operation, native_operation)
-            params.progress_callback = llama.llama_progress_callback(
-                adapter.progress_callback_address
-            )
-            params.progress_callback_user_data = adapter.user_data
-        self.channel.send({"msg": "load_begun", "operation_id": operation_id})
-        if adapter is not None:
-            adapter.report_device(gpu_layers)
-        started = time.perf_counter()
-        model = llama.llama_model_load_from_file(str(command["path"]).encode(), params)
-        duration_ms = round((time.perf_counter() - started) * 1000, 3)
-        ok = bool(model)
-        if adapter is not None:
-            from skippyctl.native.abi import FailureCode, Status
+        """Load the model, then its context. Exactly one failed reply ends a load that raised:
+        `load_returned` if the model was not returned yet, else `context_returned`."""
+        operation_id = str(command.get("operation_id", "none"))
+        owed = "load_returned"
+        scope_open = False
+        try:
+            llama = self.llama
+            native_operation = int(command["native_operation"])
+            gpu_layers = int(command.get("gpu_layers", 0))
+            path = os.fsencode(str(command["path"]))
+            if b"\0" in path:
+                raise ValueError("a model path cannot contain NUL")  # C would truncate it
+            params = llama.llama_model_default_params()
+            params.n_gpu_layers = gpu_layers
+            adapter = self.adapter
+            if adapter is not None:
+                adapter.model_load_begin(native_operation, native_operation)
+                scope_open = True
+                params.progress_callback = llama.llama_progress_callback(
+                    adapter.progress_callback_address
+                )
+                params.progress_callback_user_data = adapter.user_data
+            self._send({"msg": "load_begun", "operation_id": operation_id})
+            if adapter is not None:
+                adapter.report_device(gpu_layers)
+            started = time.perf_counter()
+            model = llama.llama_model_load_from_file(path, params)
+            duration_ms = round((time.perf_counter() - started) * 1000, 3)
+            ok = bool(model)
+            if adapter is not None:
+                scope_open = False
+                self._end_load_scope(ok)
+            reply: Message = {
+                "msg": "load_returned",
+                "operation_id": operation_id,
+                "ok": ok,
+                "duration_ms": duration_ms,
+            }
+            if ok:
+                self.loaded = _Loaded(model)
+                reply["model_size_bytes"] = int(llama.llama_model_size(model))
+                reply["parameters"] = int(llama.llama_model_n_params(model))
+            owed = "context_returned" if ok else ""
+            self._send(reply)
+            if not ok:
+                return
+            self._create_context(command, operation_id, model)
+        except Exception:  # noqa: BLE001 - a load that raised fails; the engine stays up
+            if scope_open:
+                self._end_load_scope(False)
+            if owed:
+                self._send({"msg": owed, "operation_id": operation_id, "ok": False})
 
-            adapter.model_load_end(
-                Status.OK if ok else Status.MODEL_ERROR,
-                FailureCode.NONE if ok else FailureCode.MODEL_ERROR,
-            )
-        reply: Message = {
-            "msg": "load_returned",
-            "operation_id": operation_id,
-            "ok": ok,
-            "duration_ms": duration_ms,
-        }
-        if ok:
-            reply["model_size_bytes"] = int(llama.llama_model_size(model))
-            reply["parameters"] = int(llama.llama_model_n_params(model))
-        self.channel.send(reply)
-        if not ok:
-            return
-        self.loaded = _Loaded(model)
-        self.channel.send({"msg": "context_begun", "operation_id": operation_id})
+    def _end_load_scope(self, ok: bool) -> None:
+        from skippyctl.native.abi import FailureCode, Status
+
+        assert self.adapter is not None
+        self.adapter.model_load_end(
+            Status.OK if ok else Status.MODEL_ERROR,
+            FailureCode.NONE if ok else FailureCode.MODEL_ERROR,
+        )
+
+    def _create_context(self, command: Message, operation_id: str, model: Any) -> None:
+        llama = self.llama
+        assert self.loaded is not None
+        self._send({"msg": "context_begun", "operation_id": operation_id})
         context_params = llama.llama_context_default_params()
         context_tokens = command.get("context_tokens")
         train_tokens = int(llama.llama_model_n_ctx_train(model))
@@ -215,15 +276,15 @@ class Worker:
         context_params.n_seq_max = int(command.get("lanes", 1))
         context_params.n_threads = context_params.n_threads_batch = max(1, os.cpu_count() or 1)
         context = llama.llama_init_from_model(model, context_params)
-        reply = {"msg": "context_returned", "operation_id": operation_id, "ok": bool(context)}
+        reply: Message = {"msg": "context_returned", "operation_id": operation_id, "ok": False}
         if context:
             from skippyctl.engine.generation import BatchEngine
 
             self.loaded.context = context
             self._arm_abort(context, int(command.get("serving_operation") or 0))
             lanes = int(llama.llama_n_seq_max(context))
-            reply["context_tokens"] = int(llama.llama_n_ctx(context))
-            reply["lanes"] = lanes
+            # Raises for a context it cannot serve (e.g. more lanes than its batch): the load
+            # then fails with context_returned ok=false (see _load).
             self.loaded.generation = BatchEngine(
                 _with_test_decode_delay(llama),
                 model,
@@ -233,7 +294,8 @@ class Worker:
                 observations=serving_events_enabled(),
                 token_observations=os.environ.get(DEBUG_TOKEN_EVENTS_ENV) == "1",
             )
-        self.channel.send(reply)
+            reply.update(ok=True, context_tokens=int(llama.llama_n_ctx(context)), lanes=lanes)
+        self._send(reply)
         if self.loaded.generation is not None:
             # Started after the reply, so the host sees the context before any kv message.
             self.loaded.generation.start()
@@ -270,13 +332,13 @@ def _with_test_decode_delay(llama: Any) -> Any:
     return _SlowDecode(llama, delay_ms / 1000) if delay_ms > 0 else llama
 
 
-def _refused(request_id: str) -> Message:
+def _refused(request_id: str, reason: ReasonCode) -> Message:
     """The one terminal of a request the engine could not even start."""
     return {
         "msg": "gen_done",
         "request_id": request_id,
         "outcome": "failed",
-        "reason": "invalid_configuration",
+        "reason": reason.value,
         "stop_reason": "error",
         "prompt_tokens": 0,
         "completion_tokens": 0,

@@ -5,6 +5,14 @@
 / `abi_feature_compatibility_failed` — legacy mode, state from return values only). `load_model`
 validates the request, pre-checks the artifact and starts an engine; every outcome arrives as
 events through the pipeline, ending in exactly one terminal for the operation.
+
+Invariants:
+
+- Once `model_load_requested` is submitted, the operation ends in exactly one terminal whatever
+  raises on the way (a path the OS refuses, an engine that cannot be spawned): the host settles it
+  as `model_load_failed` with a reason code and the model id is free to load again.
+- A load that fails or is cancelled leaves no engine behind: the engine is retired (stopped,
+  reaped, its ring closed) as soon as its load ends without a serving context.
 """
 
 from __future__ import annotations
@@ -87,6 +95,8 @@ def validate_request(request: LoadRequest) -> str | None:
         return "--ctx must be a positive number of tokens"
     if request.timeout_s is not None and request.timeout_s < 0:
         return "--timeout must not be negative"
+    if "\x00" in request.artifact:
+        return "the model path must not contain NUL characters"
     if request.lanes <= 0:
         return "--lanes must be positive"
     if request.gpu_layers < -1:
@@ -147,10 +157,15 @@ class RuntimeHost:
         """Start loading; the outcome arrives as events ending in one terminal for the
         returned operation. `listener` receives the engine's serving messages from the start."""
         operation_id, native_operation = self._ids.next("load")
-        problem = validate_request(request)
         model_id: LogicalId | None = None
+        try:
+            problem = validate_request(request)
+            if problem is None:
+                model_id = model_id_for(request.artifact, request.alias)
+        except Exception as error:  # noqa: BLE001 - refused below, with its own terminal
+            problem = f"invalid load request ({type(error).__name__})"
         if problem is None:
-            model_id = model_id_for(request.artifact, request.alias)
+            assert model_id is not None
             current = self.pipeline.state.models.get(model_id)
             if current is not None and current.state in SERVING_MODEL_STATES:
                 # Idempotent: loading what already serves is a success, not a new operation.
@@ -171,11 +186,39 @@ class RuntimeHost:
             self._reject(operation_id, native_operation, model_id, ReasonCode.INVALID_CONFIGURATION)
             return LoadHandle(operation_id, model_id, problem)
         assert model_id is not None
+        started: list[EngineProcess] = []
+        try:
+            return self._start_load(
+                request, listener, operation_id, native_operation, model_id, started
+            )
+        except Exception as error:  # noqa: BLE001 - whatever raised, the operation must settle
+            # A ValueError/TypeError here is the request's doing (e.g. a path the OS refuses);
+            # anything else is the host's (e.g. no process could be spawned).
+            invalid = isinstance(error, ValueError | TypeError)
+            reason = (
+                ReasonCode.INVALID_CONFIGURATION if invalid else ReasonCode.INTERNAL_RUNTIME_FAILURE
+            )
+            for engine in started:
+                self._discard_engine(engine)
+            self._reject(operation_id, native_operation, model_id, reason)
+            what = "invalid model path" if invalid else "the engine could not be started"
+            return LoadHandle(operation_id, model_id, f"{what} ({type(error).__name__})")
+
+    def _start_load(
+        self,
+        request: LoadRequest,
+        listener: EngineListener | None,
+        operation_id: LogicalId,
+        native_operation: int,
+        model_id: LogicalId,
+        started: list[EngineProcess],
+    ) -> LoadHandle:
         path = Path(request.artifact).expanduser()
         artifact_problem = check_artifact(path)
         if artifact_problem is not None:
             self._reject(operation_id, native_operation, model_id, artifact_problem.reason)
             return LoadHandle(operation_id, model_id, artifact_problem.message)
+        resolved = str(path.resolve())
         engine = EngineProcess(
             f"{model_id}-{native_operation}",
             model_id,
@@ -183,13 +226,16 @@ class RuntimeHost:
             self.native.library,
             self._on_hello,
             listener,
+            self._on_retire,
         )
+        started.append(engine)
         with self._lock:
             previous = self._engines.get(model_id)
             self._engines[model_id] = engine
             self._operations[operation_id] = engine
         if previous is not None:
             previous.stop()
+            previous.close_ring()
         _, serving_operation = self._ids.next("serve")
         engine.load(
             LoadCommand(
@@ -197,7 +243,7 @@ class RuntimeHost:
                 native_operation=native_operation,
                 serving_operation=serving_operation,
                 model_id=model_id,
-                path=str(path.resolve()),
+                path=resolved,
                 context_tokens=request.context_tokens,
                 lanes=request.lanes,
                 gpu_layers=request.gpu_layers,
@@ -212,6 +258,23 @@ class RuntimeHost:
             timer.start()
             self._timers.append(timer)
         return LoadHandle(operation_id, model_id)
+
+    def _on_retire(self, engine: EngineProcess) -> None:
+        """The engine's load ended without a serving context (reader or cancel thread): stop
+        and reap it off that thread."""
+        threading.Thread(
+            target=self._discard_engine, args=(engine,), name=f"skippy-retire-{engine.key}"
+        ).start()
+
+    def _discard_engine(self, engine: EngineProcess) -> None:
+        with self._lock:
+            if self._engines.get(engine.model_id) is engine:
+                del self._engines[engine.model_id]
+            for operation, owner in list(self._operations.items()):
+                if owner is engine:
+                    del self._operations[operation]
+        engine.stop()
+        engine.close_ring()
 
     def _reject(
         self,

@@ -7,9 +7,25 @@ one `Finished` chunk, whatever happens: completion, cancellation (client gone, f
 timeout (in the queue or in the engine), engine crash (`process_crash`).
 
 Threads: engine messages arrive on each engine's reader thread (`on_engine_message`); callers
-submit from API handlers; a `skippy-scheduler` housekeeping thread expires queued deadlines and
-idle sessions. One lock per model server guards its queue and running set; events are submitted
-to the pipeline (nonblocking) outside of any wait.
+submit from API handlers; a `skippy-scheduler` housekeeping thread expires deadlines (queued and
+running), idle sessions, and watches engine liveness. One lock per model server guards its queue
+and running set; events are submitted to the pipeline (nonblocking) outside of any wait, and
+commands to an engine are queued (`EngineProcess.send` never blocks).
+
+Invariants:
+
+- Whoever removes a request from the running set (under the server lock) — its `gen_done`, the
+  host-side deadline, the engine's exit — is the only one that emits its terminal events and
+  delivers its `Finished`. Exactly once, whatever order they race in.
+- Deadlines are kept by the host whatever the engine does (stopped, stuck in a decode): a running
+  request still running `HOST_DEADLINE_GRACE_S` after its deadline is ended here (timed_out), its
+  host lane is freed at once and the engine is told to cancel it. The engine's later messages for
+  it, `gen_done` included, are ignored (`_abandoned`), so nothing is emitted or freed twice.
+- A request whose engine command would exceed the control channel's frame limit is refused at
+  admission (`context_exhausted`): no prompt can break the channel.
+- An engine that sends nothing (not even a `pong`) for `engine_unresponsive_after_s` while its
+  model serves is reported once with `model_degraded` (reason `timeout`), and with
+  `model_recovery_completed` when it is heard again.
 """
 
 from __future__ import annotations
@@ -21,6 +37,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Final
 
+from skippyctl.engine.protocol import MAX_MESSAGE_BYTES, MessageTooLarge, encode_frame
 from skippyctl.engine.supervisor import EngineProcess
 from skippyctl.engine.worker import serving_events_enabled
 from skippyctl.events.catalog import EventId
@@ -43,6 +60,15 @@ DEFAULT_MAX_QUEUE: Final = 64
 HOUSEKEEPING_INTERVAL_S: Final = 0.2
 DEFAULT_DRAIN_TIMEOUT_S: Final = 30.0
 MEMORY_OBSERVATION_INTERVAL_S: Final = 10.0
+HOST_DEADLINE_GRACE_S: Final = 0.2
+"""The engine ends a request at its deadline itself (with its token counts); the host ends it this
+much later if the engine has not (stopped, stuck in a long decode)."""
+ENGINE_UNRESPONSIVE_ENV: Final = "SKIPPY_ENGINE_UNRESPONSIVE_S"
+"""Seconds without a word from a serving engine before `model_degraded` (default below)."""
+DEFAULT_ENGINE_UNRESPONSIVE_S: Final = 5.0
+MAX_HEARTBEAT_INTERVAL_S: Final = 1.0
+_FRAME_MARGIN_BYTES: Final = 256
+"""Admission checks the command with this margin: the timeout it carries is recomputed at start."""
 
 _STOP_REASONS: Final = {
     "eos": StopReason.EOS,
@@ -103,14 +129,21 @@ class ModelServer:
         self._lock = threading.Lock()
         self._queued: deque[RequestHandle] = deque()
         self._running: dict[str, RequestHandle] = {}
+        self._abandoned: set[str] = set()
+        """Ended by the host while the engine still ran them; their late messages are ignored."""
         self.idle = threading.Condition(self._lock)
+        self.unresponsive = False
+        self._unresponsive_since_ns = 0
 
     # -- admission ------------------------------------------------------------------------------
     def submit(self, handle: RequestHandle) -> Rejection | None:
         emit = self.scheduler.emit
         emit(EventId.REQUEST_RECEIVED, handle)
+        oversize = _oversize(handle)
         with self._lock:
-            if not self.accepting or self.engine is None:
+            if oversize is not None:
+                rejection = oversize
+            elif not self.accepting or self.engine is None:
                 rejection = Rejection(503, ReasonCode.STAGE_UNAVAILABLE, "model is not serving")
             elif len(self._running) < self.lanes and not self._queued:
                 self._start_locked(handle)
@@ -127,6 +160,8 @@ class ModelServer:
                     f"queue full ({self.max_queue} waiting); retry later",
                     retry_after_s=1,
                 )
+        if rejection.reason is ReasonCode.CONTEXT_EXHAUSTED:
+            emit(EventId.CONTEXT_EXHAUSTED, handle, reason=rejection.reason)
         emit(
             EventId.REQUEST_REJECTED,
             handle,
@@ -154,7 +189,17 @@ class ModelServer:
         assert self.engine is not None
         # If the engine is already gone the send fails silently: its exit handler fails
         # everything in `_running`, this request included, so it still gets its one terminal.
-        self.engine.send(message)
+        try:
+            self.engine.send(message)
+        except MessageTooLarge:
+            # Admission checked the size with a margin, so this is not expected; still, the
+            # request gets its terminal (off this thread: the server lock is held here).
+            threading.Thread(
+                target=self._end_running,
+                args=(str(handle.request_id), "failed", ReasonCode.CONTEXT_EXHAUSTED),
+                name=f"skippy-refuse-{handle.request_id}",
+                daemon=True,
+            ).start()
 
     def _next_locked(self) -> None:
         while self._queued and len(self._running) < self.lanes and self.accepting:
@@ -199,6 +244,91 @@ class ModelServer:
         for handle in expired:
             self._finish_unstarted(handle, ReasonCode.TIMEOUT)
 
+    def expire_running(self, now_ns: int) -> None:
+        """End, on the host, running requests whose engine has not ended them by their
+        deadline (plus a short grace for the engine's own, better-informed terminal)."""
+        with self._lock:
+            expired = [
+                request_id
+                for request_id, handle in self._running.items()
+                if (deadline := _host_deadline_ns(handle)) is not None and now_ns >= deadline
+            ]
+        for request_id in expired:
+            self._end_running(request_id, "timed_out", ReasonCode.TIMEOUT)
+
+    def next_deadline_ns(self) -> int | None:
+        """The earliest host-side deadline of a queued or running request."""
+        with self._lock:
+            deadlines = [
+                d for h in self._running.values() if (d := _host_deadline_ns(h)) is not None
+            ]
+            deadlines += [
+                h.received_mono_ns + int(h.params.timeout_s * 1e9)
+                for h in self._queued
+                if h.params.timeout_s is not None
+            ]
+        return min(deadlines, default=None)
+
+    def _end_running(self, request_id: str, outcome: str, reason: ReasonCode) -> None:
+        """End a running request on the host (its engine has not): claim it, emit its terminal
+        events, free its host lane, tell the engine to drop it, deliver its `Finished`."""
+        with self._lock:
+            handle = self._running.pop(request_id, None)
+            if handle is None:
+                return  # its gen_done (or the engine's exit) came first: already ended
+            self._abandoned.add(request_id)
+        engine = self.engine
+        if engine is not None:
+            engine.send({"op": "cancel", "request_id": request_id})
+        generation_id, request_event, event_outcome = _OUTCOME_EVENTS[outcome]
+        stop = StopReason.TIMEOUT if reason is ReasonCode.TIMEOUT else StopReason.ERROR
+        emit = self.scheduler.emit
+        if reason is ReasonCode.CONTEXT_EXHAUSTED:
+            emit(EventId.CONTEXT_EXHAUSTED, handle, reason=reason)
+        emit(generation_id, handle, outcome=event_outcome, reason=reason, stop_reason=stop)
+        duration = round((time.monotonic_ns() - handle.received_mono_ns) / 1e6, 3)
+        emit(request_event, handle, outcome=event_outcome, reason=reason, duration_ms=duration)
+        if handle.session_id is not None:
+            emit(EventId.SESSION_IDLE, handle)
+        with self._lock:
+            self._next_locked()
+        self.scheduler.session_released(handle)
+        handle.deliver(Finished(outcome, reason, stop.value))
+
+    # -- engine liveness (housekeeping thread) --------------------------------------------------
+    def check_engine(self, now_ns: int) -> None:
+        """Ping a quiet serving engine; report it degraded when it stays silent too long and
+        recovered when it is heard again."""
+        engine = self.engine
+        if engine is None or not engine.serving:
+            return
+        scheduler = self.scheduler
+        silent = engine.silent_for_s(now_ns)
+        if silent >= scheduler.heartbeat_interval_s:
+            engine.ping()
+        unresponsive = silent >= scheduler.engine_unresponsive_after_s
+        if unresponsive is self.unresponsive:
+            return
+        self.unresponsive = unresponsive
+        scope = Scope(model_id=self.model_id)
+        if unresponsive:
+            self._unresponsive_since_ns = now_ns
+            event = make_event(
+                EventId.MODEL_DEGRADED,
+                scope=scope,
+                reason_code=ReasonCode.TIMEOUT,
+                duration_ms=round(silent * 1000, 3),
+            )
+        else:
+            event = make_event(
+                EventId.MODEL_RECOVERY_COMPLETED,
+                scope=scope,
+                outcome=Outcome.SUCCESS,
+                duration_ms=round((now_ns - self._unresponsive_since_ns) / 1e6, 3),
+            )
+        # Model availability, not a serving event: it flows with SKIPPY_SERVING_EVENTS=off too.
+        scheduler.host.pipeline.submit(event)
+
     def counts(self) -> tuple[int, int]:
         with self._lock:
             return len(self._running), len(self._queued)
@@ -213,10 +343,23 @@ class ModelServer:
             self._on_session(message)
             return
         request_id = str(message.get("request_id", ""))
+        if kind == "gen_done":
+            with self._lock:
+                # Claimed here: whoever pops the request emits its terminal (exactly once).
+                handle = self._running.pop(request_id, None)
+                if handle is None:
+                    self._abandoned.discard(request_id)  # the host ended it already
+                    return
+            self._on_done(handle, message)
+            return
+        # Under the lock, so a host-side terminal cannot slip in between: nothing of a request
+        # is emitted after its terminal. (Emitting and delivering never block.)
         with self._lock:
             handle = self._running.get(request_id)
-        if handle is None:
-            return
+            if handle is not None:
+                self._on_observation(handle, kind, message)
+
+    def _on_observation(self, handle: RequestHandle, kind: Any, message: dict[str, Any]) -> None:
         emit = self.scheduler.emit
         if kind == "gen_text":
             handle.deliver(TextChunk(str(message.get("text", ""))))
@@ -260,10 +403,9 @@ class ModelServer:
                 summaries(generated_tokens=int(message.get("index", 0)) + 1),
                 duration_ms=message.get("step_ms"),
             )
-        elif kind == "gen_done":
-            self._on_done(handle, message)
 
     def _on_done(self, handle: RequestHandle, message: dict[str, Any]) -> None:
+        """The engine's terminal for a request this thread claimed (popped from `_running`)."""
         emit = self.scheduler.emit
         outcome = str(message.get("outcome", "failed"))
         generation_id, request_event, event_outcome = _OUTCOME_EVENTS.get(
@@ -309,7 +451,6 @@ class ModelServer:
         if handle.session_id is not None:
             emit(EventId.SESSION_IDLE, handle)
         with self._lock:
-            self._running.pop(str(handle.request_id), None)
             self._next_locked()
         self.scheduler.session_released(handle)
         handle.deliver(Finished(outcome, reason, stop.value if stop else None, prompt, completion))
@@ -353,6 +494,7 @@ class ModelServer:
             queued = list(self._queued)
             self._running.clear()
             self._queued.clear()
+            self._abandoned.clear()
             self.idle.notify_all()
         reason = ReasonCode.PROCESS_CRASH if crashed else ReasonCode.STAGE_UNAVAILABLE
         for handle in running:
@@ -406,9 +548,20 @@ class Scheduler:
         host: RuntimeHost,
         max_queue: int = DEFAULT_MAX_QUEUE,
         sessions: SessionRegistry | None = None,
+        engine_unresponsive_after_s: float | None = None,
     ) -> None:
         self.host = host
         self.max_queue = max_queue
+        if engine_unresponsive_after_s is None:
+            engine_unresponsive_after_s = _env_seconds(
+                ENGINE_UNRESPONSIVE_ENV, DEFAULT_ENGINE_UNRESPONSIVE_S
+            )
+        if engine_unresponsive_after_s <= 0:
+            raise ValueError("engine_unresponsive_after_s must be positive")
+        self.engine_unresponsive_after_s = engine_unresponsive_after_s
+        """A serving engine silent this long (no pong, no message) is reported degraded."""
+        self.heartbeat_interval_s = min(MAX_HEARTBEAT_INTERVAL_S, engine_unresponsive_after_s / 4)
+        """A serving engine silent this long is pinged."""
         self.sessions = sessions or SessionRegistry()
         self._servers: dict[LogicalId, ModelServer] = {}
         self._lock = threading.Lock()
@@ -671,13 +824,21 @@ class Scheduler:
 
     def _housekeeping(self) -> None:
         next_memory = 0.0
-        while not self._stop.wait(HOUSEKEEPING_INTERVAL_S):
+        wait_s = HOUSEKEEPING_INTERVAL_S
+        while not self._stop.wait(wait_s):
             if time.monotonic() >= next_memory:
                 next_memory = time.monotonic() + MEMORY_OBSERVATION_INTERVAL_S
                 self._observe_host_memory()
             now = time.monotonic_ns()
+            wait_s = min(HOUSEKEEPING_INTERVAL_S, self.heartbeat_interval_s / 2)
             for server in self.servers():
                 server.expire_queued(now)
+                server.expire_running(now)
+                server.check_engine(now)
+                deadline = server.next_deadline_ns()
+                if deadline is not None:
+                    # Wake at the next deadline, not up to an interval after it.
+                    wait_s = min(wait_s, max(0.005, (deadline - time.monotonic_ns()) / 1e9))
             for entry in self.sessions.expired():
                 owner = self.server(entry.model_id)
                 if owner is not None:
@@ -689,6 +850,39 @@ class Scheduler:
             server.drain(force=True, drain_timeout_s=0.5)
         if self._thread.is_alive():
             self._thread.join(2)
+
+
+def _env_seconds(name: str, default: float) -> float:
+    raw = os.environ.get(name, "").strip()
+    try:
+        value = float(raw) if raw else default
+    except ValueError:
+        return default
+    return value if value > 0 and value == value else default  # NaN and <= 0: the default
+
+
+def _host_deadline_ns(handle: RequestHandle) -> int | None:
+    timeout = handle.params.timeout_s
+    if timeout is None:
+        return None
+    return handle.received_mono_ns + int((timeout + HOST_DEADLINE_GRACE_S) * 1e9)
+
+
+def _oversize(handle: RequestHandle) -> Rejection | None:
+    """A rejection when the request's engine command cannot be framed (see protocol.py)."""
+    message = handle.params.engine_message(handle.request_id, handle.session_id)
+    try:
+        encode_frame(message, MAX_MESSAGE_BYTES - _FRAME_MARGIN_BYTES)
+    except MessageTooLarge as error:
+        # The command is nearly all prompt text, and a frame this large holds more tokens than
+        # any context: the prompt cannot fit (the same refusal the engine gives a long prompt).
+        return Rejection(
+            400,
+            ReasonCode.CONTEXT_EXHAUSTED,
+            f"the prompt is too large ({error.size_bytes} bytes encoded; at most "
+            f"{error.limit_bytes}): it cannot fit the model's context",
+        )
+    return None
 
 
 def _valid(model_id: str) -> bool:
