@@ -71,23 +71,54 @@ def error_record(command: str, code: ExitCode, message: str, reason: str | None)
 
 
 def fail(
-    command: str, code: ExitCode, message: str, json_output: bool, reason: str | None = None
+    command: str,
+    code: ExitCode,
+    message: str,
+    json_output: bool,
+    reason: str | None = None,
+    hint: str | None = None,
 ) -> NoReturn:
-    """Say why on stderr (and as an error record with --json), then exit with `code`."""
+    """Say why on stderr (and as an error record with --json), then exit with `code`.
+
+    `hint` goes to stderr only (it may name a local path, which JSON records never carry)."""
     if json_output:
         emit_json(error_record(command, code, message, reason))
     _err.print(f"[red]✗[/] {escape(message)}")
+    if hint:
+        _err.print(f"  {escape(hint)}")
     raise typer.Exit(int(code))
 
 
+def runtime_dir_hint() -> str:
+    """Where the runtime directory is, for people (stderr only)."""
+    from skippyctl.runtime.discovery import runtime_dir
+
+    return f"runtime directory: {runtime_dir()} (SKIPPY_RUNTIME_DIR overrides it)"
+
+
 def attach_or_exit(command: str, json_output: bool, autostart: bool = True) -> RuntimeClient:
-    """Launch-or-attach; exit 3 (with a message, never a traceback) when no runtime answers."""
-    from skippyctl.client.http import RuntimeUnreachable, connect
+    """Launch-or-attach; exit 3 (with a message, never a traceback) when no runtime answers,
+    10 when none can be started because SKIPPY_PORT is invalid."""
+    from skippyctl.client.http import RuntimeConfigurationError, RuntimeUnreachable, connect
 
     try:
         return connect(autostart=autostart)
+    except RuntimeConfigurationError as error:
+        fail(
+            command,
+            ExitCode.INVALID_CONFIGURATION,
+            str(error),
+            json_output,
+            reason="invalid_configuration",
+        )
     except RuntimeUnreachable as error:
-        fail(command, ExitCode.RUNTIME_UNREACHABLE, str(error), json_output)
+        fail(
+            command,
+            ExitCode.RUNTIME_UNREACHABLE,
+            str(error),
+            json_output,
+            hint=runtime_dir_hint(),
+        )
 
 
 def reason_of(value: Any) -> str | None:
@@ -312,6 +343,17 @@ def events_command(
         bool,
         typer.Option("--json", help="One event record per line on stdout (with its cursor)."),
     ] = False,
+    limit: Annotated[
+        int | None,
+        typer.Option(
+            "--limit",
+            "-n",
+            min=1,
+            metavar="N",
+            help="Print at most N events (after filtering), then exit 0; with --follow, stop "
+            "after the N-th.",
+        ),
+    ] = None,
 ) -> None:
     """Replay the retained events; with --follow, keep following new ones.
 
@@ -319,12 +361,15 @@ def events_command(
     stderr at exit ("resume with --since …") continues exactly where this run stopped.
     `--json` lines are event records with `seq` and `cursor`. Exit 0 when the replay ended (or
     --follow was stopped by the runtime going away: 3), 130 on Ctrl-C, 2 on a bad option.
+    `--limit N` stops after N shown events (exit 0), with or without --follow.
 
     Example:
 
         skippyctl events --follow --category model_loading --json | jq -r .event
 
         skippyctl events --since 5m --model tiny
+
+        skippyctl events --follow --event model_available --limit 1 --json
     """
     if ctx.invoked_subcommand is not None:
         return
@@ -371,6 +416,8 @@ def events_command(
                     emit_json(event_record(event, item.sequence, item.cursor))
                 else:
                     event_line(event, out)
+                if limit is not None and shown >= limit:
+                    break
                 if not follow and item.sequence >= (stream.state_sequence or 0):
                     break
     finally:

@@ -147,7 +147,13 @@ def _attached(
     wait: bool,
     interrupts: InterruptRequests,
 ) -> tuple[ExitCode, str]:
-    from skippyctl.client.http import ApiError, FrameReader, RuntimeUnreachable, connect
+    from skippyctl.client.http import (
+        ApiError,
+        FrameReader,
+        RuntimeConfigurationError,
+        RuntimeUnreachable,
+        connect,
+    )
 
     # The runtime resolves relative paths against its model root; a path that exists from here
     # is made absolute so it means what the user typed.
@@ -162,6 +168,8 @@ def _attached(
     }
     try:
         client = connect()
+    except RuntimeConfigurationError as error:
+        return ExitCode.INVALID_CONFIGURATION, str(error)
     except RuntimeUnreachable as error:
         return ExitCode.RUNTIME_UNREACHABLE, str(error)
     try:

@@ -6,13 +6,13 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import orjson
 import typer
 from rich.console import Console
 
-from skippyctl.cli.events import fail
+from skippyctl.cli.events import fail, runtime_dir_hint
 from skippyctl.cli.exit_codes import ExitCode
 from skippyctl.runtime.daemon import (
     DEFAULT_PORT,
@@ -20,9 +20,19 @@ from skippyctl.runtime.daemon import (
     ServeOptions,
     log_path,
     serve,
-    start_background,
 )
-from skippyctl.runtime.discovery import DiscoveryProblem, discovery_path, pid_alive, read_discovery
+from skippyctl.runtime.discovery import (
+    UNUSABLE_DIRECTORY,
+    Discovery,
+    DiscoveryProblem,
+    Verdict,
+    discovery_path,
+    ensure_runtime_dir,
+    read_discovery,
+    remove_discovery,
+    signal_runtime,
+    verify_runtime,
+)
 
 runtime_app = typer.Typer(
     help="Run, start, stop and inspect the runtime host.", no_args_is_help=True
@@ -32,7 +42,15 @@ _err = Console(stderr=True)
 HostOption = Annotated[
     str, typer.Option("--host", help="Address to listen on (loopback unless --allow-remote).")
 ]
-PortOption = Annotated[int, typer.Option("--port", help="TCP port (0: any free port).")]
+PortOption = Annotated[
+    int | None,
+    typer.Option(
+        "--port",
+        metavar="PORT",
+        show_default=False,
+        help=f"TCP port (0: any free port). Default: SKIPPY_PORT, else {DEFAULT_PORT}.",
+    ),
+]
 KeyOption = Annotated[
     str | None,
     typer.Option(
@@ -107,10 +125,38 @@ def _echo_json(record: dict[str, Any]) -> None:
     typer.echo(orjson.dumps(record).decode())
 
 
+def _port(flag: int | None, command: str, json_output: bool = False) -> int:
+    """The port to listen on: --port, else SKIPPY_PORT, else the default. An invalid value
+    exits with invalid_configuration (10), never a traceback."""
+    from skippyctl.client.http import MAX_PORT, RuntimeConfigurationError, port_from_environment
+
+    if flag is not None:
+        if not 0 <= flag <= MAX_PORT:
+            fail(
+                command,
+                ExitCode.INVALID_CONFIGURATION,
+                f"--port {flag} is not a port number (0-{MAX_PORT}; 0: any free port)",
+                json_output,
+                reason="invalid_configuration",
+            )
+        return flag
+    try:
+        port = port_from_environment()
+    except RuntimeConfigurationError as error:
+        fail(
+            command,
+            ExitCode.INVALID_CONFIGURATION,
+            str(error),
+            json_output,
+            reason="invalid_configuration",
+        )
+    return DEFAULT_PORT if port is None else port
+
+
 @runtime_app.command("serve")
 def serve_command(
     host: HostOption = "127.0.0.1",
-    port: PortOption = DEFAULT_PORT,
+    port: PortOption = None,
     api_key: KeyOption = None,
     model_root: RootOption = None,
     max_queue: QueueOption = 64,
@@ -134,10 +180,21 @@ def serve_command(
     if max_queue < 0 or session_ttl <= 0 or replay_records < 16:
         _err.print("[red]✗[/] --max-queue must be ≥ 0, --session-ttl > 0, --replay-records ≥ 16")
         raise typer.Exit(int(ExitCode.INVALID_CONFIGURATION))
+    listen_port = _port(port, "runtime serve")
     telemetry_endpoint = _telemetry_endpoint(telemetry_endpoint, "runtime serve")
+    try:
+        ensure_runtime_dir()
+    except DiscoveryProblem as problem:
+        fail(
+            "runtime serve",
+            ExitCode.RUNTIME_UNREACHABLE,
+            f"cannot serve: {problem}",
+            False,
+            hint=runtime_dir_hint(),
+        )
     options = ServeOptions(
         host,
-        port,
+        listen_port,
         api_key,
         model_root,
         max_queue,
@@ -163,7 +220,7 @@ def serve_command(
 @runtime_app.command("start")
 def start_command(
     host: HostOption = "127.0.0.1",
-    port: PortOption = DEFAULT_PORT,
+    port: PortOption = None,
     api_key: KeyOption = None,
     model_root: RootOption = None,
     max_queue: QueueOption = 64,
@@ -176,31 +233,52 @@ def start_command(
 ) -> None:
     """Start the runtime host in the background (no-op when one is already running).
 
+    The port is --port, else SKIPPY_PORT, else 8750 (an invalid one: exit 10). A stale
+    discovery file is replaced. Exit 0 when a runtime runs; 3 when none could be started.
+
     Example:
 
         skippyctl runtime start && skippyctl runtime status --json | jq -r .url
+
+        SKIPPY_PORT=0 skippyctl runtime start --json | jq -r .url
     """
+    from skippyctl.client.http import RuntimeUnreachable, launch
+
+    listen_port = _port(port, "runtime start", json_output)
     telemetry_endpoint = _telemetry_endpoint(telemetry_endpoint, "runtime start", json_output)
     try:
         existing = read_discovery()
-    except DiscoveryProblem:
+    except DiscoveryProblem as problem:
+        if problem.reason == UNUSABLE_DIRECTORY:
+            fail(
+                "runtime start",
+                ExitCode.RUNTIME_UNREACHABLE,
+                f"cannot start a runtime: {problem}",
+                json_output,
+                hint=runtime_dir_hint(),
+            )
         existing = None
     if existing is None:
+        options = ServeOptions(
+            host,
+            listen_port,
+            api_key,
+            model_root,
+            max_queue,
+            allow_remote=allow_remote,
+            debug_token_events=debug_token_events,
+            telemetry_endpoint=telemetry_endpoint,
+        )
         try:
-            existing = start_background(
-                ServeOptions(
-                    host,
-                    port,
-                    api_key,
-                    model_root,
-                    max_queue,
-                    allow_remote=allow_remote,
-                    debug_token_events=debug_token_events,
-                    telemetry_endpoint=telemetry_endpoint,
-                )
+            existing = launch(options)
+        except RuntimeUnreachable as error:
+            fail(
+                "runtime start",
+                ExitCode.RUNTIME_UNREACHABLE,
+                str(error),
+                json_output,
+                hint=runtime_dir_hint(),
             )
-        except ServeError as error:
-            fail("runtime start", ExitCode.RUNTIME_UNREACHABLE, str(error), json_output)
         _err.print(
             f"[green]✓[/] runtime started at {existing.url} (pid {existing.pid})", soft_wrap=True
         )
@@ -210,6 +288,58 @@ def start_command(
         )
     if json_output:
         _echo_json(_status_record())
+
+
+def _not_running(problem: DiscoveryProblem, json_output: bool) -> NoReturn:
+    """`runtime stop` found a file it cannot trust: remove it if possible, signal nothing, say
+    so, exit 3 (the runtime is not running)."""
+    removed = False
+    if problem.reason != UNUSABLE_DIRECTORY:
+        try:
+            discovery_path().unlink()
+            removed = True
+        except FileNotFoundError:
+            pass
+        except OSError as error:
+            _err.print(
+                f"[yellow]![/] could not remove the discovery file ({error.strerror})",
+                soft_wrap=True,
+            )
+    if json_output:
+        _echo_json(
+            {
+                "schema_version": 1,
+                "record": "runtime_stop",
+                "stopped": False,
+                "running": False,
+                "discovery": problem.reason,
+                "detail": str(problem),
+                "removed": removed,
+            }
+        )
+    _err.print(
+        f"no runtime is running: {problem}"
+        + ("; removed the stale discovery file" if removed else "")
+        + "; nothing was signalled",
+        soft_wrap=True,
+        highlight=False,
+    )
+    if problem.reason == UNUSABLE_DIRECTORY:
+        _err.print(f"  {runtime_dir_hint()}", soft_wrap=True, highlight=False)
+    raise typer.Exit(int(ExitCode.RUNTIME_UNREACHABLE))
+
+
+def _running(discovery: Discovery) -> bool:
+    return verify_runtime(discovery) in (Verdict.VERIFIED, Verdict.UNVERIFIED)
+
+
+def _wait_gone(discovery: Discovery, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while _running(discovery):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 @runtime_app.command("stop")
@@ -223,18 +353,22 @@ def stop_command(
 ) -> None:
     """Stop the background runtime host (orderly: requests drain, engines stop).
 
+    Asks the runtime over its authenticated API first; signals (SIGTERM, then SIGKILL after
+    --timeout) go only to a process verified to be the runtime that wrote the discovery file
+    (its start time and boot id match). A discovery file naming a dead pid, or a pid now used
+    by another process, is stale: it is removed, nothing is signalled, exit 3. Exit 0 when the
+    runtime stopped (or none was running: no discovery file).
+
     Example:
 
         skippyctl runtime stop
     """
-    from skippyctl.client.http import RuntimeClient
+    from skippyctl.client.http import ApiError, RuntimeClient, RuntimeUnreachable
 
     try:
         discovery = read_discovery()
     except DiscoveryProblem as problem:
-        discovery_path().unlink(missing_ok=True)
-        _err.print(f"removed a {problem.reason} discovery file; no runtime was running")
-        discovery = None
+        _not_running(problem, json_output)
     if discovery is None:
         if json_output:
             _echo_json(
@@ -243,21 +377,41 @@ def stop_command(
         else:
             _err.print("no runtime is running")
         return
-    client = RuntimeClient(discovery)
+    client = RuntimeClient(discovery, timeout_s=min(max(timeout, 1.0), 30.0))
+    via, refused = "api", ""
     try:
         client.shutdown()
-    except Exception:  # noqa: BLE001 - fall back to a signal whatever the API said
-        os.kill(discovery.pid, signal.SIGTERM)
+    except (RuntimeUnreachable, ApiError) as error:
+        refused = str(error)
+        via = "sigterm"
     finally:
         client.close()
-    deadline = time.monotonic() + timeout
-    while pid_alive(discovery.pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    if via == "sigterm" and not signal_runtime(discovery, signal.SIGTERM):
+        verdict = verify_runtime(discovery)
+        if verdict in (Verdict.GONE, Verdict.FOREIGN):
+            _not_running(
+                DiscoveryProblem("stale", f"the runtime (pid {discovery.pid}) is gone"),
+                json_output,
+            )
+        fail(
+            "runtime stop",
+            ExitCode.RUNTIME_UNREACHABLE,
+            f"the runtime at {discovery.url} did not accept the shutdown request ({refused}), "
+            f"and pid {discovery.pid} cannot be verified as that runtime: not signalling it",
+            json_output,
+        )
     killed = False
-    if pid_alive(discovery.pid):
-        os.kill(discovery.pid, signal.SIGKILL)
-        killed = True
-        discovery_path().unlink(missing_ok=True)
+    if not _wait_gone(discovery, timeout):
+        killed = signal_runtime(discovery, signal.SIGKILL)
+        if not killed or not _wait_gone(discovery, 5.0):
+            fail(
+                "runtime stop",
+                ExitCode.FAILURE,
+                f"the runtime (pid {discovery.pid}) did not stop within {timeout:g} s"
+                + ("" if killed else " and cannot be verified: not killing it"),
+                json_output,
+            )
+    remove_discovery(expected_pid=discovery.pid)  # a killed runtime could not remove it itself
     if json_output:
         _echo_json(
             {
@@ -266,6 +420,7 @@ def stop_command(
                 "stopped": True,
                 "killed": killed,
                 "pid": discovery.pid,
+                "via": via,
             }
         )
     else:
@@ -281,7 +436,14 @@ def _status_record() -> dict[str, Any]:
     try:
         discovery = read_discovery()
     except DiscoveryProblem as problem:
-        record.update({"state": "stopped", "running": False, "discovery": problem.reason})
+        record.update(
+            {
+                "state": "stopped",
+                "running": False,
+                "discovery": problem.reason,
+                "detail": str(problem),
+            }
+        )
         return record
     if discovery is None:
         record.update({"state": "stopped", "running": False})
@@ -322,6 +484,10 @@ def status_command(
 ) -> None:
     """Say whether the runtime host runs, where, and how it is.
 
+    Exit 0 when it runs; 3 when it does not (`--json`: `running` false, and for a discovery
+    file that cannot be used, `discovery` — stale, corrupt, untrusted or unusable_directory —
+    with `detail`).
+
     Example:
 
         skippyctl runtime status --json | jq -r .url
@@ -330,7 +496,15 @@ def status_command(
     if json_output:
         _echo_json(record)
     elif not record.get("running"):
-        _err.print("runtime: stopped")
+        detail = record.get("detail")
+        _err.print(
+            "runtime: stopped"
+            + (f" ({record.get('discovery')} discovery file: {detail})" if detail else ""),
+            soft_wrap=True,
+            highlight=False,
+        )
+        if record.get("discovery") == UNUSABLE_DIRECTORY:
+            _err.print(f"  {runtime_dir_hint()}", soft_wrap=True, highlight=False)
     else:
         _err.print(
             f"runtime: {record.get('state')} at {record.get('url')} (pid {record.get('pid')}, "

@@ -1,28 +1,75 @@
 """The discovery file: how every command finds the running runtime host.
 
-One JSON file per user, mode 0600, in the platformdirs user runtime directory (or
-`SKIPPY_RUNTIME_DIR`): pid, base url, bearer token, version, process instance id, start time.
-A file whose pid is gone is stale: `read_discovery` reports it and `remove_if_stale` deletes it so
-a new host can take its place. Writes are atomic (temp file + rename).
+One JSON file per user, mode 0600, in a private runtime directory (or `SKIPPY_RUNTIME_DIR`):
+pid, base url, bearer token, version, process instance id, start time, and the identity of the
+host process (`boot_id` + `start_ticks`, the kernel's start time of that pid in clock ticks).
+Writes are atomic (temp file + rename).
+
+Invariants:
+
+- Nothing here signals a process that is not the runtime which wrote the file. A pid is used
+  only when it is a valid process id (1 ≤ pid ≤ pid_max, never 0 or -1, which address process
+  groups or every process); a live pid counts as the runtime only when its identity matches
+  (`verify_runtime`); `signal_runtime` verifies the identity through a pidfd, so a pid reused
+  between the check and the signal is never hit.
+- A file that names a dead pid, or a pid now held by another process (pid reuse after a
+  crash), is `stale`; one that does not parse or holds wrong types, an impossible pid, a bad url
+  or no token is `corrupt`; one that is a symlink or owned by another user is `untrusted`; a
+  runtime directory that is not a directory, cannot be used, or (when derived, not given) is not
+  private is `unusable_directory`. `read_discovery` raises `DiscoveryProblem` with that reason;
+  it never raises anything else for a bad file or directory.
+- The runtime directory is chosen without platformdirs' "XDG_RUNTIME_DIR is not set" warning:
+  `$XDG_RUNTIME_DIR/skippyctl` when that is a private directory, else
+  `/run/user/<uid>/skippyctl` when that is, else `<tmp>/runtime-<uid>/skippyctl` (the same
+  fallback platformdirs uses). A derived directory must be a real directory owned by the user
+  with no group/other access (0700); it is refused otherwise, never repaired behind the user's
+  back. `SKIPPY_RUNTIME_DIR` is the user's explicit choice: it only has to be a directory.
 """
 
 from __future__ import annotations
 
+import contextlib
+import enum
 import os
+import re
+import signal
+import stat
+import sys
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
+from urllib.parse import urlsplit
 
 import orjson
-import platformdirs
 
 FILE_NAME: Final = "runtime.json"
 SCHEMA_VERSION: Final = 1
+APP_NAME: Final = "skippyctl"
+PID_MAX_LIMIT: Final = 2**22
+"""The kernel's absolute ceiling for pid_max (PID_MAX_LIMIT on 64-bit Linux)."""
+PRIVATE_MODE: Final = 0o700
+
+# DiscoveryProblem reasons: stable tokens, shown in `runtime status --json` as `discovery`.
+STALE: Final = "stale"
+CORRUPT: Final = "corrupt"
+UNTRUSTED: Final = "untrusted"
+UNUSABLE_DIRECTORY: Final = "unusable_directory"
+
+_PROC: Final = Path("/proc")
+_BOOT_ID_PATH: Final = _PROC / "sys/kernel/random/boot_id"
+_PID_MAX_PATH: Final = _PROC / "sys/kernel/pid_max"
+_STAT_STARTTIME_INDEX: Final = 19
+"""Field 22 of /proc/<pid>/stat (starttime) is the 20th after the `(comm)` field ends."""
+_PRINTABLE_TOKEN: Final = re.compile(r"[\x21-\x7e]+")
 
 
 @dataclass(frozen=True, slots=True)
 class Discovery:
+    """What the runtime host advertises. `boot_id` and `start_ticks` identify the host process
+    (None in files written by older versions); `write_discovery` stamps them for the writer's
+    own pid."""
+
     pid: int
     url: str
     token: str
@@ -30,28 +77,187 @@ class Discovery:
     process_instance_id: str
     started_at: str
     schema_version: int = SCHEMA_VERSION
+    boot_id: str | None = None
+    start_ticks: int | None = None
 
 
 class DiscoveryProblem(Exception):
-    """The discovery file exists but cannot be used; `reason` is a short stable token."""
+    """The discovery file (or its directory) cannot be used; `reason` is a short stable token
+    (`stale`, `corrupt`, `untrusted`, `unusable_directory`) and the message says why without
+    an absolute path (it may end up in a JSON record)."""
 
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(detail)
         self.reason = reason
 
 
-def runtime_dir() -> Path:
+class Verdict(enum.Enum):
+    """Whether the pid a discovery file names is the runtime that wrote it."""
+
+    VERIFIED = "verified"
+    """Alive and its identity matches (or, for a file without identity, its command line is a
+    `skippyctl … serve`)."""
+    UNVERIFIED = "unverified"
+    """Alive, but no /proc to check it with: usable over HTTP, never signalled."""
+    GONE = "gone"
+    """No such process (or not a valid pid)."""
+    FOREIGN = "foreign"
+    """Alive, but another process: the pid was reused."""
+
+
+# -- the runtime directory ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Location:
+    path: Path
+    explicit: bool
+    """True for SKIPPY_RUNTIME_DIR; False for a derived directory (which must be private)."""
+    base: Path | None = None
+    """A derived directory's parent that must be private as well (the tmp fallback)."""
+
+
+def _private_dir_problem(path: Path, missing_ok: bool) -> str | None:
+    """Why `path` is not a private directory of this user (None when it is)."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return None if missing_ok else "does not exist"
+    except OSError as error:
+        return f"cannot be inspected ({error.strerror})"
+    if stat.S_ISLNK(info.st_mode):
+        return "is a symbolic link"
+    if not stat.S_ISDIR(info.st_mode):
+        return "is not a directory"
+    if info.st_uid != os.geteuid():
+        return f"is owned by uid {info.st_uid}, not by this user (uid {os.geteuid()})"
+    if info.st_mode & 0o077:
+        return f"is mode {stat.S_IMODE(info.st_mode):04o}, not private (0700)"
+    return None
+
+
+def _location() -> _Location:
     override = os.environ.get("SKIPPY_RUNTIME_DIR")
     if override:
-        return Path(override)
-    return Path(platformdirs.user_runtime_dir("skippyctl", ensure_exists=False))
+        return _Location(Path(override), explicit=True)
+    if sys.platform in ("win32", "darwin") or not hasattr(os, "geteuid"):
+        import platformdirs
+
+        # These platforms' runtime dirs live under the user's home; no XDG warning there.
+        return _Location(
+            Path(platformdirs.user_runtime_dir(APP_NAME, ensure_exists=False)), explicit=False
+        )
+    xdg = os.environ.get("XDG_RUNTIME_DIR", "").strip()
+    if xdg and Path(xdg).is_absolute() and _private_dir_problem(Path(xdg), False) is None:
+        return _Location(Path(xdg) / APP_NAME, explicit=False)
+    run_user = Path(f"/run/user/{os.geteuid()}")
+    if _private_dir_problem(run_user, False) is None:
+        return _Location(run_user / APP_NAME, explicit=False)
+    base = Path(tempfile.gettempdir()) / f"runtime-{os.geteuid()}"
+    return _Location(base / APP_NAME, explicit=False, base=base)
+
+
+def runtime_dir() -> Path:
+    """Where the discovery file and the runtime log live (not created, not checked)."""
+    return _location().path
 
 
 def discovery_path() -> Path:
     return runtime_dir() / FILE_NAME
 
 
+def _directory_problem(location: _Location) -> DiscoveryProblem | None:
+    """What is wrong with the runtime directory as it is now (a missing one is fine)."""
+    if location.explicit:
+        try:
+            info = os.stat(location.path)
+        except FileNotFoundError:
+            return None
+        except OSError as error:
+            return DiscoveryProblem(
+                UNUSABLE_DIRECTORY,
+                f"the runtime directory (SKIPPY_RUNTIME_DIR) cannot be used ({error.strerror})",
+            )
+        if not stat.S_ISDIR(info.st_mode):
+            return DiscoveryProblem(
+                UNUSABLE_DIRECTORY, "the runtime directory (SKIPPY_RUNTIME_DIR) is not a directory"
+            )
+        return None
+    for directory in (location.base, location.path):
+        if directory is None:
+            continue
+        problem = _private_dir_problem(directory, missing_ok=True)
+        if problem is not None:
+            which = "runtime directory" if directory == location.path else "its parent"
+            return DiscoveryProblem(
+                UNUSABLE_DIRECTORY,
+                f"the {which} {problem}; refusing to use it (set SKIPPY_RUNTIME_DIR or "
+                "XDG_RUNTIME_DIR to a private directory)",
+            )
+    return None
+
+
+def check_runtime_dir() -> None:
+    """Raise DiscoveryProblem(`unusable_directory`) if the runtime directory cannot be used as
+    it is (without creating it)."""
+    problem = _directory_problem(_location())
+    if problem is not None:
+        raise problem
+
+
+def ensure_runtime_dir() -> Path:
+    """Create the runtime directory (0700) if needed and prove it usable for writing.
+
+    Raises DiscoveryProblem(`unusable_directory`) when it is not a directory, not private (when
+    derived), or not writable (for example read-only)."""
+    location = _location()
+    problem = _directory_problem(location)
+    if problem is not None:
+        raise problem
+    try:
+        if location.base is not None:
+            with contextlib.suppress(FileExistsError):
+                location.base.mkdir(mode=PRIVATE_MODE)
+        location.path.mkdir(parents=True, exist_ok=True, mode=PRIVATE_MODE)
+    except OSError as error:
+        raise DiscoveryProblem(
+            UNUSABLE_DIRECTORY, f"the runtime directory cannot be created ({error.strerror})"
+        ) from error
+    problem = _directory_problem(location)  # it may have been raced into something else
+    if problem is not None:
+        raise problem
+    try:
+        fd, probe = tempfile.mkstemp(dir=location.path, prefix=".probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as error:
+        raise DiscoveryProblem(
+            UNUSABLE_DIRECTORY, f"the runtime directory is not writable ({error.strerror})"
+        ) from error
+    return location.path
+
+
+# -- pids and process identity ------------------------------------------------------------------
+
+
+def pid_limit() -> int:
+    """The largest pid this system can hand out now (pid_max, at most PID_MAX_LIMIT)."""
+    try:
+        return min(int(_PID_MAX_PATH.read_text().strip()), PID_MAX_LIMIT)
+    except (OSError, ValueError):
+        return PID_MAX_LIMIT
+
+
+def valid_pid(pid: object) -> bool:
+    """True only for an int a single process can have: never 0, -1 or a negative number (those
+    address process groups or every process) and never above pid_max."""
+    return isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid <= pid_limit()
+
+
 def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists. Invalid pids are never passed to kill(2)."""
+    if not valid_pid(pid):
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -61,9 +267,113 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def boot_id() -> str | None:
+    try:
+        return _BOOT_ID_PATH.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _proc_stat(pid: int) -> tuple[bytes, int] | None:
+    """(state letter, start time in clock ticks since boot) of `pid`; None if unknown/gone."""
+    if not valid_pid(pid):
+        return None
+    try:
+        raw = (_PROC / str(pid) / "stat").read_bytes()
+    except OSError:
+        return None
+    # comm (field 2) may contain spaces and parentheses: the fields after it start after the
+    # last ')'; the first of them is the state (field 3).
+    fields = raw[raw.rfind(b")") + 1 :].split()
+    try:
+        return fields[0], int(fields[_STAT_STARTTIME_INDEX])
+    except (IndexError, ValueError):
+        return None
+
+
+def start_ticks(pid: int) -> int | None:
+    """The kernel's start time of `pid` (clock ticks since boot), None if unknown or gone."""
+    found = _proc_stat(pid)
+    return None if found is None else found[1]
+
+
+def _looks_like_runtime(pid: int) -> bool | None:
+    """For a file without identity: is `pid` a `skippyctl … serve` process? None: unknown."""
+    try:
+        raw = (_PROC / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return None
+    args = [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+    named = any(Path(a).name == APP_NAME for a in args)
+    return named and "serve" in args
+
+
+def verify_runtime(discovery: Discovery) -> Verdict:
+    """Whether the pid in `discovery` is still the runtime that wrote it (a zombie is gone)."""
+    if not pid_alive(discovery.pid):
+        return Verdict.GONE
+    if not (_PROC / "self" / "stat").exists():
+        return Verdict.UNVERIFIED
+    found = _proc_stat(discovery.pid)
+    if found is None:
+        return Verdict.GONE if not pid_alive(discovery.pid) else Verdict.UNVERIFIED
+    state, ticks = found
+    if state in (b"Z", b"X"):
+        return Verdict.GONE
+    if discovery.start_ticks is None or discovery.boot_id is None:
+        # Written by a version that recorded no identity: the command line must be a runtime.
+        looks = _looks_like_runtime(discovery.pid)
+        if looks is None:
+            return Verdict.UNVERIFIED
+        return Verdict.VERIFIED if looks else Verdict.FOREIGN
+    if ticks != discovery.start_ticks or boot_id() != discovery.boot_id:
+        return Verdict.FOREIGN
+    return Verdict.VERIFIED
+
+
+def signal_runtime(discovery: Discovery, signum: int) -> bool:
+    """Send `signum` to the runtime `discovery` names, only if its identity is verified.
+
+    True when sent. The process is pinned with a pidfd before the identity check, and the
+    signal goes through that pidfd: if the pid was reused in between, the pidfd names the dead
+    process and nothing else is hit. Without pidfds (old kernels) the window is the few
+    microseconds between check and kill(2).
+    """
+    if not valid_pid(discovery.pid):
+        return False
+    pidfd: int | None = None
+    if hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal"):
+        try:
+            pidfd = os.pidfd_open(discovery.pid)
+        except ProcessLookupError:
+            return False
+        except OSError:
+            pidfd = None  # pidfds unsupported here (ENOSYS, seccomp): fall back to kill(2)
+    try:
+        if verify_runtime(discovery) is not Verdict.VERIFIED:
+            return False
+        try:
+            if pidfd is not None:
+                signal.pidfd_send_signal(pidfd, signum)
+            else:
+                os.kill(discovery.pid, signum)
+        except ProcessLookupError:
+            return False
+        return True
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+# -- the file -----------------------------------------------------------------------------------
+
+
 def write_discovery(discovery: Discovery) -> Path:
-    path = discovery_path()
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    """Write the file atomically (0600). For the writer's own pid the identity (`boot_id`,
+    `start_ticks`) is stamped when absent."""
+    if discovery.pid == os.getpid() and discovery.start_ticks is None:
+        discovery = replace(discovery, boot_id=boot_id(), start_ticks=start_ticks(os.getpid()))
+    path = ensure_runtime_dir() / FILE_NAME
     fd, temp = tempfile.mkstemp(dir=path.parent, prefix=".runtime-", suffix=".json")
     try:
         os.fchmod(fd, 0o600)
@@ -74,45 +384,162 @@ def write_discovery(discovery: Discovery) -> Path:
     return path
 
 
+def _read_bytes(path: Path) -> bytes | None:
+    """The file's bytes, None when absent; DiscoveryProblem for a file or directory that
+    cannot be trusted or read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NOCTTY", 0))
+    except FileNotFoundError:
+        return None
+    except NotADirectoryError as error:
+        raise DiscoveryProblem(
+            UNUSABLE_DIRECTORY, "the runtime directory (SKIPPY_RUNTIME_DIR) is not a directory"
+        ) from error
+    except OSError as error:
+        if os.path.islink(path):
+            raise DiscoveryProblem(
+                UNTRUSTED, "the discovery file is a symbolic link; refusing to follow it"
+            ) from error
+        raise DiscoveryProblem(
+            UNUSABLE_DIRECTORY, f"the discovery file cannot be read ({error.strerror})"
+        ) from error
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise DiscoveryProblem(CORRUPT, "the discovery file is not a regular file")
+        if hasattr(os, "geteuid") and info.st_uid != os.geteuid():
+            raise DiscoveryProblem(
+                UNTRUSTED, f"the discovery file is owned by uid {info.st_uid}, not by this user"
+            )
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+            if sum(map(len, chunks)) > 1 << 20:
+                raise DiscoveryProblem(CORRUPT, "the discovery file is implausibly large")
+        return b"".join(chunks)
+    except OSError as error:
+        raise DiscoveryProblem(
+            UNUSABLE_DIRECTORY, f"the discovery file cannot be read ({error.strerror})"
+        ) from error
+    finally:
+        os.close(fd)
+
+
+def _field(data: dict[str, Any], key: str, kind: type, *, required: bool = True) -> Any:
+    if key not in data or data[key] is None:
+        if required:
+            raise DiscoveryProblem(CORRUPT, f"the discovery file has no {key!r}")
+        return None
+    value = data[key]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise DiscoveryProblem(
+            CORRUPT,
+            f"the discovery file's {key!r} is a {type(value).__name__}, not a {kind.__name__}",
+        )
+    return value
+
+
+def _check_url(url: str) -> None:
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number or too big
+    except ValueError as error:
+        raise DiscoveryProblem(CORRUPT, f"the discovery file's url is invalid ({error})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise DiscoveryProblem(
+            CORRUPT, "the discovery file's url is not an http(s)://host:port address"
+        )
+
+
+def parse_discovery(raw: bytes) -> Discovery:
+    """A Discovery from the file's bytes, checked field by field; DiscoveryProblem(`corrupt`)
+    for anything a runtime could not have written (or `stale` for a pid above pid_max)."""
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as error:
+        raise DiscoveryProblem(CORRUPT, f"the discovery file is not JSON ({error})") from error
+    if not isinstance(data, dict):
+        raise DiscoveryProblem(CORRUPT, "the discovery file is not a JSON object")
+    pid = _field(data, "pid", int)
+    if pid <= 0 or pid > PID_MAX_LIMIT:
+        raise DiscoveryProblem(CORRUPT, f"the discovery file's pid {pid} is not a process id")
+    url = _field(data, "url", str)
+    _check_url(url)
+    token = _field(data, "token", str)
+    if not _PRINTABLE_TOKEN.fullmatch(token):
+        raise DiscoveryProblem(CORRUPT, "the discovery file's token is empty or not printable")
+    discovery = Discovery(
+        pid=pid,
+        url=url,
+        token=token,
+        version=_field(data, "version", str),
+        process_instance_id=_field(data, "process_instance_id", str),
+        started_at=_field(data, "started_at", str),
+        schema_version=_field(data, "schema_version", int, required=False) or SCHEMA_VERSION,
+        boot_id=_field(data, "boot_id", str, required=False),
+        start_ticks=_field(data, "start_ticks", int, required=False),
+    )
+    if pid > pid_limit():
+        raise DiscoveryProblem(
+            STALE, f"the discovery file names pid {pid}, above this system's pid_max: not running"
+        )
+    return discovery
+
+
 def read_discovery() -> Discovery | None:
     """The live host's discovery, None when there is no file.
 
-    Raises DiscoveryProblem("stale", …) when the file names a dead pid and ("corrupt", …) when
-    it cannot be parsed.
+    Raises DiscoveryProblem: `stale` when the file names a dead pid or one now held by another
+    process, `corrupt` when it cannot be parsed or holds impossible values, `untrusted` for a
+    symlink or another user's file, `unusable_directory` when the runtime directory is not a
+    (private) directory. Never signals anything but kill(pid, 0) on a valid pid.
     """
-    path = discovery_path()
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
+    check_runtime_dir()
+    raw = _read_bytes(discovery_path())
+    if raw is None:
         return None
-    try:
-        data = orjson.loads(raw)
-        discovery = Discovery(**{k: data[k] for k in Discovery.__dataclass_fields__ if k in data})
-    except (orjson.JSONDecodeError, TypeError, KeyError) as error:
-        raise DiscoveryProblem("corrupt", f"discovery file unreadable: {error}") from error
-    if not pid_alive(discovery.pid):
-        raise DiscoveryProblem("stale", f"discovery file names pid {discovery.pid}, not running")
+    discovery = parse_discovery(raw)
+    verdict = verify_runtime(discovery)
+    if verdict is Verdict.GONE:
+        raise DiscoveryProblem(
+            STALE, f"the discovery file names pid {discovery.pid}, which is not running"
+        )
+    if verdict is Verdict.FOREIGN:
+        raise DiscoveryProblem(
+            STALE,
+            f"the discovery file names pid {discovery.pid}, which is now another process "
+            "(not the runtime that wrote it)",
+        )
     return discovery
 
 
 def remove_discovery(expected_pid: int | None = None) -> None:
-    """Delete the file (only if it still belongs to `expected_pid`, when given)."""
+    """Delete the file (only if it still belongs to `expected_pid`, when given). Never raises
+    for a file or directory that is gone or cannot be changed (it runs on shutdown paths)."""
     path = discovery_path()
     if expected_pid is not None:
         try:
             data = orjson.loads(path.read_bytes())
-        except (FileNotFoundError, orjson.JSONDecodeError):
+        except (OSError, orjson.JSONDecodeError):
             return
-        if data.get("pid") != expected_pid:
+        if not isinstance(data, dict) or data.get("pid") != expected_pid:
             return
-    path.unlink(missing_ok=True)
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        path.unlink()
 
 
 def remove_if_stale() -> bool:
-    """Delete a stale or corrupt file; True if one was removed."""
+    """Delete a stale, corrupt or untrusted file; True if one was removed. A file in an
+    unusable directory is left alone. OSError from the deletion (a read-only directory)
+    propagates."""
     try:
         read_discovery()
-    except DiscoveryProblem:
-        discovery_path().unlink(missing_ok=True)
+    except DiscoveryProblem as problem:
+        if problem.reason == UNUSABLE_DIRECTORY:
+            return False
+        try:
+            discovery_path().unlink()
+        except FileNotFoundError:
+            return False
         return True
     return False

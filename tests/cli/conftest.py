@@ -11,12 +11,29 @@ import orjson
 import pytest
 
 
+def _is_a_runtime(pid: int) -> bool:
+    """Whether `pid` is a `skippyctl … runtime serve` process. Tests write discovery files
+    naming other processes (a stranger, -1, 0, huge pids): those must never be signalled."""
+    if not 0 < pid <= 2**22:
+        return False
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return any(Path(a.decode(errors="replace")).name == "skippyctl" for a in args) and (
+        b"serve" in args
+    )
+
+
 def stop_runtime(directory: Path) -> None:
-    """Stop the runtime a test started (SIGTERM, then SIGKILL): no test leaves one behind."""
+    """Stop the runtime a test started (SIGTERM, then SIGKILL): no test leaves one behind.
+    Only a pid that is a skippyctl runtime is signalled (see `_is_a_runtime`)."""
     discovery = directory / "runtime.json"
     try:
-        pid = int(orjson.loads(discovery.read_bytes())["pid"])
-    except (FileNotFoundError, KeyError, ValueError, orjson.JSONDecodeError):
+        pid = orjson.loads(discovery.read_bytes())["pid"]
+    except (OSError, KeyError, TypeError, ValueError, orjson.JSONDecodeError):
+        return
+    if not isinstance(pid, int) or isinstance(pid, bool) or not _is_a_runtime(pid):
         return
     try:
         os.kill(pid, signal.SIGTERM)
@@ -34,7 +51,8 @@ def stop_runtime(directory: Path) -> None:
         except ProcessLookupError:
             return
         time.sleep(0.05)
-    os.kill(pid, signal.SIGKILL)
+    if _is_a_runtime(pid):
+        os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture(autouse=True)
