@@ -319,7 +319,7 @@ def _not_running(problem: DiscoveryProblem, json_output: bool) -> NoReturn:
         )
     _err.print(
         f"no runtime is running: {problem}"
-        + ("; removed the stale discovery file" if removed else "")
+        + (f"; removed the {problem.reason} discovery file" if removed else "")
         + "; nothing was signalled",
         soft_wrap=True,
         highlight=False,

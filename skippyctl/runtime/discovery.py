@@ -62,6 +62,15 @@ _PID_MAX_PATH: Final = _PROC / "sys/kernel/pid_max"
 _STAT_STARTTIME_INDEX: Final = 19
 """Field 22 of /proc/<pid>/stat (starttime) is the 20th after the `(comm)` field ends."""
 _PRINTABLE_TOKEN: Final = re.compile(r"[\x21-\x7e]+")
+_JSON_TYPES: Final[dict[type, str]] = {
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    bool: "a boolean",
+    list: "a list",
+    dict: "an object",
+    type(None): "null",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -434,7 +443,8 @@ def _field(data: dict[str, Any], key: str, kind: type, *, required: bool = True)
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise DiscoveryProblem(
             CORRUPT,
-            f"the discovery file's {key!r} is a {type(value).__name__}, not a {kind.__name__}",
+            f"the discovery file's {key!r} is {_JSON_TYPES.get(type(value), 'a value')}, "
+            f"not {_JSON_TYPES[kind]}",
         )
     return value
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
-from tests.cli.helpers import run_cli
+from tests.cli.helpers import ndjson_objects, run_cli
 
 RECORD_KEYS = {"schema_version", "event", "category", "severity", "ts", "seq", "cursor", "summary"}
 
@@ -57,3 +59,49 @@ def test_unknown_filters_are_usage_errors_listing_valid_values() -> None:
     assert bad_category.code == 2
     assert "model_loading" in bad_category.stderr
     assert run_cli("events", "--since", "yesterday").code == 2
+
+
+def test_limit_prints_at_most_n_events_then_exits_0(fixture_dir: Path) -> None:
+    assert run_cli("load", str(fixture_dir / "tiny.gguf")).code == 0
+    everything = run_cli("events", "--json")
+    assert len(everything.records()) > 2, everything.stderr
+    two = run_cli("events", "--limit", "2", "--json")
+    assert two.code == 0, two.stderr
+    assert two.records() == everything.records()[:2]
+    assert f"2 event(s); resume with --since {two.records()[-1]['cursor']}" in two.stderr
+    # --follow stops at the N-th shown event (here from the replay: it never waits for more)
+    followed = run_cli(
+        "events", "--follow", "--event", "model_available", "--limit", "1", "--json", timeout=60
+    )
+    assert followed.code == 0, followed.stderr
+    assert followed.events() == ["model_available"]
+    human = run_cli("events", "-n", "1")
+    assert human.code == 0 and len(human.stdout.splitlines()) == 1
+
+
+def test_follow_with_limit_exits_after_the_nth_event(fixture_dir: Path) -> None:
+    """Without --limit this follower would run until killed; with it, it ends after the
+    unload's terminal (whether it saw it live or in the replay, if it attached late)."""
+    assert run_cli("load", str(fixture_dir / "tiny.gguf")).code == 0
+    command = [sys.executable, "-m", "skippyctl", "events", "--follow", "--json"]
+    follower = subprocess.Popen(
+        [*command, "--event", "unload_completed", "--limit", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert run_cli("unload", "tiny").code == 0
+        out, err = follower.communicate(timeout=60)
+    finally:
+        follower.kill()
+        follower.wait()
+    assert follower.returncode == 0, err
+    assert [r["event"] for r in ndjson_objects(out)] == ["unload_completed"]
+
+
+def test_limit_must_be_at_least_1() -> None:
+    for value in ("0", "-3", "x"):
+        result = run_cli("events", "--limit", value)
+        assert result.code == 2, result.stderr
+        assert "--limit" in result.stderr
+    assert "--limit" in run_cli("events", "--help").stdout
