@@ -8,8 +8,9 @@ Framing: a 4-byte big-endian payload length, then that many bytes of one JSON ob
 Invariants:
 
 - A frame is never torn. The size limit (`MAX_MESSAGE_BYTES`) is enforced on the SENDING side
-  before a single byte is written (:class:`MessageTooLarge`), so the sender can refuse the one
-  request it belongs to and the channel stays in step.
+  before a single byte is written (:class:`MessageTooLarge`; :class:`UnencodableMessage` for a
+  value JSON cannot carry), so the sender can refuse the one request it belongs to and the
+  channel stays in step.
 - A receiver that nevertheless gets a frame it cannot use — announced larger than its limit, not
   JSON, not an object — consumes the whole frame and raises :class:`MalformedMessage`; the next
   `receive` reads the next frame. Nothing a peer sends ends the channel except end of stream.
@@ -43,6 +44,10 @@ class MessageTooLarge(ValueError):
         self.limit_bytes = limit_bytes
 
 
+class UnencodableMessage(ValueError):
+    """A message JSON cannot carry (e.g. an integer beyond 64 bits); nothing was written."""
+
+
 class MalformedMessage(ValueError):
     """A whole frame was received but is unusable (oversize, not JSON, not an object).
 
@@ -50,8 +55,12 @@ class MalformedMessage(ValueError):
 
 
 def encode_frame(message: Message, limit_bytes: int = MAX_MESSAGE_BYTES) -> bytes:
-    """The complete frame for `message`; :class:`MessageTooLarge` over `limit_bytes`."""
-    payload = orjson.dumps(message)
+    """The complete frame for `message`; :class:`MessageTooLarge` over `limit_bytes`,
+    :class:`UnencodableMessage` for a value orjson cannot encode."""
+    try:
+        payload = orjson.dumps(message)
+    except orjson.JSONEncodeError as error:
+        raise UnencodableMessage(str(error)) from error
     if len(payload) > limit_bytes:
         raise MessageTooLarge(len(payload), limit_bytes)
     return _HEADER.pack(len(payload)) + payload
@@ -68,8 +77,8 @@ class ControlChannel:
         self.limit_bytes = limit_bytes
 
     def send(self, message: Message) -> bool:
-        """Send one message; False if the peer is gone. Raises :class:`MessageTooLarge` (nothing
-        sent) for a message over the limit."""
+        """Send one message; False if the peer is gone. Raises :class:`MessageTooLarge` or
+        :class:`UnencodableMessage` (nothing sent) for a message that cannot be framed."""
         return self.send_frame(encode_frame(message, self.limit_bytes))
 
     def send_frame(self, frame: bytes) -> bool:
@@ -90,13 +99,14 @@ class ControlChannel:
             if header is None or len(header) < _HEADER.size:
                 return None
             (size,) = _HEADER.unpack(header)
-            if size > self.limit_bytes:
-                if not self._discard(size):
-                    return None
-                raise MalformedMessage(f"frame of {size} bytes exceeds {self.limit_bytes} bytes")
-            payload = self._reader.read(size)
+            oversize = size > self.limit_bytes
+            payload = None if oversize else self._reader.read(size)
+            if oversize and not self._discard(size):
+                return None
         except (OSError, ValueError):  # ValueError: read on a reader closed by `close`
             return None
+        if oversize:
+            raise MalformedMessage(f"frame of {size} bytes exceeds {self.limit_bytes} bytes")
         if payload is None or len(payload) < size:
             return None  # the peer ended mid-frame: nothing more will come
         try:

@@ -138,6 +138,8 @@ class EngineProcess:
         self._ping_lock = threading.Lock()
         self._ping_outstanding = False
         self._pings = 0
+        self.pongs = 0
+        """Pings the engine answered (for operators and tests)."""
         self._outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
         self._send_closed = threading.Event()
         host_sock, child_sock = socket.socketpair()
@@ -402,6 +404,7 @@ class EngineProcess:
         if kind == "pong":
             with self._ping_lock:
                 self._ping_outstanding = False
+                self.pongs += 1
             return
         if kind == "protocol_error":  # the engine could not use a frame we sent
             self._protocol_error()

@@ -22,7 +22,8 @@ Invariants:
   host lane is freed at once and the engine is told to cancel it. The engine's later messages for
   it, `gen_done` included, are ignored (`_abandoned`), so nothing is emitted or freed twice.
 - A request whose engine command would exceed the control channel's frame limit is refused at
-  admission (`context_exhausted`): no prompt can break the channel.
+  admission (`context_exhausted`; `invalid_configuration` for a value JSON cannot carry, such as
+  a seed beyond 64 bits): no request can break the channel.
 - An engine that sends nothing (not even a `pong`) for `engine_unresponsive_after_s` while its
   model serves is reported once with `model_degraded` (reason `timeout`), and with
   `model_recovery_completed` when it is heard again.
@@ -37,7 +38,12 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Final
 
-from skippyctl.engine.protocol import MAX_MESSAGE_BYTES, MessageTooLarge, encode_frame
+from skippyctl.engine.protocol import (
+    MAX_MESSAGE_BYTES,
+    MessageTooLarge,
+    UnencodableMessage,
+    encode_frame,
+)
 from skippyctl.engine.supervisor import EngineProcess
 from skippyctl.engine.worker import serving_events_enabled
 from skippyctl.events.catalog import EventId
@@ -139,10 +145,10 @@ class ModelServer:
     def submit(self, handle: RequestHandle) -> Rejection | None:
         emit = self.scheduler.emit
         emit(EventId.REQUEST_RECEIVED, handle)
-        oversize = _oversize(handle)
+        unframable = _unframable(handle)
         with self._lock:
-            if oversize is not None:
-                rejection = oversize
+            if unframable is not None:
+                rejection = unframable
             elif not self.accepting or self.engine is None:
                 rejection = Rejection(503, ReasonCode.STAGE_UNAVAILABLE, "model is not serving")
             elif len(self._running) < self.lanes and not self._queued:
@@ -191,12 +197,17 @@ class ModelServer:
         # everything in `_running`, this request included, so it still gets its one terminal.
         try:
             self.engine.send(message)
-        except MessageTooLarge:
-            # Admission checked the size with a margin, so this is not expected; still, the
-            # request gets its terminal (off this thread: the server lock is held here).
+        except (MessageTooLarge, UnencodableMessage) as error:
+            # Admission checked the same command with a margin, so this is not expected; still,
+            # the request gets its terminal (off this thread: the server lock is held here).
+            reason = (
+                ReasonCode.CONTEXT_EXHAUSTED
+                if isinstance(error, MessageTooLarge)
+                else ReasonCode.INVALID_CONFIGURATION
+            )
             threading.Thread(
                 target=self._end_running,
-                args=(str(handle.request_id), "failed", ReasonCode.CONTEXT_EXHAUSTED),
+                args=(str(handle.request_id), "failed", reason),
                 name=f"skippy-refuse-{handle.request_id}",
                 daemon=True,
             ).start()
@@ -868,7 +879,7 @@ def _host_deadline_ns(handle: RequestHandle) -> int | None:
     return handle.received_mono_ns + int((timeout + HOST_DEADLINE_GRACE_S) * 1e9)
 
 
-def _oversize(handle: RequestHandle) -> Rejection | None:
+def _unframable(handle: RequestHandle) -> Rejection | None:
     """A rejection when the request's engine command cannot be framed (see protocol.py)."""
     message = handle.params.engine_message(handle.request_id, handle.session_id)
     try:
@@ -881,6 +892,12 @@ def _oversize(handle: RequestHandle) -> Rejection | None:
             ReasonCode.CONTEXT_EXHAUSTED,
             f"the prompt is too large ({error.size_bytes} bytes encoded; at most "
             f"{error.limit_bytes}): it cannot fit the model's context",
+        )
+    except UnencodableMessage:
+        return Rejection(
+            400,
+            ReasonCode.INVALID_CONFIGURATION,
+            "a request field cannot be encoded (integers are limited to 64 bits)",
         )
     return None
 

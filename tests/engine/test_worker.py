@@ -1,0 +1,178 @@
+"""A real engine worker process (tiny.gguf) driven over its control channel: nothing a client can
+cause — any size, any field, a broken frame — ends the process; each bad command ends alone."""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from skippyctl.engine.protocol import ControlChannel, Message
+
+MEGABYTE_PROMPT = "hello world " * 90_000  # ~1.08 MB: over the old 1 MiB line limit
+
+
+class Engine:
+    def __init__(self) -> None:
+        host, child = socket.socketpair()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "skippyctl.engine.worker", "--control-fd", str(child.fileno())],
+            pass_fds=[child.fileno()],
+            env=dict(os.environ, GGML_NO_BACKTRACE="1"),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        child.close()
+        host.settimeout(60)
+        self.channel = ControlChannel(host)
+        assert self.next("hello")["native"] is False
+
+    def next(self, kind: str) -> Message:
+        """The next message of `kind` (others skipped); fails if the engine ends first."""
+        while True:
+            message = self.channel.receive()
+            assert message is not None, f"the engine ended (exit {self.process.wait(5)})"
+            if message.get("msg") == kind:
+                return message
+
+    def done(self, request_id: str) -> Message:
+        while True:
+            message = self.next("gen_done")
+            if message["request_id"] == request_id:
+                return message
+
+    def generate(self, request_id: str, **fields: Any) -> Message:
+        self.channel.send({"op": "generate", "request_id": request_id, **fields})
+        return self.done(request_id)
+
+    def alive(self) -> bool:
+        """Answers a ping (main thread) and still serves a request (decode thread)."""
+        self.channel.send({"op": "ping", "seq": 7})
+        assert self.next("pong") == {"msg": "pong", "seq": 7}
+        done = self.generate("alive", prompt="The quick brown fox", max_tokens=2)
+        return bool(done["outcome"] == "completed") and self.process.poll() is None
+
+    def close(self) -> None:
+        self.channel.send({"op": "shutdown"})
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.channel.close()
+
+
+@pytest.fixture(scope="module")
+def engine(fixture_dir: Path) -> Iterator[Engine]:
+    running = Engine()
+    try:
+        running.channel.send(
+            {
+                "op": "load",
+                "operation_id": "load-1",
+                "native_operation": 1,
+                "serving_operation": 0,
+                "path": str(fixture_dir / "tiny.gguf"),
+                "context_tokens": 1024,
+                "lanes": 2,
+                "gpu_layers": 0,
+            }
+        )
+        assert running.next("context_returned")["ok"] is True
+        yield running
+    finally:
+        running.close()
+
+
+def test_a_megabyte_prompt_is_refused_with_context_exhausted_before_decode(
+    engine: Engine,
+) -> None:
+    done = engine.generate("big", prompt=MEGABYTE_PROMPT, max_tokens=4)
+    assert (done["outcome"], done["reason"]) == ("failed", "context_exhausted")
+    assert done["prompt_tokens"] > 512  # counted, though never kept: more than a lane holds
+    assert done["completion_tokens"] == 0 and done["prefill_ms"] == 0.0
+    assert engine.alive()
+
+
+def test_a_megabyte_chat_message_is_refused_with_context_exhausted(engine: Engine) -> None:
+    messages = [{"role": "user", "content": MEGABYTE_PROMPT}]
+    done = engine.generate("big-chat", messages=messages, max_tokens=4)
+    assert (done["outcome"], done["reason"]) == ("failed", "context_exhausted")
+    assert engine.alive()
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"prompt": "hi", "sampling": {"logit_bias": [[1]]}},  # IndexError: ended the engine
+        {"prompt": "hi", "max_tokens": "many"},
+        {"prompt": "hi", "sampling": {"temperature": "hot"}},
+        {"prompt": "hi", "sampling": {"no_such_knob": 1}},
+        {"messages": [{"role": "user"}]},
+        {"messages": "not a list"},
+        {"prompt": ["not", "text"]},
+    ],
+)
+def test_a_malformed_generate_ends_that_request_only(
+    engine: Engine, fields: dict[str, Any]
+) -> None:
+    done = engine.generate("bad", **fields)
+    assert done["outcome"] == "failed"
+    assert done["reason"] in ("invalid_configuration", "internal_runtime_failure")
+    assert engine.alive()
+
+
+@pytest.mark.parametrize("payload", [b"{torn", b"[]", b'{"op": 1e400}'])
+def test_an_unusable_frame_is_answered_with_protocol_error_and_the_engine_serves_on(
+    engine: Engine, payload: bytes
+) -> None:
+    engine.channel.send_frame(struct.pack(">I", len(payload)) + payload)
+    assert engine.next("protocol_error")["count"] >= 1
+    assert engine.alive()
+
+
+def test_a_load_command_that_raises_fails_the_load_and_the_engine_stays_up() -> None:
+    fresh = Engine()
+    try:
+        fresh.channel.send({"op": "load", "operation_id": "load-x", "native_operation": "x"})
+        returned = fresh.next("load_returned")
+        assert returned == {"msg": "load_returned", "operation_id": "load-x", "ok": False}
+        fresh.channel.send({"op": "ping", "seq": 1})
+        assert fresh.next("pong")["seq"] == 1
+        assert fresh.process.poll() is None
+    finally:
+        fresh.close()
+
+
+def test_a_context_the_engine_cannot_serve_fails_the_load_instead_of_the_process(
+    fixture_dir: Path,
+) -> None:
+    fresh = Engine()
+    try:
+        fresh.channel.send(
+            {
+                "op": "load",
+                "operation_id": "load-y",
+                "native_operation": 2,
+                "serving_operation": 0,
+                "path": str(fixture_dir / "tiny.gguf"),
+                "context_tokens": 256,
+                "lanes": 256,  # llama.cpp accepts it, but n_batch (256) must exceed the lanes:
+                # BatchEngine raises, which used to end the engine
+                "gpu_layers": 0,
+            }
+        )
+        assert fresh.next("load_returned")["ok"] is True
+        assert fresh.next("context_returned")["ok"] is False
+        fresh.channel.send({"op": "ping", "seq": 2})
+        assert fresh.next("pong")["seq"] == 2
+    finally:
+        fresh.close()

@@ -1,0 +1,215 @@
+"""The scheduler keeps deadlines and watches its engine whatever the engine does; no request can
+break the control channel. In-process host and scheduler, a real engine on tiny.gguf.
+
+The only processes signalled here are the engines of the host this test started.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from skippyctl.engine.protocol import MAX_MESSAGE_BYTES
+from skippyctl.events.catalog import EventId
+from skippyctl.events.envelope import Event, LogicalId
+from skippyctl.events.reasons import ReasonCode
+from skippyctl.runtime.host import LoadRequest, RuntimeHost
+from skippyctl.runtime.requests import Finished, GenerationParams, RequestHandle
+from skippyctl.runtime.scheduler import ModelServer, Scheduler
+
+WAIT_S = 30.0
+REQUEST_TERMINALS = {
+    EventId.REQUEST_COMPLETED,
+    EventId.REQUEST_CANCELLED,
+    EventId.REQUEST_TIMED_OUT,
+    EventId.REQUEST_FAILED,
+    EventId.REQUEST_REJECTED,
+}
+
+
+class Runtime:
+    def __init__(self, fixture_dir: Path, lanes: int) -> None:
+        self.host = RuntimeHost().start()
+        self.scheduler = Scheduler(self.host, engine_unresponsive_after_s=0.5).start()
+        self.watch = self.host.pipeline.subscribe("test", max_queue_size=100_000, replay=True)
+        handle = self.scheduler.load(LoadRequest(str(fixture_dir / "tiny.gguf"), lanes=lanes))
+        self.wait_event(EventId.MODEL_AVAILABLE)
+        assert handle.model_id == LogicalId("tiny")
+        self.seen: list[Event] = []
+
+    def wait_event(self, event_id: EventId, timeout_s: float = WAIT_S) -> Event:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            item = self.watch.get(0.1)
+            if item is None:
+                continue
+            if hasattr(self, "seen"):
+                self.seen.append(item.event)
+            if item.event.id is event_id:
+                return item.event
+        raise AssertionError(f"{event_id} not seen")
+
+    def drain_events(self) -> list[Event]:
+        while (item := self.watch.get(0.2)) is not None:
+            self.seen.append(item.event)
+        return self.seen
+
+    def server(self) -> ModelServer:
+        server = self.scheduler.server("tiny")
+        assert server is not None
+        return server
+
+    def engine_pid(self) -> int:
+        return self.host.engine_pids()["tiny"]
+
+    def submit(self, **params: Any) -> RequestHandle:
+        handle, rejection = self.scheduler.generate("tiny", GenerationParams(**params))
+        assert rejection is None
+        assert self.scheduler.enqueue(handle) is None
+        return handle
+
+    def close(self) -> None:
+        self.scheduler.shutdown()
+        self.host.shutdown()
+
+
+@pytest.fixture
+def runtime(fixture_dir: Path) -> Iterator[Runtime]:
+    running = Runtime(fixture_dir, lanes=1)
+    try:
+        yield running
+    finally:
+        # Never leave a stopped engine behind, whatever failed.
+        for pid in running.host.engine_pids().values():
+            os.kill(pid, signal.SIGCONT)
+        running.close()
+
+
+def finished(handle: RequestHandle, timeout_s: float = WAIT_S) -> Finished:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        chunk = handle.next_chunk_blocking(0.1)
+        if isinstance(chunk, Finished):
+            return chunk
+    raise AssertionError(f"{handle.request_id} got no Finished")
+
+
+def process_state(pid: int) -> str:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2]
+
+
+def test_a_stopped_engine_cannot_hold_a_request_past_its_deadline(runtime: Runtime) -> None:
+    pid = runtime.engine_pid()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        handle = runtime.submit(prompt="The quick brown fox", max_tokens=8, timeout_s=1.0)
+        end = finished(handle)
+        # Ordering, not timing: the terminal arrived while the engine was still stopped.
+        assert process_state(pid) == "T"
+        assert (end.outcome, end.reason, end.stop_reason) == (
+            "timed_out",
+            ReasonCode.TIMEOUT,
+            "timeout",
+        )
+        degraded = runtime.wait_event(EventId.MODEL_DEGRADED)
+        assert degraded.scope.model_id == "tiny" and degraded.reason_code is ReasonCode.TIMEOUT
+        assert runtime.server().counts() == (0, 0)  # the host lane is free again
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    runtime.wait_event(EventId.MODEL_RECOVERY_COMPLETED)
+    # The engine's late gen_done for the first request is ignored; the next one is served.
+    after = runtime.submit(prompt="The quick brown fox", max_tokens=4, timeout_s=20.0)
+    assert finished(after).outcome == "completed"
+    events = runtime.drain_events()
+    first = [e for e in events if e.scope.request_id == handle.request_id]
+    assert [e.id for e in first if e.id in REQUEST_TERMINALS] == [EventId.REQUEST_TIMED_OUT]
+    assert [e.id for e in first if e.id is EventId.GENERATION_TIMED_OUT] == [
+        EventId.GENERATION_TIMED_OUT
+    ]
+    assert not any(e.id is EventId.GENERATION_CANCELLED for e in first)
+    assert [e.id for e in events if e.id is EventId.MODEL_DEGRADED] == [EventId.MODEL_DEGRADED]
+    assert runtime.server().counts() == (0, 0)
+
+
+def test_a_request_queued_behind_a_stopped_engine_still_ends_at_its_deadline(
+    runtime: Runtime,
+) -> None:
+    pid = runtime.engine_pid()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        running = runtime.submit(prompt="one", max_tokens=8, timeout_s=5.0)
+        queued = runtime.submit(prompt="two", max_tokens=8, timeout_s=1.0)
+        assert finished(queued).outcome == "timed_out"
+        assert finished(running).outcome == "timed_out"
+        assert process_state(pid) == "T"
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert finished(runtime.submit(prompt="three", max_tokens=2)).outcome == "completed"
+
+
+def test_engine_and_host_deadlines_racing_still_give_one_terminal(
+    fixture_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SKIPPY_TEST_DECODE_DELAY_MS", "20")  # long enough to hit the deadline
+    running = Runtime(fixture_dir, lanes=2)
+    try:
+        handles = [running.submit(prompt="tick", max_tokens=400, timeout_s=0.3) for _ in range(6)]
+        ends = [finished(h) for h in handles]
+        assert all(e.outcome in ("timed_out", "completed") for e in ends)
+        assert any(e.outcome == "timed_out" for e in ends)
+        assert finished(running.submit(prompt="after", max_tokens=2)).outcome == "completed"
+        events = running.drain_events()
+        for handle in handles:
+            terminals = [
+                e.id
+                for e in events
+                if e.scope.request_id == handle.request_id and e.id in REQUEST_TERMINALS
+            ]
+            assert len(terminals) == 1, (handle.request_id, terminals)
+        assert running.server().counts() == (0, 0)
+    finally:
+        running.close()
+
+
+def test_a_request_whose_command_exceeds_the_frame_limit_is_refused_alone(
+    runtime: Runtime,
+) -> None:
+    prompt = "x" * MAX_MESSAGE_BYTES  # a real 64 MiB prompt: the frame cannot carry it
+    handle, rejection = runtime.scheduler.generate("tiny", GenerationParams(prompt=prompt))
+    assert rejection is None
+    refused = runtime.scheduler.enqueue(handle)
+    assert refused is not None
+    assert (refused.status, refused.reason) == (400, ReasonCode.CONTEXT_EXHAUSTED)
+    end = finished(handle)
+    assert (end.outcome, end.reason) == ("rejected", ReasonCode.CONTEXT_EXHAUSTED)
+    assert finished(runtime.submit(prompt="small", max_tokens=2)).outcome == "completed"
+
+
+def test_a_value_json_cannot_carry_is_refused_alone(runtime: Runtime) -> None:
+    handle, _ = runtime.scheduler.generate("tiny", GenerationParams(prompt="hi", seed=1 << 70))
+    refused = runtime.scheduler.enqueue(handle)
+    assert refused is not None
+    assert (refused.status, refused.reason) == (400, ReasonCode.INVALID_CONFIGURATION)
+    assert finished(runtime.submit(prompt="small", max_tokens=2)).outcome == "completed"
+
+
+def test_a_healthy_idle_engine_is_never_reported_degraded(runtime: Runtime) -> None:
+    # Idle for several unresponsive windows (0.5 s each): pongs keep it healthy.
+    assert finished(runtime.submit(prompt="a", max_tokens=2)).outcome == "completed"
+    engine = runtime.host.engine_for(LogicalId("tiny"))
+    assert engine is not None
+    answered = engine.pongs
+    # Idle across several unresponsive windows (0.5 s each): pings are answered meanwhile.
+    deadline = time.monotonic() + WAIT_S
+    while engine.pongs < answered + 8 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert engine.pongs >= answered + 8
+    events = runtime.drain_events()
+    assert not any(e.id is EventId.MODEL_DEGRADED for e in events)
