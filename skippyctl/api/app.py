@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Annotated, Any, Final
 
 from fastapi import FastAPI, Header, Query, Request
+from fastapi import Path as PathParam
 from fastapi.openapi.utils import get_openapi
 from starlette.datastructures import Headers
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
@@ -57,6 +58,8 @@ from skippyctl.reducer.state import LOADING_MODEL_STATES, NodeState
 from skippyctl.runtime.host import LoadRequest
 
 PUBLIC_PATHS = frozenset({"/health", "/metrics"})
+LOGICAL_ID_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9._:+=-]{0,63}$"
+"""What `LogicalId` accepts (declared so the OpenAPI document says it)."""
 # Event frames written to an SSE client in one chunk at most (what gathered since the last look).
 SSE_FRAMES_PER_WRITE = 256
 
@@ -297,7 +300,9 @@ def create_app(ctx: ApiContext, on_ready: Callable[[], None] | None = None) -> F
         response_class=JsonResponse,
         responses=errors(400, 401),
     )
-    async def cancel(operation_id: str) -> Response:
+    async def cancel(
+        operation_id: Annotated[str, PathParam(pattern=LOGICAL_ID_PATTERN)],
+    ) -> Response:
         try:
             operation = LogicalId(operation_id)
         except InvalidLogicalId:
@@ -385,6 +390,16 @@ def _document(app: FastAPI) -> None:
                 for operation in item.values():
                     responses = operation.setdefault("responses", {})
                     responses.pop("422", None)  # FastAPI's default; validation answers 400
+                    for response in responses.values():
+                        for media in response.get("content", {}).values():
+                            schema = media.get("schema", {})
+                            if "$ref" in schema:
+                                # FastAPI merges a sibling media type's `type` into the ref'd
+                                # JSON schema when a route declares two content types.
+                                media["schema"] = {"$ref": schema["$ref"]}
+            schemas = components.get("schemas", {})
+            for unused in ("HTTPValidationError", "ValidationError"):
+                schemas.pop(unused, None)
             app.openapi_schema = document
         return app.openapi_schema
 

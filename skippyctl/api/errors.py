@@ -204,12 +204,16 @@ def validation_error_response(
             reason=ReasonCode.UNSUPPORTED_CAPABILITY,
             headers=headers,
         )
+    here = [e for p, e in located if p == param and len(tuple(e.get("loc", ()))) >= deepest - 1]
+    # A union's alternatives: when the value had the type of one of them, only that one's
+    # complaint (a bound, a pattern) is news; the others would only say "not a string".
+    constraints = [e for e in here if str(e.get("type", "")) not in _TYPE_ERRORS]
     messages: list[str] = []
-    for other_param, error in located:
-        if other_param == param and len(tuple(error.get("loc", ()))) >= deepest - 1:
-            text = _message(error)
-            if text not in messages:
-                messages.append(text)
+    for error in constraints or here:
+        text = _message(error)
+        if text not in messages:
+            messages.append(text)
+    kind = str((constraints or here)[0].get("type", ""))
     where = f"'{param}'" if param else "request body"
     return error_response(
         f"invalid {where}: {', or '.join(messages)}",

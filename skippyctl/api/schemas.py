@@ -15,6 +15,7 @@ the schemathesis run in the test suite see exactly what is enforced.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Any, Final, Literal, TypeVar
 
 import orjson
@@ -23,11 +24,13 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    GetCoreSchemaHandler,
+    GetJsonSchemaHandler,
     ValidationError,
-    ValidationInfo,
+    WithJsonSchema,
     field_validator,
 )
-from pydantic_core import PydanticCustomError
+from pydantic_core import PydanticCustomError, core_schema
 from starlette.requests import Request
 
 from skippyctl.api.errors import (
@@ -79,6 +82,7 @@ class LoadBody(_Body):
     model: str = Field(
         min_length=1,
         max_length=4096,
+        json_schema_extra={"pattern": "^[^\\u0000]+$"},
         description="Path of a GGUF file; a relative path is resolved against --model-root, and "
         "with a model root set the path must stay inside it.",
     )
@@ -154,6 +158,44 @@ class RecentEvents(BaseModel):
 # -- OpenAI-compatible API -------------------------------------------------------------------------
 
 
+def _same(value: Any, neutral: Any) -> bool:
+    """JSON equality: numbers by value (0 == 0.0), booleans only as booleans."""
+    if isinstance(value, bool) or isinstance(neutral, bool):
+        return value is neutral
+    if isinstance(neutral, int | float):
+        return isinstance(value, int | float) and value == neutral
+    if isinstance(neutral, tuple):  # an empty JSON array (a tuple: metadata stays hashable)
+        return isinstance(value, list) and tuple(value) == neutral
+    return type(value) is type(neutral) and bool(value == neutral)
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """Field metadata for a parameter the runtime cannot honour: accepted only as null or
+    `neutral` (a value with no effect); any other value is a 400 `unsupported_parameter`
+    naming it. The JSON schema says exactly that (`const` neutral, or null)."""
+
+    neutral: Any
+    hint: str
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        return core_schema.with_info_before_validator_function(self._check, handler(source))
+
+    def __get_pydantic_json_schema__(
+        self, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler
+    ) -> dict[str, Any]:
+        del schema, handler
+        neutral = list(self.neutral) if isinstance(self.neutral, tuple) else self.neutral
+        return {"anyOf": [{"const": neutral}, {"type": "null"}]}
+
+    def _check(self, value: Any, info: core_schema.ValidationInfo) -> Any:
+        if value is None or _same(value, self.neutral):
+            return value
+        raise _unsupported(str(info.field_name), self.hint)
+
+
 class StreamOptions(_Body):
     include_usage: bool | None = Field(
         default=None,
@@ -171,87 +213,78 @@ class ChatMessage(_Body):
     content: str | list[TextPart]
 
 
+def _text_format(value: Any) -> Any:
+    if isinstance(value, dict) and value.get("type") in ("json_object", "json_schema"):
+        raise _unsupported("response_format", "only type 'text'")
+    return value
+
+
 class ResponseFormat(_Body):
-    type: Literal["text", "json_object", "json_schema"]
+    type: Literal["text"]
 
 
-# A parameter with no effect at these values is accepted; any other value is refused.
-_NEUTRAL: Final[tuple[Any, ...]] = (None, False, 0, "", [])
+StopString = Annotated[str, Field(min_length=1, max_length=256)]
+TokenId = Annotated[str, Field(pattern=r"^[0-9]{1,9}$")]
+MaxTokens = Annotated[Int, Field(ge=1, le=1_000_000)]
+LogitBias = Annotated[
+    dict[TokenId, float],
+    # pydantic says `patternProperties`, which lets other keys through; these are refused.
+    WithJsonSchema(
+        {
+            "type": "object",
+            "propertyNames": {"pattern": "^[0-9]{1,9}$"},
+            "additionalProperties": {"type": "number"},
+        }
+    ),
+]
 
 
 class _Generation(_Body):
     model: str = Field(min_length=1)
-    max_tokens: Int | None = Field(default=None, le=INT32_MAX)
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: Int | None = Field(default=None, le=INT32_MAX)
-    min_p: float | None = None
-    repeat_penalty: float | None = None
+    max_tokens: MaxTokens | None = None
+    temperature: float | None = Field(default=None, ge=0, le=5)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: Int | None = Field(default=None, ge=0, le=INT32_MAX)
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    repeat_penalty: float | None = Field(default=None, gt=0, le=10)
     seed: Int | None = Field(default=None, ge=0, le=MAX_SEED)
-    logit_bias: dict[str, float] | None = Field(
+    logit_bias: LogitBias | None = Field(
         default=None, description="Token id (a decimal string) to an additive bias."
     )
-    stop: str | list[str] | None = None
-    n: Int | None = Field(default=None, description="Only 1 is supported.")
+    stop: StopString | Annotated[list[StopString], Field(max_length=8)] | None = None
+    n: Annotated[Any, Refused(1, "only n=1")] = Field(
+        default=None, description="Only 1 is supported."
+    )
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     user: str | None = Field(default=None, description="Session key (KV reuse).")
-    timeout: float | None = Field(default=None, description="Seconds (at most a day).")
-    presence_penalty: float | None = Field(default=None, description="Only 0 is supported.")
-    frequency_penalty: float | None = Field(default=None, description="Only 0 is supported.")
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _token_ids(cls, value: dict[str, float] | None) -> dict[str, float] | None:
-        for key in value or {}:
-            if not key.isascii() or not key.isdigit() or int(key) > INT32_MAX:
-                raise ValueError("keys must be token ids (non-negative integers)")
-        return value
-
-    @field_validator("n")
-    @classmethod
-    def _one_choice(cls, value: int | None) -> int | None:
-        if value not in (None, 1):
-            raise _unsupported("n", "only n=1")
-        return value
-
-    @field_validator("presence_penalty", "frequency_penalty", mode="after")
-    @classmethod
-    def _neutral(cls, value: Any, info: ValidationInfo) -> Any:
-        if value not in _NEUTRAL:
-            raise _unsupported(str(info.field_name), "omit it or set it to 0")
-        return value
+    timeout: float | None = Field(default=None, gt=0, le=MAX_DURATION_S, description="Seconds.")
+    presence_penalty: Annotated[Any, Refused(0, "omit it or set it to 0")] = Field(
+        default=None, description="Only 0 is supported."
+    )
+    frequency_penalty: Annotated[Any, Refused(0, "omit it or set it to 0")] = Field(
+        default=None, description="Only 0 is supported."
+    )
 
 
 class CompletionBody(_Generation):
     """`POST /v1/completions`."""
 
-    prompt: str | list[str]
-    logprobs: Int | None = Field(default=None, description="Refused unless null or 0.")
-    echo: bool | None = Field(default=None, description="Refused unless null or false.")
-    best_of: Int | None = Field(default=None, description="Refused unless null or 1.")
-    suffix: str | None = Field(default=None, description="Refused unless null or empty.")
-
-    @field_validator("prompt")
-    @classmethod
-    def _one_prompt(cls, value: str | list[str]) -> str | list[str]:
-        if isinstance(value, list) and len(value) != 1:
-            raise _unsupported("prompt", "one prompt per request: a string")
-        return value
-
-    @field_validator("logprobs", "echo", "suffix", mode="after")
-    @classmethod
-    def _neutral_completion(cls, value: Any, info: ValidationInfo) -> Any:
-        if value not in _NEUTRAL:
-            raise _unsupported(str(info.field_name), "omit it or set it to null, false or 0")
-        return value
-
-    @field_validator("best_of")
-    @classmethod
-    def _best_of_one(cls, value: int | None) -> int | None:
-        if value not in (None, 1):
-            raise _unsupported("best_of", "only best_of=1")
-        return value
+    prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)] = Field(
+        description="One prompt (a string, or a list of exactly one string)."
+    )
+    logprobs: Annotated[Any, Refused(0, "omit it or set it to 0")] = Field(
+        default=None, description="Refused unless null or 0."
+    )
+    echo: Annotated[Any, Refused(False, "omit it or set it to false")] = Field(
+        default=None, description="Refused unless null or false."
+    )
+    best_of: Annotated[Any, Refused(1, "only best_of=1")] = Field(
+        default=None, description="Refused unless null or 1."
+    )
+    suffix: Annotated[Any, Refused("", "omit it")] = Field(
+        default=None, description="Refused unless null or empty."
+    )
 
     def text(self) -> str:
         return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
@@ -261,30 +294,22 @@ class ChatCompletionBody(_Generation):
     """`POST /v1/chat/completions`."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: Int | None = Field(default=None, le=INT32_MAX)
-    logprobs: bool | None = Field(default=None, description="Refused unless null or false.")
-    top_logprobs: Int | None = Field(default=None, description="Refused unless null or 0.")
-    response_format: ResponseFormat | None = Field(
+    max_completion_tokens: MaxTokens | None = None
+    logprobs: Annotated[Any, Refused(False, "omit it or set it to false")] = Field(
+        default=None, description="Refused unless null or false."
+    )
+    top_logprobs: Annotated[Any, Refused(0, "omit it or set it to 0")] = Field(
+        default=None, description="Refused unless null or 0."
+    )
+    response_format: Annotated[ResponseFormat | None, BeforeValidator(_text_format)] = Field(
         default=None, description="Only {'type': 'text'} is supported."
     )
-    tools: list[dict[str, Any]] | None = Field(default=None, description="Refused unless empty.")
-    functions: list[dict[str, Any]] | None = Field(
+    tools: Annotated[Any, Refused((), "tool calling is not supported")] = Field(
         default=None, description="Refused unless empty."
     )
-
-    @field_validator("logprobs", "top_logprobs", "tools", "functions", mode="after")
-    @classmethod
-    def _neutral_chat(cls, value: Any, info: ValidationInfo) -> Any:
-        if value not in _NEUTRAL:
-            raise _unsupported(str(info.field_name), "omit it or set it to null, false or 0")
-        return value
-
-    @field_validator("response_format")
-    @classmethod
-    def _text_only(cls, value: ResponseFormat | None) -> ResponseFormat | None:
-        if value is not None and value.type != "text":
-            raise _unsupported("response_format", "only type 'text'")
-        return value
+    functions: Annotated[Any, Refused((), "function calling is not supported")] = Field(
+        default=None, description="Refused unless empty."
+    )
 
 
 class ModelCard(BaseModel):

@@ -19,6 +19,22 @@ from skippyctl.client.http import Frame, RuntimeClient
 from skippyctl.runtime.discovery import Discovery
 from tests.cli.conftest import stop_runtime
 
+ERROR_FIELDS = frozenset({"message", "type", "param", "code", "reason_code"})
+
+
+def assert_openai_error(response: httpx.Response, status: int) -> dict[str, Any]:
+    """The response is `status` with the one error shape every error of the API has; returns
+    its `error` object."""
+    assert response.status_code == status, (response.status_code, response.text[:500])
+    assert response.headers["content-type"].startswith("application/json"), response.headers
+    body = response.json()
+    assert set(body) == {"error"}, body
+    error: dict[str, Any] = body["error"]
+    assert set(error) == ERROR_FIELDS, error
+    assert isinstance(error["message"], str) and error["message"]
+    assert isinstance(error["type"], str) and error["type"]
+    return error
+
 
 @dataclass
 class Server:
