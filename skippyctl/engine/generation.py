@@ -593,8 +593,11 @@ class BatchEngine:
                 try:
                     busy = self._iterate()
                 except Exception:  # noqa: BLE001 - the decode thread must outlive any bug
-                    # Not attributable to one request: fail the running ones, keep serving.
-                    for r in (*self._prefilling, *self._decoding):
+                    # Not attributable to one request: fail the running ones, and any request
+                    # the failure left on no list (it would never get its gen_done), keep serving.
+                    listed = {id(r) for r in (*self._queue, *self._prefilling, *self._decoding)}
+                    orphans = [r for r in self._by_id.values() if id(r) not in listed]
+                    for r in (*self._prefilling, *self._decoding, *orphans):
                         self._fail(r)
                     continue
                 if not busy:
@@ -627,14 +630,19 @@ class BatchEngine:
             items = list(self._inbox)
             self._inbox.clear()
         for kind, first, second in items:
-            if kind == "submit":
-                self._accept(first)
-            elif kind == "cancel":
-                r = self._by_id.get(first)
-                if r is not None:
-                    self._finish(r, GenerationOutcome.CANCELLED, StopReason.CANCELLED)
-            else:
-                self._drop(first, second)
+            # One item at a time: whatever one raises, the others drained with it are handled.
+            try:
+                if kind == "submit":
+                    self._accept(first)
+                elif kind == "cancel":
+                    r = self._by_id.get(first)
+                    if r is not None:
+                        self._finish(r, GenerationOutcome.CANCELLED, StopReason.CANCELLED)
+                else:
+                    self._drop(first, second)
+            except Exception:  # noqa: BLE001 - one request's failure must not stop the engine
+                if kind == "submit" and first.phase is not _Phase.DONE:
+                    self._fail(first)
 
     def _accept(self, r: _Request) -> None:
         """Validate, tokenize and queue a submitted request (or answer it at once)."""
@@ -741,13 +749,13 @@ class BatchEngine:
         waiting: list[_Request] = []
         while self._queue:
             r = self._queue.popleft()
-            lane = self._pick_lane(r)
-            if lane is None:
-                waiting.append(r)
-                if r.spec.session is None or r.spec.session not in self._sessions:
-                    break  # no lane at all: nobody behind can run either
-                continue
             try:
+                lane = self._pick_lane(r)
+                if lane is None:
+                    waiting.append(r)
+                    if r.spec.session is None or r.spec.session not in self._sessions:
+                        break  # no lane at all: nobody behind can run either
+                    continue
                 self._start(r, lane)
             except Exception:  # noqa: BLE001 - one request's failure must not stop the engine
                 self._fail(r)
