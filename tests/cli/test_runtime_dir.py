@@ -304,3 +304,20 @@ def test_an_unsafe_temporary_fallback_parent_is_refused(derived_dir_env: Path) -
     _no_traceback(result)
     assert "its parent is mode 0777, not private" in _one_record(result)["message"]
     assert list(parent.iterdir()) == []
+
+
+def test_a_symlinked_discovery_file_is_untrusted_and_replaced(
+    isolated_runtime: Path, tmp_path: Path
+) -> None:
+    target = tmp_path / "elsewhere.json"
+    target.write_bytes(orjson.dumps(discovery_fields()))
+    isolated_runtime.mkdir(parents=True)
+    (isolated_runtime / "runtime.json").symlink_to(target)
+    status = run_script("runtime", "status", "--json")
+    assert status.code == 3
+    record = _one_record(status)
+    assert record["discovery"] == "untrusted" and "symbolic link" in record["detail"]
+    ps = run_script("ps", "--json")
+    assert ps.code == 0, ps.stderr
+    assert not (isolated_runtime / "runtime.json").is_symlink()
+    assert orjson.loads(target.read_bytes()) == discovery_fields(), "the link's target is untouched"
