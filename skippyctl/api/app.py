@@ -47,6 +47,7 @@ from skippyctl.api.schemas import (
     errors,
     json_body,
     read_body,
+    sse_event,
 )
 from skippyctl.events.envelope import InvalidLogicalId, LogicalId
 from skippyctl.events.reasons import ReasonCode
@@ -336,7 +337,18 @@ def create_app(ctx: ApiContext, on_ready: Callable[[], None] | None = None) -> F
             200: {
                 "description": "Live SSE frames: runtime_state, runtime_event, runtime_health, "
                 "runtime_replay_gap (resumable by cursor)",
-                "content": {SSE: {"schema": {"type": "string"}}},
+                "content": {
+                    SSE: {
+                        "schema": sse_event(
+                            [
+                                "runtime_state",
+                                "runtime_event",
+                                "runtime_health",
+                                "runtime_replay_gap",
+                            ]
+                        )
+                    }
+                },
             },
             **errors(401, 429),
         },
@@ -390,13 +402,6 @@ def _document(app: FastAPI) -> None:
                 for operation in item.values():
                     responses = operation.setdefault("responses", {})
                     responses.pop("422", None)  # FastAPI's default; validation answers 400
-                    for response in responses.values():
-                        for media in response.get("content", {}).values():
-                            schema = media.get("schema", {})
-                            if "$ref" in schema:
-                                # FastAPI merges a sibling media type's `type` into the ref'd
-                                # JSON schema when a route declares two content types.
-                                media["schema"] = {"$ref": schema["$ref"]}
             schemas = components.get("schemas", {})
             for unused in ("HTTPValidationError", "ValidationError"):
                 schemas.pop(unused, None)

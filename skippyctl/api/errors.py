@@ -18,13 +18,14 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 
 from skippyctl.events.reasons import ReasonCode
 
 
-class JsonResponse(Response):
-    """JSON rendered with orjson (the issue asks for orjson responses)."""
+class JsonResponse(JSONResponse):
+    """JSON rendered with orjson (the issue asks for orjson responses). A JSONResponse, so the
+    OpenAPI document shows a route's response model (not a string)."""
 
     media_type = "application/json"
 

@@ -33,6 +33,7 @@ from skippyctl.api.schemas import (
     errors,
     json_body,
     read_body,
+    sse_event,
 )
 from skippyctl.events.reasons import ReasonCode
 from skippyctl.reducer.state import SERVING_MODEL_STATES
@@ -119,7 +120,7 @@ def _stream_responses(model: type[Any]) -> dict[int | str, dict[str, Any]]:
             "model": model,
             "description": "The completion; with `stream: true` an SSE stream of chunks ending "
             "in `data: [DONE]`",
-            "content": {SSE: {"schema": {"type": "string"}}},
+            "content": {SSE: {"schema": sse_event()}},
         },
         **errors(400, 401, 404, 413, 429, 499, 503, 504),
     }

@@ -57,7 +57,13 @@ def _integral(value: Any) -> Any:
     return value
 
 
-Int = Annotated[int, BeforeValidator(_integral)]
+# Bounds sit inside the integral-float conversion, so the JSON schema shows them as
+# minimum/maximum (outside it, pydantic can only print them as raw `ge`/`le`).
+Int32 = Annotated[int, Field(ge=-INT32_MAX, le=INT32_MAX), BeforeValidator(_integral)]
+Count = Annotated[int, Field(ge=0, le=INT32_MAX), BeforeValidator(_integral)]
+QueueSize = Annotated[int, Field(ge=0, le=1_000_000), BeforeValidator(_integral)]
+Seed = Annotated[int, Field(ge=0, le=MAX_SEED), BeforeValidator(_integral)]
+MaxTokens = Annotated[int, Field(ge=1, le=1_000_000), BeforeValidator(_integral)]
 
 
 class _Body(BaseModel):
@@ -87,12 +93,12 @@ class LoadBody(_Body):
         "with a model root set the path must stay inside it.",
     )
     alias: str | None = Field(default=None, description="Model id to serve it under.")
-    ctx: Int | None = Field(default=None, le=INT32_MAX, description="Context size in tokens.")
-    lanes: Int | None = Field(default=None, le=INT32_MAX, description="Parallel sequences.")
-    gpu_layers: Int | None = Field(default=None, ge=-INT32_MAX, le=INT32_MAX)
+    ctx: Int32 | None = Field(default=None, description="Context size in tokens.")
+    lanes: Int32 | None = Field(default=None, description="Parallel sequences.")
+    gpu_layers: Int32 | None = None
     timeout_s: float | None = Field(default=None, le=MAX_DURATION_S)
-    max_queue: Int | None = Field(
-        default=None, ge=0, le=1_000_000, description="Queued requests beyond the lanes."
+    max_queue: QueueSize | None = Field(
+        default=None, description="Queued requests beyond the lanes."
     )
 
     @field_validator("model")
@@ -225,7 +231,6 @@ class ResponseFormat(_Body):
 
 StopString = Annotated[str, Field(min_length=1, max_length=256)]
 TokenId = Annotated[str, Field(pattern=r"^[0-9]{1,9}$")]
-MaxTokens = Annotated[Int, Field(ge=1, le=1_000_000)]
 LogitBias = Annotated[
     dict[TokenId, float],
     # pydantic says `patternProperties`, which lets other keys through; these are refused.
@@ -244,10 +249,10 @@ class _Generation(_Body):
     max_tokens: MaxTokens | None = None
     temperature: float | None = Field(default=None, ge=0, le=5)
     top_p: float | None = Field(default=None, gt=0, le=1)
-    top_k: Int | None = Field(default=None, ge=0, le=INT32_MAX)
+    top_k: Count | None = None
     min_p: float | None = Field(default=None, ge=0, le=1)
     repeat_penalty: float | None = Field(default=None, gt=0, le=10)
-    seed: Int | None = Field(default=None, ge=0, le=MAX_SEED)
+    seed: Seed | None = None
     logit_bias: LogitBias | None = Field(
         default=None, description="Token id (a decimal string) to an additive bias."
     )
@@ -419,6 +424,24 @@ async def read_body(
 
 JSON: Final = "application/json"
 SSE: Final = "text/event-stream"
+
+
+def sse_event(names: list[str] | None = None) -> dict[str, Any]:
+    """The schema of one server-sent event (for `text/event-stream`, `schema` describes each
+    event, as OpenAPI 3.2's `itemSchema` does): its `data` is one JSON document, or `[DONE]`."""
+    event: dict[str, Any] = {"type": "string"}
+    if names:
+        event["enum"] = names
+    return {
+        "type": "object",
+        "properties": {
+            "event": event,
+            "data": {"type": "string"},
+            "id": {"type": "string"},
+            "retry": {"type": "integer"},
+        },
+        "required": ["data"],
+    }
 
 
 def json_body(model: type[BaseModel], *, required: bool = True) -> dict[str, Any]:
