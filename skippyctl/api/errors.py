@@ -16,7 +16,7 @@ from typing import Any, Final
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 
@@ -262,7 +262,7 @@ def install_error_handlers(app: FastAPI, fields: frozenset[str]) -> None:
         )
 
     async def on_validation_error(_request: Request, error: Exception) -> Response:
-        assert isinstance(error, RequestValidationError | ValidationError)
+        assert isinstance(error, RequestValidationError)
         errors = []
         names = set(fields)
         for item in error.errors():
@@ -278,4 +278,3 @@ def install_error_handlers(app: FastAPI, fields: frozenset[str]) -> None:
 
     app.add_exception_handler(StarletteHTTPException, on_http_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
-    app.add_exception_handler(ValidationError, on_validation_error)

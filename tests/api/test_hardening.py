@@ -17,6 +17,8 @@ import openai
 import pytest
 
 from skippyctl.api.edge import MAX_REQUEST_BODY_BYTES
+from skippyctl.events.reasons import ReasonCode
+from skippyctl.runtime.artifacts import check_artifact
 from tests.api.conftest import Server, assert_openai_error, start_server, stop_server
 
 
@@ -276,6 +278,14 @@ def test_a_nul_byte_in_a_model_path_is_refused_and_nothing_is_left_loading(
         assert http.get("/health").json()["status"] == "ready"
         again = http.post("/api/runtime/models/load", json={"model": "tiny.gguf"})
         assert again.status_code == 200 and again.json()["already_available"] is True
+
+
+def test_the_artifact_check_calls_a_nul_path_invalid_instead_of_raising() -> None:
+    """The host's pre-check behind the edge (a path with NUL cannot exist; `stat` raises)."""
+    problem = check_artifact(Path("tiny\x00.gguf"))
+    assert problem is not None
+    assert problem.reason is ReasonCode.INVALID_CONFIGURATION
+    assert "\x00" not in problem.message
 
 
 @pytest.mark.parametrize(
