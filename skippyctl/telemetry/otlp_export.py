@@ -694,6 +694,7 @@ class OtlpTelemetry:
         self._lock = threading.Lock()
         self._skipped_debug = 0
         self._shutdown_started = False
+        self._stoppers: list[threading.Thread] = []
         self._dispatcher: Dispatcher | None = None
         self._subscription: Subscription | None = None
         self._intake: threading.Thread | None = None
@@ -781,8 +782,10 @@ class OtlpTelemetry:
         with self._lock:
             first = not self._shutdown_started
             self._shutdown_started = True
-        if not first:
-            return True
+        if not first:  # idempotent: wait (bounded) for what the first call started
+            for thread in self._stoppers:
+                thread.join(max(0.0, deadline - time.monotonic()))
+            return not any(thread.is_alive() for thread in self._stoppers)
         if self._dispatcher is not None and self._subscription is not None:
             self._dispatcher.unsubscribe(self._subscription)
         if self._intake is not None:
@@ -804,17 +807,17 @@ class OtlpTelemetry:
             stoppers.append(lambda: provider.shutdown(timeout_millis=remaining_ms))
         # The SDK's batch processors wait up to 30 s on shutdown: each runs on its own thread,
         # joined against this deadline (they are daemon threads; a stalled one is abandoned).
-        threads = [
+        self._stoppers = [
             threading.Thread(target=stop, name=f"skippy-otlp-shutdown-{i}", daemon=True)
             for i, stop in enumerate(stoppers)
         ]
-        for thread in threads:
+        for thread in self._stoppers:
             thread.start()
-        for thread in threads:
+        for thread in self._stoppers:
             thread.join(max(0.0, deadline - time.monotonic()))
         for ledger in self._ledgers.values():
             ledger.close()
-        return not any(thread.is_alive() for thread in threads)
+        return not any(thread.is_alive() for thread in self._stoppers)
 
     # -- intake (subscriber thread) -------------------------------------------------------------
     def accept(self, item: Dispatched) -> None:

@@ -83,6 +83,7 @@ class Receiver:
                     receiver.changed.notify_all()
                 if status is None:
                     receiver.release.wait()  # accepted, read, never answered
+                    self.close_connection = True  # on release: hang up instead of keep-alive
                     return
                 answer = kinds[1]().SerializeToString() if status == 200 else b""
                 self.send_response(status)

@@ -378,3 +378,34 @@ def test_a_failing_receiver_is_counted_and_reported_once_then_recovery(
         ids = [e.id for e in submitted]
     assert ids == [EventId.TELEMETRY_EXPORTER_DEGRADED, EventId.TELEMETRY_EXPORTER_RECOVERED]
     assert submitted[0].reason_code is ReasonCode.UNKNOWN_FAILURE
+
+
+def test_full_sdk_queue_refuses_the_newest_and_counts_every_item_exactly() -> None:
+    """Through the real BatchLogRecordProcessor: while one export hangs on a stalled receiver,
+    the gate keeps the SDK queue at its bound and counts each refused record; shutdown is
+    bounded and counts what is left."""
+    from skippyctl.telemetry.otlp_export import OtlpTelemetry
+
+    stalled = Receiver("stall")
+    knobs = BatchKnobs(schedule_delay_millis=20, max_queue_size=4, max_export_batch_size=2)
+    logs = SignalConfig(Signal.LOGS, f"{stalled.url}/v1/logs", stalled.url, timeout_s=5.0)
+    telemetry = OtlpTelemetry(OtlpConfig(signals=(logs,), logs=knobs), submit=lambda _e: None)
+    dispatcher = Dispatcher()
+    try:
+        items = dispatcher.publish_many([make_event(EventId.WARNING_RAISED) for _ in range(11)])
+        telemetry.accept(items[0])  # called directly: this test is the intake thread
+        stalled.wait_for(lambda r: len(r.exports) == 1)  # that record's export now hangs
+        for item in items[1:]:
+            telemetry.accept(item)
+        stats = telemetry.stats()
+        assert stats.in_flight == 1 and stats.pending == 4
+        assert stats.dropped[DropReason.QUEUE_FULL] == 6
+        assert _conserved(stats)
+        assert not telemetry.shutdown(300)  # the hanging export outlives it: bounded anyway
+        stats = telemetry.stats()
+        assert stats.dropped[DropReason.SHUTTING_DOWN] == 4 and stats.pending == 0
+        assert stats.in_flight == 1 and _conserved(stats)
+    finally:
+        stalled.close()  # the hanging export gets its answer (a reset): the SDK can finish
+    assert telemetry.shutdown(10_000)  # idempotent: the second call waits for the first's work
+    assert _conserved(telemetry.stats()) and telemetry.stats().in_flight == 0
