@@ -178,6 +178,16 @@ def _failure(reason: ReasonCode | None) -> tuple[int, str]:
     return _FAILURE_STATUS.get(reason or ReasonCode.UNKNOWN_FAILURE, (500, "failed"))
 
 
+def _failure_message(finished: Finished) -> str:
+    if finished.reason is ReasonCode.CONTEXT_EXHAUSTED:
+        # OpenAI clients show this text as it is: say what did not fit (never the prompt).
+        return (
+            f"the prompt ({finished.prompt_tokens} tokens) does not fit the model's context per "
+            "lane; shorten it, or load the model with a larger --ctx or fewer --lanes"
+        )
+    return f"generation {finished.outcome}"
+
+
 def _rejection_code(rejection: Rejection) -> str | None:
     if rejection.status == 404:
         return "model_not_found"
@@ -232,7 +242,7 @@ async def _generate(
     if finished.outcome != "completed":
         status, code = _failure(finished.reason)
         return error_response(
-            f"generation {finished.outcome}",
+            _failure_message(finished),
             status,
             code=code,
             reason=finished.reason,

@@ -61,7 +61,11 @@ KeyOption = Annotated[
 ]
 RootOption = Annotated[
     Path | None,
-    typer.Option("--model-root", help="Directory that relative model paths are resolved against."),
+    typer.Option(
+        "--model-root",
+        help="Directory that relative model paths are resolved against; loads outside it "
+        "(after resolving .. and symlinks) are refused.",
+    ),
 ]
 QueueOption = Annotated[
     int, typer.Option("--max-queue", help="Requests that may wait per model before 429.")

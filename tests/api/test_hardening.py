@@ -5,6 +5,7 @@ the body-size limit, refused (never ignored) parameters, `stream_options.include
 
 from __future__ import annotations
 
+import re
 import shutil
 import socket
 from collections.abc import Iterator
@@ -371,6 +372,7 @@ def test_a_megabyte_prompt_is_context_exhausted_and_the_engine_lives(rooted: Ser
         error = assert_openai_error(response, 400)
         assert error["reason_code"] == "context_exhausted"
         assert error["code"] == "context_length_exceeded"
+        assert re.search(r"the prompt \(\d+ tokens\) does not fit", error["message"])
         chat = http.post("/v1/chat/completions", json={**_chat(prompt), "max_tokens": 2})
         assert assert_openai_error(chat, 400)["reason_code"] == "context_exhausted"
         ok = http.post("/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 2})
