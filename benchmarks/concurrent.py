@@ -89,7 +89,7 @@ import httpx
 import orjson
 
 from benchmarks.models import REPO, model_path
-from skippyctl.runtime.discovery import pid_alive
+from skippyctl.client.discovery import pid_alive
 
 SERVERS: Final = ("skippy", "llama_cpp.server")
 BARE: Final = "bare"

@@ -23,10 +23,11 @@ from pathlib import Path
 import httpx
 import orjson
 
-from skippyctl.client.http import FrameReader, RuntimeClient, RuntimeUnreachable, connect
+from skippyctl.client.discovery import DiscoveryProblem, read_discovery
+from skippyctl.client.http import FrameReader, RuntimeClient, RuntimeUnreachable
+from skippyctl.client.launch import connect
 from skippyctl.output.records import event_record
 from skippyctl.output.wire import event_from_object
-from skippyctl.runtime.discovery import DiscoveryProblem, read_discovery
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "fixtures" / "tiny.gguf"

@@ -104,7 +104,8 @@ class LiveSource:
         """Find the runtime again through the discovery file (it may have restarted on a new
         port, token or instance); False while none answers. Reconnecting only to a runtime that
         answers /health keeps a stopping runtime free of new streams."""
-        from skippyctl.client.http import RuntimeUnreachable, connect
+        from skippyctl.client.http import RuntimeUnreachable
+        from skippyctl.client.launch import connect
 
         try:
             client = connect(autostart=False)

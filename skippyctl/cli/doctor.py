@@ -160,8 +160,8 @@ def _devices(library: Any) -> list[Finding]:
 
 
 def _runtime() -> tuple[list[Finding], bool]:
+    from skippyctl.client.discovery import DiscoveryProblem, discovery_path, read_discovery
     from skippyctl.client.http import RuntimeClient, RuntimeUnreachable
-    from skippyctl.runtime.discovery import DiscoveryProblem, discovery_path, read_discovery
 
     path = discovery_path()
     try:

@@ -91,7 +91,7 @@ def fail(
 
 def runtime_dir_hint() -> str:
     """Where the runtime directory is, for people (stderr only)."""
-    from skippyctl.runtime.discovery import runtime_dir
+    from skippyctl.client.discovery import runtime_dir
 
     return f"runtime directory: {runtime_dir()} (SKIPPY_RUNTIME_DIR overrides it)"
 
@@ -99,7 +99,8 @@ def runtime_dir_hint() -> str:
 def attach_or_exit(command: str, json_output: bool, autostart: bool = True) -> RuntimeClient:
     """Launch-or-attach; exit 3 (with a message, never a traceback) when no runtime answers,
     10 when none can be started because SKIPPY_PORT is invalid."""
-    from skippyctl.client.http import RuntimeConfigurationError, RuntimeUnreachable, connect
+    from skippyctl.client.http import RuntimeConfigurationError, RuntimeUnreachable
+    from skippyctl.client.launch import connect
 
     try:
         return connect(autostart=autostart)

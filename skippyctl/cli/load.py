@@ -152,8 +152,8 @@ def _attached(
         FrameReader,
         RuntimeConfigurationError,
         RuntimeUnreachable,
-        connect,
     )
+    from skippyctl.client.launch import connect
 
     # The runtime resolves relative paths against its model root; a path that exists from here
     # is made absolute so it means what the user typed.

@@ -14,14 +14,7 @@ from rich.console import Console
 
 from skippyctl.cli.events import fail, runtime_dir_hint
 from skippyctl.cli.exit_codes import ExitCode
-from skippyctl.runtime.daemon import (
-    DEFAULT_PORT,
-    ServeError,
-    ServeOptions,
-    log_path,
-    serve,
-)
-from skippyctl.runtime.discovery import (
+from skippyctl.client.discovery import (
     UNUSABLE_DIRECTORY,
     Discovery,
     DiscoveryProblem,
@@ -33,6 +26,7 @@ from skippyctl.runtime.discovery import (
     signal_runtime,
     verify_runtime,
 )
+from skippyctl.client.launch import DEFAULT_PORT, ServeError, ServeOptions, log_path
 
 runtime_app = typer.Typer(
     help="Run, start, stop and inspect the runtime host.", no_args_is_help=True
@@ -132,7 +126,8 @@ def _echo_json(record: dict[str, Any]) -> None:
 def _port(flag: int | None, command: str, json_output: bool = False) -> int:
     """The port to listen on: --port, else SKIPPY_PORT, else the default. An invalid value
     exits with invalid_configuration (10), never a traceback."""
-    from skippyctl.client.http import MAX_PORT, RuntimeConfigurationError, port_from_environment
+    from skippyctl.client.http import RuntimeConfigurationError
+    from skippyctl.client.launch import MAX_PORT, port_from_environment
 
     if flag is not None:
         if not 0 <= flag <= MAX_PORT:
@@ -208,6 +203,8 @@ def serve_command(
         debug_token_events=debug_token_events,
         telemetry_endpoint=telemetry_endpoint,
     )
+    from skippyctl.daemon.serve import serve
+
     try:
         serve(options)
     except ServeError as error:
@@ -246,7 +243,8 @@ def start_command(
 
         SKIPPY_PORT=0 skippyctl runtime start --json | jq -r .url
     """
-    from skippyctl.client.http import RuntimeUnreachable, launch
+    from skippyctl.client.http import RuntimeUnreachable
+    from skippyctl.client.launch import launch
 
     listen_port = _port(port, "runtime start", json_output)
     telemetry_endpoint = _telemetry_endpoint(telemetry_endpoint, "runtime start", json_output)

@@ -1,35 +1,24 @@
 """A synchronous client for the runtime's management API and live event stream.
 
-`connect()` is launch-or-attach: the discovery file names a live host → attach; none (or a stale
-one) → start a background host and attach. Errors surface as `RuntimeUnreachable` (the CLI maps
-it to its exit code; its subclass `RuntimeConfigurationError` to invalid_configuration), never
-as a raw traceback — also for an unusable runtime directory or a stale file that cannot be
-replaced. Messages carry no absolute path (they may become JSON error records).
+`RuntimeClient` talks to the runtime a discovery file names (`skippyctl.client.launch.connect`
+finds or starts one). Transport errors surface as `RuntimeUnreachable` (the CLI maps it to its
+exit code; its subclass `RuntimeConfigurationError` to invalid_configuration), API errors as
+`ApiError`, never as a raw traceback. Messages carry no absolute path (they may become JSON
+error records).
 """
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from queue import Empty, SimpleQueue
-from typing import Any, Final
+from typing import Any
 
 import httpx
 import orjson
 
-from skippyctl.runtime.daemon import DEFAULT_PORT, ServeError, ServeOptions, start_background
-from skippyctl.runtime.discovery import (
-    UNUSABLE_DIRECTORY,
-    Discovery,
-    DiscoveryProblem,
-    discovery_path,
-    ensure_runtime_dir,
-    read_discovery,
-)
-
-MAX_PORT: Final = 65535
+from skippyctl.client.discovery import Discovery
 
 
 class RuntimeUnreachable(Exception):
@@ -39,37 +28,6 @@ class RuntimeUnreachable(Exception):
 class RuntimeConfigurationError(RuntimeUnreachable):
     """No runtime was started because its configuration is invalid (`invalid_configuration`,
     exit 10), e.g. a SKIPPY_PORT that is not a port number."""
-
-
-def port_from_environment() -> int | None:
-    """SKIPPY_PORT as a port number (0: any free port), None when unset or empty; raises
-    RuntimeConfigurationError for anything else."""
-    raw = os.environ.get("SKIPPY_PORT")
-    if raw is None or not raw.strip():
-        return None
-    try:
-        port = int(raw.strip())
-    except ValueError:
-        port = -1
-    if not 0 <= port <= MAX_PORT:
-        raise RuntimeConfigurationError(
-            f"SKIPPY_PORT={raw.strip()[:32]!r} is not a port number "
-            f"(0-{MAX_PORT}; 0: any free port)"
-        )
-    return port
-
-
-def _remove_stale(problem: DiscoveryProblem) -> None:
-    """Delete a stale/corrupt/untrusted discovery file so a new runtime can take its place."""
-    if problem.reason == UNUSABLE_DIRECTORY:
-        raise RuntimeUnreachable(str(problem))
-    try:
-        discovery_path().unlink(missing_ok=True)
-    except OSError as error:
-        raise RuntimeUnreachable(
-            f"{problem} ({problem.reason}), and it cannot be replaced: the runtime directory "
-            f"is not writable ({error.strerror})"
-        ) from error
 
 
 class ApiError(Exception):
@@ -89,50 +47,6 @@ class Frame:
     name: str
     cursor: str | None
     data: dict[str, Any]
-
-
-def connect(autostart: bool = True, options: ServeOptions | None = None) -> RuntimeClient:
-    try:
-        discovery = read_discovery()
-    except DiscoveryProblem as problem:
-        _remove_stale(problem)
-        discovery = None
-    if discovery is not None:
-        client = RuntimeClient(discovery)
-        if client.reachable():
-            return client
-        client.close()
-        if not autostart:
-            raise RuntimeUnreachable(f"the runtime at {discovery.url} does not answer")
-    if not autostart:
-        raise RuntimeUnreachable("no runtime is running (start one with `skippyctl runtime start`)")
-    if options is None:
-        port = port_from_environment()
-        options = ServeOptions(port=DEFAULT_PORT if port is None else port)
-    return RuntimeClient(launch(options, fall_back_to_any_port=True))
-
-
-def launch(options: ServeOptions, fall_back_to_any_port: bool = False) -> Discovery:
-    """Start a background runtime and return its discovery; RuntimeUnreachable (never an
-    OSError) when it cannot be started, e.g. the runtime directory is not writable."""
-    try:
-        ensure_runtime_dir()
-    except DiscoveryProblem as problem:
-        raise RuntimeUnreachable(f"cannot start a runtime: {problem}") from problem
-    try:
-        try:
-            return start_background(options)
-        except ServeError as error:
-            if error.reason != "address_in_use" or not fall_back_to_any_port:
-                raise RuntimeUnreachable(str(error)) from error
-        try:
-            return start_background(replace(options, port=0))
-        except ServeError as again:
-            raise RuntimeUnreachable(str(again)) from again
-    except OSError as error:
-        raise RuntimeUnreachable(
-            f"cannot start a runtime: {error.strerror or error} in the runtime directory"
-        ) from error
 
 
 class RuntimeClient:

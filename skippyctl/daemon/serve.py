@@ -1,5 +1,10 @@
-"""The runtime host as a server: `skippyctl runtime serve` (foreground) and the background
-launcher behind `runtime start` and every command's launch-or-attach.
+"""The composition root: `skippyctl runtime serve` builds the runtime host and runs it.
+
+The only place that wires the layers together — pipeline, runtime host and scheduler,
+telemetry, the HTTP API — so none of them imports another's construction (the API does not
+know how the runtime is built; the runtime does not know it is served over HTTP). The
+background launcher (`runtime start`, launch-or-attach) is `skippyctl.client.launch`: it
+starts this in a new process with the same `ServeOptions`.
 
 Binds loopback unless told otherwise. Writes the discovery file once the socket accepts
 connections and removes it on the way out (SIGINT/SIGTERM shut down in order: API, scheduler,
@@ -13,55 +18,19 @@ import os
 import secrets
 import signal
 import socket
-import subprocess
-import sys
 import threading
-import time
-from dataclasses import dataclass
-from pathlib import Path
 from types import FrameType
-from typing import Final
 
 from skippyctl import __version__
-from skippyctl.runtime.discovery import (
+from skippyctl.client.discovery import (
     Discovery,
     DiscoveryProblem,
     read_discovery,
     remove_discovery,
     remove_if_stale,
-    runtime_dir,
     write_discovery,
 )
-
-DEFAULT_PORT: Final = 8750
-LOOPBACK_HOSTS: Final = frozenset({"127.0.0.1", "localhost", "::1"})
-START_TIMEOUT_S: Final = 60.0
-
-
-class ServeError(Exception):
-    """The server could not start; the message says why, `reason` is a stable token."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
-@dataclass(frozen=True, slots=True)
-class ServeOptions:
-    host: str = "127.0.0.1"
-    port: int = DEFAULT_PORT
-    api_key: str | None = None
-    model_root: Path | None = None
-    max_queue: int = 64
-    session_ttl_s: float = 600.0
-    allow_remote: bool = False
-    replay_records: int = 4096
-    debug_token_events: bool = False
-    """Opt-in debug evidence: one `generation_token_observed` per sampled token (no token ids or
-    text), through the droppable debug lane (drops counted)."""
-    telemetry_endpoint: str | None = None
-    """Push event records as NDJSON to this http(s) URL (telemetry/exporter.py); None: no
-    exporter at all. May carry credentials: never logged, printed or put on a command line."""
+from skippyctl.client.launch import LOOPBACK_HOSTS, ServeError, ServeOptions
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -228,72 +197,3 @@ def serve(options: ServeOptions) -> None:
 
 def _exit_on_sigterm(_signum: int, _frame: FrameType | None) -> None:
     raise SystemExit(0)
-
-
-def log_path() -> Path:
-    return runtime_dir() / "runtime.log"
-
-
-def start_background(options: ServeOptions) -> Discovery:
-    """Start `runtime serve` detached and wait until it answers; returns its discovery."""
-    import httpx
-
-    remove_if_stale()
-    directory = runtime_dir()
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    args = [
-        sys.executable,
-        "-m",
-        "skippyctl",
-        "runtime",
-        "serve",
-        "--host",
-        options.host,
-        "--port",
-        str(options.port),
-        "--max-queue",
-        str(options.max_queue),
-    ]
-    if options.model_root is not None:
-        args += ["--model-root", str(options.model_root)]
-    if options.allow_remote:
-        args.append("--allow-remote")
-    if options.debug_token_events:
-        args.append("--debug-token-events")
-    env = dict(os.environ)
-    if options.api_key:
-        env["SKIPPY_API_KEY"] = options.api_key
-    if options.telemetry_endpoint:
-        # Through the environment, not argv: the URL may carry credentials (argv is public).
-        env["SKIPPY_TELEMETRY_ENDPOINT"] = options.telemetry_endpoint
-    with open(log_path(), "ab") as log:
-        process = subprocess.Popen(
-            args,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            env=env,
-            start_new_session=True,
-            close_fds=True,
-        )
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise ServeError(
-                "start_failed",
-                f"the runtime exited at start (status {process.returncode}); see {log_path()}",
-            )
-        try:
-            discovery = read_discovery()
-        except DiscoveryProblem:
-            discovery = None
-        if discovery is not None and discovery.pid == process.pid:
-            try:
-                httpx.get(f"{discovery.url}/health", timeout=2.0)
-            except httpx.HTTPError:
-                pass
-            else:
-                return discovery
-        time.sleep(0.05)
-    process.kill()
-    raise ServeError("start_timeout", f"the runtime did not answer within {START_TIMEOUT_S:.0f} s")

@@ -15,8 +15,8 @@ import httpx
 import orjson
 import pytest
 
+from skippyctl.client.discovery import Discovery
 from skippyctl.client.http import Frame, RuntimeClient
-from skippyctl.runtime.discovery import Discovery
 from tests.cli.conftest import stop_runtime
 
 ERROR_FIELDS = frozenset({"message", "type", "param", "code", "reason_code"})

@@ -19,7 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from skippyctl.cli.app import app
-from skippyctl.runtime.discovery import (
+from skippyctl.client.discovery import (
     Discovery,
     Verdict,
     pid_alive,

@@ -132,7 +132,7 @@ def test_signal_config_repr_shows_no_path_or_credentials() -> None:
 def test_importing_the_telemetry_and_daemon_modules_does_not_import_opentelemetry() -> None:
     code = (
         "import sys, skippyctl.telemetry.otlp, skippyctl.telemetry.metrics, "
-        "skippyctl.telemetry.exporter, skippyctl.runtime.daemon; "
+        "skippyctl.telemetry.exporter, skippyctl.daemon.serve; "
         "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))"
     )
     result = subprocess.run(
