@@ -35,6 +35,7 @@ demo: bootstrap fixtures
 lint: bootstrap
 	$(VENV)/bin/ruff check skippyctl skippy_tui tests benchmarks scripts
 	$(VENV)/bin/ruff format --check skippyctl skippy_tui tests benchmarks scripts
+	$(VENV)/bin/lint-imports
 
 typecheck: bootstrap
 	$(VENV)/bin/mypy
