@@ -10,7 +10,6 @@ standard library (it never imports llama_cpp).
 from __future__ import annotations
 
 import ctypes
-import struct
 from enum import IntEnum, IntFlag
 from typing import Final
 
@@ -388,18 +387,4 @@ BOUNDARY_STRUCT_NAMES: Final[tuple[str, ...]] = (
     "skippy_device_info_v1",
     "skippy_abi_field_v1",
     "skippy_test_producer_report_v1",
-)
-
-# A drained skippy_native_fact_v1 decoded in one call: native byte order, explicit offsets
-# (no implicit padding: every field is naturally aligned in the C layout).
-FACT_RECORD_FORMAT: Final = struct.Struct(
-    "=IIII"  # struct_size, lane, flags, source_struct_size
-    "QQQ"  # operation_id, ingress_sequence, coalesced_count
-    "IIIIII"  # event: abi_version, struct_size, category, kind, emitter, reserved0
-    "QQQQQQQ"  # sequence, timestamp_mono_ns, model_id, stage_id, session_id, progress x2
-    "IIiI"  # progress_unit, failure_code, status, reserved1
-    "QQ"  # detail_ptr, detail_len
-    "QQQQ"  # numeric_summary_0..3
-    "II"  # detail_copied_len, reserved
-    f"{RUNTIME_EVENT_DETAIL_COPY_BYTES}s"  # detail
 )

@@ -13,6 +13,9 @@ Contract:
   byte copy of the drained records with numpy columns over it, so batch decisions (sorting,
   folding diagnostics) cost no per-record Python object; a ``NativeFact`` is built only for a
   record that becomes an event. Draining is single-consumer (serialised by a lock).
+- One record layout: the ctypes mirror ``abi.skippy_native_fact_v1`` (layout-checked against the
+  library at load time). ``FACT_DTYPE`` (every field, ``FactBatch.records``) and the struct
+  format ``NativeFact`` is unpacked with (only the fields the host reads) are derived from it.
 - ``close()`` is idempotent; it destroys the adapters created on this mapping and unmaps only
   when no wrapper call is in progress. llama.cpp hooks pointing at an adapter must be unhooked
   (``llama_log_set(None, None)``, model/context freed) before the adapter or mapping is closed.
@@ -25,11 +28,12 @@ import ctypes
 import fcntl
 import mmap
 import os
+import struct
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Final, overload
+from typing import Any, Final, NamedTuple, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -60,11 +64,8 @@ DEFAULT_DRAIN_BATCH_RECORDS: Final = 512
 DEBUG_READ_CHUNK_BYTES: Final = 64 * 1024
 _UINT32_MAX: Final = 0xFFFFFFFF
 _FACT_SIZE_BYTES: Final = ctypes.sizeof(abi.skippy_native_fact_v1)
-# Plain ints: IntFlag arithmetic is slow on the drain path.
+# A plain int: IntFlag arithmetic is slow on the drain path.
 _HAS_SUMMARIES: Final = int(abi.FactFlag.HAS_SUMMARIES)
-_DETAIL_TRUNCATED: Final = int(abi.FactFlag.DETAIL_TRUNCATED)
-_UNKNOWN_KIND: Final = int(abi.FactFlag.UNKNOWN_KIND)
-_LARGER_STRUCT: Final = int(abi.FactFlag.LARGER_STRUCT)
 
 
 class WaitResult(IntEnum):
@@ -95,35 +96,106 @@ class IngressConfig:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class NativeFact:
-    """An owned copy of one drained ``skippy_native_fact_v1`` (reserved fields omitted)."""
+# The record layout has one definition, the ctypes mirror ``abi.skippy_native_fact_v1`` (checked
+# field by field against the library at load time). The numpy dtype and the struct format below
+# are derived from it, never written out a second time.
+FACT_DTYPE: Final = np.dtype(abi.skippy_native_fact_v1)
+U64Column = npt.NDArray[np.uint64]
+U32Column = npt.NDArray[np.uint32]
 
-    lane: int
-    flags: int
-    has_summaries: bool
-    detail_truncated: bool
-    unknown_kind: bool
-    larger_struct: bool
-    source_struct_size: int
+# struct codes for the ctypes scalar types the fact record uses ("=": standard sizes, no
+# implicit alignment; the derived format spells every gap out as pad bytes).
+_STRUCT_CODES: Final[dict[type[Any], str]] = {
+    ctypes.c_uint32: "I",
+    ctypes.c_int32: "i",
+    ctypes.c_uint64: "Q",
+}
+
+
+def _flat_fields(
+    struct_type: type[ctypes.Structure], base: int = 0, prefix: str = ""
+) -> dict[str, tuple[int, type[Any]]]:
+    """Every scalar or array field of a (nested) ctypes struct: dotted path → (offset, type)."""
+    out: dict[str, tuple[int, type[Any]]] = {}
+    for name, ctype, *_ in struct_type._fields_:
+        offset = base + int(getattr(struct_type, name).offset)
+        if isinstance(ctype, type) and issubclass(ctype, ctypes.Structure):
+            out.update(_flat_fields(ctype, offset, f"{prefix}{name}."))
+        else:
+            out[f"{prefix}{name}"] = (offset, ctype)
+    return out
+
+
+def record_format(paths: Sequence[str]) -> struct.Struct:
+    """A ``struct`` unpacking exactly ``paths`` (dotted, in offset order) of one fact record.
+
+    Derived from the ctypes mirror: offsets and sizes come from it, the gaps between the picked
+    fields become pad bytes, and the format's size is the record's size.
+    """
+    fields = _flat_fields(abi.skippy_native_fact_v1)
+    parts = ["="]
+    position = 0
+    for path in paths:
+        offset, ctype = fields[path]
+        if offset < position:
+            raise ValueError(f"{path} is not in offset order")
+        if offset > position:
+            parts.append(f"{offset - position}x")
+        if issubclass(ctype, ctypes.Array):
+            length = len(ctype())
+            if ctypes.sizeof(ctype) != length:
+                raise TypeError(f"{path}: only byte arrays are decoded")
+            parts.append(f"{length}s")
+        else:
+            parts.append(_STRUCT_CODES[ctype])
+        position = offset + ctypes.sizeof(ctype)
+    parts.append(f"{_FACT_SIZE_BYTES - position}x")
+    return struct.Struct("".join(parts))
+
+
+# What NativeFact is built from, in offset order (the unpacking in ``from_buffer`` follows it).
+_DECODED_PATHS: Final = (
+    "flags",
+    "operation_id",
+    "coalesced_count",
+    "event.category",
+    "event.kind",
+    "event.sequence",
+    "event.timestamp_mono_ns",
+    "event.progress_current",
+    "event.progress_total",
+    "event.progress_unit",
+    "event.failure_code",
+    "event.numeric_summary_0",
+    "event.numeric_summary_1",
+    "event.numeric_summary_2",
+    "event.numeric_summary_3",
+    "detail_copied_len",
+    "detail",
+)
+_DECODE: Final = record_format(_DECODED_PATHS)
+_DETAIL_COPY_BYTES: Final = abi.RUNTIME_EVENT_DETAIL_COPY_BYTES
+
+
+class NativeFact(NamedTuple):
+    """An owned copy of the fields of one drained ``skippy_native_fact_v1`` the host reads.
+
+    Raw integers (the adapter interprets them). A ``NamedTuple`` rather than a frozen dataclass:
+    one is built for every record that becomes an event, on the pipeline thread, and a frozen
+    dataclass's ``__init__`` (one ``object.__setattr__`` per field) costs about twice as much.
+    Fields only tests read (lane, flags, ids, status, …) are in ``FactBatch.records``.
+    """
+
     operation_id: int
-    ingress_sequence: int
     coalesced_count: int
-    abi_version: int
     category: int
     kind: int
-    emitter: int
     sequence: int
     timestamp_mono_ns: int
-    model_id: int
-    stage_id: int
-    session_id: int
     progress_current: int
     progress_total: int
     progress_unit: int
     failure_code: int
-    status: int
-    detail_len: int
     detail: bytes
     numeric_summaries: tuple[int, int, int, int] | None
 
@@ -132,88 +204,52 @@ class NativeFact:
         cls, buffer: ctypes.Array[abi.skippy_native_fact_v1] | bytes, index: int
     ) -> NativeFact:
         (
-            _struct_size,
-            lane,
             flags,
-            source_struct_size,
             operation_id,
-            ingress_sequence,
             coalesced_count,
-            abi_version,
-            _event_struct_size,
             category,
             kind,
-            emitter,
-            _reserved0,
             sequence,
             timestamp_mono_ns,
-            model_id,
-            stage_id,
-            session_id,
             progress_current,
             progress_total,
             progress_unit,
             failure_code,
-            status,
-            _reserved1,
-            _detail_ptr,
-            detail_len,
             summary_0,
             summary_1,
             summary_2,
             summary_3,
             detail_copied_len,
-            _reserved,
             detail,
-        ) = abi.FACT_RECORD_FORMAT.unpack_from(buffer, index * _FACT_SIZE_BYTES)
-        has_summaries = bool(flags & _HAS_SUMMARIES)
+        ) = _DECODE.unpack_from(buffer, index * _FACT_SIZE_BYTES)
         return cls(
-            lane=lane,
-            flags=flags,
-            has_summaries=has_summaries,
-            detail_truncated=bool(flags & _DETAIL_TRUNCATED),
-            unknown_kind=bool(flags & _UNKNOWN_KIND),
-            larger_struct=bool(flags & _LARGER_STRUCT),
-            source_struct_size=source_struct_size,
-            operation_id=operation_id,
-            ingress_sequence=ingress_sequence,
-            coalesced_count=coalesced_count,
-            abi_version=abi_version,
-            category=category,
-            kind=kind,
-            emitter=emitter,
-            sequence=sequence,
-            timestamp_mono_ns=timestamp_mono_ns,
-            model_id=model_id,
-            stage_id=stage_id,
-            session_id=session_id,
-            progress_current=progress_current,
-            progress_total=progress_total,
-            progress_unit=progress_unit,
-            failure_code=failure_code,
-            status=status,
-            detail_len=detail_len,
-            detail=detail[: min(detail_copied_len, abi.RUNTIME_EVENT_DETAIL_COPY_BYTES)],
-            numeric_summaries=(
-                (summary_0, summary_1, summary_2, summary_3) if has_summaries else None
-            ),
+            operation_id,
+            coalesced_count,
+            category,
+            kind,
+            sequence,
+            timestamp_mono_ns,
+            progress_current,
+            progress_total,
+            progress_unit,
+            failure_code,
+            detail[: min(detail_copied_len, _DETAIL_COPY_BYTES)],
+            (summary_0, summary_1, summary_2, summary_3) if flags & _HAS_SUMMARIES else None,
         )
-
-
-FACT_DTYPE: Final = np.dtype(abi.skippy_native_fact_v1)
-U64Column = npt.NDArray[np.uint64]
-U32Column = npt.NDArray[np.uint32]
 
 
 class FactBatch(Sequence[NativeFact]):
     """Drained records as one owned byte copy, with read-only numpy columns over it.
 
-    Indexing builds the ``NativeFact`` of one record on demand (the same decoding as ``drain``).
+    ``records`` is the whole structured view (``FACT_DTYPE``: every field, for tests and
+    diagnostics); indexing builds the ``NativeFact`` of one record on demand (the same decoding
+    as ``drain``).
     """
 
     __slots__ = (
         "_raw",
         "_count",
+        "records",
         "operation_ids",
         "sequences",
         "kinds",
@@ -226,6 +262,7 @@ class FactBatch(Sequence[NativeFact]):
         self._raw = raw
         self._count = count
         records = np.frombuffer(raw, dtype=FACT_DTYPE, count=count)
+        self.records: npt.NDArray[np.void] = records
         event = records["event"]
         self.operation_ids: U64Column = records["operation_id"]
         self.sequences: U64Column = event["sequence"]
@@ -242,6 +279,8 @@ class FactBatch(Sequence[NativeFact]):
     @overload
     def __getitem__(self, index: slice) -> list[NativeFact]: ...
     def __getitem__(self, index: int | slice) -> NativeFact | list[NativeFact]:
+        if type(index) is int and 0 <= index < self._count:  # the adapter's path
+            return NativeFact.from_buffer(self._raw, index)
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(self._count))]
         if index < 0:

@@ -292,8 +292,6 @@ def check_layout(library: NativeLibrary) -> None:
     missing = sorted(set(abi.BOUNDARY_STRUCT_NAMES) - described)
     if missing:
         raise NativeAbiIncompatible(f"library does not describe {', '.join(missing)}")
-    if abi.FACT_RECORD_FORMAT.size != ctypes.sizeof(abi.skippy_native_fact_v1):
-        raise NativeAbiIncompatible("FACT_RECORD_FORMAT disagrees with skippy_native_fact_v1")
 
 
 def load_native_library(path: Path | None = None) -> NativeLibrary:

@@ -23,7 +23,14 @@ from skippyctl.native import (
     WaitResult,
 )
 from skippyctl.native.abi import Category, FactFlag, Kind, Lane
-from tests.native.helpers import assert_lanes_conserved, attempts_accounted, emit, make_event
+from tests.native.helpers import (
+    assert_lanes_conserved,
+    attempts_accounted,
+    drain_all_records,
+    drain_records,
+    emit,
+    make_event,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,7 +50,7 @@ def test_struct_size_112_is_accepted_with_summaries_absent(
     adapter: EngineAdapter, ingress: SharedIngress
 ) -> None:
     emit(adapter, make_event(struct_size=112, kind=Kind.MODEL_OPEN_FINISHED, model_id=5))
-    [fact] = ingress.drain()
+    [fact] = drain_records(ingress)
     assert fact.source_struct_size == 112
     assert fact.model_id == 5
     assert not fact.has_summaries
@@ -60,7 +67,7 @@ def test_struct_size_144_carries_numeric_summaries(
             numeric_summary_0=1, numeric_summary_1=2, numeric_summary_2=3, numeric_summary_3=4
         ),
     )
-    [fact] = ingress.drain()
+    [fact] = drain_records(ingress)
     assert fact.has_summaries
     assert fact.flags == FactFlag.HAS_SUMMARIES
     assert fact.numeric_summaries == (1, 2, 3, 4)
@@ -80,7 +87,7 @@ def test_larger_struct_is_accepted_reading_only_known_fields(
             tail_fill=0xEE,
         ),
     )
-    [fact] = ingress.drain()
+    [fact] = drain_records(ingress)
     assert fact.source_struct_size == 200
     assert fact.larger_struct
     assert fact.has_summaries
@@ -116,7 +123,7 @@ def test_detail_of_exactly_1_mib_is_accepted_and_truncated(
 ) -> None:
     big = bytes(range(256)) * 4096
     emit(adapter, make_event(detail=big))
-    [fact] = ingress.drain()
+    [fact] = drain_records(ingress)
     assert fact.detail_len == 1024 * 1024
     assert fact.detail == big[:256]
     assert fact.detail_truncated
@@ -127,7 +134,7 @@ def test_1000_byte_detail_is_truncated_to_256_with_flag(
 ) -> None:
     detail = bytes((i * 7) % 251 for i in range(1000))
     emit(adapter, make_event(detail=detail))
-    [fact] = ingress.drain()
+    [fact] = drain_records(ingress)
     assert fact.detail == detail[:256]
     assert fact.detail_len == 1000
     assert fact.detail_truncated
@@ -136,7 +143,7 @@ def test_1000_byte_detail_is_truncated_to_256_with_flag(
 
 def test_short_detail_is_copied_whole(adapter: EngineAdapter, ingress: SharedIngress) -> None:
     emit(adapter, make_event(detail=b"CPU"))
-    [fact] = ingress.drain()
+    [fact] = drain_records(ingress)
     assert fact.detail == b"CPU"
     assert not fact.detail_truncated
 
@@ -145,7 +152,7 @@ def test_unknown_kind_is_accepted_into_the_diagnostic_lane_and_counted(
     adapter: EngineAdapter, ingress: SharedIngress
 ) -> None:
     emit(adapter, make_event(kind=9999))
-    [fact] = ingress.drain()
+    [fact] = drain_records(ingress)
     assert fact.kind == 9999
     assert fact.lane == Lane.DIAGNOSTIC
     assert fact.unknown_kind
@@ -158,7 +165,7 @@ def test_unknown_category_is_flagged_unknown(
     adapter: EngineAdapter, ingress: SharedIngress
 ) -> None:
     emit(adapter, make_event(category=42, kind=Kind.MODEL_OPEN_STARTED))
-    [fact] = ingress.drain()
+    [fact] = drain_records(ingress)
     assert fact.unknown_kind
     assert fact.lane == Lane.DIAGNOSTIC
 
@@ -196,7 +203,7 @@ def test_each_kind_travels_in_its_service_class(
     adapter: EngineAdapter, ingress: SharedIngress, kind: Kind, lane: Lane
 ) -> None:
     emit(adapter, make_event(kind=kind, progress_current=1))
-    [fact] = ingress.drain()
+    [fact] = drain_records(ingress)
     assert fact.lane == lane
     assert not fact.unknown_kind
 
@@ -207,7 +214,7 @@ def test_drain_returns_terminal_then_progress_then_diagnostic(
     emit(adapter, make_event(kind=Kind.DIAGNOSTIC_WARNING_RAISED))
     emit(adapter, make_event(kind=Kind.MODEL_OPEN_PROGRESS, progress_current=1))
     emit(adapter, make_event(kind=Kind.MODEL_OPEN_STARTED))
-    facts = ingress.drain()
+    facts = drain_records(ingress)
     assert [fact.lane for fact in facts] == [Lane.TERMINAL, Lane.PROGRESS, Lane.DIAGNOSTIC]
     # ingress_sequence keeps the acceptance order across lanes
     assert [fact.ingress_sequence for fact in facts] == [3, 2, 1]
@@ -306,7 +313,7 @@ def test_full_diagnostic_lane_drops_with_a_counter_and_terminal_lane_is_unaffect
     assert stats.diagnostic.accepted == 20
     assert stats.diagnostic.dropped_full == 12
     assert stats.terminal.dropped_full == 0
-    facts = small_ingress.drain_all()
+    facts = drain_all_records(small_ingress)
     assert sum(f.lane == Lane.TERMINAL for f in facts) == 5
     assert sum(f.lane == Lane.DIAGNOSTIC for f in facts) == 8
     assert_lanes_conserved(small_ingress)

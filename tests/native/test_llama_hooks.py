@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from skippyctl.native import EngineAdapter, NativeFact, NativeLibrary, SharedIngress, devices
+from skippyctl.native import EngineAdapter, NativeLibrary, SharedIngress, devices
 from skippyctl.native.abi import FailureCode, GgmlDeviceType, Kind, Lane, ProgressUnit, Status
+from tests.native.helpers import FactRecord, drain_all_records, drain_records
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
@@ -34,7 +35,7 @@ class Pipeline:
 
     def __init__(self, ingress: SharedIngress) -> None:
         self.ingress = ingress
-        self.facts: list[NativeFact] = []
+        self.facts: list[FactRecord] = []
         self.first_progress = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="test-pipeline")
@@ -43,15 +44,15 @@ class Pipeline:
     def _run(self) -> None:
         while not self._stop.is_set():
             if self.ingress.wait(0.02):
-                batch = self.ingress.drain()
+                batch = drain_records(self.ingress)
                 self.facts.extend(batch)
                 if any(f.kind == Kind.MODEL_OPEN_PROGRESS for f in batch):
                     self.first_progress.set()
 
-    def stop(self) -> list[NativeFact]:
+    def stop(self) -> list[FactRecord]:
         self._stop.set()
         self._thread.join()
-        self.facts.extend(self.ingress.drain_all())
+        self.facts.extend(drain_all_records(self.ingress))
         return self.facts
 
 
@@ -141,7 +142,7 @@ def test_cancel_requested_before_the_load_makes_it_return_null(
     model = llama_cpp.llama_model_load_from_file(str(tiny_gguf).encode(), model_params(adapter))
     assert model is None
     adapter.model_load_end(Status.ERROR, FailureCode.CANCELLED)
-    facts = ingress.drain_all()
+    facts = drain_all_records(ingress)
     assert [f.kind for f in facts] == [Kind.MODEL_OPEN_STARTED, Kind.MODEL_OPEN_FAILED_HANDLED]
     failed = facts[1]
     assert (failed.status, failed.failure_code) == (Status.ERROR, FailureCode.CANCELLED)

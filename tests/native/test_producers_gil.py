@@ -11,33 +11,38 @@ import pytest
 from skippyctl.native import (
     EngineAdapter,
     IngressConfig,
-    NativeFact,
     NativeLibrary,
     ProducerReport,
     ProducerThreads,
     SharedIngress,
 )
 from skippyctl.native.abi import Category, Kind, Lane, TestProducerMode, skippy_runtime_event_v1
-from tests.native.helpers import assert_lanes_conserved, attempts_accounted
+from tests.native.helpers import (
+    FactRecord,
+    assert_lanes_conserved,
+    attempts_accounted,
+    drain_all_records,
+    drain_records,
+)
 
 THREADS = 4
 RECORDS_PER_THREAD = 50_000
 
 
-def drain_while_running(ingress: SharedIngress, producers: ProducerThreads) -> list[NativeFact]:
+def drain_while_running(ingress: SharedIngress, producers: ProducerThreads) -> list[FactRecord]:
     """The pipeline thread's loop: wait (GIL released), drain a batch, repeat."""
-    facts: list[NativeFact] = []
+    facts: list[FactRecord] = []
     while not producers.done():
         if ingress.wait(0.05):
-            facts.extend(ingress.drain())
+            facts.extend(drain_records(ingress))
     return facts
 
 
 def finish(
-    ingress: SharedIngress, producers: ProducerThreads, facts: list[NativeFact]
+    ingress: SharedIngress, producers: ProducerThreads, facts: list[FactRecord]
 ) -> ProducerReport:
     report = producers.join()
-    facts.extend(ingress.drain_all())
+    facts.extend(drain_all_records(ingress))
     return report
 
 
@@ -173,20 +178,20 @@ def test_no_fact_is_stamped_with_an_ended_operation(lib: NativeLibrary) -> None:
                     ingress.wait(1.0)
                 adapter.operation_end()
                 adapter.emit(marker)
-                collected: list[NativeFact] = []
-                markers: list[NativeFact] = []
+                collected: list[FactRecord] = []
+                markers: list[FactRecord] = []
                 while not markers:
                     assert time.monotonic() < deadline
-                    drained = ingress.drain(batch)
+                    drained = drain_records(ingress, batch)
                     collected.extend(drained)
                     markers = [f for f in drained if f.kind == Kind.DIAGNOSTIC_WARNING_RAISED]
                 before = producers.attempts()
                 while producers.attempts() < before + 20_000:  # the flood goes on
-                    collected.extend(ingress.drain(batch))
-                late: list[NativeFact] = []
+                    collected.extend(drain_records(ingress, batch))
+                late: list[FactRecord] = []
                 while not late:  # the reporter keeps pushing, unscoped
                     assert time.monotonic() < deadline
-                    late = ingress.drain(batch)
+                    late = drain_records(ingress, batch)
                 collected.extend(late)
                 [mark] = markers
                 stamped = [f for f in collected if f.operation_id == op]
