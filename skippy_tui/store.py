@@ -41,6 +41,7 @@ from skippy_tui.records import SkipReason
 from skippy_tui.sources import DecodeSkipped, RuntimeBack, RuntimeDown, SourceEnded, SourceItem
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event, LogicalId, SummaryKey
+from skippyctl.events.native_kinds import load_phase
 from skippyctl.events.reasons import Category
 from skippyctl.reducer.reduce import reduce
 from skippyctl.reducer.state import LOADING_MODEL_STATES, ModelState, RuntimeState, RuntimeView
@@ -95,20 +96,15 @@ _PHASES: Final[dict[EventId, str]] = {
     EventId.SERVING_BACKEND_INITIALIZATION_STARTED: "serving init",
     EventId.KV_CACHE_INITIALIZATION_STARTED: "KV cache init",
 }
-# Native kinds that share `model_load_phase_changed` (skippy-facts.md "Native kind → event id").
-_NATIVE_PHASES: Final[dict[int, str]] = {
-    102: "offloading",
-    103: "tokenizer ready",
-    104: "aux components",
-}
 
 
 def phase_of(event: Event) -> str | None:
-    """The load phase an event announces, if it is a loading fact."""
+    """The load phase an event announces, if it is a loading fact. Native kinds share
+    `model_load_phase_changed`; the native kind table names the phase of each."""
     label = _PHASES.get(event.id)
     if event.id is EventId.MODEL_LOAD_PHASE_CHANGED:
         kind = event.summary_value(SummaryKey.NATIVE_KIND)
-        label = _NATIVE_PHASES.get(int(kind), label) if kind is not None else label
+        label = (load_phase(int(kind)) if kind is not None else None) or label
     return label
 
 

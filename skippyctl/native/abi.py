@@ -4,7 +4,7 @@ Contract: every class carries the exact C struct name and field names, with the 
 a comment above it, so a grep crosses the boundary. Layouts are checked against the library's own
 ``skippy_abi_fields()`` table at load time (see library.py); a mismatch refuses to load. Enum
 mirrors carry the C values without the ``SKIPPY_`` prefix. This module imports nothing beyond the
-standard library (it never imports llama_cpp).
+standard library and the kind enum of ``skippyctl.events.native_kinds`` (never llama_cpp).
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from __future__ import annotations
 import ctypes
 from enum import IntEnum, IntFlag
 from typing import Final
+
+from skippyctl.events.native_kinds import NativeKind
 
 # ---- versions and sizes (skippy_event.h, skippy_ingress.h) ----
 
@@ -46,43 +48,9 @@ class Category(IntEnum):
     UNLOAD = 8
 
 
-class Kind(IntEnum):
-    """``enum skippy_kind``."""
-
-    MODEL_OPEN_STARTED = 1
-    MODEL_OPEN_PROGRESS = 2
-    MODEL_OPEN_BACKEND_DEVICE_SELECTED = 3
-    MODEL_OPEN_FINISHED = 4
-    MODEL_OPEN_FAILED_HANDLED = 5
-    MODEL_LOAD_PHASE_CHANGED = 100
-    MODEL_LOAD_MEMORY_ALLOCATED = 101
-    MODEL_LOAD_TENSORS_OFFLOADED = 102
-    MODEL_LOAD_TOKENIZER_READY = 103
-    MODEL_LOAD_AUX_COMPONENT_READY = 104
-    KV_INITIALIZED = 200
-    KV_PRESSURE_CROSSED = 201
-    KV_PRESSURE_CLEARED = 202
-    KV_APPROACHING_CAPACITY = 203
-    KV_CAPACITY_EXHAUSTED = 204
-    DEVICE_BACKEND_INITIALIZED = 300
-    DEVICE_READY = 301
-    DEVICE_DEGRADED = 302
-    DEVICE_UNAVAILABLE = 303
-    DEVICE_RECOVERED = 304
-    DEVICE_LOST = 305
-    DEVICE_RESOURCE_ALLOCATED = 306
-    DEVICE_OUT_OF_MEMORY = 307
-    DEVICE_FALLBACK_ACTIVATED = 308
-    DIAGNOSTIC_WARNING_RAISED = 400
-    DIAGNOSTIC_WARNING_CLEARED = 401
-    DIAGNOSTIC_RECOVERABLE_FAILURE = 402
-    DIAGNOSTIC_FATAL_FAILURE = 403
-    DIAGNOSTIC_INVARIANT_VIOLATION = 404
-    UNLOAD_STARTED = 500
-    UNLOAD_COMPLETED = 501
-    UNLOAD_FAILED = 502
-    UNLOAD_FORCED = 503
-    UNLOAD_SESSION_DRAINING = 504
+# ``enum skippy_kind`` is defined with the native kind table (what the host makes of each
+# kind), the one place kinds are mapped; it is re-exported here with the other C mirrors.
+Kind = NativeKind
 
 
 class Emitter(IntEnum):

@@ -1,9 +1,12 @@
 """Native facts → typed domain events.
 
-Enum values stay raw until here. Each fact is correlated to its logical operation and model through
-the binding the host registered when it started the operation (`OperationBound`); per-operation
-sequence evidence (first, contiguous, gap, duplicate/out-of-order) is computed here from the
-native sequence numbers. A gap that the ring's own coalescing does not explain is recorded as its
+Enum values stay raw until here. What each kind becomes (event id, reconciled terminal, level
+state, reason, `native_kind` summary) is read from the native kind table
+(`skippyctl.events.native_kinds`); every lookup here, the numpy ones included, derives from it.
+Each fact is correlated to its logical operation and model through the binding the host
+registered when it started the operation (`OperationBound`); per-operation sequence evidence
+(first, contiguous, gap, duplicate/out-of-order) is computed here from the native sequence
+numbers. A gap that the ring's own coalescing does not explain is recorded as its
 own diagnostic event. Unknown kinds and categories are counted, never raised.
 
 `adapt_batch` is the pipeline's path over a drained batch's numpy columns: the same per-operation
@@ -11,15 +14,15 @@ evidence, computed per batch, and the diagnostic class folded (ARCHITECTURE §3:
 droppable, sampled, counted) — per operation and kind, the first diagnostic fact of a batch
 becomes an event whose `count` summary says how many facts it stands for; the others are counted
 as `sampled`. Sequence gaps are reported once per operation per batch (`count` = gaps). Level
-states (cache pressure crossed/cleared, device ready/degraded/unavailable/recovered) are
-duplicate-coalesced (spec: "State transitions: … duplicate coalescing"): a fact that repeats the
-operation's previous fact in the batch — same kind, contiguous sequence, so nothing in between was
-lost — is folded into the first of its run, whose `count` summary says how many facts it stands
-for, and counted as `coalesced`. Every transition between different states, and the state after
-the batch, are kept; the reducer ignored such repeats anyway (`duplicate_transitions`). Terminal
-facts, other state facts and progress facts (progress is already latest-value coalesced in the
-ring) each become an event. So a diagnostic storm or a re-reported state costs the pipeline per
-batch, not per fact.
+states (the table's `level_state` kinds: cache pressure crossed/cleared, device ready/degraded/
+unavailable/recovered) are duplicate-coalesced (spec: "State transitions: … duplicate
+coalescing"): a fact that repeats the operation's previous fact in the batch — same kind,
+contiguous sequence, so nothing in between was lost — is folded into the first of its run, whose
+`count` summary says how many facts it stands for, and counted as `coalesced`. Every transition
+between different states, and the state after the batch, are kept; the reducer ignored such
+repeats anyway (`duplicate_transitions`). Terminal facts, other state facts and progress facts
+(progress is already latest-value coalesced in the ring) each become an event. So a diagnostic
+storm or a re-reported state costs the pipeline per batch, not per fact.
 """
 
 from __future__ import annotations
@@ -43,7 +46,15 @@ from skippyctl.events.envelope import (
     make_event,
     summaries,
 )
+from skippyctl.events.native_kinds import (
+    KINDS_SHARING_AN_EVENT,
+    NATIVE_KINDS,
+    Handling,
+    NativeKindSpec,
+)
 from skippyctl.events.reasons import Producer, ProgressUnit, ReasonCode
+from skippyctl.native.abi import Category, FailureCode, Lane
+from skippyctl.native.abi import ProgressUnit as NativeProgressUnit
 from skippyctl.pipeline.authority import OperationBound
 
 
@@ -95,92 +106,52 @@ class FactColumns(Protocol):
     def __getitem__(self, index: int) -> NativeFactLike: ...
 
 
-KNOWN_CATEGORIES: Final = frozenset(range(1, 9))
+KNOWN_CATEGORIES: Final = frozenset(int(category) for category in Category)
 
-# Native kind → event id (skippy-facts.md "Native kind → event id").
-KIND_TO_EVENT: Final[dict[int, EventId]] = {
-    1: EventId.MODEL_LOAD_STARTED,
-    2: EventId.MODEL_LOAD_PROGRESS,
-    3: EventId.BACKEND_DEVICE_SELECTED,
-    4: EventId.NATIVE_MODEL_LOAD_COMPLETED,
-    5: EventId.MODEL_LOAD_FAILED,
-    100: EventId.MODEL_LOAD_PHASE_CHANGED,
-    101: EventId.MODEL_MEMORY_ALLOCATION_SUMMARY,
-    102: EventId.MODEL_LOAD_PHASE_CHANGED,
-    103: EventId.MODEL_LOAD_PHASE_CHANGED,
-    104: EventId.MODEL_LOAD_PHASE_CHANGED,
-    200: EventId.KV_CACHE_INITIALIZATION_COMPLETED,
-    201: EventId.CACHE_PRESSURE_CROSSED,
-    202: EventId.CACHE_PRESSURE_CLEARED,
-    203: EventId.CONTEXT_CAPACITY_APPROACHING_LIMIT,
-    204: EventId.CONTEXT_EXHAUSTED,
-    300: EventId.BACKEND_INITIALIZATION_COMPLETED,
-    301: EventId.DEVICE_READY,
-    302: EventId.DEVICE_DEGRADED,
-    303: EventId.DEVICE_UNAVAILABLE,
-    304: EventId.DEVICE_RECOVERED,
-    305: EventId.DEVICE_LOST,
-    306: EventId.RESOURCE_ALLOCATION_COMPLETED,
-    307: EventId.OUT_OF_MEMORY_CONDITION,
-    308: EventId.BACKEND_FALLBACK_ACTIVATED,
-    400: EventId.WARNING_RAISED,
-    401: EventId.WARNING_CLEARED,
-    402: EventId.RECOVERABLE_NATIVE_FAILURE,
-    403: EventId.FATAL_NATIVE_FAILURE,
-    404: EventId.INVARIANT_PROTOCOL_VIOLATION,
-    500: EventId.UNLOAD_STARTED,
-    501: EventId.UNLOAD_COMPLETED,
-    502: EventId.UNLOAD_FAILED,
-    503: EventId.FORCED_UNLOAD,
-    504: EventId.SESSION_DRAINING_STARTED,
-}
-
-# Terminal kinds the reconciler owns: they are never emitted before the authoritative return.
-RECONCILED_KINDS: Final = frozenset({4, 5})
+# Every lookup below derives from the native kind table (skippyctl.events.native_kinds).
+_SPECS: Final[dict[int, NativeKindSpec]] = {int(spec.kind): spec for spec in NATIVE_KINDS}
+# Kinds that report a level (on/off, a health state) rather than an occurrence: a contiguous
+# repeat says nothing new. Occurrences (context approaching its limit, exhaustion, OOM, failures)
+# are counted by the reducer and never folded.
+LEVEL_STATE_KINDS: Final = frozenset(
+    kind for kind, spec in _SPECS.items() if spec.handling is Handling.LEVEL_STATE
+)
+# Kinds whose event id is shared (phase changes): their events carry the native kind.
+_TAGGED_KINDS: Final = frozenset(int(kind) for kind in KINDS_SHARING_AN_EVENT)
 
 FAILURE_CODE_TO_REASON: Final[dict[int, ReasonCode]] = {
-    0: ReasonCode.UNKNOWN_FAILURE,
-    1: ReasonCode.INVALID_CONFIGURATION,
-    2: ReasonCode.ARTIFACT_IO_FAILURE,
-    3: ReasonCode.MODEL_FORMAT_OR_LOAD_FAILURE,
-    4: ReasonCode.INTERNAL_RUNTIME_FAILURE,
-    5: ReasonCode.BACKEND_INITIALIZATION_FAILURE,
-    6: ReasonCode.CANCELLATION,
-    7: ReasonCode.INTERNAL_RUNTIME_FAILURE,
+    FailureCode.NONE: ReasonCode.UNKNOWN_FAILURE,
+    FailureCode.INVALID_ARGUMENT: ReasonCode.INVALID_CONFIGURATION,
+    FailureCode.IO_ERROR: ReasonCode.ARTIFACT_IO_FAILURE,
+    FailureCode.MODEL_ERROR: ReasonCode.MODEL_FORMAT_OR_LOAD_FAILURE,
+    FailureCode.RUNTIME_ERROR: ReasonCode.INTERNAL_RUNTIME_FAILURE,
+    FailureCode.BACKEND_ERROR: ReasonCode.BACKEND_INITIALIZATION_FAILURE,
+    FailureCode.CANCELLED: ReasonCode.CANCELLATION,
+    FailureCode.INTERNAL_ERROR: ReasonCode.INTERNAL_RUNTIME_FAILURE,
 }
 
 PROGRESS_UNITS: Final[dict[int, ProgressUnit]] = {
-    0: ProgressUnit.NONE,
-    1: ProgressUnit.BYTES,
-    2: ProgressUnit.ITEMS,
-    3: ProgressUnit.TENSORS,
-    4: ProgressUnit.STEPS,
+    NativeProgressUnit.NONE: ProgressUnit.NONE,
+    NativeProgressUnit.BYTES: ProgressUnit.BYTES,
+    NativeProgressUnit.ITEMS: ProgressUnit.ITEMS,
+    NativeProgressUnit.TENSORS: ProgressUnit.TENSORS,
+    NativeProgressUnit.STEPS: ProgressUnit.STEPS,
 }
 
 _DEVICE_NAME_UNSAFE: Final = re.compile(r"[^A-Za-z0-9._:+=-]+")
 MAX_TRACKED_OPERATIONS: Final = 4096
 # skippy_lane: which ring a record was drained from.
-DIAGNOSTIC_LANE: Final = 2
-# Known-kind lookup by index (the last slot stands for every larger value). np.isin and
-# np.unique are avoided on this path: they import numpy.ma (~15 ms) at their first call.
-_KIND_IS_KNOWN: Final = np.zeros(max(KIND_TO_EVENT) + 2, dtype=bool)
-_KIND_IS_KNOWN[list(KIND_TO_EVENT)] = True
+DIAGNOSTIC_LANE: Final = int(Lane.DIAGNOSTIC)
+# Lookups by index (the last slot stands for every larger value). np.isin and np.unique are
+# avoided on this path: they import numpy.ma (~15 ms) at their first call.
+_KIND_IS_KNOWN: Final = np.zeros(max(_SPECS) + 2, dtype=bool)
+_KIND_IS_KNOWN[list(_SPECS)] = True
 _KIND_LOOKUP_LAST: Final = len(_KIND_IS_KNOWN) - 1
-# Kinds that report a level (on/off, a health state) rather than an occurrence: a contiguous
-# repeat says nothing new. Occurrences (context approaching its limit, exhaustion, OOM, failures)
-# are counted by the reducer and never folded.
-LEVEL_STATE_KINDS: Final = frozenset(
-    {
-        201,  # kv pressure crossed
-        202,  # kv pressure cleared
-        301,  # device ready
-        302,  # device degraded
-        303,  # device unavailable
-        304,  # device recovered
-    }
-)
 _KIND_IS_LEVEL_STATE: Final = np.zeros_like(_KIND_IS_KNOWN)
 _KIND_IS_LEVEL_STATE[list(LEVEL_STATE_KINDS)] = True
+_CATEGORY_IS_KNOWN: Final = np.zeros(max(KNOWN_CATEGORIES) + 2, dtype=bool)
+_CATEGORY_IS_KNOWN[list(KNOWN_CATEGORIES)] = True
+_CATEGORY_LOOKUP_LAST: Final = len(_CATEGORY_IS_KNOWN) - 1
 _EVIDENCE_BY_CODE: Final = (
     SequenceEvidence.FIRST,
     SequenceEvidence.CONTIGUOUS,
@@ -241,8 +212,8 @@ class NativeAdapter:
     def adapt(self, fact: NativeFactLike) -> list[AdaptedFact]:
         """Turn one fact into zero or more events (a gap adds a diagnostic event)."""
         self.counters.facts += 1
-        event_id = KIND_TO_EVENT.get(fact.kind)
-        if event_id is None or fact.category not in KNOWN_CATEGORIES:
+        spec = _SPECS.get(fact.kind)
+        if spec is None or fact.category not in KNOWN_CATEGORIES:
             self.counters.unknown += 1
             return []
         track = self._tracks.get(fact.operation_id) if fact.operation_id else None
@@ -278,8 +249,8 @@ class NativeAdapter:
         stamp = NativeStamp(fact.timestamp_mono_ns, fact.sequence, evidence)
         out.append(
             AdaptedFact(
-                self._event(event_id, fact, stamp, operation_id, model_id),
-                needs_authority=fact.kind in RECONCILED_KINDS,
+                self._event(spec, fact, stamp, operation_id, model_id),
+                needs_authority=spec.handling is Handling.RECONCILED_TERMINAL,
                 native_kind=fact.kind,
             )
         )
@@ -293,8 +264,7 @@ class NativeAdapter:
         categories = batch.categories
         known = (
             _KIND_IS_KNOWN[np.minimum(kinds, _KIND_LOOKUP_LAST)]
-            & (categories >= 1)
-            & (categories <= 8)
+            & _CATEGORY_IS_KNOWN[np.minimum(categories, _CATEGORY_LOOKUP_LAST)]
         )
         rows = np.flatnonzero(known)
         self.counters.unknown += total - int(rows.size)
@@ -369,16 +339,16 @@ class NativeAdapter:
                 out.append(gap_event)
                 gap_event = None
             fact = batch[int(rows[position])]
-            event_id = KIND_TO_EVENT[fact.kind]
+            spec = _SPECS[fact.kind]
             stamp = NativeStamp(
                 fact.timestamp_mono_ns, fact.sequence, _EVIDENCE_BY_CODE[evidence[position]]
             )
             out.append(
                 AdaptedFact(
                     self._event(
-                        event_id, fact, stamp, operation_id, model_id, int(represents[position])
+                        spec, fact, stamp, operation_id, model_id, int(represents[position])
                     ),
-                    needs_authority=fact.kind in RECONCILED_KINDS,
+                    needs_authority=spec.handling is Handling.RECONCILED_TERMINAL,
                     native_kind=fact.kind,
                 )
             )
@@ -462,19 +432,20 @@ class NativeAdapter:
 
     @staticmethod
     def _event(
-        event_id: EventId,
+        spec: NativeKindSpec,
         fact: NativeFactLike,
         stamp: NativeStamp,
         operation_id: LogicalId | None,
         model_id: LogicalId | None,
         represents: int = 1,
     ) -> Event:
+        event_id = spec.event
         unit = PROGRESS_UNITS.get(fact.progress_unit, ProgressUnit.NONE)
         progress = None
         if unit is not ProgressUnit.NONE:
             progress = Progress(fact.progress_current, fact.progress_total or None, unit)
         device_id = None
-        extra = summaries(native_kind=fact.kind) if event_id is not _DIRECT.get(fact.kind) else ()
+        extra = summaries(native_kind=fact.kind) if fact.kind in _TAGGED_KINDS else ()
         numbers = fact.numeric_summaries
         if event_id is EventId.BACKEND_DEVICE_SELECTED:
             device_id = device_id_from_detail(fact.detail)
@@ -486,8 +457,8 @@ class NativeAdapter:
                 )
         if represents > 1:
             extra = extra + summaries(count=represents)
-        reason = _FIXED_REASONS.get(event_id)
-        if reason is None and (fact.kind == 5 or event_id in _FAILURE_EVENTS):
+        reason = spec.reason
+        if spec.reason_from_failure_code:
             reason = FAILURE_CODE_TO_REASON.get(fact.failure_code, ReasonCode.UNKNOWN_FAILURE)
         return make_event(
             event_id,
@@ -509,20 +480,3 @@ def _first_of_each(
     ordered = values[order]
     starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
     return order[starts], np.diff(np.append(starts, values.size))
-
-
-# Kinds whose event id is specific to them; shared ids (phase changes) carry the native kind.
-_DIRECT: Final[dict[int, EventId]] = {
-    kind: event_id
-    for kind, event_id in KIND_TO_EVENT.items()
-    if list(KIND_TO_EVENT.values()).count(event_id) == 1
-}
-
-_FAILURE_EVENTS: Final = frozenset(
-    {EventId.UNLOAD_FAILED, EventId.FATAL_NATIVE_FAILURE, EventId.DEVICE_LOST}
-)
-_FIXED_REASONS: Final[dict[EventId, ReasonCode]] = {
-    EventId.OUT_OF_MEMORY_CONDITION: ReasonCode.OUT_OF_MEMORY,
-    EventId.CONTEXT_EXHAUSTED: ReasonCode.CONTEXT_EXHAUSTED,
-    EventId.DEVICE_UNAVAILABLE: ReasonCode.DEVICE_UNAVAILABLE,
-}
