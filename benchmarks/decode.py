@@ -103,13 +103,14 @@ def _eog_tokens(llama: Any, model: Any) -> list[int]:
 
 def _run_engine(llama: Any, path: str, n_tokens: int) -> Sample:
     from skippyctl.engine.generation import BatchEngine, GenerateRequest
+    from skippyctl.engine.protocol import EngineMessage, GenDone
     from skippyctl.engine.sampling import SamplingParams
 
     model, context = _open(llama, path)
-    done: queue.Queue[dict[str, Any]] = queue.Queue()
+    done: queue.Queue[GenDone] = queue.Queue()
 
-    def emit(message: dict[str, Any]) -> None:
-        if message.get("msg") == "gen_done":
+    def emit(message: EngineMessage) -> None:
+        if isinstance(message, GenDone):
             done.put(message)
 
     sampling = SamplingParams(
@@ -120,20 +121,22 @@ def _run_engine(llama: Any, path: str, n_tokens: int) -> Sample:
     engine = BatchEngine(llama, model, context, lanes=1, emit=emit)
     engine.start()
     try:
-        result: dict[str, Any] = {}
+        result: GenDone | None = None
         for request_id, tokens in (("warmup", WARMUP_TOKENS), ("measured", n_tokens)):
             engine.submit(GenerateRequest(request_id, PROMPT, max_tokens=tokens, sampling=sampling))
             result = done.get(timeout=600)
-            if result["outcome"] != "completed":
+            if result.outcome != "completed":
                 raise SystemExit(f"engine request {request_id} ended {result}")
     finally:
         engine.stop()
         llama.llama_free(context)
         llama.llama_model_free(model)
+    if result is None or result.ttft_ms is None or result.decode_tokens_per_s is None:
+        raise SystemExit(f"engine request measured has no timings: {result}")
     return Sample(
-        ttft_ms=float(result["ttft_ms"]),
-        tokens_per_s=float(result["decode_tokens_per_s"]),
-        tokens=int(result["completion_tokens"]),
+        ttft_ms=result.ttft_ms,
+        tokens_per_s=result.decode_tokens_per_s,
+        tokens=result.completion_tokens,
     )
 
 

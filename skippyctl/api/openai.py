@@ -45,7 +45,7 @@ from skippyctl.runtime.requests import (
     RequestHandle,
     TextChunk,
 )
-from skippyctl.runtime.scheduler import Rejection
+from skippyctl.runtime.admission import Rejection
 
 # A failed generation's reason -> (HTTP status, OpenAI `code`). `context_length_exceeded` is the
 # code OpenAI itself uses (clients match on it); the reason code says `context_exhausted`.

@@ -98,17 +98,18 @@ def serve(options: ServeOptions) -> None:
     url = f"http://{shown_host}:{port}"
     token = options.api_key or os.environ.get("SKIPPY_API_KEY") or secrets.token_urlsafe(32)
 
-    from skippyctl.engine.worker import DEBUG_TOKEN_EVENTS_ENV
+    from skippyctl.engine.options import SERVING_EVENTS_ENV, EngineOptions, serving_events_from
     from skippyctl.ingress.host import HostIngressConfig
 
-    # Engine workers inherit the environment: this is how the option reaches them.
-    if options.debug_token_events:
-        os.environ[DEBUG_TOKEN_EVENTS_ENV] = "1"
-    else:
-        os.environ.pop(DEBUG_TOKEN_EVENTS_ENV, None)
+    # Decided once, here; every engine gets them as spawn arguments (nothing mutates os.environ).
+    engine_options = EngineOptions(
+        serving_events=serving_events_from(os.environ.get(SERVING_EVENTS_ENV)),
+        debug_token_events=options.debug_token_events,
+    )
     ingress = HostIngressConfig(debug_enabled=options.debug_token_events)
     host = RuntimeHost(
-        Pipeline(ingress_config=ingress, max_replay_records=options.replay_records)
+        Pipeline(ingress_config=ingress, max_replay_records=options.replay_records),
+        engine_options,
     ).start()
     scheduler = Scheduler(
         host, max_queue=options.max_queue, sessions=SessionRegistry(ttl_s=options.session_ttl_s)

@@ -1,19 +1,21 @@
-"""The engine control channel: length-prefixed JSON frames over a socketpair.
+"""The engine control channel: length-prefixed frames of typed messages over a socketpair.
 
-It carries commands (host → engine) and authoritative return values (engine → host). It never
-carries native facts (those go through the shared-memory ring) and never prompt text in events.
-Paths travel here because the engine must open the file; they never leave the host process.
+It carries commands (host → engine) and authoritative return values (engine → host), as the
+types of :mod:`skippyctl.engine.protocol`. It never carries native facts (those go through the
+shared-memory ring) and never prompt text in events. Paths travel here because the engine must
+open the file; they never leave the host process.
 
-Framing: a 4-byte big-endian payload length, then that many bytes of one JSON object (orjson).
-Invariants:
+Framing: a 4-byte big-endian payload length, then that many bytes of one JSON object (the
+payload :func:`~skippyctl.engine.protocol.encode` makes). Invariants:
 
 - A frame is never torn. The size limit (`MAX_MESSAGE_BYTES`) is enforced on the SENDING side
   before a single byte is written (:class:`MessageTooLarge`; :class:`UnencodableMessage` for a
   value JSON cannot carry), so the sender can refuse the one request it belongs to and the
   channel stays in step.
 - A receiver that nevertheless gets a frame it cannot use — announced larger than its limit, not
-  JSON, not an object — consumes the whole frame and raises :class:`MalformedMessage`; the next
-  `receive` reads the next frame. Nothing a peer sends ends the channel except end of stream.
+  JSON, not an object, not a message of its direction — consumes the whole frame and raises
+  :class:`MalformedMessage`; the next `receive` reads the next frame. Nothing a peer sends ends
+  the channel except end of stream.
 """
 
 from __future__ import annotations
@@ -21,9 +23,31 @@ from __future__ import annotations
 import socket
 import struct
 import threading
-from typing import Any, Final
+from collections.abc import Callable
+from typing import Final, Generic, TypeVar
 
-import orjson
+from skippyctl.engine.protocol import (
+    Command,
+    EngineMessage,
+    MalformedMessage,
+    Message,
+    UnencodableMessage,
+    decode_command,
+    decode_engine_message,
+    encode,
+)
+
+__all__ = [
+    "MAX_MESSAGE_BYTES",
+    "ControlChannel",
+    "MalformedMessage",
+    "MessageTooLarge",
+    "UnencodableMessage",
+    "encode_frame",
+    "engine_side",
+    "frame",
+    "host_side",
+]
 
 MAX_MESSAGE_BYTES: Final = 64 << 20
 """Largest JSON payload of one frame (64 MiB). Far above any prompt a context can hold (a token
@@ -32,7 +56,8 @@ refused frame is always a request that could not have fitted anyway."""
 _HEADER: Final = struct.Struct(">I")
 _DISCARD_CHUNK_BYTES: Final = 1 << 20
 
-Message = dict[str, Any]
+SendT = TypeVar("SendT", bound=Message)
+ReceiveT = TypeVar("ReceiveT", bound=Message)
 
 
 class MessageTooLarge(ValueError):
@@ -44,39 +69,37 @@ class MessageTooLarge(ValueError):
         self.limit_bytes = limit_bytes
 
 
-class UnencodableMessage(ValueError):
-    """A message JSON cannot carry (e.g. an integer beyond 64 bits); nothing was written."""
-
-
-class MalformedMessage(ValueError):
-    """A whole frame was received but is unusable (oversize, not JSON, not an object).
-
-    The frame was consumed: the channel is still in step and the next frame can be read."""
-
-
-def encode_frame(message: Message, limit_bytes: int = MAX_MESSAGE_BYTES) -> bytes:
-    """The complete frame for `message`; :class:`MessageTooLarge` over `limit_bytes`,
-    :class:`UnencodableMessage` for a value orjson cannot encode."""
-    try:
-        payload = orjson.dumps(message)
-    except orjson.JSONEncodeError as error:
-        raise UnencodableMessage(str(error)) from error
+def frame(payload: bytes, limit_bytes: int = MAX_MESSAGE_BYTES) -> bytes:
+    """The complete frame for an encoded payload; :class:`MessageTooLarge` over `limit_bytes`."""
     if len(payload) > limit_bytes:
         raise MessageTooLarge(len(payload), limit_bytes)
     return _HEADER.pack(len(payload)) + payload
 
 
-class ControlChannel:
-    """Framed JSON over a connected stream socket; `send` is thread-safe, `receive` is for one
-    reader thread."""
+def encode_frame(message: Message, limit_bytes: int = MAX_MESSAGE_BYTES) -> bytes:
+    """The complete frame for `message`; :class:`MessageTooLarge` over `limit_bytes`,
+    :class:`UnencodableMessage` for a value JSON cannot carry."""
+    return frame(encode(message), limit_bytes)
 
-    def __init__(self, sock: socket.socket, limit_bytes: int = MAX_MESSAGE_BYTES) -> None:
+
+class ControlChannel(Generic[SendT, ReceiveT]):
+    """Framed messages over a connected stream socket; `send` is thread-safe, `receive` is for
+    one reader thread. Each side sends one union and receives the other (:func:`host_side`,
+    :func:`engine_side`)."""
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        decode: Callable[[bytes], ReceiveT],
+        limit_bytes: int = MAX_MESSAGE_BYTES,
+    ) -> None:
         self._sock = sock
         self._reader = sock.makefile("rb")
+        self._decode = decode
         self._send_lock = threading.Lock()
         self.limit_bytes = limit_bytes
 
-    def send(self, message: Message) -> bool:
+    def send(self, message: SendT) -> bool:
         """Send one message; False if the peer is gone. Raises :class:`MessageTooLarge` or
         :class:`UnencodableMessage` (nothing sent) for a message that cannot be framed."""
         return self.send_frame(encode_frame(message, self.limit_bytes))
@@ -90,10 +113,16 @@ class ControlChannel:
                 return False
         return True
 
-    def receive(self) -> Message | None:
+    def receive(self) -> ReceiveT | None:
         """The next message, or None at end of stream (the peer exited or closed).
 
         Raises :class:`MalformedMessage` for an unusable frame, after consuming all of it."""
+        payload = self.receive_payload()
+        return None if payload is None else self._decode(payload)
+
+    def receive_payload(self) -> bytes | None:
+        """The next frame's payload undecoded, or None at end of stream. Raises
+        :class:`MalformedMessage` for a frame over the limit, after consuming all of it."""
         try:
             header = self._reader.read(_HEADER.size)
             if header is None or len(header) < _HEADER.size:
@@ -109,13 +138,7 @@ class ControlChannel:
             raise MalformedMessage(f"frame of {size} bytes exceeds {self.limit_bytes} bytes")
         if payload is None or len(payload) < size:
             return None  # the peer ended mid-frame: nothing more will come
-        try:
-            value = orjson.loads(payload)
-        except orjson.JSONDecodeError as error:
-            raise MalformedMessage("control frame is not JSON") from error
-        if not isinstance(value, dict):
-            raise MalformedMessage("control message is not an object")
-        return value
+        return payload
 
     def _discard(self, size: int) -> bool:
         """Skip `size` bytes of payload; False at end of stream."""
@@ -132,3 +155,17 @@ class ControlChannel:
             self._reader.close()
         finally:
             self._sock.close()
+
+
+def host_side(
+    sock: socket.socket, limit_bytes: int = MAX_MESSAGE_BYTES
+) -> ControlChannel[Command, EngineMessage]:
+    """The host's end: sends commands, receives engine messages."""
+    return ControlChannel(sock, decode_engine_message, limit_bytes)
+
+
+def engine_side(
+    sock: socket.socket, limit_bytes: int = MAX_MESSAGE_BYTES
+) -> ControlChannel[EngineMessage, Command]:
+    """The engine's end: sends engine messages, receives commands."""
+    return ControlChannel(sock, decode_command, limit_bytes)

@@ -3,7 +3,8 @@ and stop strings.
 
 Contract and invariants:
 
-- :func:`tokenize` is llama.cpp's own tokenizer (``llama_tokenize``); special-token text such as
+- :func:`tokenize` (and :func:`tokenize_at_most`, bounded by a lane's size) is llama.cpp's own
+  tokenizer (``llama_tokenize``); special-token text such as
   ``<|im_start|>`` is parsed into control tokens (as llama.cpp's server does), and BOS is added when
   the vocabulary asks for it.
 - :func:`apply_chat_template` renders messages with the model's own template
@@ -70,6 +71,36 @@ def tokenize(llama: ModuleType, vocab: Any, text: str, *, add_special: bool = Tr
         if -count <= capacity:
             raise ValueError("llama_tokenize failed")
         capacity = -count
+
+
+MAX_TOKENIZE_BYTES: Final = (1 << 31) - 1
+"""llama_tokenize takes the text length as an int32_t."""
+
+
+def tokenize_at_most(
+    llama: ModuleType, vocab: Any, text: str, limit: int, *, add_special: bool = True
+) -> tuple[list[int] | None, int]:
+    """The tokens of ``text`` if there are at most ``limit`` (None otherwise), and how many there
+    are (at least 2**31 when llama.cpp reports an int32 overflow).
+
+    The buffer holds ``limit + 1`` tokens whatever the text's size: llama_tokenize still counts a
+    longer text and returns minus the count (INT32_MIN when the count overflows int32), so a huge
+    prompt costs its tokenization, never a buffer of its size.
+    """
+    data = text.encode("utf-8")
+    if len(data) > MAX_TOKENIZE_BYTES:
+        # Not counted: only "more than the limit" is known (2 GiB of text is millions of tokens
+        # even with long tokens).
+        return None, limit + 1
+    capacity = limit + 1
+    buffer = (llama.llama_token * capacity)()
+    count = int(llama.llama_tokenize(vocab, data, len(data), buffer, capacity, add_special, True))
+    if count < 0:
+        return None, -count
+    if count > limit:
+        return None, count
+    tokens: list[int] = buffer[:count]
+    return tokens, count
 
 
 def model_chat_template(llama: ModuleType, model: Any) -> str | None:

@@ -1,20 +1,27 @@
 """The engine worker process: owns llama.cpp for one model.
 
-Run by the supervisor as `python -m skippyctl.engine.worker --control-fd N [--ring-fd M]`.
-With a ring, llama.cpp's progress and log callbacks point straight at C functions of the native
-library (no Python on the callback path), and the worker brackets each load in a native operation
-scope. Without one (legacy mode) it only reports return values. Either way the authoritative result
-of every llama.cpp call is sent on the control channel after the native scope has ended, so the
-host drains every native fact of the operation before it sees the return.
+Run by the host's supervisor (``skippyctl/runtime/supervisor.py``) as
+`python -m skippyctl.engine.worker --control-fd N [--ring-fd M] [--capture-debug-log]
+--serving-events on|off --debug-token-events on|off` (``engine/options.py``): everything the host
+decided about this engine arrives as arguments; the worker reads no configuration from its
+environment (only the test fault injections SKIPPY_TEST_PROGRESS_DELAY_US and
+SKIPPY_TEST_DECODE_DELAY_MS, which are inherited, never set by the code). With a ring,
+llama.cpp's progress and log callbacks point straight at C functions of the native library (no
+Python on the callback path), and the worker brackets each load in a native operation scope.
+Without one (legacy mode) it only reports return values. Either way the authoritative result of
+every llama.cpp call is sent on the control channel after the native scope has ended, so the host
+drains every native fact of the operation before it sees the return.
 
 llama.cpp may abort this process (GGML_ASSERT on a bad vocabulary); the supervisor reports that as
 `process_crash`. GGML_NO_BACKTRACE is set by the supervisor so an abort does not run gdb.
 
-Nothing the host forwards from a client may end this process: an unusable frame is counted and
-answered with `protocol_error`, and any exception while handling one command ends that command
-only — a `generate` with its one `gen_done` (failed, with a reason code), a `load` with a failed
-`load_returned`/`context_returned`. The main thread reads the channel and answers `ping` with
-`pong` without touching the decode thread, so the host can tell a stuck process from a busy one.
+Nothing the host forwards from a client may end this process: an unusable frame or command is
+counted and answered with `ProtocolError` — or, when it names its request or load, with that
+command's one terminal (`GenDone` failed with invalid_configuration, `LoadReturned` failed) —
+and any exception while handling a command ends that command only: a `Generate` with its one
+`GenDone` (failed, with a reason code), a `Load` with a failed `LoadReturned`/`ContextReturned`.
+The main thread reads the channel and answers `Ping` with `Pong` without touching the decode
+thread, so the host can tell a stuck process from a busy one.
 """
 
 from __future__ import annotations
@@ -25,24 +32,33 @@ import socket
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, assert_never
 
-from skippyctl.engine.protocol import ControlChannel, MalformedMessage, Message
+from skippyctl.engine import options as engine_options
+from skippyctl.engine.channel import ControlChannel, MalformedMessage, engine_side
+from skippyctl.engine.options import EngineOptions
+from skippyctl.engine.protocol import (
+    Cancel,
+    Command,
+    ContextBegun,
+    ContextReturned,
+    DropSession,
+    EngineMessage,
+    GenDone,
+    Generate,
+    Hello,
+    Load,
+    LoadBegun,
+    LoadReturned,
+    Ping,
+    Pong,
+    ProtocolError,
+    Shutdown,
+)
 from skippyctl.events.reasons import ReasonCode
 
 DEFAULT_MAX_CONTEXT_TOKENS: Final = 4096
 """Without --ctx the context is the model's training context, capped here to bound memory."""
-SERVING_EVENTS_ENV: Final = "SKIPPY_SERVING_EVENTS"
-"""`off`: a benchmark baseline, not an operator feature. The engine sends only text and terminals
-and the host submits no serving events (request, prefill, generation, session, KV); model
-lifecycle events still flow. Read by the engine worker and the scheduler (inherited env)."""
-DEBUG_TOKEN_EVENTS_ENV: Final = "SKIPPY_DEBUG_TOKEN_EVENTS"
-"""`1` (set by `runtime serve --debug-token-events`): one `gen_token` observation per sampled
-token, mapped by the host to the debug-class `generation_token_observed`."""
-
-
-def serving_events_enabled() -> bool:
-    return os.environ.get(SERVING_EVENTS_ENV, "on").strip().lower() != "off"
 
 
 @dataclass(slots=True)
@@ -53,8 +69,15 @@ class _Loaded:
 
 
 class Worker:
-    def __init__(self, channel: ControlChannel, ring_fd: int | None, capture_debug_log: bool):
+    def __init__(
+        self,
+        channel: ControlChannel[EngineMessage, Command],
+        ring_fd: int | None,
+        capture_debug_log: bool,
+        options: EngineOptions | None = None,
+    ) -> None:
         self.channel = channel
+        self.options = options or EngineOptions()
         self.adapter: Any | None = None
         self.native_problem: str | None = None
         self.features = 0
@@ -96,60 +119,71 @@ class Worker:
         self.llama.llama_log_set(log_callback, self.adapter.user_data)
 
     def hello(self) -> None:
-        self.channel.send(
-            {
-                "msg": "hello",
-                "pid": os.getpid(),
-                "native": self.adapter is not None,
-                "native_problem": self.native_problem,
-                "features": self.features,
-            }
-        )
+        self._send(Hello(os.getpid(), self.adapter is not None, self.native_problem, self.features))
 
     def serve(self) -> int:
         self.hello()
         while True:
             try:
-                message = self.channel.receive()
-            except MalformedMessage:
-                # The frame was consumed whole: the channel is in step, carry on. It cannot be
-                # attributed to a request (the host encodes every frame itself, so this is a bug).
-                self.protocol_errors += 1
-                self._send({"msg": "protocol_error", "count": self.protocol_errors})
+                command = self.channel.receive()
+            except MalformedMessage as error:
+                # The frame was consumed whole: the channel is in step, carry on.
+                self._malformed(error)
                 continue
-            if message is None or message.get("op") == "shutdown":
+            if command is None:
                 self._free()
                 return 0
             try:
-                self._dispatch(message)
+                serving = self._dispatch(command)
             except Exception:  # noqa: BLE001 - one command's failure must not end the engine
-                self._command_failed(message)
+                self._command_failed(command)
+                continue
+            if not serving:
+                self._free()
+                return 0
 
-    def _dispatch(self, message: Message) -> None:
-        op = message.get("op")
-        if op == "ping":
-            self._send({"msg": "pong", "seq": message.get("seq")})
-        elif op == "load":
-            self._load(message)
-        elif op == "generate":
-            self._generate(message)
-        elif op == "cancel" and self._batch is not None:
-            self._batch.cancel(str(message.get("request_id")))
-        elif op == "drop_session" and self._batch is not None:
-            reason = str(message.get("reason") or "dropped")
-            self._batch.drop_session(str(message.get("session")), reason)
+    def _dispatch(self, command: Command) -> bool:
+        """Handle one command; False when it ends the engine."""
+        match command:
+            case Ping():
+                self._send(Pong(command.seq))
+            case Load():
+                self._load(command)
+            case Generate():
+                self._generate(command)
+            case Cancel():
+                if self._batch is not None:
+                    self._batch.cancel(command.request_id)
+            case DropSession():
+                if self._batch is not None:
+                    self._batch.drop_session(command.session, command.reason)
+            case Shutdown():
+                return False
+            case _:
+                assert_never(command)
+        return True
 
-    def _command_failed(self, message: Message) -> None:
+    def _malformed(self, error: MalformedMessage) -> None:
+        """An unusable frame or command. One that names its request or load gets that command's
+        terminal (so nothing waits for it); anything else cannot be attributed (the host encodes
+        every frame itself, so it is a bug) and is counted."""
+        if error.tag == "generate" and error.correlation_id is not None:
+            self._send(GenDone.refused(error.correlation_id, ReasonCode.INVALID_CONFIGURATION))
+        elif error.tag == "load" and error.correlation_id is not None:
+            self._send(LoadReturned(error.correlation_id, ok=False))
+        else:
+            self.protocol_errors += 1
+            self._send(ProtocolError(self.protocol_errors))
+
+    def _command_failed(self, command: Command) -> None:
         """The terminal of a command whose handling raised (never re-raises)."""
         try:
-            if message.get("op") == "generate":
-                self._send(
-                    _refused(str(message.get("request_id")), ReasonCode.INTERNAL_RUNTIME_FAILURE)
-                )
+            if isinstance(command, Generate):
+                self._send(GenDone.refused(command.request_id, ReasonCode.INTERNAL_RUNTIME_FAILURE))
         except Exception:  # noqa: BLE001 - the serve loop must go on whatever happens here
             self.protocol_errors += 1
 
-    def _send(self, message: Message) -> None:
+    def _send(self, message: EngineMessage) -> None:
         # A host that went away is noticed by the serve loop (end of stream); nothing to do here.
         self.channel.send(message)
 
@@ -162,55 +196,54 @@ class Worker:
         self._abort_callback = self.llama.ggml_abort_callback(self.adapter.abort_callback_address)
         self.llama.llama_set_abort_callback(context, self._abort_callback, self.adapter.user_data)
 
-    def _emit(self, message: Message) -> None:
-        self._send(message)
-
     @property
     def _batch(self) -> Any | None:
         return None if self.loaded is None else self.loaded.generation
 
-    def _generate(self, message: Message) -> None:
-        from skippyctl.engine.generation import ChatMessage, GenerateRequest
+    def _generate(self, command: Generate) -> None:
+        from skippyctl.engine.generation import GenerateRequest
         from skippyctl.engine.sampling import SamplingParams
 
-        request_id = str(message.get("request_id"))
         try:
             if self._batch is None:
                 raise ValueError("no model is loaded in this engine")
-            sampling = dict(message.get("sampling") or {})
-            sampling["logit_bias"] = tuple(
-                (int(token), float(bias)) for token, bias in sampling.get("logit_bias") or ()
-            )
-            messages = message.get("messages")
-            timeout = message.get("timeout_s")
+            sampling = command.sampling
+            timeout = command.timeout_s
             request = GenerateRequest(
-                request_id=request_id,
-                prompt=message.get("prompt"),
-                messages=None
-                if messages is None
-                else tuple(ChatMessage(str(m["role"]), str(m["content"])) for m in messages),
-                session=message.get("session"),
-                max_tokens=int(message.get("max_tokens", 128)),
-                stop=tuple(message.get("stop") or ()),
-                sampling=SamplingParams(**sampling),
-                deadline_mono_s=None if timeout is None else time.monotonic() + float(timeout),
+                request_id=command.request_id,
+                prompt=command.prompt,
+                messages=command.messages,
+                session=command.session,
+                max_tokens=command.max_tokens,
+                stop=command.stop,
+                # Validated here, not on the host: an out-of-range value fails this request.
+                sampling=SamplingParams(
+                    temperature=sampling.temperature,
+                    top_k=sampling.top_k,
+                    top_p=sampling.top_p,
+                    min_p=sampling.min_p,
+                    repeat_penalty=sampling.repeat_penalty,
+                    seed=sampling.seed,
+                    logit_bias=sampling.logit_bias,
+                ),
+                deadline_mono_s=None if timeout is None else time.monotonic() + timeout,
             )
         except Exception:  # noqa: BLE001 - any bad field refuses this request, never the engine
-            self._send(_refused(request_id, ReasonCode.INVALID_CONFIGURATION))
+            self._send(GenDone.refused(command.request_id, ReasonCode.INVALID_CONFIGURATION))
             return
         self._batch.submit(request)
 
-    def _load(self, command: Message) -> None:
+    def _load(self, command: Load) -> None:
         """Load the model, then its context. Exactly one failed reply ends a load that raised:
-        `load_returned` if the model was not returned yet, else `context_returned`."""
-        operation_id = str(command.get("operation_id", "none"))
-        owed = "load_returned"
+        `LoadReturned` if the model was not returned yet, else `ContextReturned`."""
+        operation_id = command.operation_id
+        owed: type[LoadReturned] | type[ContextReturned] | None = LoadReturned
         scope_open = False
         try:
             llama = self.llama
-            native_operation = int(command["native_operation"])
-            gpu_layers = int(command.get("gpu_layers", 0))
-            path = os.fsencode(str(command["path"]))
+            native_operation = command.native_operation
+            gpu_layers = command.gpu_layers
+            path = os.fsencode(command.path)
             if b"\0" in path:
                 raise ValueError("a model path cannot contain NUL")  # C would truncate it
             params = llama.llama_model_default_params()
@@ -223,7 +256,7 @@ class Worker:
                     adapter.progress_callback_address
                 )
                 params.progress_callback_user_data = adapter.user_data
-            self._send({"msg": "load_begun", "operation_id": operation_id})
+            self._send(LoadBegun(operation_id))
             if adapter is not None:
                 adapter.report_device(gpu_layers)
             started = time.perf_counter()
@@ -233,26 +266,27 @@ class Worker:
             if adapter is not None:
                 scope_open = False
                 self._end_load_scope(ok)
-            reply: Message = {
-                "msg": "load_returned",
-                "operation_id": operation_id,
-                "ok": ok,
-                "duration_ms": duration_ms,
-            }
             if ok:
                 self.loaded = _Loaded(model)
-                reply["model_size_bytes"] = int(llama.llama_model_size(model))
-                reply["parameters"] = int(llama.llama_model_n_params(model))
-            owed = "context_returned" if ok else ""
+                reply = LoadReturned(
+                    operation_id,
+                    ok=True,
+                    duration_ms=duration_ms,
+                    model_size_bytes=int(llama.llama_model_size(model)),
+                    parameters=int(llama.llama_model_n_params(model)),
+                )
+            else:
+                reply = LoadReturned(operation_id, ok=False, duration_ms=duration_ms)
+            owed = ContextReturned if ok else None
             self._send(reply)
             if not ok:
                 return
-            self._create_context(command, operation_id, model)
+            self._create_context(command, model)
         except Exception:  # noqa: BLE001 - a load that raised fails; the engine stays up
             if scope_open:
                 self._end_load_scope(False)
-            if owed:
-                self._send({"msg": owed, "operation_id": operation_id, "ok": False})
+            if owed is not None:
+                self._send(owed(operation_id, ok=False))
 
     def _end_load_scope(self, ok: bool) -> None:
         from skippyctl.native.abi import FailureCode, Status
@@ -263,38 +297,40 @@ class Worker:
             FailureCode.NONE if ok else FailureCode.MODEL_ERROR,
         )
 
-    def _create_context(self, command: Message, operation_id: str, model: Any) -> None:
+    def _create_context(self, command: Load, model: Any) -> None:
         llama = self.llama
         assert self.loaded is not None
-        self._send({"msg": "context_begun", "operation_id": operation_id})
+        operation_id = command.operation_id
+        self._send(ContextBegun(operation_id))
         context_params = llama.llama_context_default_params()
-        context_tokens = command.get("context_tokens")
         train_tokens = int(llama.llama_model_n_ctx_train(model))
-        context_params.n_ctx = (
-            int(context_tokens) if context_tokens else min(train_tokens, DEFAULT_MAX_CONTEXT_TOKENS)
+        context_params.n_ctx = command.context_tokens or min(
+            train_tokens, DEFAULT_MAX_CONTEXT_TOKENS
         )
-        context_params.n_seq_max = int(command.get("lanes", 1))
+        context_params.n_seq_max = command.lanes
         context_params.n_threads = context_params.n_threads_batch = max(1, os.cpu_count() or 1)
         context = llama.llama_init_from_model(model, context_params)
-        reply: Message = {"msg": "context_returned", "operation_id": operation_id, "ok": False}
+        reply = ContextReturned(operation_id, ok=False)
         if context:
             from skippyctl.engine.generation import BatchEngine
 
             self.loaded.context = context
-            self._arm_abort(context, int(command.get("serving_operation") or 0))
+            self._arm_abort(context, command.serving_operation)
             lanes = int(llama.llama_n_seq_max(context))
             # Raises for a context it cannot serve (e.g. more lanes than its batch): the load
-            # then fails with context_returned ok=false (see _load).
+            # then fails with ContextReturned ok=false (see _load).
             self.loaded.generation = BatchEngine(
                 _with_test_decode_delay(llama),
                 model,
                 context,
                 lanes=lanes,
-                emit=self._emit,
-                observations=serving_events_enabled(),
-                token_observations=os.environ.get(DEBUG_TOKEN_EVENTS_ENV) == "1",
+                emit=self._send,
+                observations=self.options.serving_events,
+                token_observations=self.options.debug_token_events,
             )
-            reply.update(ok=True, context_tokens=int(llama.llama_n_ctx(context)), lanes=lanes)
+            reply = ContextReturned(
+                operation_id, ok=True, context_tokens=int(llama.llama_n_ctx(context)), lanes=lanes
+            )
         self._send(reply)
         if self.loaded.generation is not None:
             # Started after the reply, so the host sees the context before any kv message.
@@ -332,35 +368,17 @@ def _with_test_decode_delay(llama: Any) -> Any:
     return _SlowDecode(llama, delay_ms / 1000) if delay_ms > 0 else llama
 
 
-def _refused(request_id: str, reason: ReasonCode) -> Message:
-    """The one terminal of a request the engine could not even start."""
-    return {
-        "msg": "gen_done",
-        "request_id": request_id,
-        "outcome": "failed",
-        "reason": reason.value,
-        "stop_reason": "error",
-        "prompt_tokens": 0,
-        "completion_tokens": 0,
-        "reused_tokens": 0,
-        "prefill_ms": 0.0,
-        "decode_ms": 0.0,
-        "ttft_ms": None,
-        "prefill_tokens_per_s": None,
-        "decode_tokens_per_s": None,
-        "shared_steps": 0,
-        "max_batch": 0,
-    }
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="skippyctl-engine", description=__doc__)
     parser.add_argument("--control-fd", type=int, required=True)
     parser.add_argument("--ring-fd", type=int)
     parser.add_argument("--capture-debug-log", action="store_true")
+    engine_options.add_arguments(parser)
     args = parser.parse_args(argv)
-    channel = ControlChannel(socket.socket(fileno=args.control_fd))
-    worker = Worker(channel, args.ring_fd, args.capture_debug_log)
+    channel = engine_side(socket.socket(fileno=args.control_fd))
+    worker = Worker(
+        channel, args.ring_fd, args.capture_debug_log, engine_options.from_arguments(args)
+    )
     return worker.serve()
 
 

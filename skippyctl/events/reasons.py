@@ -69,6 +69,28 @@ class Outcome(StrEnum):
     UNKNOWN = "unknown"
 
 
+class GenerationOutcome(StrEnum):
+    """How one generation ended: the suffix of its `generation_*` / `request_*` terminal event ids
+    and the `outcome` a client's stream reports (a request refused before any lane is
+    `rejected`, which no generation is)."""
+
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"
+    TIMED_OUT = "timed_out"
+    FAILED = "failed"
+
+
+class CacheResult(StrEnum):
+    """What a request found of its prompt in its session's KV: `hit` (all but the last prompt
+    token), `partial`, `miss` (a new session, or nothing reusable), `none` (no session). Each
+    but `none` is the suffix of a `prompt_cache_restore_*` event id."""
+
+    HIT = "hit"
+    PARTIAL = "partial"
+    MISS = "miss"
+    NONE = "none"
+
+
 class ReasonCode(StrEnum):
     """Stable machine-readable reasons for terminal and warning events (the reference set)."""
 

@@ -3,7 +3,9 @@
 `RuntimeHost.start()` resolves the native event library once and says what it found as events
 (`native_library_loaded` + `abi_feature_compatibility_established`, or `native_library_unavailable`
 / `abi_feature_compatibility_failed` — legacy mode, state from return values only). `load_model`
-validates the request, pre-checks the artifact and starts an engine; every outcome arrives as
+validates the request, pre-checks the artifact and starts an engine through the supervisor
+(``runtime/supervisor.py``), telling it the host's
+:class:`~skippyctl.engine.options.EngineOptions` as spawn arguments; every outcome arrives as
 events through the pipeline, ending in exactly one terminal for the operation.
 
 Invariants:
@@ -22,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from skippyctl.engine.supervisor import EngineHello, EngineListener, EngineProcess, LoadCommand
+from skippyctl.engine.options import EngineOptions
+from skippyctl.engine.protocol import Load
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import (
     InvalidLogicalId,
@@ -42,6 +45,7 @@ from skippyctl.reducer.state import (
     SETTLED_MODEL_STATES,
 )
 from skippyctl.runtime.artifacts import check_artifact
+from skippyctl.runtime.supervisor import EngineHello, EngineListener, EngineProcess, LoadCommand
 
 ENGINE_HELLO_TIMEOUT_S: Final = 60.0
 
@@ -110,8 +114,12 @@ def validate_request(request: LoadRequest) -> str | None:
 
 
 class RuntimeHost:
-    def __init__(self, pipeline: Pipeline | None = None) -> None:
+    def __init__(
+        self, pipeline: Pipeline | None = None, options: EngineOptions | None = None
+    ) -> None:
         self.pipeline = pipeline or Pipeline()
+        self.options = options or EngineOptions()
+        """What every engine this host starts is told (spawn arguments, decided once)."""
         self.native = NativeStatus(None, None, None)
         self._ids = OperationIds()
         self._engines: dict[LogicalId, EngineProcess] = {}
@@ -227,6 +235,7 @@ class RuntimeHost:
             self._on_hello,
             listener,
             self._on_retire,
+            self.options,
         )
         started.append(engine)
         with self._lock:
@@ -239,14 +248,16 @@ class RuntimeHost:
         _, serving_operation = self._ids.next("serve")
         engine.load(
             LoadCommand(
-                operation_id=operation_id,
-                native_operation=native_operation,
-                serving_operation=serving_operation,
-                model_id=model_id,
-                path=resolved,
-                context_tokens=request.context_tokens,
-                lanes=request.lanes,
-                gpu_layers=request.gpu_layers,
+                model_id,
+                Load(
+                    operation_id=str(operation_id),
+                    native_operation=native_operation,
+                    serving_operation=serving_operation,
+                    path=resolved,
+                    context_tokens=request.context_tokens,
+                    lanes=request.lanes,
+                    gpu_layers=request.gpu_layers,
+                ),
             )
         )
         if request.timeout_s is not None:

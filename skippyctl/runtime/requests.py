@@ -11,8 +11,9 @@ import asyncio
 import queue
 import threading
 from dataclasses import dataclass, field
-from typing import Any
 
+from skippyctl.engine.protocol import Generate, Sampling
+from skippyctl.engine.text import ChatMessage
 from skippyctl.events.envelope import LogicalId
 from skippyctl.events.reasons import ReasonCode
 
@@ -66,28 +67,31 @@ class GenerationParams:
         if self.timeout_s is not None and not 0 < self.timeout_s <= 86_400:
             raise InvalidRequest("timeout", "timeout must be positive seconds (at most a day)")
 
-    def engine_message(self, request_id: LogicalId, session: LogicalId | None) -> dict[str, Any]:
-        return {
-            "op": "generate",
-            "request_id": str(request_id),
-            "prompt": self.prompt,
-            "messages": None
+    def engine_command(
+        self, request_id: LogicalId, session: LogicalId | None, timeout_s: float | None
+    ) -> Generate:
+        """This request as the engine's command; ``timeout_s`` is what is left of its deadline
+        when it is sent (the engine keeps it from receipt)."""
+        return Generate(
+            request_id=str(request_id),
+            prompt=self.prompt,
+            messages=None
             if self.messages is None
-            else [{"role": m.role, "content": m.content} for m in self.messages],
-            "session": None if session is None else str(session),
-            "max_tokens": self.max_tokens,
-            "stop": list(self.stop),
-            "sampling": {
-                "temperature": self.temperature,
-                "top_k": self.top_k,
-                "top_p": self.top_p,
-                "min_p": self.min_p,
-                "repeat_penalty": self.repeat_penalty,
-                "seed": self.seed,
-                "logit_bias": [list(pair) for pair in self.logit_bias],
-            },
-            "timeout_s": self.timeout_s,
-        }
+            else tuple(ChatMessage(m.role, m.content) for m in self.messages),
+            session=None if session is None else str(session),
+            max_tokens=self.max_tokens,
+            stop=self.stop,
+            sampling=Sampling(
+                temperature=self.temperature,
+                top_k=self.top_k,
+                top_p=self.top_p,
+                min_p=self.min_p,
+                repeat_penalty=self.repeat_penalty,
+                seed=self.seed,
+                logit_bias=self.logit_bias,
+            ),
+            timeout_s=timeout_s,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +103,9 @@ class TextChunk:
 class Finished:
     """The one terminal of a request."""
 
-    outcome: str  # completed | cancelled | timed_out | failed | rejected
+    outcome: str
+    """A :class:`~skippyctl.events.reasons.GenerationOutcome` value, or ``rejected`` (refused
+    before it reached a lane)."""
     reason: ReasonCode | None
     stop_reason: str | None
     prompt_tokens: int = 0

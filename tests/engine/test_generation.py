@@ -15,6 +15,7 @@ from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import llama_cpp
+import orjson
 import pytest
 
 from skippyctl.engine.generation import (
@@ -23,6 +24,7 @@ from skippyctl.engine.generation import (
     GenerateRequest,
     SamplingParams,
 )
+from skippyctl.engine.protocol import EngineMessage, encode
 from skippyctl.engine.text import apply_chat_template, tokenize
 from skippyctl.fixtures.generate import TINY, make_model
 from skippyctl.fixtures.vocab import EOS_ID
@@ -53,7 +55,8 @@ def eog_ban(model: Any) -> tuple[tuple[int, float], ...]:
 
 
 class Recorder:
-    """The engine's ``emit``: keeps every message; tests wait on gen_done counts."""
+    """The engine's ``emit``: keeps every message as its control-channel payload (what the host
+    receives); tests wait on gen_done counts."""
 
     def __init__(self) -> None:
         self.messages: list[Message] = []
@@ -61,7 +64,8 @@ class Recorder:
         self._cond = threading.Condition()
         self.on_message: Callable[[Message], None] | None = None
 
-    def __call__(self, message: Message) -> None:
+    def __call__(self, typed: EngineMessage) -> None:
+        message = orjson.loads(encode(typed))
         json.dumps(message)  # JSON-ready, or the test fails loudly
         with self._cond:
             self.messages.append(message)

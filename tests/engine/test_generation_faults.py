@@ -10,9 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import llama_cpp
+import orjson
 import pytest
 
 from skippyctl.engine.generation import BatchEngine, GenerateRequest, SamplingParams
+from skippyctl.engine.protocol import EngineMessage, encode
 
 WAIT_S = 60.0
 
@@ -43,9 +45,9 @@ class Done:
         self.messages: list[dict[str, Any]] = []
         self._cond = threading.Condition()
 
-    def __call__(self, message: dict[str, Any]) -> None:
+    def __call__(self, message: EngineMessage) -> None:
         with self._cond:
-            self.messages.append(message)
+            self.messages.append(orjson.loads(encode(message)))  # the payload the host receives
             self._cond.notify_all()
 
     def wait(self, request_id: str) -> list[dict[str, Any]]:

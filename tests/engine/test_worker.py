@@ -12,9 +12,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
-from skippyctl.engine.protocol import ControlChannel, Message
+from skippyctl.engine.channel import frame, host_side
+
+Message = dict[str, Any]
 
 MEGABYTE_PROMPT = "hello world " * 90_000  # ~1.08 MB: over the old 1 MiB line limit
 
@@ -32,14 +35,21 @@ class Engine:
         )
         child.close()
         host.settimeout(60)
-        self.channel = ControlChannel(host)
+        self.channel = host_side(host)
         assert self.next("hello")["native"] is False
 
+    def send(self, message: Message) -> None:
+        """Send a raw command payload: these tests also send what the host's encoder never
+        would (wrong types, unknown fields)."""
+        assert self.channel.send_frame(frame(orjson.dumps(message)))
+
     def next(self, kind: str) -> Message:
-        """The next message of `kind` (others skipped); fails if the engine ends first."""
+        """The next message of `kind` (others skipped), as its raw payload; fails if the engine
+        ends first."""
         while True:
-            message = self.channel.receive()
-            assert message is not None, f"the engine ended (exit {self.process.wait(5)})"
+            payload = self.channel.receive_payload()
+            assert payload is not None, f"the engine ended (exit {self.process.wait(5)})"
+            message: Message = orjson.loads(payload)
             if message.get("msg") == kind:
                 return message
 
@@ -50,18 +60,18 @@ class Engine:
                 return message
 
     def generate(self, request_id: str, **fields: Any) -> Message:
-        self.channel.send({"op": "generate", "request_id": request_id, **fields})
+        self.send({"op": "generate", "request_id": request_id, **fields})
         return self.done(request_id)
 
     def alive(self) -> bool:
         """Answers a ping (main thread) and still serves a request (decode thread)."""
-        self.channel.send({"op": "ping", "seq": 7})
+        self.send({"op": "ping", "seq": 7})
         assert self.next("pong") == {"msg": "pong", "seq": 7}
         done = self.generate("alive", prompt="The quick brown fox", max_tokens=2)
         return bool(done["outcome"] == "completed") and self.process.poll() is None
 
     def close(self) -> None:
-        self.channel.send({"op": "shutdown"})
+        self.send({"op": "shutdown"})
         try:
             self.process.wait(10)
         except subprocess.TimeoutExpired:
@@ -74,7 +84,7 @@ class Engine:
 def engine(fixture_dir: Path) -> Iterator[Engine]:
     running = Engine()
     try:
-        running.channel.send(
+        running.send(
             {
                 "op": "load",
                 "operation_id": "load-1",
@@ -142,10 +152,10 @@ def test_an_unusable_frame_is_answered_with_protocol_error_and_the_engine_serves
 def test_a_load_command_that_raises_fails_the_load_and_the_engine_stays_up() -> None:
     fresh = Engine()
     try:
-        fresh.channel.send({"op": "load", "operation_id": "load-x", "native_operation": "x"})
+        fresh.send({"op": "load", "operation_id": "load-x", "native_operation": "x"})
         returned = fresh.next("load_returned")
         assert returned == {"msg": "load_returned", "operation_id": "load-x", "ok": False}
-        fresh.channel.send({"op": "ping", "seq": 1})
+        fresh.send({"op": "ping", "seq": 1})
         assert fresh.next("pong")["seq"] == 1
         assert fresh.process.poll() is None
     finally:
@@ -157,7 +167,7 @@ def test_a_context_the_engine_cannot_serve_fails_the_load_instead_of_the_process
 ) -> None:
     fresh = Engine()
     try:
-        fresh.channel.send(
+        fresh.send(
             {
                 "op": "load",
                 "operation_id": "load-y",
@@ -172,7 +182,7 @@ def test_a_context_the_engine_cannot_serve_fails_the_load_instead_of_the_process
         )
         assert fresh.next("load_returned")["ok"] is True
         assert fresh.next("context_returned")["ok"] is False
-        fresh.channel.send({"op": "ping", "seq": 2})
+        fresh.send({"op": "ping", "seq": 2})
         assert fresh.next("pong")["seq"] == 2
     finally:
         fresh.close()

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from skippyctl.engine.protocol import MAX_MESSAGE_BYTES
+from skippyctl.engine.channel import MAX_MESSAGE_BYTES
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event, LogicalId
 from skippyctl.events.reasons import ReasonCode

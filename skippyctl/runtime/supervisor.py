@@ -1,5 +1,11 @@
 """Host side of one engine worker: start it, talk to it, notice when it dies.
 
+Host code (it moved here from the engine package): it depends on the engine only through the
+protocol (``engine/protocol.py``, ``engine/channel.py``) and the worker's spawn arguments
+(``engine/options.py``), and on the pipeline only through :class:`EnginePipeline`, the three
+things it needs — register and drain the engine's ring, submit authoritative items after the
+ring's facts, submit an event — never the concrete pipeline.
+
 The supervisor never parses the engine's output. Its stderr goes to /dev/null unless the operator
 opts into a debug artifact (SKIPPY_ENGINE_STDERR=inherit). What the engine returns arrives on the
 control channel and is queued, in order after the engine's ring, as authoritative items; an
@@ -13,7 +19,9 @@ over the frame limit raises :class:`MessageTooLarge` in `send` itself, before an
 the caller refuses the one request it belongs to.
 
 An unusable frame or message from the engine is counted (`protocol_errors`) and reported as
-`invariant_protocol_violation`; it never ends the reader (only end of stream does).
+`invariant_protocol_violation`; it never ends the reader (only end of stream does). An unusable
+`gen_done` that still names its request is handed on as that request's failed terminal, so no
+request waits for one that will never come.
 
 Liveness: every message from the engine counts as a sign of life (`silent_for_s`); `ping` asks the
 engine's main thread (not its decode thread) for a `pong`, at most one unanswered at a time.
@@ -37,33 +45,79 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import Final, Protocol, assert_never
 
-from skippyctl.engine.protocol import ControlChannel, MalformedMessage, Message, encode_frame
+from skippyctl.engine.channel import MalformedMessage, encode_frame, host_side
+from skippyctl.engine.options import EngineOptions
+from skippyctl.engine.protocol import (
+    Command,
+    ContextBegun,
+    ContextReturned,
+    EngineMessage,
+    GenDone,
+    GenFirstToken,
+    GenPrefillDone,
+    GenPrefillProgress,
+    GenProgress,
+    GenStarted,
+    GenText,
+    GenToken,
+    Hello,
+    Kv,
+    Load,
+    LoadBegun,
+    LoadReturned,
+    Ping,
+    Pong,
+    ProtocolError,
+    ServingMessage,
+    SessionChanged,
+    Shutdown,
+)
 from skippyctl.events.catalog import EventId
-from skippyctl.events.envelope import LogicalId, Scope, make_event, summaries
+from skippyctl.events.envelope import Event, LogicalId, Scope, make_event, summaries
 from skippyctl.events.reasons import Outcome, ReasonCode
 
 # Host side: imported with the supervisor at host start, not in EngineProcess.__init__, which
 # runs inside every load (time to model_available). Loads no native code by itself.
 from skippyctl.native.ingress import IngressClosed, SharedIngress
+from skippyctl.native.library import NativeLibrary
 from skippyctl.pipeline.authority import (
     Authoritative,
     CancelRequested,
-    ContextBegun,
-    ContextReturned,
     EngineExited,
-    LoadBegun,
-    LoadReturned,
     OperationBound,
 )
-from skippyctl.pipeline.pipeline import Pipeline
+from skippyctl.pipeline.authority import (
+    ContextBegun as ContextBegunItem,
+)
+from skippyctl.pipeline.authority import (
+    ContextReturned as ContextReturnedItem,
+)
+from skippyctl.pipeline.authority import (
+    LoadBegun as LoadBegunItem,
+)
+from skippyctl.pipeline.authority import (
+    LoadReturned as LoadReturnedItem,
+)
 
 STOP_GRACE_S: Final = 3.0
 WRITER_JOIN_S: Final = 1.0
-_LOAD_MESSAGES: Final = frozenset(
-    {"hello", "load_begun", "load_returned", "context_begun", "context_returned"}
-)
+
+
+class AuthoritySink(Protocol):
+    def submit_authority(self, item: Authoritative) -> None:
+        """Queue an authoritative item (after every native fact drained so far)."""
+        ...
+
+
+class EnginePipeline(AuthoritySink, Protocol):
+    """What an engine needs from the pipeline (``skippyctl.pipeline.pipeline.Pipeline`` is one):
+    its ring drained in order before its authoritative items, and a place for its events."""
+
+    def submit(self, event: Event) -> object: ...
+    def attach_engine(self, key: str, ring: SharedIngress) -> AuthoritySink: ...
+    def detach_engine(self, key: str) -> None: ...
 
 
 class EngineListener(Protocol):
@@ -72,8 +126,8 @@ class EngineListener(Protocol):
     Called on the engine's reader thread: implementations hand work off, never block.
     """
 
-    def on_engine_message(self, engine: EngineProcess, message: Message) -> None: ...
-    def on_engine_exit(self, engine: EngineProcess, crashed: bool) -> None: ...
+    def on_engine_message(self, engine: object, message: ServingMessage) -> None: ...
+    def on_engine_exit(self, engine: object, crashed: bool) -> None: ...
 
 
 CANCEL_GRACE_S: Final = 2.0
@@ -88,15 +142,8 @@ class EngineHello:
 
 @dataclass(frozen=True, slots=True)
 class LoadCommand:
-    operation_id: LogicalId
-    native_operation: int
-    serving_operation: int
-    """Native scope the engine keeps open while it serves (its abort callback watches it)."""
     model_id: LogicalId
-    path: str
-    context_tokens: int | None
-    lanes: int
-    gpu_layers: int
+    load: Load
 
 
 class EngineProcess:
@@ -106,16 +153,18 @@ class EngineProcess:
         self,
         key: str,
         model_id: LogicalId,
-        pipeline: Pipeline,
-        native_library: Any | None,
+        pipeline: EnginePipeline,
+        native_library: NativeLibrary | None,
         on_hello: Callable[[EngineProcess, EngineHello], None] | None = None,
         listener: EngineListener | None = None,
         on_retire: Callable[[EngineProcess], None] | None = None,
+        options: EngineOptions | None = None,
     ) -> None:
         self.key = key
         self.model_id = model_id
         self._pipeline = pipeline
-        self._ring: Any | None = None
+        self._ring: SharedIngress | None = None
+        self._serving_operation = 0
         self._stopping = threading.Event()
         self._exited = threading.Event()
         self._hello_seen = threading.Event()
@@ -146,6 +195,7 @@ class EngineProcess:
         pass_fds = [child_sock.fileno()]
         args = [sys.executable, "-m", "skippyctl.engine.worker"]
         args += ["--control-fd", str(child_sock.fileno())]
+        args += (options or EngineOptions()).argv()
         try:
             if native_library is not None:
                 self._ring = SharedIngress.create(library=native_library)
@@ -173,7 +223,7 @@ class EngineProcess:
             raise
         child_sock.close()
         try:
-            self._channel = ControlChannel(host_sock)
+            self._channel = host_side(host_sock)
             self._engine_channel = (
                 pipeline.attach_engine(key, self._ring) if self._ring is not None else None
             )
@@ -200,7 +250,7 @@ class EngineProcess:
         return self.process.pid
 
     @property
-    def ring(self) -> Any | None:
+    def ring(self) -> SharedIngress | None:
         return self._ring
 
     @property
@@ -219,41 +269,29 @@ class EngineProcess:
         return self.hello
 
     def load(self, command: LoadCommand) -> None:
-        self._operations[command.operation_id] = command.native_operation
-        self._serving_operation = command.serving_operation
+        load = command.load
+        operation_id = LogicalId(load.operation_id)
+        self._operations[operation_id] = load.native_operation
+        self._serving_operation = load.serving_operation
         self._authority(
-            OperationBound(
-                self.key, command.operation_id, command.native_operation, command.model_id
-            )
+            OperationBound(self.key, operation_id, load.native_operation, command.model_id)
         )
-        sent = self.send(
-            {
-                "op": "load",
-                "operation_id": command.operation_id,
-                "native_operation": command.native_operation,
-                "serving_operation": command.serving_operation,
-                "path": command.path,
-                "context_tokens": command.context_tokens,
-                "lanes": command.lanes,
-                "gpu_layers": command.gpu_layers,
-            }
-        )
-        if not sent:
+        if not self.send(load):
             self._exited.wait(STOP_GRACE_S)
 
     def abort_decode(self) -> None:
         """Stop any llama_decode in flight now (forced unload): the engine's abort callback
         reads this flag in shared memory. Every later decode of this engine aborts too."""
-        serving = getattr(self, "_serving_operation", 0)
+        serving = self._serving_operation
         if self._ring is not None and serving:
             with contextlib.suppress(IngressClosed):  # the engine is gone already
                 self._ring.request_cancel(serving)
 
-    def send(self, message: Message) -> bool:
-        """Queue a command (generate, cancel, drop_session, ping, shutdown) for the writer
-        thread; never blocks. False if the engine is gone. Raises :class:`MessageTooLarge`
-        (nothing queued) for a message over the frame limit."""
-        frame = encode_frame(message, self._channel.limit_bytes)
+    def send(self, command: Command) -> bool:
+        """Queue a command for the writer thread; never blocks. False if the engine is gone.
+        Raises :class:`MessageTooLarge` or :class:`UnencodableMessage` (nothing queued) for a
+        command that cannot be framed."""
+        frame = encode_frame(command, self._channel.limit_bytes)
         if self._send_closed.is_set():
             return False
         self._outbox.put(frame)
@@ -280,7 +318,7 @@ class EngineProcess:
             self._ping_outstanding = True
             self._pings += 1
             seq = self._pings
-        return self.send({"op": "ping", "seq": seq})
+        return self.send(Ping(seq))
 
     # -- load cancellation ----------------------------------------------------------------------
     def cancel(self, operation_id: LogicalId, reason: ReasonCode) -> None:
@@ -337,7 +375,7 @@ class EngineProcess:
         """Orderly stop: ask, wait, then kill (a stopped or stuck engine too). Idempotent;
         returns once the process is reaped."""
         self._stopping.set()
-        self.send({"op": "shutdown"})
+        self.send(Shutdown())
         try:
             self.process.wait(timeout_s)
         except subprocess.TimeoutExpired:
@@ -352,9 +390,9 @@ class EngineProcess:
         while True:
             try:
                 message = self._channel.receive()
-            except MalformedMessage:
+            except MalformedMessage as error:
                 self._last_heard_ns = time.monotonic_ns()
-                self._protocol_error()
+                self._malformed(error)
                 continue
             if message is None:
                 break
@@ -365,6 +403,13 @@ class EngineProcess:
                 self._protocol_error()
         returncode = self.process.wait()
         self._report_exit(returncode)
+
+    def _malformed(self, error: MalformedMessage) -> None:
+        self._protocol_error()
+        listener = self.listener
+        if error.tag == "gen_done" and error.correlation_id is not None and listener is not None:
+            failed = GenDone.refused(error.correlation_id, ReasonCode.INTERNAL_RUNTIME_FAILURE)
+            listener.on_engine_message(self, failed)
 
     def _protocol_error(self) -> None:
         self.protocol_errors += 1
@@ -399,66 +444,76 @@ class EngineProcess:
         self._channel.close()
         self._exited.set()
 
-    def _on_message(self, message: Message) -> None:
-        kind = message.get("msg")
-        if kind == "pong":
-            with self._ping_lock:
-                self._ping_outstanding = False
-                self.pongs += 1
-            return
-        if kind == "protocol_error":  # the engine could not use a frame we sent
-            self._protocol_error()
-            return
-        if kind not in _LOAD_MESSAGES:
-            listener = self.listener
-            if listener is not None:
-                listener.on_engine_message(self, message)
-            return
-        operation = LogicalId(str(message.get("operation_id", "none")))
-        if kind == "hello":
-            self.hello = EngineHello(
-                native=bool(message.get("native")),
-                native_problem=message.get("native_problem"),
-                features=int(message.get("features", 0)),
+    def _on_message(self, message: EngineMessage) -> None:
+        match message:
+            case Pong():
+                with self._ping_lock:
+                    self._ping_outstanding = False
+                    self.pongs += 1
+            case ProtocolError():  # the engine could not use a frame we sent
+                self._protocol_error()
+            case Hello():
+                self.hello = EngineHello(message.native, message.native_problem, message.features)
+                if self._on_hello is not None:
+                    self._on_hello(self, self.hello)
+                self._hello_seen.set()
+            case LoadBegun():
+                self._authority(LoadBegunItem(LogicalId(message.operation_id)))
+            case LoadReturned():
+                self._on_load_returned(message)
+            case ContextBegun():
+                self._authority(ContextBegunItem(LogicalId(message.operation_id)))
+            case ContextReturned():
+                self._on_context_returned(message)
+            case (
+                GenStarted()
+                | GenText()
+                | GenPrefillProgress()
+                | GenPrefillDone()
+                | GenFirstToken()
+                | GenProgress()
+                | GenToken()
+                | GenDone()
+                | Kv()
+                | SessionChanged()
+            ):
+                if self.listener is not None:
+                    self.listener.on_engine_message(self, message)
+            case _:
+                assert_never(message)
+
+    def _on_load_returned(self, message: LoadReturned) -> None:
+        operation = LogicalId(message.operation_id)
+        if not message.ok:
+            self._settle(operation)
+        self._authority(
+            LoadReturnedItem(
+                operation,
+                ok=message.ok,
+                model_size_bytes=message.model_size_bytes,
+                parameters=message.parameters,
+                duration_ms=message.duration_ms,
             )
-            if self._on_hello is not None:
-                self._on_hello(self, self.hello)
-            self._hello_seen.set()
-        elif kind == "load_begun":
-            self._authority(LoadBegun(operation))
-        elif kind == "load_returned":
-            ok = bool(message.get("ok"))
-            if not ok:
-                self._settle(operation)
+        )
+        if not message.ok:
+            self._retire()
+
+    def _on_context_returned(self, message: ContextReturned) -> None:
+        operation = LogicalId(message.operation_id)
+        with self._load_lock:
+            cancelled = operation in self._cancelled
+            self._settle(operation)
             self._authority(
-                LoadReturned(
+                ContextReturnedItem(
                     operation,
-                    ok=ok,
-                    model_size_bytes=message.get("model_size_bytes"),
-                    parameters=message.get("parameters"),
-                    duration_ms=message.get("duration_ms"),
+                    ok=message.ok,
+                    context_tokens=message.context_tokens,
+                    lanes=message.lanes,
                 )
             )
-            if not ok:
-                self._retire()
-        elif kind == "context_begun":
-            self._authority(ContextBegun(operation))
-        elif kind == "context_returned":
-            ok = bool(message.get("ok"))
-            with self._load_lock:
-                cancelled = operation in self._cancelled
-                self._settle(operation)
-                self._authority(
-                    ContextReturned(
-                        operation,
-                        ok=ok,
-                        context_tokens=message.get("context_tokens"),
-                        lanes=message.get("lanes"),
-                    )
-                )
-                self._serving = ok and not cancelled
-            if not self._serving:
-                self._retire()
+            self._serving = message.ok and not cancelled
+        if not self._serving:
+            self._retire()
 
     @property
     def exited(self) -> bool:

@@ -1,0 +1,633 @@
+"""The decode thread's work in the batch engine: lanes, batch stepping, sampling, terminals.
+
+:class:`DecodeCore` is the llama.cpp part of ``engine/generation.py``: it admits accepted requests
+into lanes (decisions from ``engine/lanes.py``, applied to the KV here), builds and decodes one
+``llama_batch`` per step, samples each lane's next token, streams its text and ends every request
+through :meth:`DecodeCore.finish`, its single exit. Decode thread only — no locks here; the
+thread, the inbox and the public entry points are :class:`~skippyctl.engine.generation.BatchEngine`.
+
+Each step holds the next token of every decoding lane plus, if any request is prefilling, up to
+``prefill_chunk_tokens`` prompt tokens of ONE prefilling request (round-robin), so a long prompt
+never stalls running generations and generations never starve prefill. Logits are requested only
+for each decoding lane's token and for the last prompt token of a prefill that completes in the
+step. The per-step path allocates one message per event it reports and nothing else.
+
+The memory API is ``llama_get_memory`` + ``llama_memory_seq_rm``/``_clear`` (the older
+``llama_kv_self_*`` functions no longer exist in the bundled llama.cpp).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import math
+import os
+import time
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any, Final
+
+from skippyctl.engine.lanes import KvGeometry, Lane, LaneTable, PressureGauge, cache_result
+from skippyctl.engine.protocol import (
+    EngineMessage,
+    GenDone,
+    GenFirstToken,
+    GenPrefillDone,
+    GenPrefillProgress,
+    GenProgress,
+    GenStarted,
+    GenText,
+    GenToken,
+    Kv,
+    KvChange,
+    SessionChange,
+    SessionChanged,
+)
+from skippyctl.engine.request_state import Phase, RequestBoard, RequestState
+from skippyctl.engine.sampling import build_sampler_chain
+from skippyctl.engine.text import (
+    ChatTemplateError,
+    Detokenizer,
+    StopMatcher,
+    apply_chat_template,
+    model_chat_template,
+    tokenize_at_most,
+)
+from skippyctl.events.envelope import StopReason
+from skippyctl.events.reasons import GenerationOutcome, ReasonCode
+
+PREFILL_PROGRESS_INTERVAL_S: Final = 0.25
+"""At most one GenPrefillProgress per request per interval, none for a shorter prefill."""
+GEN_PROGRESS_INTERVAL_S: Final = 0.5
+"""At most one GenProgress per request per interval (2 per second)."""
+DECODE_ABORTED: Final = 2
+"""llama_decode's return value when the abort callback stopped it (llama.h)."""
+
+_ESSENTIAL_MESSAGES: Final = frozenset({GenText, GenDone})
+"""What the host needs to serve a request; with ``observations=False`` nothing else is sent."""
+_COMPLETED: Final = GenerationOutcome.COMPLETED
+_FAILED: Final = GenerationOutcome.FAILED
+_CANCELLED: Final = GenerationOutcome.CANCELLED
+
+
+class DecodeCore:
+    """Requests, lanes and the batch of one llama.cpp context (see the module docstring).
+
+    ``emit`` gets every message; ``released`` is called for each request as it ends, just before
+    its ``GenDone`` is emitted. The core owns its ``llama_batch`` and sampler chains, not the
+    model or context.
+    """
+
+    def __init__(
+        self,
+        llama: ModuleType,
+        model: int | ctypes.c_void_p,
+        context: Any,
+        *,
+        lanes: int,
+        emit: Callable[[EngineMessage], None],
+        released: Callable[[RequestState], None],
+        prefill_chunk_tokens: int = 256,
+        kv_pressure_high: float = 0.85,
+        kv_pressure_low: float = 0.70,
+        approaching_limit: float = 0.90,
+        n_threads: int | None = None,
+        observations: bool = True,
+        token_observations: bool = False,
+    ) -> None:
+        if lanes < 1:
+            raise ValueError("lanes must be >= 1")
+        n_seq_max = int(llama.llama_n_seq_max(context))
+        if lanes > n_seq_max:
+            raise ValueError(f"lanes ({lanes}) exceeds the context's n_seq_max ({n_seq_max})")
+        if prefill_chunk_tokens < 1:
+            raise ValueError("prefill_chunk_tokens must be >= 1")
+        if not 0.0 < kv_pressure_low < kv_pressure_high <= 1.0:
+            raise ValueError("need 0 < kv_pressure_low < kv_pressure_high <= 1")
+        if not 0.0 < approaching_limit <= 1.0:
+            raise ValueError("approaching_limit must be in (0, 1]")
+        self._llama = llama
+        self._model = model
+        self._ctx = context
+        self._emit_fn = emit
+        self._released = released
+        # Benchmark baseline (serving events off): only text and terminals are sent.
+        self._observations = observations
+        self._token_observations = observations and token_observations
+        self._lanes = LaneTable(lanes)
+        self._vocab = llama.llama_model_get_vocab(model)
+        self._n_vocab = int(llama.llama_vocab_n_tokens(self._vocab))
+        self._memory = llama.llama_get_memory(context)
+        if not self._memory:
+            raise ValueError("the context has no memory (KV cache): cannot generate with it")
+
+        kv = KvGeometry.of(
+            n_ctx=int(llama.llama_n_ctx(context)),
+            n_ctx_seq=int(llama.llama_n_ctx_seq(context)),
+            n_seq_max=n_seq_max,
+            lanes=lanes,
+        )
+        self._unified = kv.unified
+        self._ctx_per_lane = kv.tokens_per_lane
+        self._cells_total = kv.cells_total
+        n_batch = int(llama.llama_n_batch(context))
+        if n_batch <= lanes:
+            raise ValueError(f"the context's n_batch ({n_batch}) must exceed lanes ({lanes})")
+        # llama_decode refuses a batch over n_batch: a chunk plus one token per lane must fit.
+        self._chunk = min(prefill_chunk_tokens, n_batch - lanes)
+        self._capacity = self._chunk + lanes
+        self._pressure = PressureGauge(self._cells_total, kv_pressure_high, kv_pressure_low)
+        self._approaching_tokens = max(1, math.ceil(approaching_limit * self._ctx_per_lane))
+
+        # Decode and batch threads: every core by default (``n_threads`` overrides, e.g. to
+        # leave a core to the host). Set here so the engine does not depend on how the context
+        # was created.
+        threads = n_threads if n_threads is not None else max(1, os.cpu_count() or 1)
+        if threads < 1:
+            raise ValueError("n_threads must be >= 1")
+        llama.llama_set_n_threads(context, threads, threads)
+        self._template = model_chat_template(llama, model)
+        self._add_bos = True  # llama_tokenize adds BOS only if the vocabulary asks for it
+        self._pieces: dict[int, bytes] = {}
+        self._eog: dict[int, bool] = {}
+
+        # Start from an empty KV so ``lane.tokens`` mirrors it exactly.
+        llama.llama_memory_clear(self._memory, False)
+
+        # One batch for the engine's lifetime; every slot carries exactly one sequence id.
+        self._batch = llama.llama_batch_init(self._capacity, 0, 1)
+        self._b_token = self._batch.token
+        self._b_pos = self._batch.pos
+        self._b_logits = self._batch.logits
+        self._b_seq = [self._batch.seq_id[i] for i in range(self._capacity)]
+        n_seq_id = self._batch.n_seq_id
+        for i in range(self._capacity):
+            n_seq_id[i] = 1
+        self._batch_freed = False
+        self._board = RequestBoard()
+        self.emit_failures = 0
+
+    # ---------------------------------------------------------------- properties
+
+    @property
+    def lanes(self) -> int:
+        return len(self._lanes)
+
+    @property
+    def context_tokens_per_lane(self) -> int:
+        return self._ctx_per_lane
+
+    @property
+    def kv_unified(self) -> bool:
+        return self._unified
+
+    # ---------------------------------------------------------------- messages
+
+    def emit(self, message: EngineMessage) -> None:
+        """Send ``message`` (unless observations are off and it is not essential); never raises."""
+        if not self._observations and type(message) not in _ESSENTIAL_MESSAGES:
+            return
+        try:
+            self._emit_fn(message)
+        except Exception:  # noqa: BLE001 - a broken consumer must not kill the decode thread
+            self.emit_failures += 1
+
+    def _release_observations(self, r: RequestState) -> None:
+        """Send the observations held back while the first token's text went out first."""
+        for message in r.take_held():
+            self.emit(message)
+
+    def _emit_session(
+        self, lane: Lane, session: str, event: SessionChange, reason: str | None = None
+    ) -> None:
+        self.emit(SessionChanged(session, event, lane.seq, len(lane.tokens), reason))
+
+    # ---------------------------------------------------------------- the decode loop's calls
+
+    def announce(self) -> None:
+        """The first message of the decode thread: the KV it serves from."""
+        self.emit(Kv(KvChange.INITIALIZED, 0, self._cells_total))
+
+    def work(self) -> bool:
+        """Deadlines, admission, then one decode step; False when there is no work."""
+        board = self._board
+        if board.with_deadline:
+            for r in board.expired(time.monotonic()):
+                self.finish(r, GenerationOutcome.TIMED_OUT, StopReason.TIMEOUT)
+        if board.queue:
+            self._admit()
+        if board.prefilling or board.decoding:
+            self._step()  # checks KV pressure itself
+            return True
+        # Requests may have ended outside a step (cancel, deadline, drop): report KV now, the
+        # thread is about to sleep.
+        self._check_pressure()
+        return False
+
+    def fail_running(self) -> None:
+        """After a failure no request can be blamed for: fail the running requests, and any the
+        failure left on no list (they would never get their GenDone)."""
+        for r in (*self._board.running(), *self._board.orphans()):
+            self.fail(r)
+
+    def cancel(self, request_id: str) -> None:
+        r = self._board.by_id.get(request_id)
+        if r is not None:
+            self.finish(r, _CANCELLED, StopReason.CANCELLED)
+
+    def track(self, r: RequestState) -> None:
+        """Count a valid request as live without starting it (at shutdown, to cancel it)."""
+        self._board.track(r)
+
+    def cancel_all(self) -> None:
+        """End every live request with ``cancelled`` and free the batch (at shutdown, once)."""
+        for r in list(self._board.by_id.values()):
+            self.finish(r, _CANCELLED, StopReason.CANCELLED)
+        if not self._batch_freed:
+            self._batch_freed = True
+            self._llama.llama_batch_free(self._batch)
+
+    def refuse(self, r: RequestState, reason: ReasonCode) -> None:
+        self.finish(r, _FAILED, StopReason.ERROR, reason)
+
+    def accept(self, r: RequestState) -> None:
+        """Validate, tokenize and queue a submitted request (or answer it at once)."""
+        if r.error is not None:
+            self.refuse(r, ReasonCode.INVALID_CONFIGURATION)
+            return
+        self._board.track(r)
+        spec = r.spec
+        try:
+            if spec.messages is not None:
+                text = apply_chat_template(self._llama, self._template, spec.messages)
+            else:
+                assert spec.prompt is not None  # validated: exactly one of prompt/messages
+                text = spec.prompt
+            prompt, counted = tokenize_at_most(
+                self._llama, self._vocab, text, self._ctx_per_lane, add_special=self._add_bos
+            )
+        except (ChatTemplateError, ValueError, UnicodeError):
+            self.refuse(r, ReasonCode.INVALID_CONFIGURATION)
+            return
+        except Exception:  # noqa: BLE001 - one request's failure must not stop the engine
+            self.refuse(r, ReasonCode.INTERNAL_RUNTIME_FAILURE)
+            return
+        if prompt is None:
+            # Longer than a lane: refused before any lane or session is touched (no decode).
+            r.prompt_count = counted
+            self.refuse(r, ReasonCode.CONTEXT_EXHAUSTED)
+            return
+        r.prompt = prompt
+        bias_outside_vocab = any(t >= self._n_vocab for t, _b in spec.sampling.logit_bias)
+        if not r.prompt or bias_outside_vocab:
+            self.refuse(r, ReasonCode.INVALID_CONFIGURATION)
+            return
+        self._board.queue.append(r)
+
+    def drop(self, session: str, reason: str) -> None:
+        lane = self._lanes.drop(session)
+        if lane is None:
+            return
+        self._emit_session(lane, session, SessionChange.EVICTED, reason)
+        if lane.request_id is None:
+            self._clear_lane(lane)
+        # else: the running request finishes normally; its lane is cleared then (no session).
+        self._check_pressure()
+
+    def _admit(self) -> None:
+        """Move queued requests into lanes, FIFO among the requests that can run now.
+
+        A request whose session is busy in its lane waits without blocking the ones behind it.
+        """
+        lanes = self._lanes
+        if lanes.all_busy():
+            return
+        queue = self._board.queue
+        waiting: list[RequestState] = []
+        while queue:
+            r = queue.popleft()
+            try:
+                session = r.spec.session
+                pick = lanes.pick(session)
+                if pick is None:
+                    waiting.append(r)
+                    if session is None or not lanes.has_session(session):
+                        break  # no lane at all: nobody behind can run either
+                    continue
+                if pick.displaced is not None:
+                    self._emit_session(
+                        pick.lane, pick.displaced, SessionChange.EVICTED, "lane_needed"
+                    )
+                    self._clear_lane(pick.lane)
+                self._start(r, pick.lane)
+            except Exception:  # noqa: BLE001 - one request's failure must not stop the engine
+                self.fail(r)
+        queue.extendleft(reversed(waiting))
+
+    def _start(self, r: RequestState, lane: Lane) -> None:
+        """Bind ``r`` to ``lane``: reuse the session prefix, build the sampler, start prefill."""
+        r.lane = lane
+        session = r.spec.session
+        prompt = r.prompt
+        claim = self._lanes.claim(lane, r.id, session, prompt)
+        keep = claim.keep
+        reusing = claim.change is SessionChange.REUSED or claim.change is SessionChange.TRIMMED
+        if reusing and keep < len(lane.tokens):
+            if not self._llama.llama_memory_seq_rm(self._memory, lane.seq, keep, -1):
+                # Partial removal unsupported (e.g. recurrent memory): start over.
+                self._clear_lane(lane)
+                keep = 0
+            del lane.tokens[keep:]
+        r.reused = keep
+        if claim.change is not None:
+            assert session is not None
+            self._emit_session(lane, session, claim.change)
+        params = r.spec.sampling
+        r.sampler = build_sampler_chain(self._llama, self._vocab, params)
+        if params.penalizes:
+            r.sampler.accept(prompt[-params.repeat_last_n :])
+        r.detok = Detokenizer(self._llama, self._vocab, self._pieces)
+        r.stops = StopMatcher(r.spec.stop)
+        r.prefill_pos = r.reused
+        r.phase = Phase.PREFILL
+        now = time.monotonic()
+        r.t_prefill_start = r.t_prefill_progress = now
+        self._board.prefilling.append(r)
+        cache = cache_result(session is not None, keep, len(prompt))
+        self.emit(GenStarted(r.id, lane.seq, session, len(prompt), r.reused, cache))
+
+    def _step(self) -> None:
+        """One llama_decode: every decoding lane's next token + one prefill chunk."""
+        token = self._b_token
+        pos = self._b_pos
+        logits = self._b_logits
+        seq = self._b_seq
+        n = 0
+        board = self._board
+        decoding = board.decoding
+        for r in decoding:
+            lane = r.lane
+            assert lane is not None
+            token[n] = r.pending_token
+            pos[n] = len(lane.tokens)
+            seq[n][0] = lane.seq
+            logits[n] = 1
+            r.out_index = n
+            n += 1
+        prefill: RequestState | None = None
+        take = 0
+        if board.prefilling:
+            prefill = board.prefilling.popleft()
+            lane = prefill.lane
+            assert lane is not None
+            start = prefill.prefill_pos
+            take = min(self._chunk, len(prefill.prompt) - start)
+            prompt = prefill.prompt
+            lane_seq = lane.seq
+            for i in range(start, start + take):
+                token[n] = prompt[i]
+                pos[n] = i
+                seq[n][0] = lane_seq
+                logits[n] = 0
+                n += 1
+            if start + take == len(prefill.prompt):
+                logits[n - 1] = 1
+                prefill.out_index = n - 1
+            else:
+                prefill.out_index = -1
+                board.prefilling.append(prefill)  # round-robin: next chunk goes to the next one
+        self._batch.n_tokens = n
+        n_seqs = len(decoding) + (1 if prefill is not None else 0)
+        participants = decoding if prefill is None else [*decoding, prefill]
+        if n_seqs > 1:
+            for r in participants:
+                r.shared_steps += 1
+                if n_seqs > r.max_batch:
+                    r.max_batch = n_seqs
+        else:
+            for r in participants:
+                if r.max_batch < 1:
+                    r.max_batch = 1
+
+        result = self._llama.llama_decode(self._ctx, self._batch)
+        now = time.monotonic()
+        if result != 0:
+            self._decode_failed(participants, aborted=result == DECODE_ABORTED)
+            return
+
+        # The batch is in the KV now: mirror it.
+        for r in decoding:
+            lane = r.lane
+            assert lane is not None
+            lane.tokens.append(r.pending_token)
+        if prefill is not None:
+            lane = prefill.lane
+            assert lane is not None
+            lane.tokens.extend(prefill.prompt[prefill.prefill_pos : prefill.prefill_pos + take])
+            prefill.prefill_pos += take
+            if prefill.out_index < 0:
+                if now - prefill.t_prefill_progress >= PREFILL_PROGRESS_INTERVAL_S:
+                    prefill.t_prefill_progress = now
+                    self.emit(
+                        GenPrefillProgress(
+                            prefill.id,
+                            prefill.prefill_pos - prefill.reused,
+                            len(prefill.prompt) - prefill.reused,
+                        )
+                    )
+            else:
+                prefill.t_prefill_end = now
+                prefill.held_observations.append(
+                    GenPrefillDone(
+                        prefill.id,
+                        prefill.prefill_pos - prefill.reused,
+                        round((now - prefill.t_prefill_start) * 1000.0, 3),
+                    )
+                )
+                prefill.phase = Phase.DECODE
+                decoding.append(prefill)
+
+        for r in list(decoding):
+            if r.out_index < 0:
+                continue
+            try:
+                self._on_logits(r, now)
+            except Exception:  # noqa: BLE001 - one request's failure must not stop the engine
+                self.fail(r)
+        self._check_pressure()
+
+    def _on_logits(self, r: RequestState, now: float) -> None:
+        """Sample ``r``'s next token from this step's logits and stream its text."""
+        llama = self._llama
+        index = r.out_index
+        r.out_index = -1
+        sampler = r.sampler
+        assert sampler is not None
+        token = int(llama.llama_sampler_sample(sampler.pointer, self._ctx, index))
+        r.sampled += 1
+        if self._token_observations:
+            # Opt-in debug evidence: the token's ordinal and timing only, never the token.
+            step_ms = round((now - (r.t_last or r.submitted)) * 1000.0, 3)
+            self.emit(GenToken(r.id, r.sampled - 1, step_ms))
+        r.t_last = now
+        if r.sampled == 1:
+            r.t_first = r.t_progress = now
+            ttft_ms = round((now - r.submitted) * 1000.0, 3)
+            r.held_observations.append(GenFirstToken(r.id, ttft_ms))
+        eog = self._eog.get(token)
+        if eog is None:
+            eog = self._eog[token] = bool(llama.llama_vocab_is_eog(self._vocab, token))
+        if eog:
+            self.finish(r, _COMPLETED, StopReason.EOS)
+            return
+        r.completion_tokens += 1
+        detok = r.detok
+        stops = r.stops
+        assert detok is not None
+        assert stops is not None
+        text = detok.push(token)
+        if stops.active:
+            text, stopped = stops.push(text)
+            if stopped:
+                if text:
+                    self.emit(GenText(r.id, text))
+                self.finish(r, _COMPLETED, StopReason.STOP_STRING)
+                return
+        # A finishing request sends this token's text together with the flushed tail (one
+        # GenText per request per step).
+        if r.completion_tokens >= r.spec.max_tokens:
+            self.finish(r, _COMPLETED, StopReason.LENGTH, text=text)
+            return
+        lane = r.lane
+        assert lane is not None
+        used = len(lane.tokens)
+        if used >= self._ctx_per_lane:
+            # The sampled token has no cell left to be decoded into.
+            self.finish(r, _COMPLETED, StopReason.LENGTH, ReasonCode.CONTEXT_EXHAUSTED, text=text)
+            return
+        if text:
+            self.emit(GenText(r.id, text))
+        if r.held_observations:
+            self._release_observations(r)
+        if now - r.t_progress >= GEN_PROGRESS_INTERVAL_S:
+            r.t_progress = now
+            self.emit(GenProgress(r.id, r.completion_tokens))
+        r.pending_token = token
+        if not r.approaching_sent and used + 1 >= self._approaching_tokens:
+            r.approaching_sent = True
+            self.emit(Kv(KvChange.APPROACHING_LIMIT, used + 1, self._ctx_per_lane, r.id))
+
+    def _decode_failed(self, participants: list[RequestState], aborted: bool = False) -> None:
+        """llama_decode refused or failed: the requests in that batch fail (or, when the native
+        abort callback stopped it, are cancelled); the engine goes on."""
+        for r in list(participants):
+            self.fail(r, aborted)
+
+    def fail(self, r: RequestState, aborted: bool = False) -> None:
+        """Fail ``r`` with internal_runtime_failure (cancelled when ``aborted``) and reset its
+        lane to an empty KV.
+
+        After an error the lane's KV may hold part of a batch, so it is not trusted: a session
+        keeps its lane with no tokens (``session`` trimmed, tokens 0).
+        """
+        lane = r.lane
+        if aborted:
+            self.finish(r, _CANCELLED, StopReason.CANCELLED, ReasonCode.CANCELLATION)
+        else:
+            self.refuse(r, ReasonCode.INTERNAL_RUNTIME_FAILURE)
+        if lane is None or lane.request_id is not None:
+            return
+        lane.tokens.clear()
+        # Best effort: keep serving the other lanes whatever happens here.
+        with contextlib.suppress(Exception):
+            self._llama.llama_memory_seq_rm(self._memory, lane.seq, -1, -1)
+        if lane.session is not None:
+            self._emit_session(lane, lane.session, SessionChange.TRIMMED)
+
+    def finish(
+        self,
+        r: RequestState,
+        outcome: GenerationOutcome,
+        stop_reason: StopReason,
+        reason: ReasonCode | None = None,
+        *,
+        text: str = "",
+    ) -> None:
+        """The single exit of every request: flush text, free, release the lane, GenDone.
+
+        ``text`` is completion text not yet sent (the last token's); it goes out in the same
+        GenText as the flushed tail. A stop-string or failed ending flushes nothing: held-back
+        text of a stop is cut, and a failure's text is not trusted.
+        """
+        if r.phase is Phase.DONE:
+            return
+        phase = r.phase
+        r.phase = Phase.DONE
+        try:
+            if (
+                stop_reason is not StopReason.STOP_STRING
+                and stop_reason is not StopReason.ERROR
+                and r.detok is not None
+                and r.stops is not None
+            ):
+                tail = r.detok.flush()
+                if r.stops.active:
+                    released, _stopped = r.stops.push(tail)
+                    text += released + r.stops.flush()
+                else:
+                    text += tail
+            if text:
+                self.emit(GenText(r.id, text))
+        except Exception:  # noqa: BLE001 - the terminal below must still be sent
+            pass
+        self._release_observations(r)
+        board = self._board
+        board.unlist(r, phase)
+        if r.sampler is not None:
+            r.sampler.close()
+        lane = r.lane
+        if lane is not None and self._lanes.release(lane, time.monotonic()):
+            try:
+                self._clear_lane(lane)
+            except Exception:  # noqa: BLE001 - the terminal below must still be sent
+                lane.tokens.clear()
+        board.untrack(r)
+        message = r.done_message(outcome, stop_reason, reason)
+        self._released(r)
+        self.emit(message)
+
+    def _clear_lane(self, lane: Lane) -> None:
+        if lane.tokens:
+            lane.tokens.clear()
+            self._llama.llama_memory_seq_rm(self._memory, lane.seq, -1, -1)
+
+    def _check_pressure(self) -> None:
+        """Report a pressure crossing (hysteresis in :class:`PressureGauge`); with a unified KV a
+        crossing first evicts idle sessions, which may clear it at once."""
+        used = self._lanes.cells_used()
+        change = self._pressure.observe(used)
+        if change is None:
+            return
+        total = self._cells_total
+        self.emit(Kv(change, used, total))
+        if change is KvChange.PRESSURE_CROSSED and self._unified:
+            used = self._relieve_pressure(used)
+            cleared = self._pressure.observe(used)
+            if cleared is not None:
+                self.emit(Kv(cleared, used, total))
+
+    def _relieve_pressure(self, used: int) -> int:
+        """Unified KV only: idle warm sessions share the pool (and widen every attention window),
+        so evict them least recently used first until usage is back at the low mark.
+
+        With a split KV each lane has its own reserved cells and evicting frees nothing others
+        can use, so warm sessions are kept.
+        """
+        for lane in self._lanes.idle_sessions_lru():
+            if self._pressure.relieved(used):
+                break
+            used -= len(lane.tokens)
+            session = self._lanes.evict(lane)
+            self._emit_session(lane, session, SessionChange.EVICTED, "pressure")
+            self._clear_lane(lane)
+        return used

@@ -1,0 +1,224 @@
+"""Lanes and KV reuse: which sequence of the context a request runs in, and what it keeps.
+
+Pure Python, no llama.cpp: this module decides, the batch engine (``engine/generation.py``)
+applies the decisions to the KV (``llama_memory_seq_rm``) and reports them. Decode thread only.
+
+Invariants the engine keeps with these decisions:
+
+- ``lane.tokens`` is exactly the token sequence stored in that lane's KV (positions
+  ``0..len-1``). A lane without a session and without a request has an empty KV.
+- A lane runs at most one request. A session lives in at most one lane; its request reuses the
+  longest common token prefix of the lane's KV and the new prompt, and prefills only the rest
+  (at least the last prompt token, to get its logits).
+- A request of a session waits for its own lane while that lane is busy; a request that needs a
+  lane takes an idle one without a session first, else displaces the least recently used idle
+  session (``lane_needed``).
+- KV pressure has hysteresis: crossed at ``used >= high * total``, cleared at
+  ``used <= low * total``, never flapping in between.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from skippyctl.engine.protocol import KvChange, SessionChange
+from skippyctl.events.reasons import CacheResult
+
+
+@dataclass(frozen=True, slots=True)
+class KvGeometry:
+    """How many KV cells a context's lanes can use.
+
+    llama.cpp as bundled with llama-cpp-python 0.3.36: ``llama_context_params.kv_unified``
+    defaults to false. Then every sequence gets its own KV stream of ``n_ctx_seq`` cells, where
+    ``n_ctx_seq = pad256(pad256(n_ctx) / n_seq_max)`` and ``n_ctx`` becomes
+    ``n_ctx_seq * n_seq_max`` (``llama_n_ctx_seq`` reports it); sequences beyond ``lanes`` are
+    unusable, so they do not count. With ``kv_unified`` all sequences share one buffer of
+    ``n_ctx`` cells and ``llama_n_ctx_seq == llama_n_ctx``; each lane is then held to an equal
+    share so one long generation cannot make another's decode fail for want of cells.
+    """
+
+    unified: bool
+    tokens_per_lane: int
+    """Most tokens (prompt + completion) one lane's sequence may hold."""
+    cells_total: int
+    """The cells the lanes can use (what KV pressure is measured against)."""
+
+    @classmethod
+    def of(cls, *, n_ctx: int, n_ctx_seq: int, n_seq_max: int, lanes: int) -> KvGeometry:
+        if n_seq_max > 1 and n_ctx_seq >= n_ctx:
+            return cls(True, n_ctx // lanes, n_ctx)
+        return cls(False, n_ctx_seq, n_ctx_seq * lanes)
+
+
+class Lane:
+    """One sequence of the context (seq id = index)."""
+
+    __slots__ = ("last_used", "request_id", "seq", "session", "tokens")
+
+    def __init__(self, seq: int) -> None:
+        self.seq = seq
+        self.tokens: list[int] = []
+        self.session: str | None = None
+        self.request_id: str | None = None
+        """The request running in this lane, if any."""
+        self.last_used = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Pick:
+    lane: Lane
+    displaced: str | None = None
+    """A warm idle session this pick took the lane from (unbound already): the caller reports
+    it evicted (``lane_needed``) with the lane's tokens, then clears the lane's KV."""
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """What a request bound to a lane keeps of the lane's KV."""
+
+    keep: int
+    """Tokens of the lane's KV to keep; the caller trims the KV beyond them."""
+    change: SessionChange | None
+    """``created`` (the session is new to this lane), ``reused`` or ``trimmed`` (its cached
+    tokens go beyond the common prefix); None for a request without a session."""
+
+
+def common_prefix(cached: Sequence[int], prompt: Sequence[int]) -> int:
+    """How many leading tokens ``cached`` and ``prompt`` share."""
+    limit = min(len(cached), len(prompt))
+    common = 0
+    while common < limit and cached[common] == prompt[common]:
+        common += 1
+    return common
+
+
+def cache_result(has_session: bool, kept: int, prompt_tokens: int) -> CacheResult:
+    """``hit``: all but the last prompt token were in the session's KV; ``partial``: some;
+    ``miss``: none (or a new session); ``none``: no session."""
+    if not has_session:
+        return CacheResult.NONE
+    if kept == 0:
+        return CacheResult.MISS
+    if kept == prompt_tokens - 1:
+        return CacheResult.HIT
+    return CacheResult.PARTIAL
+
+
+class LaneTable:
+    """The lanes of one context and the session → lane map."""
+
+    def __init__(self, lanes: int) -> None:
+        if lanes < 1:
+            raise ValueError("lanes must be >= 1")
+        self.lanes = [Lane(seq) for seq in range(lanes)]
+        self._sessions: dict[str, Lane] = {}
+
+    def __len__(self) -> int:
+        return len(self.lanes)
+
+    def all_busy(self) -> bool:
+        return all(lane.request_id is not None for lane in self.lanes)
+
+    def has_session(self, session: str) -> bool:
+        return session in self._sessions
+
+    def cells_used(self) -> int:
+        used = 0
+        for lane in self.lanes:
+            used += len(lane.tokens)
+        return used
+
+    def pick(self, session: str | None) -> Pick | None:
+        """A lane for a request of ``session``, or None when it must wait: its session's own
+        lane (None while busy), else an idle lane without a session, else the least recently
+        used idle lane, whose session is displaced."""
+        if session is not None:
+            own = self._sessions.get(session)
+            if own is not None:
+                return Pick(own) if own.request_id is None else None
+        idle = [lane for lane in self.lanes if lane.request_id is None]
+        if not idle:
+            return None
+        for lane in idle:
+            if lane.session is None:
+                return Pick(lane)
+        # Every idle lane keeps a warm session: displace the least recently used one.
+        lane = min(idle, key=lambda candidate: candidate.last_used)
+        return Pick(lane, self.evict(lane))
+
+    def claim(
+        self, lane: Lane, request_id: str, session: str | None, prompt: Sequence[int]
+    ) -> Claim:
+        """Run ``request_id`` in ``lane`` and decide what of the lane's KV it keeps.
+
+        Decode at least the last prompt token again: its logits are needed."""
+        lane.request_id = request_id
+        if session is None:
+            return Claim(0, None)
+        if lane.session != session:
+            lane.session = session
+            self._sessions[session] = lane
+            return Claim(0, SessionChange.CREATED)
+        common = common_prefix(lane.tokens, prompt)
+        keep = min(common, len(prompt) - 1)
+        diverged = len(lane.tokens) > common
+        return Claim(keep, SessionChange.TRIMMED if diverged else SessionChange.REUSED)
+
+    def release(self, lane: Lane, now: float) -> bool:
+        """The lane's request ended. True when the lane keeps no session (clear its KV)."""
+        lane.request_id = None
+        lane.last_used = now
+        return lane.session is None
+
+    def drop(self, session: str) -> Lane | None:
+        """Forget ``session``; its lane (if it had one), unbound. A busy lane is cleared when its
+        request ends (it then has no session)."""
+        lane = self._sessions.pop(session, None)
+        if lane is not None:
+            lane.session = None
+        return lane
+
+    def evict(self, lane: Lane) -> str:
+        """Unbind the session of ``lane``; that session."""
+        session = lane.session
+        assert session is not None
+        del self._sessions[session]
+        lane.session = None
+        return session
+
+    def idle_sessions_lru(self) -> list[Lane]:
+        """Idle lanes holding a session, least recently used first (pressure relief order)."""
+        return sorted(
+            (lane for lane in self.lanes if lane.request_id is None and lane.session is not None),
+            key=lambda lane: lane.last_used,
+        )
+
+
+class PressureGauge:
+    """KV pressure with hysteresis over ``cells_total`` cells."""
+
+    __slots__ = ("_high_cells", "_low_cells", "pressured")
+
+    def __init__(self, cells_total: int, high: float, low: float) -> None:
+        if not 0.0 < low < high <= 1.0:
+            raise ValueError("need 0 < kv_pressure_low < kv_pressure_high <= 1")
+        self._high_cells = high * cells_total
+        self._low_cells = low * cells_total
+        self.pressured = False
+
+    def observe(self, used: int) -> KvChange | None:
+        """The crossing ``used`` cells make, if any."""
+        if not self.pressured:
+            if used >= self._high_cells:
+                self.pressured = True
+                return KvChange.PRESSURE_CROSSED
+        elif used <= self._low_cells:
+            self.pressured = False
+            return KvChange.PRESSURE_CLEARED
+        return None
+
+    def relieved(self, used: int) -> bool:
+        """Whether ``used`` is at or below the low mark."""
+        return used <= self._low_cells

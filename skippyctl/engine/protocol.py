@@ -1,0 +1,602 @@
+"""The engine protocol: every message of the control channel as a frozen, slotted type.
+
+Two tagged unions, one per direction:
+
+- :data:`Command` (host → engine, tag key ``op``): :class:`Load`, :class:`Generate`,
+  :class:`Cancel`, :class:`DropSession`, :class:`Ping`, :class:`Shutdown`.
+- :data:`EngineMessage` (engine → host, tag key ``msg``): :class:`Hello`, :class:`Pong`,
+  :class:`ProtocolError`, the load replies (:class:`LoadBegun`, :class:`LoadReturned`,
+  :class:`ContextBegun`, :class:`ContextReturned`) and the serving messages
+  (:data:`ServingMessage`: generation observations, :class:`GenDone`, :class:`Kv`,
+  :class:`SessionChanged`).
+
+:func:`encode` turns a message into the JSON payload of one frame; :func:`decode_command` and
+:func:`decode_engine_message` are the same table-driven decoder for each direction. The types are
+the single definition of the wire: a field's name is its key, its annotation says what a decoder
+accepts (exact JSON types, enum values, nested records), and a field whose default is ``None`` is
+absent from the payload while it is ``None``. Decoding is strict — an unknown tag, a missing,
+unknown or ill-typed field, a message of the other direction — and raises
+:class:`MalformedMessage`, never anything else; the error keeps the tag and the request or
+operation id when the payload had them, so the receiver can end that one command. The wire format
+is internal to one host and its engines (not a public contract); it changes with this module.
+
+Privacy (ARCHITECTURE.md section 4): completion text travels only in :attr:`GenText.text`, prompt
+text only in :class:`Generate`, a model path only in :class:`Load` — none of them ever reaches an
+event. Every other message carries counts, durations and logical ids only; no token ids.
+
+Serving messages (sent by ``engine/generation.py``; with serving events off only
+:class:`GenText` and :class:`GenDone`):
+
+- :class:`GenStarted` once a tokenized request got a lane (:class:`CacheResult` of its session).
+- :class:`GenPrefillProgress` (tokens to prefill, reuse excluded) at most every 250 ms per
+  request, none for a shorter prefill; :class:`GenPrefillDone` and :class:`GenFirstToken` (submit
+  to first sampled token) are held back until the first token's text went out, and sent before
+  :class:`GenDone` if the request ends first.
+- :class:`GenText`: new completion text, whole UTF-8 characters only, stop strings held back and
+  cut; at most one per request per decode step.
+- :class:`GenProgress` at most every 500 ms per request; :class:`GenToken` only with debug token
+  events, one per sampled token (its index and the ms since the previous one), never the token.
+- :class:`GenDone`: exactly one per submitted request (see its docstring for the counters).
+- :class:`Kv`: ``initialized`` once; ``pressure_crossed``/``pressure_cleared`` with hysteresis
+  over the cells the lanes can use; ``approaching_limit`` once per request with its lane's numbers.
+- :class:`SessionChanged`: ``created`` (tokens 0), ``reused``/``trimmed`` (tokens kept),
+  ``evicted`` (tokens it held; reason ``lane_needed``, ``pressure`` or the host's drop reason).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Any, Final, Union, cast, get_args, get_origin, get_type_hints
+
+import orjson
+
+from skippyctl.engine.text import ChatMessage
+from skippyctl.events.envelope import StopReason
+from skippyctl.events.reasons import CacheResult, GenerationOutcome, ReasonCode
+
+Payload = dict[str, Any]
+
+
+class MalformedMessage(ValueError):
+    """A frame or payload the receiver cannot use (oversize, not JSON, not a known message).
+
+    The whole frame was consumed: the channel is still in step. ``tag`` and ``correlation_id``
+    (a request or operation id) are set when the payload had them, so the one command or request
+    it belongs to can be ended."""
+
+    def __init__(
+        self, problem: str, tag: str | None = None, correlation_id: str | None = None
+    ) -> None:
+        super().__init__(problem)
+        self.tag = tag
+        self.correlation_id = correlation_id
+
+
+class UnencodableMessage(ValueError):
+    """A message JSON cannot carry (e.g. an integer beyond 64 bits); nothing was written."""
+
+
+# ------------------------------------------------------------------------- host → engine
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """The sampling fields of a request as the host received them. Deliberately unvalidated
+    here: the engine validates them into :class:`~skippyctl.engine.sampling.SamplingParams` and
+    fails that one request when they are out of range."""
+
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    seed: int | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """Load a model and create its serving context (replies: load_begun, load_returned, then
+    context_begun, context_returned when the model loaded)."""
+
+    operation_id: str
+    native_operation: int
+    serving_operation: int
+    """Native scope the engine keeps open while it serves (its abort callback watches it)."""
+    path: str
+    context_tokens: int | None
+    lanes: int
+    gpu_layers: int
+
+
+@dataclass(frozen=True, slots=True)
+class Generate:
+    """One generation; exactly one of ``prompt`` / ``messages`` (checked by the engine)."""
+
+    request_id: str
+    prompt: str | None = None
+    messages: tuple[ChatMessage, ...] | None = None
+    session: str | None = None
+    max_tokens: int = 128
+    stop: tuple[str, ...] = ()
+    sampling: Sampling = Sampling()
+    timeout_s: float | None = None
+    """Left of the request's deadline when it was sent; the engine keeps it from receipt."""
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class DropSession:
+    session: str
+    reason: str = "dropped"
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    """Answered with :class:`Pong` by the engine's main thread (never its decode thread)."""
+
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Shutdown:
+    pass
+
+
+Command = Load | Generate | Cancel | DropSession | Ping | Shutdown
+
+
+# ------------------------------------------------------------------------- engine → host
+
+
+class KvChange(StrEnum):
+    INITIALIZED = "initialized"
+    PRESSURE_CROSSED = "pressure_crossed"
+    PRESSURE_CLEARED = "pressure_cleared"
+    APPROACHING_LIMIT = "approaching_limit"
+
+
+class SessionChange(StrEnum):
+    CREATED = "created"
+    REUSED = "reused"
+    TRIMMED = "trimmed"
+    """Cached tokens beyond the common prefix were cut, or the lane was reset after a failure."""
+    EVICTED = "evicted"
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    pid: int
+    native: bool
+    native_problem: str | None
+    features: int
+
+
+@dataclass(frozen=True, slots=True)
+class Pong:
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class ProtocolError:
+    """The engine could not use a frame the host sent (it carries on); ``count`` so far."""
+
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class LoadBegun:
+    operation_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class LoadReturned:
+    operation_id: str
+    ok: bool
+    duration_ms: float | None = None
+    model_size_bytes: int | None = None
+    parameters: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ContextBegun:
+    operation_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ContextReturned:
+    operation_id: str
+    ok: bool
+    context_tokens: int | None = None
+    lanes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GenStarted:
+    request_id: str
+    lane: int
+    session: str | None
+    prompt_tokens: int
+    reused_tokens: int
+    cache: CacheResult
+
+
+@dataclass(frozen=True, slots=True)
+class GenText:
+    request_id: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class GenPrefillProgress:
+    request_id: str
+    done: int
+    total: int
+
+
+@dataclass(frozen=True, slots=True)
+class GenPrefillDone:
+    request_id: str
+    tokens: int
+    ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class GenFirstToken:
+    request_id: str
+    ttft_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class GenProgress:
+    request_id: str
+    generated: int
+
+
+@dataclass(frozen=True, slots=True)
+class GenToken:
+    request_id: str
+    index: int
+    step_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class GenDone:
+    """The one terminal of a submitted request.
+
+    ``completion_tokens`` excludes an end-of-generation token. ``decode_ms`` spans first to last
+    sampled token and ``decode_tokens_per_s`` is the inter-token rate over it (None with fewer
+    than two tokens); ``ttft_ms`` and ``prefill_tokens_per_s`` are None when not applicable.
+    ``shared_steps`` counts this request's steps whose batch held another request; ``max_batch``
+    is the most sequences in one of its batches. A generation that fills its lane ends
+    completed/length with reason ``context_exhausted``; a prompt longer than a lane fails with it
+    before any decode."""
+
+    request_id: str
+    outcome: GenerationOutcome
+    reason: ReasonCode | None
+    stop_reason: StopReason
+    prompt_tokens: int
+    completion_tokens: int
+    reused_tokens: int
+    prefill_ms: float
+    decode_ms: float
+    ttft_ms: float | None
+    prefill_tokens_per_s: float | None
+    decode_tokens_per_s: float | None
+    shared_steps: int
+    max_batch: int
+
+    @classmethod
+    def refused(cls, request_id: str, reason: ReasonCode) -> GenDone:
+        """The terminal of a request that never started (nothing counted)."""
+        return cls(
+            request_id,
+            GenerationOutcome.FAILED,
+            reason,
+            StopReason.ERROR,
+            prompt_tokens=0,
+            completion_tokens=0,
+            reused_tokens=0,
+            prefill_ms=0.0,
+            decode_ms=0.0,
+            ttft_ms=None,
+            prefill_tokens_per_s=None,
+            decode_tokens_per_s=None,
+            shared_steps=0,
+            max_batch=0,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Kv:
+    event: KvChange
+    cells_used: int
+    cells_total: int
+    request_id: str | None = None
+    """Only with ``approaching_limit``: the request whose lane it is."""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionChanged:
+    session: str
+    event: SessionChange
+    lane: int
+    tokens: int
+    reason: str | None = None
+    """Only with ``evicted``: a short snake_case word."""
+
+
+RequestObservation = (
+    GenStarted
+    | GenText
+    | GenPrefillProgress
+    | GenPrefillDone
+    | GenFirstToken
+    | GenProgress
+    | GenToken
+)
+"""What the engine says about one running request before its :class:`GenDone`."""
+ServingMessage = RequestObservation | GenDone | Kv | SessionChanged
+"""Everything the supervisor hands to the engine's listener (the scheduler)."""
+EngineMessage = (
+    Hello
+    | Pong
+    | ProtocolError
+    | LoadBegun
+    | LoadReturned
+    | ContextBegun
+    | ContextReturned
+    | ServingMessage
+)
+Message = Command | EngineMessage
+
+
+# ------------------------------------------------------------------------- the codec
+
+
+@dataclass(frozen=True, slots=True)
+class _Field:
+    name: str
+    convert: Callable[[object], object]
+    required: bool
+    omit_if_none: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Spec:
+    cls: type
+    key: str
+    """The tag key: ``op`` for commands, ``msg`` for engine messages."""
+    tag: str
+    fields: tuple[_Field, ...]
+    names: tuple[str, ...]
+    omit_if_none: tuple[str, ...]
+    by_name: dict[str, _Field]
+
+
+def _exact(kind: type) -> Callable[[object], object]:
+    def convert(value: object) -> object:
+        # bool is an int subclass, and an int is not a str: only the exact JSON type passes.
+        if type(value) is not kind:
+            raise TypeError(f"expected {kind.__name__}")
+        return value
+
+    return convert
+
+
+def _float(value: object) -> float:
+    if type(value) is float or type(value) is int:
+        return float(value)
+    raise TypeError("expected a number")
+
+
+def _enum(kind: type[StrEnum]) -> Callable[[object], object]:
+    def convert(value: object) -> object:
+        if type(value) is not str:
+            raise TypeError(f"expected a {kind.__name__} value")
+        return kind(value)  # ValueError for a value outside the enum
+
+    return convert
+
+
+def _optional(inner: Callable[[object], object]) -> Callable[[object], object]:
+    return lambda value: None if value is None else inner(value)
+
+
+def _array(value: object) -> list[object]:
+    if type(value) is not list:
+        raise TypeError("expected an array")
+    return value
+
+
+def _converter(hint: object) -> Callable[[object], object]:
+    """The decoder of one annotated field; TypeError at import for a type the wire cannot take."""
+    if hint is float:
+        return _float
+    if hint in (str, int, bool):
+        assert isinstance(hint, type)
+        return _exact(hint)
+    if isinstance(hint, type) and issubclass(hint, StrEnum):
+        return _enum(hint)
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        return _record(hint)
+    origin, args = get_origin(hint), get_args(hint)
+    if origin in (Union, types.UnionType) and len(args) == 2 and type(None) in args:
+        (inner,) = (a for a in args if a is not type(None))
+        return _optional(_converter(inner))
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        item = _converter(args[0])
+        return lambda value: tuple(item(v) for v in _array(value))
+    if origin is tuple and Ellipsis not in args:
+        items = tuple(_converter(a) for a in args)
+
+        def fixed(value: object) -> tuple[object, ...]:
+            values = _array(value)
+            if len(values) != len(items):
+                raise TypeError(f"expected {len(items)} items")
+            return tuple(c(v) for c, v in zip(items, values, strict=True))
+
+        return fixed
+    raise TypeError(f"no wire form for {hint!r}")
+
+
+def _fields_of(cls: type) -> tuple[_Field, ...]:
+    hints = get_type_hints(cls)
+    fields = []
+    for f in dataclasses.fields(cls):
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        fields.append(
+            _Field(f.name, _converter(hints[f.name]), required, not required and f.default is None)
+        )
+    return tuple(fields)
+
+
+def _build(cls: type, fields: tuple[_Field, ...], payload: dict[str, object]) -> object:
+    values = {}
+    for f in fields:
+        if f.name in payload:
+            values[f.name] = f.convert(payload[f.name])
+        elif f.required:
+            raise KeyError(f.name)
+    return cls(**values)
+
+
+def _record(cls: type) -> Callable[[object], object]:
+    """A nested record (ChatMessage, Sampling): a JSON object with exactly its fields."""
+    fields = _fields_of(cls)
+    names = {f.name for f in fields}
+
+    def convert(value: object) -> object:
+        if type(value) is not dict:
+            raise TypeError(f"expected a {cls.__name__} object")
+        if not value.keys() <= names:
+            raise TypeError(f"unknown {cls.__name__} field")
+        return _build(cls, fields, value)
+
+    return convert
+
+
+def _spec(key: str, tag: str, cls: type) -> _Spec:
+    fields = _fields_of(cls)
+    return _Spec(
+        cls,
+        key,
+        tag,
+        fields,
+        tuple(f.name for f in fields),
+        tuple(f.name for f in fields if f.omit_if_none),
+        {f.name: f for f in fields},
+    )
+
+
+_COMMANDS: Final = {
+    s.tag: s
+    for s in (
+        _spec("op", "load", Load),
+        _spec("op", "generate", Generate),
+        _spec("op", "cancel", Cancel),
+        _spec("op", "drop_session", DropSession),
+        _spec("op", "ping", Ping),
+        _spec("op", "shutdown", Shutdown),
+    )
+}
+_ENGINE_MESSAGES: Final = {
+    s.tag: s
+    for s in (
+        _spec("msg", "hello", Hello),
+        _spec("msg", "pong", Pong),
+        _spec("msg", "protocol_error", ProtocolError),
+        _spec("msg", "load_begun", LoadBegun),
+        _spec("msg", "load_returned", LoadReturned),
+        _spec("msg", "context_begun", ContextBegun),
+        _spec("msg", "context_returned", ContextReturned),
+        _spec("msg", "gen_started", GenStarted),
+        _spec("msg", "gen_text", GenText),
+        _spec("msg", "gen_prefill_progress", GenPrefillProgress),
+        _spec("msg", "gen_prefill_done", GenPrefillDone),
+        _spec("msg", "gen_first_token", GenFirstToken),
+        _spec("msg", "gen_progress", GenProgress),
+        _spec("msg", "gen_token", GenToken),
+        _spec("msg", "gen_done", GenDone),
+        _spec("msg", "kv", Kv),
+        _spec("msg", "session", SessionChanged),
+    )
+}
+_BY_TYPE: Final[dict[type, _Spec]] = {
+    s.cls: s for s in (*_COMMANDS.values(), *_ENGINE_MESSAGES.values())
+}
+_CORRELATION_FIELDS: Final = ("request_id", "operation_id")
+TAGS: Final[Mapping[type, str]] = MappingProxyType(
+    {cls: spec.tag for cls, spec in _BY_TYPE.items()}
+)
+"""Each message type's wire tag (the value of its ``op`` or ``msg`` key)."""
+
+
+def tag_of(message: Message) -> str:
+    """The wire tag of ``message`` (``"gen_done"``, ``"load"`` …)."""
+    return _BY_TYPE[type(message)].tag
+
+
+def encode(message: Message) -> bytes:
+    """The JSON payload of one frame for ``message``. :class:`UnencodableMessage` for a value
+    JSON cannot carry (an integer beyond 64 bits); nothing else raises for a well-typed message."""
+    spec = _BY_TYPE[type(message)]
+    payload: Payload = {spec.key: spec.tag}
+    for name in spec.names:
+        payload[name] = getattr(message, name)
+    for name in spec.omit_if_none:
+        if payload[name] is None:
+            del payload[name]
+    try:
+        return orjson.dumps(payload)
+    except orjson.JSONEncodeError as error:
+        raise UnencodableMessage(str(error)) from error
+
+
+def decode_command(payload: bytes) -> Command:
+    """The command in one frame's payload; :class:`MalformedMessage` for anything else."""
+    # _decode built one of _COMMANDS' classes: exactly the members of Command.
+    return cast(Command, _decode(payload, "op", _COMMANDS))
+
+
+def decode_engine_message(payload: bytes) -> EngineMessage:
+    """The engine message in one frame's payload; :class:`MalformedMessage` for anything else."""
+    # _decode built one of _ENGINE_MESSAGES' classes: exactly the members of EngineMessage.
+    return cast(EngineMessage, _decode(payload, "msg", _ENGINE_MESSAGES))
+
+
+def _decode(payload: bytes, key: str, specs: dict[str, _Spec]) -> object:
+    try:
+        value = orjson.loads(payload)
+    except orjson.JSONDecodeError as error:
+        raise MalformedMessage("control frame is not JSON") from error
+    if type(value) is not dict:
+        raise MalformedMessage("control message is not an object")
+    tag = value.get(key)
+    spec = specs.get(tag) if type(tag) is str else None
+    if spec is None:
+        raise MalformedMessage(f"unknown control message {key}")
+    assert isinstance(tag, str)
+    correlation = None
+    for name in _CORRELATION_FIELDS:
+        candidate = value.get(name)
+        if name in spec.by_name and type(candidate) is str:
+            correlation = candidate
+    fields = {k: v for k, v in value.items() if k != key}
+    try:
+        if not fields.keys() <= spec.by_name.keys():
+            raise KeyError("unknown field")
+        return _build(spec.cls, spec.fields, fields)
+    except (KeyError, TypeError, ValueError) as error:
+        # A fixed phrase: never echo the payload (it may hold prompt text).
+        raise MalformedMessage(f"ill-formed {tag} message", tag, correlation) from error

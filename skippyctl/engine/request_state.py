@@ -1,0 +1,254 @@
+"""Request state in the batch engine: what was asked, where it is, what it has counted.
+
+:class:`GenerateRequest` is what a caller submits (the worker builds it from a
+:class:`~skippyctl.engine.protocol.Generate` command). :class:`RequestState` is its mutable state
+from submit to its one ``gen_done``: phase, prompt, sampler, counters, timings, the observations
+held back until its first text went out. :class:`RequestBoard` holds the live requests by phase
+and counts those with a deadline, so the per-step path skips deadline checks when there are none.
+
+Pure Python (no llama.cpp); decode thread only, except :class:`RequestState` construction in
+``submit``. Nothing here holds prompt text beyond the request spec itself, and the messages built
+here (:meth:`RequestState.done_message`) carry counts and durations only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections import deque
+from dataclasses import dataclass
+from enum import StrEnum
+
+from skippyctl.engine.lanes import Lane
+from skippyctl.engine.protocol import GenDone, GenFirstToken, GenPrefillDone
+from skippyctl.engine.sampling import SamplerChain, SamplingParams
+from skippyctl.engine.text import ChatMessage, Detokenizer, StopMatcher
+from skippyctl.events.envelope import StopReason
+from skippyctl.events.reasons import GenerationOutcome, ReasonCode
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateRequest:
+    """One generation. Exactly one of ``prompt`` / ``messages`` must be set.
+
+    Construction never raises: :meth:`BatchEngine.submit` validates and answers an invalid request
+    with ``gen_done`` (failed, invalid_configuration), so every submitted request has a terminal.
+    ``session`` is an opaque host-chosen id (never derived from content); ``None`` means no KV
+    reuse. ``deadline_mono_s`` is a ``time.monotonic()`` instant for the whole request.
+    """
+
+    request_id: str
+    prompt: str | None = None
+    messages: tuple[ChatMessage, ...] | None = None
+    session: str | None = None
+    max_tokens: int = 128
+    stop: tuple[str, ...] = ()
+    sampling: SamplingParams = SamplingParams()
+    deadline_mono_s: float | None = None
+
+
+def validation_error(request: GenerateRequest) -> str | None:
+    """Why ``request`` is invalid (a fixed phrase, never request content), or ``None``."""
+    if not isinstance(request.request_id, str) or not request.request_id:
+        return "request_id"
+    if (request.prompt is None) == (request.messages is None):
+        return "exactly one of prompt and messages"
+    if request.prompt is not None and not isinstance(request.prompt, str):
+        return "prompt"
+    if request.messages is not None and (
+        not isinstance(request.messages, tuple)
+        or not request.messages
+        or not all(isinstance(m, ChatMessage) for m in request.messages)
+    ):
+        return "messages"
+    if request.session is not None and (
+        not isinstance(request.session, str) or not request.session
+    ):
+        return "session"
+    if (
+        not isinstance(request.max_tokens, int)
+        or isinstance(request.max_tokens, bool)
+        or request.max_tokens < 1
+    ):
+        return "max_tokens"
+    if not isinstance(request.stop, tuple) or not all(isinstance(s, str) for s in request.stop):
+        return "stop"
+    if not isinstance(request.sampling, SamplingParams):
+        return "sampling"
+    deadline = request.deadline_mono_s
+    if deadline is not None and (
+        not isinstance(deadline, int | float) or isinstance(deadline, bool) or math.isnan(deadline)
+    ):
+        return "deadline"
+    return None
+
+
+class Phase(StrEnum):
+    QUEUED = "queued"
+    PREFILL = "prefill"
+    DECODE = "decode"
+    DONE = "done"
+
+
+class RequestState:
+    """Mutable state of one submitted request. Created by ``submit``, then decode thread only."""
+
+    __slots__ = (
+        "approaching_sent",
+        "completion_tokens",
+        "deadline",
+        "detok",
+        "error",
+        "held_observations",
+        "id",
+        "lane",
+        "max_batch",
+        "out_index",
+        "pending_token",
+        "phase",
+        "prompt_count",
+        "prefill_pos",
+        "prompt",
+        "reused",
+        "sampled",
+        "sampler",
+        "shared_steps",
+        "spec",
+        "stops",
+        "submitted",
+        "t_first",
+        "t_last",
+        "t_prefill_end",
+        "t_prefill_progress",
+        "t_prefill_start",
+        "t_progress",
+    )
+
+    def __init__(self, spec: GenerateRequest, submitted: float, error: str | None) -> None:
+        self.spec = spec
+        self.id = spec.request_id
+        self.submitted = submitted
+        self.error = error
+        self.deadline: float | None = None if error else spec.deadline_mono_s
+        self.phase = Phase.QUEUED
+        self.lane: Lane | None = None
+        self.prompt: list[int] = []
+        self.prompt_count: int | None = None
+        """The prompt's token count when it was refused without keeping its tokens."""
+        self.reused = 0
+        self.prefill_pos = 0
+        self.sampler: SamplerChain | None = None
+        self.detok: Detokenizer | None = None
+        self.stops: StopMatcher | None = None
+        self.pending_token = -1
+        self.out_index = -1
+        self.completion_tokens = 0
+        self.sampled = 0
+        self.held_observations: list[GenPrefillDone | GenFirstToken] = []
+        """Sent after the first token's text (the client's first text must not wait for the
+        host to turn them into events), and before gen_done if the request ends first."""
+        self.shared_steps = 0
+        self.max_batch = 0
+        self.approaching_sent = False
+        self.t_prefill_start = 0.0
+        self.t_prefill_end = 0.0
+        self.t_prefill_progress = 0.0
+        self.t_first = 0.0
+        self.t_last = 0.0
+        self.t_progress = 0.0
+
+    def take_held(self) -> list[GenPrefillDone | GenFirstToken]:
+        """The held-back observations, in order; none are held afterwards."""
+        held, self.held_observations = self.held_observations, []
+        return held
+
+    def done_message(
+        self,
+        outcome: GenerationOutcome,
+        stop_reason: StopReason,
+        reason: ReasonCode | None = None,
+    ) -> GenDone:
+        """This request's terminal with its counters (see :class:`GenDone`)."""
+        if reason is None and outcome is GenerationOutcome.CANCELLED:
+            reason = ReasonCode.CANCELLATION
+        elif reason is None and outcome is GenerationOutcome.TIMED_OUT:
+            reason = ReasonCode.TIMEOUT
+        prefill_s = 0.0
+        if self.t_prefill_start:
+            prefill_s = (self.t_prefill_end or time.monotonic()) - self.t_prefill_start
+        prefilled = self.prefill_pos - self.reused
+        decode_s = self.t_last - self.t_first if self.sampled >= 2 else 0.0
+        return GenDone(
+            request_id=self.id,
+            outcome=outcome,
+            reason=reason,
+            stop_reason=stop_reason,
+            prompt_tokens=len(self.prompt) if self.prompt_count is None else self.prompt_count,
+            completion_tokens=self.completion_tokens,
+            reused_tokens=self.reused,
+            prefill_ms=round(prefill_s * 1000.0, 3),
+            decode_ms=round(decode_s * 1000.0, 3),
+            ttft_ms=round((self.t_first - self.submitted) * 1000.0, 3) if self.sampled else None,
+            prefill_tokens_per_s=round(prefilled / prefill_s, 2) if prefill_s > 0 else None,
+            # Inter-token rate: tokens after the first over the time between first and last.
+            decode_tokens_per_s=round((self.sampled - 1) / decode_s, 2) if decode_s > 0 else None,
+            shared_steps=self.shared_steps,
+            max_batch=self.max_batch,
+        )
+
+
+class RequestBoard:
+    """The live requests of one engine: by id, and by phase in FIFO lists. Decode thread only.
+
+    A request is *tracked* from acceptance to its terminal (``by_id``); it is on exactly one
+    phase list while it waits (``queue``), prefills (``prefilling``, round-robin) or decodes
+    (``decoding``) — except transiently, while the decode thread holds it popped."""
+
+    __slots__ = ("by_id", "decoding", "prefilling", "queue", "with_deadline")
+
+    def __init__(self) -> None:
+        self.by_id: dict[str, RequestState] = {}
+        self.with_deadline = 0
+        """Tracked requests with a deadline: the step loop skips :meth:`expired` when 0."""
+        self.queue: deque[RequestState] = deque()
+        self.prefilling: deque[RequestState] = deque()
+        self.decoding: list[RequestState] = []
+
+    def track(self, r: RequestState) -> None:
+        self.by_id[r.id] = r
+        if r.deadline is not None:
+            self.with_deadline += 1
+
+    def untrack(self, r: RequestState) -> None:
+        if self.by_id.pop(r.id, None) is not None and r.deadline is not None:
+            self.with_deadline -= 1
+
+    def unlist(self, r: RequestState, phase: Phase) -> None:
+        """Take ``r`` off the list of ``phase`` (it may be off already: popped for admission or
+        for a prefill chunk)."""
+        with contextlib.suppress(ValueError):
+            if phase is Phase.QUEUED:
+                self.queue.remove(r)
+            elif phase is Phase.PREFILL:
+                self.prefilling.remove(r)
+            elif phase is Phase.DECODE:
+                self.decoding.remove(r)
+
+    def running(self) -> tuple[RequestState, ...]:
+        """Requests holding a lane (prefilling or decoding)."""
+        return (*self.prefilling, *self.decoding)
+
+    def orphans(self) -> list[RequestState]:
+        """Tracked requests on no list (a failure left them between lists)."""
+        listed = {id(r) for r in (*self.queue, *self.prefilling, *self.decoding)}
+        return [r for r in self.by_id.values() if id(r) not in listed]
+
+    def expired(self, now: float) -> list[RequestState]:
+        """Listed requests whose deadline is at or before ``now``."""
+        expired: list[RequestState] = []
+        for group in (self.queue, self.prefilling, self.decoding):
+            for r in group:
+                if r.deadline is not None and now >= r.deadline:
+                    expired.append(r)
+        return expired

@@ -1,0 +1,520 @@
+"""Per-model admission: the bounded queue in front of one engine's lanes, and every terminal.
+
+A :class:`ModelServer` admits at most `lanes` requests into its engine at once; the rest wait in a
+bounded FIFO (`max_queue`); beyond it a request is rejected at once (`request_rejected`,
+`reservation_exhausted`, HTTP 429). Every request gets exactly one terminal event and exactly
+one `Finished` chunk, whatever happens: completion, cancellation (client gone, forced unload),
+timeout (in the queue or in the engine), engine crash (`process_crash`).
+
+It talks to its engine through :class:`EngineLink` (the supervisor's ``EngineProcess`` is one;
+the unit tests use an in-memory double) and to its owner (the scheduler, which routes model ids
+to servers and keeps sessions) through :class:`ServerOwner`; the translation of what the engine
+says into events is ``runtime/observations.py``.
+
+Threads: engine messages arrive on the engine's reader thread
+(:meth:`ModelServer.on_engine_message`);
+callers submit from API handlers; the scheduler's housekeeping thread expires deadlines and
+checks liveness. One lock guards the queue and running set; events are submitted (nonblocking)
+and commands queued (`EngineLink.send` never blocks), never waited on under it.
+
+Invariants:
+
+- Whoever removes a request from the running set (under the lock) — its `GenDone`, the host-side
+  deadline, the engine's exit — is the only one that emits its terminal events and delivers its
+  `Finished`. Exactly once, whatever order they race in.
+- Deadlines are kept by the host whatever the engine does (stopped, stuck in a decode): a running
+  request still running `HOST_DEADLINE_GRACE_S` after its deadline is ended here (timed_out), its
+  host lane is freed at once and the engine is told to cancel it. The engine's later messages for
+  it, `GenDone` included, are ignored (`_abandoned`), so nothing is emitted or freed twice.
+- A request whose engine command would exceed the control channel's frame limit is refused at
+  admission (`context_exhausted`; `invalid_configuration` for a value JSON cannot carry, such as
+  a seed beyond 64 bits): no request can break the channel.
+- An engine that sends nothing (not even a `Pong`) for `unresponsive_after_s` while its model
+  serves is reported once with `model_degraded` (reason `timeout`), and with
+  `model_recovery_completed` when it is heard again.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Final, Protocol, assert_never
+
+from skippyctl.engine.channel import (
+    MAX_MESSAGE_BYTES,
+    MessageTooLarge,
+    UnencodableMessage,
+    encode_frame,
+)
+from skippyctl.engine.protocol import (
+    Cancel,
+    Command,
+    GenDone,
+    GenFirstToken,
+    GenPrefillDone,
+    GenPrefillProgress,
+    GenProgress,
+    GenStarted,
+    GenText,
+    GenToken,
+    Kv,
+    ServingMessage,
+    SessionChanged,
+)
+from skippyctl.events.catalog import EventId
+from skippyctl.events.envelope import LogicalId, Scope, StopReason, make_event, summaries
+from skippyctl.events.reasons import GenerationOutcome, Outcome, ReasonCode
+from skippyctl.runtime.observations import (
+    KV_EVENTS,
+    SESSION_EVENTS,
+    Emission,
+    ServingEvents,
+    done_emissions,
+    host_ended_emissions,
+    host_stop_reason,
+    observation_emissions,
+    unstarted_emission,
+)
+from skippyctl.runtime.requests import Finished, RequestHandle, TextChunk
+
+HOST_DEADLINE_GRACE_S: Final = 0.2
+"""The engine ends a request at its deadline itself (with its token counts); the host ends it this
+much later if the engine has not (stopped, stuck in a long decode)."""
+_FRAME_MARGIN_BYTES: Final = 256
+"""Admission checks the command with this margin: the timeout it carries is recomputed at start."""
+_REJECTED: Final = "rejected"
+
+
+class EngineLink(Protocol):
+    """What admission needs of a running engine."""
+
+    @property
+    def serving(self) -> bool:
+        """The engine has a serving context and has not exited."""
+        ...
+
+    def send(self, command: Command) -> bool:
+        """Queue a command without blocking; False if the engine is gone. Raises
+        MessageTooLarge / UnencodableMessage for a command that cannot be framed."""
+        ...
+
+    def silent_for_s(self, now_ns: int | None = None) -> float: ...
+    def ping(self) -> bool: ...
+    def abort_decode(self) -> None: ...
+
+
+class ServerOwner(Protocol):
+    """What a model server tells its owner (the scheduler)."""
+
+    def session_released(self, handle: RequestHandle) -> None: ...
+    def server_exited(self, server: ModelServer) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Liveness:
+    heartbeat_interval_s: float
+    """A serving engine silent this long is pinged."""
+    unresponsive_after_s: float
+    """A serving engine silent this long (no pong, no message) is reported degraded."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """Why a request was refused before it reached a lane."""
+
+    status: int
+    reason: ReasonCode
+    message: str
+    retry_after_s: int | None = None
+
+
+class ModelServer:
+    """One loaded model: its engine, admission queue and running requests."""
+
+    def __init__(
+        self,
+        model_id: LogicalId,
+        lanes: int,
+        max_queue: int,
+        events: ServingEvents,
+        liveness: Liveness,
+        owner: ServerOwner,
+    ) -> None:
+        self.model_id = model_id
+        self.lanes = lanes
+        self.max_queue = max_queue
+        self.events = events
+        self.liveness = liveness
+        self.owner = owner
+        self.engine: EngineLink | None = None
+        self.accepting = True
+        self._lock = threading.Lock()
+        self._queued: deque[RequestHandle] = deque()
+        self._running: dict[str, RequestHandle] = {}
+        self._abandoned: set[str] = set()
+        """Ended by the host while the engine still ran them; their late messages are ignored."""
+        self.idle = threading.Condition(self._lock)
+        self.unresponsive = False
+        self._unresponsive_since_ns = 0
+
+    def _emit(self, handle: RequestHandle, *emissions: Emission | Iterable[Emission]) -> None:
+        flat: list[Emission] = []
+        for item in emissions:
+            if isinstance(item, Emission):
+                flat.append(item)
+            else:
+                flat.extend(item)
+        self.events.request(handle, flat)
+
+    # -- admission ------------------------------------------------------------------------------
+    def submit(self, handle: RequestHandle) -> Rejection | None:
+        self._emit(handle, Emission(EventId.REQUEST_RECEIVED))
+        unframable = _unframable(handle)
+        with self._lock:
+            if unframable is not None:
+                rejection = unframable
+            elif not self.accepting or self.engine is None:
+                rejection = Rejection(503, ReasonCode.STAGE_UNAVAILABLE, "model is not serving")
+            elif len(self._running) < self.lanes and not self._queued:
+                self._start_locked(handle)
+                return None
+            elif len(self._queued) < self.max_queue:
+                self._queued.append(handle)
+                depth = len(self._queued)
+                self._emit(handle, Emission(EventId.REQUEST_QUEUED, summaries(queue_depth=depth)))
+                return None
+            else:
+                rejection = Rejection(
+                    429,
+                    ReasonCode.RESERVATION_EXHAUSTED,
+                    f"queue full ({self.max_queue} waiting); retry later",
+                    retry_after_s=1,
+                )
+        if rejection.reason is ReasonCode.CONTEXT_EXHAUSTED:
+            self._emit(handle, Emission(EventId.CONTEXT_EXHAUSTED, reason=rejection.reason))
+        rejected = Emission(
+            EventId.REQUEST_REJECTED,
+            summaries(queue_capacity=self.max_queue),
+            outcome=Outcome.REJECTED,
+            reason=rejection.reason,
+        )
+        self._emit(handle, rejected)
+        handle.deliver(Finished(_REJECTED, rejection.reason, None))
+        return rejection
+
+    def _start_locked(self, handle: RequestHandle) -> None:
+        now = time.monotonic_ns()
+        handle.admitted_mono_ns = now
+        wait_ms = round((now - handle.received_mono_ns) / 1e6, 3)
+        self._emit(handle, Emission(EventId.REQUEST_ADMITTED, summaries(queue_wait_ms=wait_ms)))
+        self._running[str(handle.request_id)] = handle
+        in_use = summaries(lanes_in_use=len(self._running))
+        self._emit(handle, Emission(EventId.REQUEST_EXECUTION_STARTED, in_use))
+        timeout = handle.params.timeout_s
+        if timeout is not None:
+            elapsed = (now - handle.received_mono_ns) / 1e9
+            timeout = max(0.001, timeout - elapsed)
+        command = handle.params.engine_command(handle.request_id, handle.session_id, timeout)
+        assert self.engine is not None
+        # If the engine is already gone the send fails silently: its exit handler fails
+        # everything in `_running`, this request included, so it still gets its one terminal.
+        try:
+            self.engine.send(command)
+        except (MessageTooLarge, UnencodableMessage) as error:
+            # Admission checked the same command with a margin, so this is not expected; still,
+            # the request gets its terminal (off this thread: the server lock is held here).
+            reason = (
+                ReasonCode.CONTEXT_EXHAUSTED
+                if isinstance(error, MessageTooLarge)
+                else ReasonCode.INVALID_CONFIGURATION
+            )
+            threading.Thread(
+                target=self._end_running,
+                args=(str(handle.request_id), GenerationOutcome.FAILED, reason),
+                name=f"skippy-refuse-{handle.request_id}",
+                daemon=True,
+            ).start()
+
+    def _next_locked(self) -> None:
+        while self._queued and len(self._running) < self.lanes and self.accepting:
+            self._start_locked(self._queued.popleft())
+        if not self._running:
+            self.idle.notify_all()
+
+    def cancel(self, request_id: str, reason: ReasonCode = ReasonCode.CANCELLATION) -> None:
+        """Cancel a queued or running request (the client went away, or an unload forces it)."""
+        with self._lock:
+            queued = next((h for h in self._queued if str(h.request_id) == request_id), None)
+            if queued is not None:
+                self._queued.remove(queued)
+            running = self._running.get(request_id)
+        if queued is not None:
+            self._finish_unstarted(queued, reason)
+        elif running is not None and self.engine is not None:
+            self.engine.send(Cancel(request_id))
+
+    def _finish_unstarted(self, handle: RequestHandle, reason: ReasonCode) -> None:
+        duration = round((time.monotonic_ns() - handle.received_mono_ns) / 1e6, 3)
+        self._emit(handle, unstarted_emission(reason, duration))
+        outcome = (
+            GenerationOutcome.TIMED_OUT
+            if reason is ReasonCode.TIMEOUT
+            else GenerationOutcome.CANCELLED
+        )
+        handle.deliver(Finished(outcome, reason, None))
+
+    def expire_queued(self, now_ns: int) -> None:
+        expired: list[RequestHandle] = []
+        with self._lock:
+            for handle in list(self._queued):
+                timeout = handle.params.timeout_s
+                if timeout is not None and now_ns - handle.received_mono_ns > timeout * 1e9:
+                    self._queued.remove(handle)
+                    expired.append(handle)
+        for handle in expired:
+            self._finish_unstarted(handle, ReasonCode.TIMEOUT)
+
+    def expire_running(self, now_ns: int) -> None:
+        """End, on the host, running requests whose engine has not ended them by their
+        deadline (plus a short grace for the engine's own, better-informed terminal)."""
+        with self._lock:
+            expired = [
+                request_id
+                for request_id, handle in self._running.items()
+                if (deadline := _host_deadline_ns(handle)) is not None and now_ns >= deadline
+            ]
+        for request_id in expired:
+            self._end_running(request_id, GenerationOutcome.TIMED_OUT, ReasonCode.TIMEOUT)
+
+    def next_deadline_ns(self) -> int | None:
+        """The earliest host-side deadline of a queued or running request."""
+        with self._lock:
+            deadlines = [
+                d for h in self._running.values() if (d := _host_deadline_ns(h)) is not None
+            ]
+            deadlines += [
+                h.received_mono_ns + int(h.params.timeout_s * 1e9)
+                for h in self._queued
+                if h.params.timeout_s is not None
+            ]
+        return min(deadlines, default=None)
+
+    def _end_running(self, request_id: str, outcome: GenerationOutcome, reason: ReasonCode) -> None:
+        """End a running request on the host (its engine has not): claim it, emit its terminal
+        events, free its host lane, tell the engine to drop it, deliver its `Finished`."""
+        with self._lock:
+            handle = self._running.pop(request_id, None)
+            if handle is None:
+                return  # its GenDone (or the engine's exit) came first: already ended
+            self._abandoned.add(request_id)
+        engine = self.engine
+        if engine is not None:
+            engine.send(Cancel(request_id))
+        duration = round((time.monotonic_ns() - handle.received_mono_ns) / 1e6, 3)
+        has_session = handle.session_id is not None
+        self._emit(handle, host_ended_emissions(outcome, reason, has_session, duration))
+        with self._lock:
+            self._next_locked()
+        self.owner.session_released(handle)
+        handle.deliver(Finished(outcome, reason, host_stop_reason(reason).value))
+
+    # -- engine liveness (housekeeping thread) --------------------------------------------------
+    def check_engine(self, now_ns: int) -> None:
+        """Ping a quiet serving engine; report it degraded when it stays silent too long and
+        recovered when it is heard again."""
+        engine = self.engine
+        if engine is None or not engine.serving:
+            return
+        silent = engine.silent_for_s(now_ns)
+        if silent >= self.liveness.heartbeat_interval_s:
+            engine.ping()
+        unresponsive = silent >= self.liveness.unresponsive_after_s
+        if unresponsive is self.unresponsive:
+            return
+        self.unresponsive = unresponsive
+        scope = Scope(model_id=self.model_id)
+        if unresponsive:
+            self._unresponsive_since_ns = now_ns
+            event = make_event(
+                EventId.MODEL_DEGRADED,
+                scope=scope,
+                reason_code=ReasonCode.TIMEOUT,
+                duration_ms=round(silent * 1000, 3),
+            )
+        else:
+            event = make_event(
+                EventId.MODEL_RECOVERY_COMPLETED,
+                scope=scope,
+                outcome=Outcome.SUCCESS,
+                duration_ms=round((now_ns - self._unresponsive_since_ns) / 1e6, 3),
+            )
+        # Model availability, not a serving event: it flows with serving events off too.
+        self.events.always(event)
+
+    def counts(self) -> tuple[int, int]:
+        """(running, queued)."""
+        with self._lock:
+            return len(self._running), len(self._queued)
+
+    # -- engine messages (reader thread) --------------------------------------------------------
+    def on_engine_message(self, engine: object, message: ServingMessage) -> None:
+        match message:
+            case Kv():
+                self._on_kv(message)
+            case SessionChanged():
+                self._on_session(message)
+            case GenDone():
+                with self._lock:
+                    # Claimed here: whoever pops the request emits its terminal (exactly once).
+                    handle = self._running.pop(message.request_id, None)
+                    if handle is None:
+                        self._abandoned.discard(message.request_id)  # the host ended it already
+                        return
+                self._on_done(handle, message)
+            case GenText():
+                # Under the lock, so a host-side terminal cannot slip in between: nothing of a
+                # request is delivered or emitted after its terminal (neither ever blocks).
+                with self._lock:
+                    handle = self._running.get(message.request_id)
+                    if handle is not None:
+                        handle.deliver(TextChunk(message.text))
+            case (
+                GenStarted()
+                | GenPrefillProgress()
+                | GenPrefillDone()
+                | GenFirstToken()
+                | GenProgress()
+                | GenToken()
+            ):
+                with self._lock:
+                    handle = self._running.get(message.request_id)
+                    if handle is not None:
+                        has_session = handle.session_id is not None
+                        self._emit(handle, observation_emissions(message, has_session))
+            case _:
+                assert_never(message)
+
+    def _on_done(self, handle: RequestHandle, message: GenDone) -> None:
+        """The engine's terminal for a request this thread claimed (popped from `_running`)."""
+        duration = round((time.monotonic_ns() - handle.received_mono_ns) / 1e6, 3)
+        has_session = handle.session_id is not None
+        self._emit(handle, done_emissions(message, has_session, duration))
+        with self._lock:
+            self._next_locked()
+        self.owner.session_released(handle)
+        handle.deliver(
+            Finished(
+                message.outcome,
+                message.reason,
+                message.stop_reason.value,
+                message.prompt_tokens,
+                message.completion_tokens,
+            )
+        )
+
+    def _on_kv(self, message: Kv) -> None:
+        request_id = message.request_id
+        self.events.fact(
+            KV_EVENTS[message.event],
+            Scope(
+                model_id=self.model_id,
+                request_id=LogicalId(request_id) if request_id else None,
+            ),
+            summaries(kv_cells_used=message.cells_used, kv_cells_total=message.cells_total),
+        )
+
+    def _on_session(self, message: SessionChanged) -> None:
+        event_id = SESSION_EVENTS.get(message.event)
+        if event_id is None or not message.session:
+            return
+        self.events.fact(
+            event_id,
+            Scope(model_id=self.model_id, session_id=LogicalId(message.session)),
+            summaries(lanes=message.lane, context_tokens=message.tokens),
+        )
+
+    def on_engine_exit(self, engine: object, crashed: bool) -> None:
+        with self._lock:
+            self.accepting = False
+            running = list(self._running.values())
+            queued = list(self._queued)
+            self._running.clear()
+            self._queued.clear()
+            self._abandoned.clear()
+            self.idle.notify_all()
+        reason = ReasonCode.PROCESS_CRASH if crashed else ReasonCode.STAGE_UNAVAILABLE
+        failed = GenerationOutcome.FAILED
+        for handle in running:
+            self._emit(
+                handle,
+                Emission(EventId.GENERATION_FAILED, outcome=Outcome.FAILURE, reason=reason),
+                Emission(EventId.REQUEST_FAILED, outcome=Outcome.FAILURE, reason=reason),
+            )
+            handle.deliver(Finished(failed, reason, StopReason.ERROR.value))
+        for handle in queued:
+            self._emit(
+                handle, Emission(EventId.REQUEST_FAILED, outcome=Outcome.FAILURE, reason=reason)
+            )
+            handle.deliver(Finished(failed, reason, None))
+        self.owner.server_exited(self)
+
+    # -- unload ---------------------------------------------------------------------------------
+    def drain(self, force: bool, drain_timeout_s: float) -> int:
+        """Stop admitting; wait for running requests (or cancel them). Returns how many were
+        cancelled."""
+        with self._lock:
+            self.accepting = False
+            queued = list(self._queued)
+            self._queued.clear()
+            running_ids = list(self._running)
+        for handle in queued:
+            self._finish_unstarted(handle, ReasonCode.CANCELLATION)
+        cancelled = len(queued)
+        if force:
+            if self.engine is not None and running_ids:
+                self.engine.abort_decode()  # a long decode in flight stops now, not at its end
+            for request_id in running_ids:
+                self.cancel(request_id)
+            cancelled += len(running_ids)
+        deadline = time.monotonic() + (1.0 if force else drain_timeout_s)
+        with self._lock:
+            while self._running and time.monotonic() < deadline:
+                self.idle.wait(max(0.01, deadline - time.monotonic()))
+            leftover = list(self._running)
+        for request_id in leftover:
+            self.cancel(request_id)
+        return cancelled + (0 if force else len(leftover))
+
+
+def _host_deadline_ns(handle: RequestHandle) -> int | None:
+    timeout = handle.params.timeout_s
+    if timeout is None:
+        return None
+    return handle.received_mono_ns + int((timeout + HOST_DEADLINE_GRACE_S) * 1e9)
+
+
+def _unframable(handle: RequestHandle) -> Rejection | None:
+    """A rejection when the request's engine command cannot be framed (see engine/channel.py)."""
+    params = handle.params
+    command = params.engine_command(handle.request_id, handle.session_id, params.timeout_s)
+    try:
+        encode_frame(command, MAX_MESSAGE_BYTES - _FRAME_MARGIN_BYTES)
+    except MessageTooLarge as error:
+        # The command is nearly all prompt text, and a frame this large holds more tokens than
+        # any context: the prompt cannot fit (the same refusal the engine gives a long prompt).
+        return Rejection(
+            400,
+            ReasonCode.CONTEXT_EXHAUSTED,
+            f"the prompt is too large ({error.size_bytes} bytes encoded; at most "
+            f"{error.limit_bytes}): it cannot fit the model's context",
+        )
+    except UnencodableMessage:
+        return Rejection(
+            400,
+            ReasonCode.INVALID_CONFIGURATION,
+            "a request field cannot be encoded (integers are limited to 64 bits)",
+        )
+    return None

@@ -1,0 +1,306 @@
+"""Engine messages → events: the scheduler's translation tables, and where the events go.
+
+What the engine says about a request (``engine/protocol.py``) becomes events by table lookup, not
+by a chain of tests: :data:`OBSERVATION_EVENTS` maps each observation type to the events it stands
+for, :data:`OUTCOME_EVENTS` maps a generation outcome to its generation and request terminals,
+:data:`CACHE_EVENTS`, :data:`KV_EVENTS` and :data:`SESSION_EVENTS` map the engine's enums to event
+ids. An :class:`Emission` is one event of a request before it is stamped: its id and the fields
+the message gives it; :class:`ServingEvents` stamps it with the request's scope and submits it.
+
+Serving events (request, prefill, generation, session, KV) are submitted only while serving
+events are on (:class:`~skippyctl.engine.options.EngineOptions`); model availability and host
+facts go through :meth:`ServingEvents.always`, which the events-off baseline keeps.
+
+Privacy: the tables read counts, durations, enums and logical ids only; completion text is never
+an event (the scheduler hands ``GenText`` to the request's own stream).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from skippyctl.engine.protocol import (
+    GenDone,
+    GenFirstToken,
+    GenPrefillDone,
+    GenPrefillProgress,
+    GenProgress,
+    GenStarted,
+    GenToken,
+    KvChange,
+    SessionChange,
+)
+from skippyctl.events.catalog import EventId
+from skippyctl.events.envelope import (
+    BatchingMode,
+    Event,
+    NumericSummary,
+    Progress,
+    Scope,
+    StopReason,
+    make_event,
+    summaries,
+)
+from skippyctl.events.reasons import (
+    CacheResult,
+    GenerationOutcome,
+    Outcome,
+    ProgressUnit,
+    ReasonCode,
+)
+from skippyctl.runtime.requests import RequestHandle
+
+
+@dataclass(frozen=True, slots=True)
+class Emission:
+    """One event of a request, before it is stamped with the request's scope."""
+
+    event_id: EventId
+    numbers: tuple[NumericSummary, ...] = ()
+    progress: Progress | None = None
+    duration_ms: float | None = None
+    outcome: Outcome | None = None
+    reason: ReasonCode | None = None
+    stop_reason: StopReason | None = None
+    batching: BatchingMode | None = None
+
+
+OUTCOME_EVENTS: Final[Mapping[GenerationOutcome, tuple[EventId, EventId, Outcome]]] = {
+    GenerationOutcome.COMPLETED: (
+        EventId.GENERATION_COMPLETED,
+        EventId.REQUEST_COMPLETED,
+        Outcome.SUCCESS,
+    ),
+    GenerationOutcome.CANCELLED: (
+        EventId.GENERATION_CANCELLED,
+        EventId.REQUEST_CANCELLED,
+        Outcome.CANCELLED,
+    ),
+    GenerationOutcome.TIMED_OUT: (
+        EventId.GENERATION_TIMED_OUT,
+        EventId.REQUEST_TIMED_OUT,
+        Outcome.FAILURE,
+    ),
+    GenerationOutcome.FAILED: (
+        EventId.GENERATION_FAILED,
+        EventId.REQUEST_FAILED,
+        Outcome.FAILURE,
+    ),
+}
+"""Outcome → (generation terminal, request terminal, event outcome)."""
+CACHE_EVENTS: Final[Mapping[CacheResult, EventId]] = {
+    CacheResult.HIT: EventId.PROMPT_CACHE_RESTORE_HIT,
+    CacheResult.PARTIAL: EventId.PROMPT_CACHE_RESTORE_PARTIAL,
+    CacheResult.MISS: EventId.PROMPT_CACHE_RESTORE_MISS,
+}
+"""A request without a session (``none``) restores nothing and says so by silence."""
+KV_EVENTS: Final[Mapping[KvChange, EventId]] = {
+    KvChange.INITIALIZED: EventId.KV_CACHE_INITIALIZATION_COMPLETED,
+    KvChange.PRESSURE_CROSSED: EventId.CACHE_PRESSURE_CROSSED,
+    KvChange.PRESSURE_CLEARED: EventId.CACHE_PRESSURE_CLEARED,
+    KvChange.APPROACHING_LIMIT: EventId.CONTEXT_CAPACITY_APPROACHING_LIMIT,
+}
+SESSION_EVENTS: Final[Mapping[SessionChange, EventId]] = {
+    SessionChange.CREATED: EventId.SESSION_CREATED,
+    SessionChange.TRIMMED: EventId.SESSION_TRIMMED,
+    SessionChange.EVICTED: EventId.SESSION_RESET,
+}
+"""A ``reused`` session is reported by its request's cache event instead."""
+_STOP_CONDITIONS: Final = frozenset({StopReason.EOS, StopReason.STOP_STRING, StopReason.LENGTH})
+
+
+def _started(message: GenStarted, has_session: bool) -> tuple[Emission, ...]:
+    prompt, reused = message.prompt_tokens, message.reused_tokens
+    found: list[Emission] = [
+        Emission(EventId.PROMPT_PROCESSING_STARTED),
+        Emission(EventId.TOKENIZATION_COMPLETED, summaries(prompt_tokens=prompt)),
+    ]
+    cache_event = CACHE_EVENTS.get(message.cache)
+    if cache_event is not None:
+        found.append(Emission(cache_event, summaries(reused_tokens=reused, prompt_tokens=prompt)))
+    if has_session:
+        found.append(Emission(EventId.SESSION_ACTIVE, summaries(lanes=message.lane)))
+    found.append(Emission(EventId.PREFILL_STARTED, summaries(prompt_tokens=prompt - reused)))
+    return tuple(found)
+
+
+def _prefill_progress(message: GenPrefillProgress, _session: bool) -> tuple[Emission, ...]:
+    progress = Progress(message.done, message.total, ProgressUnit.TOKENS)
+    return (Emission(EventId.PREFILL_PROGRESS, progress=progress),)
+
+
+def _prefill_done(message: GenPrefillDone, _session: bool) -> tuple[Emission, ...]:
+    return (
+        Emission(
+            EventId.PREFILL_COMPLETED,
+            summaries(prompt_tokens=message.tokens),
+            duration_ms=message.ms,
+        ),
+        Emission(EventId.GENERATION_STARTED),
+    )
+
+
+def _first_token(message: GenFirstToken, _session: bool) -> tuple[Emission, ...]:
+    numbers = summaries(time_to_first_token_ms=message.ttft_ms)
+    return (Emission(EventId.FIRST_TOKEN_PRODUCED, numbers),)
+
+
+def _progress(message: GenProgress, _session: bool) -> tuple[Emission, ...]:
+    progress = Progress(message.generated, None, ProgressUnit.TOKENS)
+    return (Emission(EventId.GENERATION_PROGRESS, progress=progress),)
+
+
+def _token(message: GenToken, _session: bool) -> tuple[Emission, ...]:
+    # Opt-in debug class: dropped (and counted) by the pipeline when disabled.
+    numbers = summaries(generated_tokens=message.index + 1)
+    return (Emission(EventId.GENERATION_TOKEN_OBSERVED, numbers, duration_ms=message.step_ms),)
+
+
+Observation = (
+    GenStarted | GenPrefillProgress | GenPrefillDone | GenFirstToken | GenProgress | GenToken
+)
+"""The observations that stand for events (``GenText`` is the request's stream, not an event)."""
+OBSERVATION_EVENTS: Final[
+    Mapping[type[Observation], Callable[[Any, bool], tuple[Emission, ...]]]
+] = {
+    GenStarted: _started,
+    GenPrefillProgress: _prefill_progress,
+    GenPrefillDone: _prefill_done,
+    GenFirstToken: _first_token,
+    GenProgress: _progress,
+    GenToken: _token,
+}
+"""Observation type → its events, given the message and whether the request has a session."""
+
+
+def observation_emissions(message: Observation, has_session: bool) -> tuple[Emission, ...]:
+    return OBSERVATION_EVENTS[type(message)](message, has_session)
+
+
+def done_emissions(message: GenDone, has_session: bool, duration_ms: float) -> tuple[Emission, ...]:
+    """The events of the engine's terminal for a request; ``duration_ms`` since it was received."""
+    generation_event, request_event, outcome = OUTCOME_EVENTS[message.outcome]
+    reason, stop = message.reason, message.stop_reason
+    prompt = message.prompt_tokens
+    found: list[Emission] = []
+    if reason is ReasonCode.CONTEXT_EXHAUSTED:
+        found.append(
+            Emission(EventId.CONTEXT_EXHAUSTED, summaries(prompt_tokens=prompt), reason=reason)
+        )
+    if message.outcome is GenerationOutcome.COMPLETED and stop in _STOP_CONDITIONS:
+        found.append(Emission(EventId.STOP_CONDITION_REACHED, stop_reason=stop))
+    numbers = summaries(
+        prompt_tokens=prompt,
+        generated_tokens=message.completion_tokens,
+        reused_tokens=message.reused_tokens,
+        time_to_first_token_ms=message.ttft_ms,
+        prefill_ms=message.prefill_ms,
+        decode_ms=message.decode_ms,
+        prefill_tokens_per_s=message.prefill_tokens_per_s,
+        decode_tokens_per_s=message.decode_tokens_per_s,
+        shared_decode_steps=message.shared_steps,
+        batch_size=message.max_batch,
+    )
+    batching = BatchingMode.CONTINUOUS if message.shared_steps > 0 else BatchingMode.SINGLE
+    found.append(
+        Emission(
+            generation_event,
+            numbers,
+            outcome=outcome,
+            reason=reason,
+            stop_reason=stop,
+            batching=batching,
+        )
+    )
+    found.append(Emission(request_event, outcome=outcome, reason=reason, duration_ms=duration_ms))
+    if has_session:
+        found.append(Emission(EventId.SESSION_IDLE))
+    return tuple(found)
+
+
+def host_ended_emissions(
+    outcome: GenerationOutcome, reason: ReasonCode, has_session: bool, duration_ms: float
+) -> tuple[Emission, ...]:
+    """The events of a running request the host ended itself (its engine had not)."""
+    generation_event, request_event, event_outcome = OUTCOME_EVENTS[outcome]
+    found: list[Emission] = []
+    if reason is ReasonCode.CONTEXT_EXHAUSTED:
+        found.append(Emission(EventId.CONTEXT_EXHAUSTED, reason=reason))
+    stop = host_stop_reason(reason)
+    found.append(Emission(generation_event, outcome=event_outcome, reason=reason, stop_reason=stop))
+    found.append(
+        Emission(request_event, outcome=event_outcome, reason=reason, duration_ms=duration_ms)
+    )
+    if has_session:
+        found.append(Emission(EventId.SESSION_IDLE))
+    return tuple(found)
+
+
+def host_stop_reason(reason: ReasonCode) -> StopReason:
+    """Why a request the host ended stopped: its deadline, or an error."""
+    return StopReason.TIMEOUT if reason is ReasonCode.TIMEOUT else StopReason.ERROR
+
+
+def unstarted_emission(reason: ReasonCode, duration_ms: float) -> Emission:
+    """The terminal of a request that ended while queued (deadline or cancel)."""
+    if reason is ReasonCode.TIMEOUT:
+        return Emission(
+            EventId.REQUEST_TIMED_OUT,
+            outcome=Outcome.FAILURE,
+            reason=reason,
+            duration_ms=duration_ms,
+        )
+    return Emission(
+        EventId.REQUEST_CANCELLED, outcome=Outcome.CANCELLED, reason=reason, duration_ms=duration_ms
+    )
+
+
+class ServingEvents:
+    """Where a model server's events go: serving events only while they are on."""
+
+    def __init__(self, submit: Callable[[Event], object], enabled: bool = True) -> None:
+        self._submit = submit
+        self.enabled = enabled
+        """False only for the events-off benchmark baseline: request, prefill, generation,
+        session and KV events are not submitted; model availability still is."""
+
+    def request(self, handle: RequestHandle, emissions: Iterable[Emission]) -> None:
+        """Submit events of ``handle``'s request, in order."""
+        if not self.enabled:
+            return
+        scope = Scope(
+            model_id=handle.model_id, session_id=handle.session_id, request_id=handle.request_id
+        )
+        for e in emissions:
+            self._submit(
+                make_event(
+                    e.event_id,
+                    operation_id=handle.request_id,
+                    scope=scope,
+                    outcome=e.outcome,
+                    reason_code=e.reason,
+                    duration_ms=e.duration_ms,
+                    progress=e.progress,
+                    stop_reason=e.stop_reason,
+                    batching=e.batching,
+                    summaries=e.numbers,
+                )
+            )
+
+    def fact(
+        self, event_id: EventId, scope: Scope, numbers: tuple[NumericSummary, ...] = ()
+    ) -> None:
+        """A serving fact outside a request (session, KV)."""
+        if self.enabled:
+            self._submit(make_event(event_id, scope=scope, summaries=numbers))
+
+    def event(self, event: Event) -> None:
+        """A serving event built by the caller (e.g. a rejection without a request scope)."""
+        if self.enabled:
+            self._submit(event)
+
+    def always(self, event: Event) -> None:
+        """Model availability or a host fact: submitted with serving events off too."""
+        self._submit(event)
