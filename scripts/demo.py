@@ -26,8 +26,7 @@ import orjson
 from skippyctl.client.discovery import DiscoveryProblem, read_discovery
 from skippyctl.client.http import FrameReader, RuntimeClient, RuntimeUnreachable
 from skippyctl.client.launch import connect
-from skippyctl.output.records import event_record
-from skippyctl.output.wire import event_from_object
+from skippyctl.output.codec import decode_frame_event, event_record
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "fixtures" / "tiny.gguf"
@@ -76,8 +75,7 @@ def print_events(client: RuntimeClient, seconds: float) -> None:
         assert not isinstance(frame, bool)
         if frame.name != "runtime_event":
             continue
-        raw = frame.data.get("event")
-        event = event_from_object(raw) if isinstance(raw, dict) else None
+        event, _ = decode_frame_event(frame.data)
         if event is None:
             continue
         record = event_record(event, int(frame.data.get("sequence", 0)), frame.cursor)

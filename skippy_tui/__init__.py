@@ -6,12 +6,12 @@ Public API:
 - `EventSource`, `ScriptedSource`, `ReplaySource`, `PushSource` and the connection facts
   `RuntimeDown`, `RuntimeBack`, `DecodeSkipped`, `SourceEnded` (`skippy_tui.sources`).
 - `RuntimeControl` (`skippy_tui.control`): load/unload seam for the command palette.
-- `event_from_record`, `decode_record`, `decode_line` (`skippy_tui.records`): `--json` record →
-  `Event`.
+- `event_from_record`, `decode_record`, `decode_line`: `--json` record → `Event` (the wire
+  codec's, `skippyctl.output.codec`, re-exported: one decoder for every client).
 
 Only this package imports Textual; it imports skippyctl's core (events, reducer, output), never its
-CLI. The app is imported lazily, so `skippy_tui.records`, `.sources` and `.store` can be used
-without loading Textual.
+CLI. The app is imported lazily, so `skippy_tui.sources` and `.store` can be used without loading
+Textual.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from skippy_tui.control import RuntimeControl
-from skippy_tui.records import decode_line, decode_record, event_from_record
 from skippy_tui.sources import (
     DecodeSkipped,
     EventSource,
@@ -30,6 +29,7 @@ from skippy_tui.sources import (
     ScriptedSource,
     SourceEnded,
 )
+from skippyctl.output.codec import decode_line, decode_record, event_from_record
 
 if TYPE_CHECKING:
     from skippy_tui.app import SkippyDashboard

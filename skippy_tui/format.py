@@ -117,21 +117,29 @@ NODE_STYLES: Final[dict[NodeState, str]] = {
     NodeState.STOPPED: "grey50",
 }
 
-STAGE_STYLES: Final[dict[str, str]] = {
-    StageState.STARTING.value: "cyan",
-    StageState.LOADING.value: "cyan",
-    StageState.READY.value: "green",
-    StageState.DEGRADED.value: "yellow",
-    StageState.UNAVAILABLE.value: "red",
-    StageState.STOPPING.value: "magenta",
-    StageState.STOPPED.value: "grey50",
-    StageState.FAILED.value: "bold red",
-    TopologyState.ASSEMBLING.value: "cyan",
+STAGE_STYLES: Final[dict[StageState, str]] = {
+    StageState.STARTING: "cyan",
+    StageState.LOADING: "cyan",
+    StageState.READY: "green",
+    StageState.DEGRADED: "yellow",
+    StageState.UNAVAILABLE: "red",
+    StageState.STOPPING: "magenta",
+    StageState.STOPPED: "grey50",
+    StageState.FAILED: "bold red",
+}
+TOPOLOGY_STYLES: Final[dict[TopologyState, str]] = {
+    TopologyState.ASSEMBLING: "cyan",
+    TopologyState.READY: "green",
+    TopologyState.DEGRADED: "yellow",
+    TopologyState.UNAVAILABLE: "red",
 }
 
 
-def stage_state(state: str) -> Text:
-    return Text(state, style=STAGE_STYLES.get(state, ""))
+def stage_state(state: StageState | TopologyState) -> Text:
+    """A stage's or a topology's state, styled."""
+    if isinstance(state, StageState):
+        return Text(state.value, style=STAGE_STYLES[state])
+    return Text(state.value, style=TOPOLOGY_STYLES[state])
 
 
 def link(connected: bool | None) -> Text:

@@ -2,9 +2,10 @@
 (load/unload through its management API).
 
 `LiveSource` follows the `EventSource` contract (skippy_tui.sources): on its own thread it reads
-the runtime's SSE stream, decodes each `runtime_event` frame with the wire decoder and delivers
-the event. The first connection replays everything the runtime retained (cursor
-`rt1:<instance>:0`) so the client-side reducer starts from the runtime's history. When the
+the runtime's SSE stream, decodes each `runtime_event` frame with the wire codec and delivers
+the event, and a `DecodeSkipped` per record, field or value the codec did not take. The first
+connection replays everything the runtime retained (cursor `rt1:<instance>:0`) so the
+client-side reducer starts from the runtime's history. When the
 stream breaks it delivers `RuntimeDown(attempt)`, reconnects with backoff — re-reading the
 discovery file, so a restarted runtime is found — resuming from the last cursor (or from the
 start of a new runtime instance's retained events), and delivers `RuntimeBack()` once frames
@@ -17,9 +18,8 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Final
 
-from skippy_tui.records import SkipReason
 from skippy_tui.sources import DecodeSkipped, RuntimeBack, RuntimeDown, Sink, SourceItem
-from skippyctl.output.wire import event_from_object
+from skippyctl.output.codec import decode_frame_event
 
 if TYPE_CHECKING:
     from skippyctl.client.http import FrameReader, RuntimeClient
@@ -132,16 +132,10 @@ class LiveSource:
             if frame.name != "runtime_event":
                 continue
             self.cursor = frame.cursor or self.cursor
-            raw = frame.data.get("event")
-            event = event_from_object(raw) if isinstance(raw, dict) else None
+            event, skipped = decode_frame_event(frame.data)
+            for reason in skipped:
+                self._deliver(DecodeSkipped(reason))
             if event is None:
-                self._deliver(
-                    DecodeSkipped(
-                        SkipReason.UNKNOWN_EVENT
-                        if isinstance(raw, dict)
-                        else SkipReason.INVALID_RECORD
-                    )
-                )
                 continue
             self._deliver(event)
             self.delivered += 1

@@ -22,8 +22,8 @@ Sources here:
   `push(item)` delivers on the caller's thread.
 
 Seam for the live source (the runtime's HTTP/SSE API): implement this same protocol on its own
-thread — read SSE frames, decode each event (the SSE wire object with the wire decoder, or an
-`event_record` line with `skippy_tui.records.decode_record`), deliver the event, and a
+thread — read SSE frames, decode each event with the wire codec (`skippyctl.output.codec`:
+`decode_frame_event` for an SSE frame, `decode_line` for a `--json` line), deliver the event, and a
 `DecodeSkipped` for each frame or field it could not take; on a broken stream deliver
 `RuntimeDown(attempt)`, reconnect with backoff resuming from the last cursor, then deliver
 `RuntimeBack(state=...)` with a reduced state when the cursor fell out of the replay window (or
@@ -39,8 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Protocol
 
-from skippy_tui.records import SkipReason, decode_line
 from skippyctl.events.envelope import Event
+from skippyctl.output.codec import SkipReason, decode_line
 from skippyctl.reducer.state import RuntimeView
 
 

@@ -37,12 +37,12 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Final
 
-from skippy_tui.records import SkipReason
 from skippy_tui.sources import DecodeSkipped, RuntimeBack, RuntimeDown, SourceEnded, SourceItem
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event, LogicalId, SummaryKey
 from skippyctl.events.native_kinds import load_phase
 from skippyctl.events.reasons import Category
+from skippyctl.output.codec import SkipReason
 from skippyctl.reducer.reduce import reduce
 from skippyctl.reducer.state import LOADING_MODEL_STATES, ModelState, RuntimeState, RuntimeView
 

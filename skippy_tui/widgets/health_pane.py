@@ -19,9 +19,9 @@ from textual.containers import Horizontal
 from textual.widgets import Sparkline, Static
 
 from skippy_tui import format as fmt
-from skippy_tui.records import RECORD_SKIPS
 from skippy_tui.store import DEFAULT_RATE_WINDOW_S, DashboardSnapshot, RateSample
 from skippy_tui.widgets.pane import Pane
+from skippyctl.output.codec import RECORD_SKIPS
 
 RATE_WINDOW_S: Final = DEFAULT_RATE_WINDOW_S
 

@@ -27,29 +27,31 @@ from skippyctl.reducer.state import (
     ModelState,
     ModelView,
     RuntimeView,
+    StageState,
     StageView,
+    TopologyState,
 )
 
 COLUMNS: Final = ("Model ▸ topology / stage", "Links", "State")
 
-LOCAL_STAGE_STATES: Final[dict[ModelState, str]] = {
-    ModelState.AVAILABLE: "ready",
-    ModelState.DEGRADED: "degraded",
-    ModelState.UNAVAILABLE: "unavailable",
-    ModelState.FAILED: "failed",
-    ModelState.CANCELLED: "stopped",
-    ModelState.UNLOADING: "stopping",
-    ModelState.UNLOADED: "stopped",
+LOCAL_STAGE_STATES: Final[dict[ModelState, StageState]] = {
+    **dict.fromkeys(LOADING_MODEL_STATES, StageState.LOADING),
+    ModelState.AVAILABLE: StageState.READY,
+    ModelState.DEGRADED: StageState.DEGRADED,
+    ModelState.UNAVAILABLE: StageState.UNAVAILABLE,
+    ModelState.FAILED: StageState.FAILED,
+    ModelState.CANCELLED: StageState.STOPPED,
+    ModelState.UNLOADING: StageState.STOPPING,
+    ModelState.UNLOADED: StageState.STOPPED,
 }
+"""The state of a model's one local stage (a model without a topology), for every model state."""
 
 
-def local_stage_state(model: ModelView) -> str:
-    if model.state in LOADING_MODEL_STATES:
-        return "loading"
-    return LOCAL_STAGE_STATES.get(model.state, model.state.value)
+def local_stage_state(model: ModelView) -> StageState:
+    return LOCAL_STAGE_STATES[model.state]
 
 
-def _state(state: str, reason: str | None = None) -> Text:
+def _state(state: StageState | TopologyState, reason: str | None = None) -> Text:
     text = fmt.stage_state(state)
     if reason:
         text.append(f" · {reason}", style="red")
@@ -72,7 +74,7 @@ def _stage_rows(stages: list[StageView]) -> Iterable[tuple[str, Cells]]:
             (
                 Text(f" {branch} {index}{stage.stage_id}"),
                 links,
-                _state(stage.state.value, stage.reason_code),
+                _state(stage.state, stage.reason_code),
             ),
         )
 
@@ -101,7 +103,7 @@ def stage_rows(view: RuntimeView) -> list[tuple[str, Cells]]:
             rows.append((f"l:{model_id}", (Text(" └ 1 local stage"), "", _state(state, reason))))
             continue
         topology = view.topologies.get(topology_id)
-        state_text = _state(topology.state.value if topology is not None else "assembling")
+        state_text = _state(topology.state if topology is not None else TopologyState.ASSEMBLING)
         stages = by_topology.get(topology_id, [])
         rows.append((f"m:{model_id}", (_heading(model_id, topology_id), "", state_text)))
         rows.extend(_stage_rows(stages))
@@ -111,7 +113,7 @@ def stage_rows(view: RuntimeView) -> list[tuple[str, Cells]]:
         stages = by_topology.get(topology_id, [])
         owner = str(topology.model_id) if topology.model_id is not None else "(no model)"
         heading = _heading(owner, topology_id)
-        rows.append((f"t:{topology_id}", (heading, "", _state(topology.state.value))))
+        rows.append((f"t:{topology_id}", (heading, "", _state(topology.state))))
         rows.extend(_stage_rows(stages))
     orphans = by_topology.get(None, [])
     if orphans:

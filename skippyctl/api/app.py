@@ -51,9 +51,8 @@ from skippyctl.api.schemas import (
 )
 from skippyctl.events.envelope import InvalidLogicalId, LogicalId
 from skippyctl.events.reasons import ReasonCode
-from skippyctl.output.records import event_record
+from skippyctl.output.codec import event_frame, event_record, frame
 from skippyctl.output.state import state_document
-from skippyctl.output.wire import event_object, frame
 from skippyctl.pipeline.dispatch import Dispatched, SubscriptionClosed
 from skippyctl.reducer.state import LOADING_MODEL_STATES, NodeState
 from skippyctl.runtime.host import LoadRequest
@@ -522,11 +521,9 @@ async def _event_stream(
 
 
 def _event_frame(ctx: ApiContext, item: Dispatched) -> bytes:
-    dispatcher = ctx.host.pipeline.dispatcher
-    return frame(
-        "runtime_event",
-        {"event": event_object(item.event)},
-        cursor=dispatcher.cursor(item.sequence),
+    return event_frame(
+        item.event,
+        cursor=ctx.host.pipeline.dispatcher.cursor(item.sequence),
         instance=ctx.instance_id,
         sequence=item.sequence,
     )

@@ -1,9 +1,9 @@
 """`skippyctl events …`: discover event ids, replay what the runtime retained, follow the stream.
 
 `skippyctl events` (no sub-command) replays the retained events and, with `--follow`, keeps
-following; `skippyctl events catalog` lists every event id. The stream helpers here
-(`attach_or_exit`, `LiveStream`, `emit_json`, `error_record`) are shared by the other attached
-commands (`ps`, `wait`, `unload`, `generate`).
+following; `skippyctl events catalog` lists every event id. The helpers here (`attach_or_exit`,
+`emit_json`, `error_record`, `event_line`) are shared by the other attached commands (`ps`,
+`wait`, `unload`, `generate`); the event stream itself is `skippyctl.cli.common.LiveStream`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import re
 import sys
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Final, NoReturn
 
 import orjson
@@ -21,16 +20,15 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from skippyctl.cli.common import InterruptRequests
+from skippyctl.cli.common import InterruptRequests, LiveStream, StreamEnded
 from skippyctl.cli.exit_codes import ExitCode
 from skippyctl.events.catalog import CATALOG, EventId
 from skippyctl.events.envelope import Event
 from skippyctl.events.reasons import Category
-from skippyctl.output.records import event_record
-from skippyctl.output.wire import event_from_object
+from skippyctl.output.codec import event_record
 
 if TYPE_CHECKING:
-    from skippyctl.client.http import FrameReader, RuntimeClient
+    from skippyctl.client.http import RuntimeClient
 
 events_app = typer.Typer(invoke_without_command=True)  # help: events_command's docstring
 _err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -122,10 +120,6 @@ def attach_or_exit(command: str, json_output: bool, autostart: bool = True) -> R
         )
 
 
-def reason_of(value: Any) -> str | None:
-    return value if isinstance(value, str) and value else None
-
-
 def sequence_of(cursor: str | None) -> int | None:
     """The sequence number in an `rt1:<instance>:<sequence>` cursor."""
     if not cursor:
@@ -137,76 +131,6 @@ def sequence_of(cursor: str | None) -> int | None:
         return int(parts[2])
     except ValueError:
         return None
-
-
-class StreamEnded(Exception):
-    """The runtime closed the event stream or it broke; the message says which."""
-
-
-@dataclass(frozen=True, slots=True)
-class StreamItem:
-    """One decoded event of the live stream with its sequence and resume cursor."""
-
-    event: Event
-    sequence: int
-    cursor: str | None
-
-
-class LiveStream:
-    """The runtime's SSE stream read on a background thread.
-
-    `state` is the state document of the `runtime_state` frame (None until it arrived),
-    `state_sequence` the dispatcher position it describes; `last_cursor` is where to resume
-    (the cursor of the last event frame read, or the cursor the stream was opened with).
-    """
-
-    def __init__(self, client: RuntimeClient, since: str | None = None) -> None:
-        from skippyctl.client.http import FrameReader
-
-        self.reader: FrameReader = FrameReader(client, since)
-        self.state: dict[str, Any] | None = None
-        self.state_sequence: int | None = None
-        self.state_at = 0.0
-        self.last_cursor: str | None = since
-        self.last_sequence = 0
-        self.gaps: list[dict[str, Any]] = []
-        self.undecodable = 0
-
-    def wait_connected(self, timeout_s: float = 10.0) -> None:
-        self.reader.connected.wait(timeout_s)
-
-    def next(self, timeout_s: float) -> StreamItem | None:
-        """The next event (None when none arrived within `timeout_s` or the frame carried no
-        event); raises StreamEnded when the stream is over."""
-        frame = self.reader.get(timeout_s)
-        if frame is False:
-            return None
-        if frame is None:
-            raise StreamEnded("the runtime closed the event stream")
-        if isinstance(frame, Exception):
-            raise StreamEnded(str(frame))
-        assert not isinstance(frame, bool)
-        if frame.name == "runtime_state":
-            state = frame.data.get("state")
-            self.state = state if isinstance(state, dict) else {}
-            self.state_sequence = int(frame.data.get("sequence", 0))
-            self.state_at = time.monotonic()
-            return None
-        if frame.name == "runtime_replay_gap":
-            gap = frame.data.get("gap")
-            self.gaps.append(gap if isinstance(gap, dict) else {})
-            return None
-        if frame.name != "runtime_event":
-            return None
-        sequence = int(frame.data.get("sequence", 0))
-        self.last_cursor = frame.cursor or self.last_cursor
-        self.last_sequence = max(self.last_sequence, sequence)
-        raw = frame.data.get("event")
-        event = event_from_object(raw if isinstance(raw, dict) else {})
-        if event is None:
-            self.undecodable += 1
-            return None
-        return StreamItem(event, sequence, frame.cursor)
 
 
 def matches_model(event: Event, model: str | None) -> bool:

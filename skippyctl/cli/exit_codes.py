@@ -80,3 +80,12 @@ REASON_EXIT_CODES: Final[dict[ReasonCode, ExitCode]] = {
 
 def exit_code_for(reason: ReasonCode | None) -> ExitCode:
     return REASON_EXIT_CODES.get(reason, ExitCode.FAILURE) if reason else ExitCode.FAILURE
+
+
+def exit_code_for_text(reason: object) -> ExitCode:
+    """The exit code of a reason code as a runtime spelled it (an API error body, a state
+    document); one this build does not know, or none, is exit 1 (as `unknown_failure`)."""
+    try:
+        return exit_code_for(ReasonCode(reason)) if isinstance(reason, str) else ExitCode.FAILURE
+    except ValueError:
+        return ExitCode.FAILURE

@@ -20,21 +20,13 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from skippyctl.cli.common import InterruptRequests
-from skippyctl.cli.events import (
-    RECORD_SCHEMA_VERSION,
-    LiveStream,
-    StreamEnded,
-    StreamItem,
-    attach_or_exit,
-    emit_json,
-    error_record,
-)
-from skippyctl.cli.exit_codes import ExitCode, exit_code_for
+from skippyctl.cli.common import InterruptRequests, LiveStream, StreamEnded, StreamItem
+from skippyctl.cli.events import RECORD_SCHEMA_VERSION, attach_or_exit, emit_json, error_record
+from skippyctl.cli.exit_codes import ExitCode, exit_code_for_text
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event, SummaryKey
-from skippyctl.events.reasons import Category, ReasonCode
-from skippyctl.output.records import event_record
+from skippyctl.events.reasons import Category
+from skippyctl.output.codec import event_record
 
 if TYPE_CHECKING:
     from skippyctl.client.http import RuntimeClient
@@ -53,13 +45,6 @@ _REQUEST_TERMINALS: Final = frozenset(
 )
 EVENTS_GRACE_S: Final = 3.0
 """How long to wait after the text ended for the request's terminal event."""
-
-
-def _reason(value: Any) -> ReasonCode | None:
-    try:
-        return None if value is None else ReasonCode(value)
-    except ValueError:
-        return ReasonCode.UNKNOWN_FAILURE
 
 
 class _Completion:
@@ -298,7 +283,7 @@ def generate_command(
                     continue
                 if kind == "error":
                     reason = payload.get("reason_code")
-                    code = exit_code_for(_reason(reason)) if reason else ExitCode.FAILURE
+                    code = exit_code_for_text(reason)
                     message = str(payload.get("message") or "generation failed")
                     if json_output:
                         emit_json(error_record("generate", code, message, reason))

@@ -17,16 +17,16 @@ from rich.console import Console
 
 from skippyctl.cli.common import (
     EventFeed,
-    FeedClosed,
     InterruptRequests,
-    StreamFeed,
+    LiveStream,
+    StreamEnded,
     SubscriptionFeed,
 )
-from skippyctl.cli.exit_codes import ExitCode, exit_code_for
+from skippyctl.cli.exit_codes import ExitCode, exit_code_for, exit_code_for_text
+from skippyctl.cli.presenters import LoadProgressPresenter, NdjsonPresenter, Presenter
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event
 from skippyctl.events.reasons import Category, ReasonCode
-from skippyctl.output.presenters import LoadProgressPresenter, NdjsonPresenter, Presenter
 from skippyctl.output.summary import reason_message, render_summary
 
 TERMINALS = frozenset(
@@ -149,7 +149,6 @@ def _attached(
 ) -> tuple[ExitCode, str]:
     from skippyctl.client.http import (
         ApiError,
-        FrameReader,
         RuntimeConfigurationError,
         RuntimeUnreachable,
     )
@@ -173,13 +172,12 @@ def _attached(
     except RuntimeUnreachable as error:
         return ExitCode.RUNTIME_UNREACHABLE, str(error)
     try:
-        reader = FrameReader(client)
-        reader.connected.wait(10.0)
-        feed = StreamFeed(reader)
+        feed = LiveStream(client)  # subscribed before the load is asked for: no event missed
+        feed.wait_connected()
         try:
             answer = client.load(body)
         except ApiError as error:
-            return exit_code_for(_reason(error.reason_code)), str(error)
+            return exit_code_for_text(error.reason_code), str(error)
         operation = str(answer["operation_id"])
         model_id = answer.get("model_id")
         if answer.get("already_available"):
@@ -204,13 +202,6 @@ def _attached(
         return ExitCode.RUNTIME_UNREACHABLE, str(error)
     finally:
         client.close()
-
-
-def _reason(value: str | None) -> ReasonCode | None:
-    try:
-        return None if value is None else ReasonCode(value)
-    except ValueError:
-        return ReasonCode.UNKNOWN_FAILURE
 
 
 def _relevant(event: Event, operation: str, model_id: str | None) -> bool:
@@ -244,7 +235,7 @@ def _follow(
             return ExitCode.CANCELLED, "cancelled (forced)"
         try:
             fed = feed.next(0.1)
-        except FeedClosed as closed:
+        except StreamEnded as closed:
             return ExitCode.RUNTIME_UNREACHABLE, f"{closed} before the load ended"
         if fed is None or not (everything or _relevant(fed.event, operation, model_id)):
             continue

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Final
 
 import typer
 from rich.console import Console
@@ -11,23 +11,25 @@ from rich.table import Table
 
 from skippyctl.cli.events import attach_or_exit, emit_json, fail
 from skippyctl.cli.exit_codes import ExitCode
+from skippyctl.output.state_reader import ModelEntry, StateDocumentView, read_state_document
+from skippyctl.reducer.state import LOADING_MODEL_STATES, ModelState
 
-_STATE_STYLES = {
-    "available": "green",
-    "degraded": "yellow",
-    "requested": "cyan",
-    "loading": "cyan",
-    "initializing": "cyan",
-    "unloading": "magenta",
-    "failed": "red",
-    "unavailable": "red",
-    "cancelled": "dim",
-    "unloaded": "dim",
+_STATE_STYLES: Final[dict[ModelState, str]] = {
+    ModelState.AVAILABLE: "green",
+    ModelState.DEGRADED: "yellow",
+    ModelState.REQUESTED: "cyan",
+    ModelState.LOADING: "cyan",
+    ModelState.INITIALIZING: "cyan",
+    ModelState.UNLOADING: "magenta",
+    ModelState.FAILED: "red",
+    ModelState.UNAVAILABLE: "red",
+    ModelState.CANCELLED: "dim",
+    ModelState.UNLOADED: "dim",
 }
 
 
-def _bytes(value: Any) -> str:
-    if not isinstance(value, int | float):
+def _bytes(value: int | None) -> str:
+    if value is None:
         return "-"
     size = float(value)
     for unit in ("B", "KiB", "MiB", "GiB"):
@@ -37,30 +39,33 @@ def _bytes(value: Any) -> str:
     return f"{size:.1f} TiB"
 
 
-def _state_cell(model: dict[str, Any]) -> str:
-    state = str(model.get("state", "?"))
-    text = f"[{_STATE_STYLES.get(state, 'default')}]{state}[/]"
-    progress = model.get("progress")
-    if state in ("requested", "loading", "initializing") and isinstance(progress, dict):
-        total = progress.get("total")
-        if total:
-            text += f" {100.0 * progress.get('current', 0) / total:.0f}%"
-    if model.get("reason_code"):
-        text += f" [dim]({model['reason_code']})[/]"
+def _state_cell(model: ModelEntry) -> str:
+    state = model.state
+    style = "default" if state.member is None else _STATE_STYLES[state.member]
+    text = f"[{style}]{state.text}[/]"
+    progress = model.progress
+    if state.member in LOADING_MODEL_STATES and progress is not None and progress.total:
+        text += f" {100.0 * progress.current / progress.total:.0f}%"
+    if model.reason_code is not None and model.reason_code.text:
+        text += f" [dim]({model.reason_code.text})[/]"
     return text
 
 
-def _memory_cell(model: dict[str, Any]) -> str:
+def _memory_cell(model: ModelEntry) -> str:
     """The model's size (the device's free/total memory is in `--json`)."""
-    return _bytes(model.get("model_size_bytes"))
+    return _bytes(model.model_size_bytes)
 
 
-def models_table(document: dict[str, Any]) -> Table:
+def _or_dash(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
+def models_table(state: StateDocumentView) -> Table:
+    # Every session the document lists is open (a closed one leaves the state).
     sessions: dict[str, int] = {}
-    for session in document.get("sessions", []):
-        model_id = session.get("model_id")
-        if model_id is not None and session.get("state") != "closed":
-            sessions[model_id] = sessions.get(model_id, 0) + 1
+    for session in state.sessions:
+        if session.model_id is not None:
+            sessions[session.model_id] = sessions.get(session.model_id, 0) + 1
     table = Table(
         "model",
         "state",
@@ -74,32 +79,41 @@ def models_table(document: dict[str, Any]) -> Table:
         box=None,
         header_style="bold",
     )
-    for model in document.get("models", []):
-        rate = model.get("decode_tokens_per_s")
+    for model in state.models:
+        rate = model.decode_tokens_per_s
         table.add_row(
-            escape(str(model.get("model_id"))),
+            escape(model.model_id),
             _state_cell(model),
-            escape(str(model.get("device_id", "-"))),
+            escape(_or_dash(model.device_id)),
             _memory_cell(model),
-            str(model.get("context_tokens", "-")),
-            f"{model.get('lanes_in_use', 0)}/{model.get('lanes', '-')}",
-            str(model.get("queue_depth", 0)),
-            str(sessions.get(str(model.get("model_id")), 0)),
+            _or_dash(model.context_tokens),
+            f"{model.lanes_in_use}/{_or_dash(model.lanes)}",
+            str(model.queue_depth),
+            str(sessions.get(model.model_id, 0)),
             "-" if rate is None else f"{rate:.1f}",
         )
     return table
 
 
-def health_line(document: dict[str, Any]) -> str:
-    system = document.get("event_system") or {}
-    dropped = sum(v for k, v in system.items() if k.startswith("dropped_") and isinstance(v, int))
-    health = document.get("health") or {}
-    lagging = health.get("subscribers_lagging", system.get("lagging_subscribers", 0))
+def health_line(state: StateDocumentView) -> str:
+    system = state.event_system
+    dropped = (
+        system.dropped_terminal
+        + system.dropped_state
+        + system.dropped_progress
+        + system.dropped_diagnostic
+        + system.dropped_native
+    )
+    lagging = (
+        state.subscribers_lagging
+        if state.subscribers_lagging is not None
+        else system.lagging_subscribers
+    )
     style = "green" if dropped == 0 and not lagging else "yellow"
     return (
-        f"[{style}]events[/]: {dropped} dropped, {system.get('coalesced', 0)} coalesced, "
-        f"{system.get('sampled', 0)} sampled, {lagging} lagging subscriber(s), "
-        f"{system.get('replay_gaps', 0)} replay gap(s)"
+        f"[{style}]events[/]: {dropped} dropped, {system.coalesced} coalesced, "
+        f"{system.sampled} sampled, {lagging} lagging subscriber(s), "
+        f"{system.replay_gaps} replay gap(s)"
     )
 
 
@@ -133,13 +147,14 @@ def ps_command(
     if json_output:
         emit_json(document)
         return
+    state = read_state_document(document)
     out = Console(highlight=False, soft_wrap=True)
     out.print(
-        f"[bold]runtime[/] {document.get('runtime')} · node [bold]{document.get('node')}[/] · "
-        f"native {document.get('native_mode')} · {client.discovery.url}"
+        f"[bold]runtime[/] {state.runtime.text} · node [bold]{state.node.text}[/] · "
+        f"native {state.native_mode.text} · {client.discovery.url}"
     )
-    if document.get("models"):
-        out.print(models_table(document))
+    if state.models:
+        out.print(models_table(state))
     else:
         out.print("[dim]no models loaded (skippyctl load FILE.gguf)[/]")
-    out.print(health_line(document))
+    out.print(health_line(state))

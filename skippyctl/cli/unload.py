@@ -9,31 +9,17 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from skippyctl.cli.common import InterruptRequests
-from skippyctl.cli.events import (
-    LiveStream,
-    StreamEnded,
-    attach_or_exit,
-    emit_json,
-    error_record,
-    event_line,
-)
-from skippyctl.cli.exit_codes import ExitCode, exit_code_for
+from skippyctl.cli.common import InterruptRequests, LiveStream, StreamEnded
+from skippyctl.cli.events import attach_or_exit, emit_json, error_record, event_line
+from skippyctl.cli.exit_codes import ExitCode, exit_code_for, exit_code_for_text
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event
-from skippyctl.events.reasons import Category, ReasonCode
-from skippyctl.output.records import event_record
+from skippyctl.events.reasons import Category
+from skippyctl.output.codec import event_record
 from skippyctl.output.summary import reason_message
 
 _RELEVANT: Final = frozenset({Category.MODEL_UNLOADING, Category.MODEL_AVAILABILITY})
 _TERMINALS: Final = frozenset({EventId.UNLOAD_COMPLETED, EventId.UNLOAD_FAILED})
-
-
-def _reason(value: str | None) -> ReasonCode | None:
-    try:
-        return None if value is None else ReasonCode(value)
-    except ValueError:
-        return ReasonCode.UNKNOWN_FAILURE
 
 
 def _relevant(event: Event, operation: str, model_id: str) -> bool:
@@ -85,7 +71,7 @@ def unload_command(
             answer = client.unload(model, force, drain_timeout)
         except ApiError as error:
             reason = error.reason_code
-            code = exit_code_for(_reason(reason))
+            code = exit_code_for_text(reason)
             text = str(error) if error.status != 404 else f"{model}: not loaded"
             if json_output:
                 emit_json(error_record("unload", code, text, reason))

@@ -15,19 +15,21 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from skippyctl.cli.common import InterruptRequests
-from skippyctl.cli.events import (
-    RECORD_SCHEMA_VERSION,
-    LiveStream,
-    StreamEnded,
-    attach_or_exit,
-    emit_json,
-)
+from skippyctl.cli.common import InterruptRequests, LiveStream, StreamEnded
+from skippyctl.cli.events import RECORD_SCHEMA_VERSION, attach_or_exit, emit_json
 from skippyctl.cli.exit_codes import ExitCode, exit_code_for
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event
 from skippyctl.events.reasons import ReasonCode
-from skippyctl.output.records import event_record
+from skippyctl.output.codec import event_record
+from skippyctl.output.state_reader import EnumValue, StateDocumentView
+from skippyctl.reducer.state import (
+    LOADING_MODEL_STATES,
+    SERVING_MODEL_STATES,
+    SETTLED_MODEL_STATES,
+    ModelState,
+    NodeState,
+)
 
 _MODEL_KINDS: Final = (
     "model_available",
@@ -37,11 +39,11 @@ _MODEL_KINDS: Final = (
 )
 _NODE_KINDS: Final = ("node_accepting", "node_degraded")
 KINDS: Final = (*_MODEL_KINDS, *_NODE_KINDS, "event")
-_STATES: Final[dict[str, frozenset[str]]] = {
-    "model_available": frozenset({"available", "degraded"}),
-    "model_loading": frozenset({"requested", "loading", "initializing"}),
-    "model_unavailable": frozenset({"unavailable", "failed", "cancelled", "unloaded"}),
-    "model_load_failed": frozenset({"failed"}),
+_STATES: Final[dict[str, frozenset[ModelState]]] = {
+    "model_available": SERVING_MODEL_STATES,
+    "model_loading": LOADING_MODEL_STATES,
+    "model_unavailable": SETTLED_MODEL_STATES,
+    "model_load_failed": frozenset({ModelState.FAILED}),
 }
 _EVENTS: Final[dict[str, frozenset[EventId]]] = {
     "model_available": frozenset({EventId.MODEL_AVAILABLE, EventId.MODEL_RECOVERY_COMPLETED}),
@@ -60,7 +62,7 @@ _EVENTS: Final[dict[str, frozenset[EventId]]] = {
     "node_accepting": frozenset({EventId.NODE_ACCEPTING_REQUESTS}),
     "node_degraded": frozenset({EventId.NODE_DEGRADED}),
 }
-_NODE_STATES: Final = {"node_accepting": "accepting", "node_degraded": "degraded"}
+_NODE_STATES: Final = {"node_accepting": NodeState.ACCEPTING, "node_degraded": NodeState.DEGRADED}
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,16 +75,16 @@ class Condition:
     model: str | None = None
     event: EventId | None = None
 
-    def holds_in(self, state: dict[str, Any]) -> tuple[bool, str | None]:
+    def holds_in(self, state: StateDocumentView) -> tuple[bool, EnumValue[ReasonCode] | None]:
         """(whether the state document satisfies it, the model's reason code if any)."""
         if self.kind in _NODE_STATES:
-            return state.get("node") == _NODE_STATES[self.kind], None
-        if self.kind not in _STATES:
+            return state.node.member is _NODE_STATES[self.kind], None
+        if self.kind not in _STATES or self.model is None:
             return False, None  # event=… only matches events that happen from now on
-        for model in state.get("models", []):
-            if model.get("model_id") == self.model:
-                return str(model.get("state")) in _STATES[self.kind], model.get("reason_code")
-        return self.kind == "model_unavailable", None  # not loaded at all: unavailable
+        model = state.model(self.model)
+        if model is None:
+            return self.kind == "model_unavailable", None  # not loaded at all: unavailable
+        return model.state.member in _STATES[self.kind], model.reason_code
 
     def holds_for(self, event: Event) -> bool:
         if self.kind == "event":
@@ -116,13 +118,6 @@ def parse_condition(text: str, option: str) -> Condition:
         + ", node_accepting, node_degraded, event=EVENT_ID[@MODEL]",
         param_hint=option,
     )
-
-
-def _reason(value: Any) -> ReasonCode | None:
-    try:
-        return None if value is None else ReasonCode(value)
-    except ValueError:
-        return ReasonCode.UNKNOWN_FAILURE
 
 
 def wait_command(
@@ -245,10 +240,11 @@ def _wait(
         if not checked_state and stream.state is not None:
             checked_state = True
             for condition in failing:
-                holds, reason = condition.holds_in(stream.state)
+                holds, known = condition.holds_in(stream.state)
                 if holds:
-                    code = exit_code_for(_reason(reason))
-                    return _record("failed", code, condition, "state", reason)
+                    code = exit_code_for(None if known is None else known.member)
+                    text = None if known is None else known.text
+                    return _record("failed", code, condition, "state", text)
             for condition in wanted:
                 if condition.holds_in(stream.state)[0]:
                     return _record("matched", ExitCode.SUCCESS, condition, "state")

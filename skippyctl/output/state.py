@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from skippyctl.events.envelope import Event, Progress
-from skippyctl.output.records import event_record
+from skippyctl.output.codec import event_record
 from skippyctl.reducer.state import (
     ModelView,
     RequestView,

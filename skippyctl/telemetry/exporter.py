@@ -21,7 +21,7 @@ Contract and invariants:
   the next success submits `telemetry_exporter_recovered`. Those events are exported like any
   other (once each); they cannot storm, since each needs a success/failure flip and attempts are
   paced by the interval and the backoff.
-- **Privacy.** The wire record is `skippyctl.output.records.event_record` — the exact record
+- **Privacy.** The wire record is `skippyctl.output.codec.event_record` — the exact record
   `skippyctl events --json` prints — so the exporter adds no fields and no second serializer.
   The endpoint URL may carry credentials (userinfo is sent as HTTP Basic auth, the query as
   given): it never appears in an event, a metric, an error message or a repr; `Endpoint.display`
@@ -45,7 +45,7 @@ from typing import Any, Final
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event, make_event, summaries
 from skippyctl.events.reasons import DeliveryClass, Outcome, ReasonCode
-from skippyctl.output.records import dumps_line, event_record
+from skippyctl.output.codec import dumps_line, event_record
 from skippyctl.pipeline.dispatch import (
     Dispatched,
     Dispatcher,

@@ -80,7 +80,7 @@ from skippyctl import __version__
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event, LogicalId, SummaryKey
 from skippyctl.events.reasons import DeliveryClass, Outcome, Severity
-from skippyctl.output.records import event_record
+from skippyctl.output.codec import event_record
 from skippyctl.pipeline.dispatch import (
     Dispatched,
     Dispatcher,

@@ -23,7 +23,7 @@ from skippyctl.events.envelope import (
 )
 from skippyctl.events.identity import model_id_for
 from skippyctl.events.reasons import Outcome, ProgressUnit, ReasonCode
-from skippyctl.output.records import event_record
+from skippyctl.output.codec import event_record
 
 FORBIDDEN_KEYS = {
     "prompt", "completion", "tool_arguments", "tool_results", "media_content", "token_ids",

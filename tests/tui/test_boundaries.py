@@ -34,7 +34,7 @@ def test_the_dashboard_never_imports_the_cli() -> None:
 
 def test_decoder_sources_and_store_load_without_textual() -> None:
     code = (
-        "import sys, skippy_tui, skippy_tui.records, skippy_tui.sources, skippy_tui.store, "
+        "import sys, skippy_tui, skippy_tui.sources, skippy_tui.store, skippy_tui.live, "
         "skippy_tui.demo; print('textual' in sys.modules)"
     )
     result = subprocess.run(

@@ -11,7 +11,6 @@ from pathlib import Path
 import orjson
 
 from skippy_tui import demo
-from skippy_tui.records import SkipReason
 from skippy_tui.sources import (
     DecodeSkipped,
     PushSource,
@@ -21,7 +20,7 @@ from skippy_tui.sources import (
     SourceItem,
 )
 from skippyctl.events.envelope import Event
-from skippyctl.output.records import event_record
+from skippyctl.output.codec import SkipReason, event_record
 
 
 class Collect:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import threading
 
 from skippy_tui import demo
-from skippy_tui.records import SkipReason
 from skippy_tui.sources import DecodeSkipped, RuntimeBack, RuntimeDown, SourceEnded
 from skippy_tui.store import RUNTIME_START_IDS, Connection, SnapshotStore, model_phase
 from skippyctl.events.catalog import EventId
+from skippyctl.output.codec import SkipReason
 from skippyctl.reducer.state import ModelState, NodeState, RuntimeView
 
 

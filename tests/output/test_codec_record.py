@@ -1,4 +1,4 @@
-"""The record decoder: `event_record` → `event_from_record` round-trips; bad input is counted."""
+"""The NDJSON record: `event_record` → `event_from_record` round-trips; bad input is counted."""
 
 from __future__ import annotations
 
@@ -8,13 +8,6 @@ import orjson
 import pytest
 
 from skippy_tui import demo
-from skippy_tui.records import (
-    RecordError,
-    SkipReason,
-    decode_line,
-    decode_record,
-    event_from_record,
-)
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import (
     BatchingMode,
@@ -26,7 +19,14 @@ from skippyctl.events.envelope import (
     make_event,
 )
 from skippyctl.events.reasons import Producer, Severity
-from skippyctl.output.records import event_record
+from skippyctl.output.codec import (
+    RecordError,
+    SkipReason,
+    decode_line,
+    decode_record,
+    event_from_record,
+    event_record,
+)
 
 ALL_SCENARIOS = demo.loading() + demo.failed() + demo.sessions() + demo.pressure() + demo.topology()
 

@@ -1,4 +1,8 @@
-"""Terminal presenters for an event stream: NDJSON on stdout, or a Rich progress bar on stderr."""
+"""Terminal presenters for an event stream: NDJSON on stdout, or a Rich progress bar on stderr.
+
+Presentation lives with the CLI (it needs Rich); the projections it shows (the `--json` record,
+the human summary) come from skippyctl.output, which imports no UI framework.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedCo
 
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event
-from skippyctl.output.records import dumps_line, event_record
+from skippyctl.output.codec import dumps_line, event_record
 from skippyctl.output.summary import render_summary
 
 

@@ -1,0 +1,191 @@
+"""A typed reading of the state document (`GET /api/runtime/state`, `ps --json`, SSE
+`runtime_state` frames), for clients that decide on its states (`ps`, `wait`).
+
+The document is built by skippyctl.output.state; this is its reader, so the state names are
+spelled once (the reducer's enums), never again as strings by a client. Contract:
+
+- `read_state_document(document)` never raises. It reads what this build knows and leaves the
+  rest: an enum value it does not know reads as `EnumValue(text, None)` (a newer runtime's state
+  keeps its name for people, and matches no member), a value of the wrong JSON type reads as
+  absent, a model or session entry without a usable id is left out.
+- The reading is frozen; the document's JSON is not changed by reading it (commands that print
+  the document print the document, not this view).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Final, Generic, TypeVar
+
+from skippyctl.events.envelope import Progress
+from skippyctl.events.reasons import ProgressUnit, ReasonCode
+from skippyctl.reducer.state import (
+    EventSystemView,
+    ModelState,
+    NativeMode,
+    NodeState,
+    RuntimeState,
+    SessionState,
+)
+
+E = TypeVar("E", bound=StrEnum)
+ABSENT: Final = "?"
+"""How an enum value the document does not carry reads for people."""
+
+
+@dataclass(frozen=True, slots=True)
+class EnumValue(Generic[E]):
+    """A wire enum value as the document spells it, and the member it names in this build."""
+
+    text: str
+    member: E | None
+    """None: a value this build does not know (or none at all)."""
+
+
+def _enum(kind: type[E], value: object) -> EnumValue[E]:
+    if not isinstance(value, str):
+        return EnumValue(ABSENT, None)
+    try:
+        return EnumValue(value, kind(value))
+    except ValueError:
+        return EnumValue(value, None)
+
+
+def _optional_enum(kind: type[E], value: object) -> EnumValue[E] | None:
+    return None if value is None else _enum(kind, value)
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _number(value: object) -> int | float | None:
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _entries(document: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
+    value = document.get(key)
+    if not isinstance(value, list):
+        return []
+    return [entry for entry in value if isinstance(entry, dict)]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelEntry:
+    """One model of the document (the fields clients read; `--json` has them all)."""
+
+    model_id: str
+    state: EnumValue[ModelState]
+    reason_code: EnumValue[ReasonCode] | None = None
+    progress: Progress | None = None
+    device_id: str | None = None
+    model_size_bytes: int | None = None
+    context_tokens: int | None = None
+    lanes: int | None = None
+    lanes_in_use: int = 0
+    queue_depth: int = 0
+    decode_tokens_per_s: int | float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionEntry:
+    session_id: str
+    state: EnumValue[SessionState]
+    model_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StateDocumentView:
+    """The typed reading of one state document."""
+
+    runtime: EnumValue[RuntimeState] = field(default_factory=lambda: EnumValue(ABSENT, None))
+    node: EnumValue[NodeState] = field(default_factory=lambda: EnumValue(ABSENT, None))
+    native_mode: EnumValue[NativeMode] = field(default_factory=lambda: EnumValue(ABSENT, None))
+    models: tuple[ModelEntry, ...] = ()
+    sessions: tuple[SessionEntry, ...] = ()
+    event_system: EventSystemView = field(default_factory=EventSystemView)
+    subscribers_lagging: int | None = None
+    """From the document's `health` (the API's live counter), when it carries one."""
+
+    def model(self, model_id: str) -> ModelEntry | None:
+        return next((m for m in self.models if m.model_id == model_id), None)
+
+
+def _progress(value: object) -> Progress | None:
+    if not isinstance(value, dict):
+        return None
+    current = _int(value.get("current"))
+    unit = _enum(ProgressUnit, value.get("unit")).member
+    return Progress(
+        current=0 if current is None else current,
+        total=_int(value.get("total")),
+        unit=unit or ProgressUnit.NONE,
+    )
+
+
+def _model(entry: Mapping[str, Any]) -> ModelEntry | None:
+    model_id = _text(entry.get("model_id"))
+    if model_id is None:
+        return None
+    return ModelEntry(
+        model_id=model_id,
+        state=_enum(ModelState, entry.get("state")),
+        reason_code=_optional_enum(ReasonCode, entry.get("reason_code")),
+        progress=_progress(entry.get("progress")),
+        device_id=_text(entry.get("device_id")),
+        model_size_bytes=_int(entry.get("model_size_bytes")),
+        context_tokens=_int(entry.get("context_tokens")),
+        lanes=_int(entry.get("lanes")),
+        lanes_in_use=_int(entry.get("lanes_in_use")) or 0,
+        queue_depth=_int(entry.get("queue_depth")) or 0,
+        decode_tokens_per_s=_number(entry.get("decode_tokens_per_s")),
+    )
+
+
+def _session(entry: Mapping[str, Any]) -> SessionEntry | None:
+    session_id = _text(entry.get("session_id"))
+    if session_id is None:
+        return None
+    return SessionEntry(
+        session_id=session_id,
+        state=_enum(SessionState, entry.get("state")),
+        model_id=_text(entry.get("model_id")),
+    )
+
+
+def _event_system(value: object) -> EventSystemView:
+    """The counters this build knows, each taken only with its own JSON type."""
+    if not isinstance(value, dict):
+        return EventSystemView()
+    known: dict[str, Any] = {}  # each value checked against its field below
+    for spec in dataclasses.fields(EventSystemView):
+        item = value.get(spec.name)
+        if isinstance(spec.default, bool):
+            if isinstance(item, bool):
+                known[spec.name] = item
+        elif (number := _int(item)) is not None:
+            known[spec.name] = number
+    return dataclasses.replace(EventSystemView(), **known)
+
+
+def read_state_document(document: Mapping[str, Any]) -> StateDocumentView:
+    """The typed reading of a state document. Never raises."""
+    health = document.get("health")
+    return StateDocumentView(
+        runtime=_enum(RuntimeState, document.get("runtime")),
+        node=_enum(NodeState, document.get("node")),
+        native_mode=_enum(NativeMode, document.get("native_mode")),
+        models=tuple(m for e in _entries(document, "models") if (m := _model(e)) is not None),
+        sessions=tuple(s for e in _entries(document, "sessions") if (s := _session(e)) is not None),
+        event_system=_event_system(document.get("event_system")),
+        subscribers_lagging=_int(health.get("subscribers_lagging"))
+        if isinstance(health, dict)
+        else None,
+    )
