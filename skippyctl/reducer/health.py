@@ -1,25 +1,97 @@
 """Runtime lifecycle, native mode and event-system health totals.
 
-native_library_loaded                          native mode (feature bits recorded)
-native_library_unavailable | _rejected         legacy mode
-runtime_initialized                            starting → running
-runtime_stopping                               → stopping
-runtime_stopped | runtime_crashed              → stopped
-events_dropped_by_class, events_coalesced, events_sampled, unknown_native_event_received,
-  native_sequence_gap_detected, subscriber_lagging, subscriber_disconnected, reducer_error,
-  telemetry_exporter_degraded | _recovered, runtime_replay_gap
-                                               event-system totals
+The allowed moves are the rows of `RUNTIME_MOVES`, `NATIVE_MODE_MOVES` and `EXPORTER_MOVES`
+(reducer.moves); the handlers look each event up there and make the field updates.
+
+    runtime              from → to
+    runtime_initialized  starting → running
+    runtime_stopping     starting | running → stopping
+    runtime_stopped      any other → stopped
+      runtime_crashed
+
+    native mode                 from → to
+    native_library_loaded       any → native — feature bits
+    native_library_unavailable  any → legacy
+      native_library_rejected
+
+    telemetry exporter            from → to
+    telemetry_exporter_degraded   ok → degraded
+    telemetry_exporter_recovered  degraded → ok
+
+Event-system totals (counted, no state moves): events_dropped_by_class, events_coalesced,
+events_sampled, unknown_native_event_received, native_sequence_gap_detected, subscriber_lagging,
+subscriber_disconnected, reducer_error, runtime_replay_gap.
 """
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Final
 
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event, SummaryKey
 from skippyctl.reducer.common import NO_TRANSITIONS, Handler, Step, reject
 from skippyctl.reducer.immutable import evolve
+from skippyctl.reducer.moves import Move, MoveTable, moves
 from skippyctl.reducer.state import EventSystemView, NativeMode, RuntimeState, RuntimeView
+
+_E = EventId
+_RS = RuntimeState
+
+
+class ExporterHealth(StrEnum):
+    """The telemetry exporter flag (the view keeps it as a bool) as a state of its table."""
+
+    OK = "ok"
+    DEGRADED = "degraded"
+
+
+RUNTIME_MOVES: Final[MoveTable[RuntimeState]] = MoveTable(
+    "runtime",
+    RuntimeState,
+    (
+        Move(frozenset({_RS.STARTING}), _E.RUNTIME_INITIALIZED, _RS.RUNNING),
+        Move(frozenset({_RS.STARTING, _RS.RUNNING}), _E.RUNTIME_STOPPING, _RS.STOPPING),
+        *moves(
+            {_RS.STARTING, _RS.RUNNING, _RS.STOPPING},
+            (_E.RUNTIME_STOPPED, _E.RUNTIME_CRASHED),
+            _RS.STOPPED,
+        ),
+    ),
+)
+
+NATIVE_MODE_MOVES: Final[MoveTable[NativeMode]] = MoveTable(
+    "native mode",
+    NativeMode,
+    (
+        Move(
+            frozenset(NativeMode), _E.NATIVE_LIBRARY_LOADED, NativeMode.NATIVE, note="feature bits"
+        ),
+        *moves(
+            NativeMode,
+            (_E.NATIVE_LIBRARY_UNAVAILABLE, _E.NATIVE_LIBRARY_REJECTED),
+            NativeMode.LEGACY,
+        ),
+    ),
+)
+
+EXPORTER_MOVES: Final[MoveTable[ExporterHealth]] = MoveTable(
+    "telemetry exporter",
+    ExporterHealth,
+    (
+        Move(
+            frozenset({ExporterHealth.OK}),
+            _E.TELEMETRY_EXPORTER_DEGRADED,
+            ExporterHealth.DEGRADED,
+        ),
+        Move(
+            frozenset({ExporterHealth.DEGRADED}),
+            _E.TELEMETRY_EXPORTER_RECOVERED,
+            ExporterHealth.OK,
+        ),
+    ),
+)
+MOVE_TABLES: Final = (RUNTIME_MOVES, NATIVE_MODE_MOVES, EXPORTER_MOVES)
 
 
 def _n(event: Event, key: SummaryKey) -> int:
@@ -27,31 +99,28 @@ def _n(event: Event, key: SummaryKey) -> int:
     return 0 if value is None else int(value)
 
 
-def on_native_loaded(state: RuntimeView, event: Event) -> Step:
-    features = event.summary_value(SummaryKey.FEATURE_BITS)
-    return (
-        evolve(
-            state,
-            native_mode=NativeMode.NATIVE,
-            native_features=None if features is None else int(features),
-        ),
-        NO_TRANSITIONS,
-    )
+def on_native_mode(state: RuntimeView, event: Event) -> Step:
+    row = NATIVE_MODE_MOVES.find(event.id, state.native_mode)
+    if row is None or not isinstance(row.target, NativeMode):
+        return reject(state)
+    if row.target is NativeMode.NATIVE:
+        features = event.summary_value(SummaryKey.FEATURE_BITS)
+        return (
+            evolve(
+                state,
+                native_mode=row.target,
+                native_features=None if features is None else int(features),
+            ),
+            NO_TRANSITIONS,
+        )
+    return evolve(state, native_mode=row.target), NO_TRANSITIONS
 
 
-def on_native_unavailable(state: RuntimeView, event: Event) -> Step:
-    return evolve(state, native_mode=NativeMode.LEGACY), NO_TRANSITIONS
-
-
-def _runtime(target: RuntimeState, allowed: frozenset[RuntimeState]) -> Handler:
-    def handler(state: RuntimeView, event: Event) -> Step:
-        if state.runtime is target:
-            return reject(state, duplicate=True)
-        if state.runtime not in allowed:
-            return reject(state)
-        return evolve(state, runtime=target), NO_TRANSITIONS
-
-    return handler
+def on_runtime(state: RuntimeView, event: Event) -> Step:
+    row = RUNTIME_MOVES.find(event.id, state.runtime)
+    if row is None or not isinstance(row.target, RuntimeState):
+        return reject(state, duplicate=RUNTIME_MOVES.repeats(event.id, state.runtime))
+    return evolve(state, runtime=row.target), NO_TRANSITIONS
 
 
 def on_health(state: RuntimeView, event: Event) -> Step:
@@ -88,10 +157,11 @@ def on_health(state: RuntimeView, event: Event) -> Step:
         case EventId.REDUCER_ERROR:
             view = evolve(view, reducer_errors=view.reducer_errors + _n(event, SummaryKey.REJECTED))
         case EventId.TELEMETRY_EXPORTER_DEGRADED | EventId.TELEMETRY_EXPORTER_RECOVERED:
-            degraded = event.id is EventId.TELEMETRY_EXPORTER_DEGRADED
-            if view.exporter_degraded is degraded:
-                return reject(state, duplicate=True)
-            view = evolve(view, exporter_degraded=degraded)
+            now = ExporterHealth.DEGRADED if view.exporter_degraded else ExporterHealth.OK
+            row = EXPORTER_MOVES.find(event.id, now)
+            if row is None:
+                return reject(state, duplicate=EXPORTER_MOVES.repeats(event.id, now))
+            view = evolve(view, exporter_degraded=row.target is ExporterHealth.DEGRADED)
         case EventId.RUNTIME_REPLAY_GAP:
             view = evolve(view, replay_gaps=view.replay_gaps + 1)
         case _:
@@ -99,18 +169,9 @@ def on_health(state: RuntimeView, event: Event) -> Step:
     return evolve(state, event_system=view), NO_TRANSITIONS
 
 
-_ANY: Final = frozenset(RuntimeState)
-
 HANDLERS: Final[dict[EventId, Handler]] = {
-    EventId.NATIVE_LIBRARY_LOADED: on_native_loaded,
-    EventId.NATIVE_LIBRARY_UNAVAILABLE: on_native_unavailable,
-    EventId.NATIVE_LIBRARY_REJECTED: on_native_unavailable,
-    EventId.RUNTIME_INITIALIZED: _runtime(RuntimeState.RUNNING, frozenset({RuntimeState.STARTING})),
-    EventId.RUNTIME_STOPPING: _runtime(
-        RuntimeState.STOPPING, frozenset({RuntimeState.STARTING, RuntimeState.RUNNING})
-    ),
-    EventId.RUNTIME_STOPPED: _runtime(RuntimeState.STOPPED, _ANY),
-    EventId.RUNTIME_CRASHED: _runtime(RuntimeState.STOPPED, _ANY),
+    **{event_id: on_native_mode for event_id in NATIVE_MODE_MOVES.events},
+    **{event_id: on_runtime for event_id in RUNTIME_MOVES.events},
     **{
         event_id: on_health
         for event_id in (

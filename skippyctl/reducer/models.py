@@ -1,28 +1,41 @@
 """Model availability. Readiness is gated here: native completion is not availability.
 
-    event                                     from                  to            emits
-    model_load_requested                      absent | settled      requested
-    model_load_started                        requested             loading
-    model_load_phase_changed, _progress,
-      backend_device_selected,
-      model_memory_allocation_summary         loading               loading
-    native_model_load_completed              loading              initializing  native_model_loaded
-    serving_backend_initialization_started    initializing          initializing
-    serving_backend_initialization_completed  initializing          available*    model_available
-    model_load_failed,
-      serving_backend_initialization_failed   requested..init.      failed
-    model_load_cancelled                      requested..init.      cancelled
-    engine_process_crashed                    available | degraded  unavailable   model_unavailable
-    topology_ready                            initializing*         available     model_available
-                                              degraded|unavailable* available     model_available
-    topology_degraded                         available             degraded      model_degraded
-    topology_unavailable                      available | degraded  unavailable   model_unavailable
-    unload_requested                          serving | unavailable unloading
-    unload_completed                          unloading             unloaded
-    unload_failed                             unloading             unavailable   model_unavailable
+The allowed moves are the rows of `MOVES` (reducer.moves); the handlers look each event up there
+and make the field updates. An event of another operation than the one loading the model is
+refused, except a crash or an unload (they concern the model whatever loaded it).
 
+    model                                     from → to
+    model_load_requested                      absent | settled → requested
+    model_load_started                        requested → loading
+    model_load_phase_changed                  loading → same
+      model_load_progress
+      backend_device_selected
+      model_memory_allocation_summary
+    native_model_load_completed               loading → initializing, announces native_model_loaded
+    serving_backend_initialization_started    initializing → same
+    serving_backend_initialization_completed  initializing → available, announces model_available —
+                                                once its topology is ready (*)
+    model_load_failed                         in load → failed
+      serving_backend_initialization_failed
+    model_load_cancelled                      in load → cancelled
+    engine_process_crashed                    serving | unloading → unavailable, announces
+                                                model_unavailable — otherwise ignored (**)
+    topology_ready                            initializing | degraded | unavailable → available,
+                                                announces model_available — once its backend is
+                                                ready (*)
+    topology_degraded                         available → degraded, announces model_degraded
+    topology_unavailable                      serving → unavailable, announces model_unavailable
+    unload_requested                          serving | unavailable → unloading
+    unload_completed                          unloading → unloaded
+    unload_failed                             unloading → unavailable, announces model_unavailable
+
+"settled" = failed | cancelled | unloaded | unavailable; "in load" = requested | loading |
+initializing; "serving" = available | degraded.
 (*) a model served by a topology becomes available only when both its serving backend and its
-topology are ready. "settled" = failed, cancelled, unloaded, unavailable.
+topology are ready; a backend that completes first is recorded as ready and the model waits.
+(**) a crash during a load is not a rejection: that load is settled by model_load_failed.
+The topology_* rows project a topology's new state (topology.py) onto the models it serves: a
+model no row fits stays as it is, which is not a rejection.
 """
 
 from __future__ import annotations
@@ -44,6 +57,7 @@ from skippyctl.reducer.common import (
     transition,
 )
 from skippyctl.reducer.immutable import evolve
+from skippyctl.reducer.moves import ABSENT, SAME, Effect, Move, MoveTable, moves
 from skippyctl.reducer.state import (
     LOADING_MODEL_STATES,
     MAX_MODELS,
@@ -55,7 +69,72 @@ from skippyctl.reducer.state import (
     TopologyState,
 )
 
-_UNLOADABLE: Final = SERVING_MODEL_STATES | {ModelState.UNAVAILABLE}
+_E = EventId
+_M = ModelState
+
+MOVES: Final[MoveTable[ModelState]] = MoveTable(
+    "model",
+    ModelState,
+    (
+        Move(frozenset({ABSENT, *SETTLED_MODEL_STATES}), _E.MODEL_LOAD_REQUESTED, _M.REQUESTED),
+        Move(frozenset({_M.REQUESTED}), _E.MODEL_LOAD_STARTED, _M.LOADING),
+        *moves(
+            {_M.LOADING},
+            (
+                _E.MODEL_LOAD_PHASE_CHANGED,
+                _E.MODEL_LOAD_PROGRESS,
+                _E.BACKEND_DEVICE_SELECTED,
+                _E.MODEL_MEMORY_ALLOCATION_SUMMARY,
+            ),
+            SAME,
+        ),
+        Move(
+            frozenset({_M.LOADING}),
+            _E.NATIVE_MODEL_LOAD_COMPLETED,
+            _M.INITIALIZING,
+            _E.NATIVE_MODEL_LOADED,
+        ),
+        Move(frozenset({_M.INITIALIZING}), _E.SERVING_BACKEND_INITIALIZATION_STARTED, SAME),
+        Move(
+            frozenset({_M.INITIALIZING}),
+            _E.SERVING_BACKEND_INITIALIZATION_COMPLETED,
+            _M.AVAILABLE,
+            _E.MODEL_AVAILABLE,
+            "once its topology is ready (*)",
+        ),
+        *moves(
+            LOADING_MODEL_STATES,
+            (_E.MODEL_LOAD_FAILED, _E.SERVING_BACKEND_INITIALIZATION_FAILED),
+            _M.FAILED,
+        ),
+        Move(LOADING_MODEL_STATES, _E.MODEL_LOAD_CANCELLED, _M.CANCELLED),
+        Move(
+            SERVING_MODEL_STATES | {_M.UNLOADING},
+            _E.ENGINE_PROCESS_CRASHED,
+            _M.UNAVAILABLE,
+            _E.MODEL_UNAVAILABLE,
+            "otherwise ignored (**)",
+        ),
+        Move(
+            frozenset({_M.INITIALIZING, _M.DEGRADED, _M.UNAVAILABLE}),
+            _E.TOPOLOGY_READY,
+            _M.AVAILABLE,
+            _E.MODEL_AVAILABLE,
+            "once its backend is ready (*)",
+        ),
+        Move(frozenset({_M.AVAILABLE}), _E.TOPOLOGY_DEGRADED, _M.DEGRADED, _E.MODEL_DEGRADED),
+        Move(SERVING_MODEL_STATES, _E.TOPOLOGY_UNAVAILABLE, _M.UNAVAILABLE, _E.MODEL_UNAVAILABLE),
+        Move(SERVING_MODEL_STATES | {_M.UNAVAILABLE}, _E.UNLOAD_REQUESTED, _M.UNLOADING),
+        Move(frozenset({_M.UNLOADING}), _E.UNLOAD_COMPLETED, _M.UNLOADED),
+        Move(frozenset({_M.UNLOADING}), _E.UNLOAD_FAILED, _M.UNAVAILABLE, _E.MODEL_UNAVAILABLE),
+    ),
+    groups={
+        "settled": SETTLED_MODEL_STATES,
+        "in load": LOADING_MODEL_STATES,
+        "serving": SERVING_MODEL_STATES,
+    },
+)
+MOVE_TABLES: Final = (MOVES,)
 
 
 def _model_of(state: RuntimeView, event: Event) -> ModelView | None:
@@ -92,18 +171,33 @@ def _announce(
 def _move(
     state: RuntimeView,
     event: Event,
-    allowed: frozenset[ModelState],
-    target: ModelState,
     amend: Callable[[ModelView], ModelView] = lambda view: view,
-) -> tuple[RuntimeView, ModelView | None, ModelState | None]:
+) -> tuple[RuntimeView, ModelView, ModelState, Move[ModelState]] | None:
+    """The table's move of the event's model to another state; None when there is none."""
     view = _model_of(state, event)
-    if view is None or view.state not in allowed:
-        return state, None, None
+    if view is None:
+        return None
+    row = MOVES.find(event.id, view.state)
+    if row is None or isinstance(row.target, Effect):
+        return None
     foreign = event.operation_id is not None and view.operation_id not in (None, event.operation_id)
     if foreign and event.id not in _ANY_OPERATION:
-        return state, None, None
-    moved = amend(evolve(view, state=target, updated_mono_ns=event.mono_ns))
-    return _store(state, moved), moved, view.state
+        return None
+    moved = amend(evolve(view, state=row.target, updated_mono_ns=event.mono_ns))
+    return _store(state, moved), moved, view.state, row
+
+
+def _announced(
+    row: Move[ModelState],
+    view: ModelView,
+    previous: ModelState,
+    cause: Event,
+    outcome: Outcome | None = None,
+) -> tuple[Event, ...]:
+    """The row's announcement, if it makes one."""
+    if row.emits is None:
+        return NO_TRANSITIONS
+    return (_announce(row.emits, view, previous, cause, outcome=outcome),)
 
 
 # Events that concern the model whatever operation loaded it.
@@ -117,9 +211,14 @@ _ANY_OPERATION: Final = frozenset(
 )
 
 
-def _is_duplicate(state: RuntimeView, event: Event, target: ModelState) -> bool:
+def _is_duplicate(state: RuntimeView, event: Event) -> bool:
+    """The model already is where the event leads."""
     view = _model_of(state, event)
-    return view is not None and view.state is target
+    return view is not None and MOVES.repeats(event.id, view.state)
+
+
+def _allows(view: ModelView | None, event: Event) -> bool:
+    return view is not None and MOVES.find(event.id, view.state) is not None
 
 
 def on_load_requested(state: RuntimeView, event: Event) -> Step:
@@ -127,7 +226,7 @@ def on_load_requested(state: RuntimeView, event: Event) -> Step:
     if model_id is None:
         return reject(state)
     current = state.models.get(model_id)
-    if current is not None and current.state not in SETTLED_MODEL_STATES:
+    if current is not None and MOVES.find(event.id, current.state) is None:
         return reject(state, duplicate=current.operation_id == event.operation_id)
     view = ModelView(
         model_id=model_id,
@@ -152,15 +251,15 @@ def on_load_requested(state: RuntimeView, event: Event) -> Step:
 
 
 def on_load_started(state: RuntimeView, event: Event) -> Step:
-    new, moved, _ = _move(state, event, frozenset({ModelState.REQUESTED}), ModelState.LOADING)
-    if moved is None:
-        return reject(state, duplicate=_is_duplicate(state, event, ModelState.LOADING))
-    return new, NO_TRANSITIONS
+    step = _move(state, event)
+    if step is None:
+        return reject(state, duplicate=_is_duplicate(state, event))
+    return step[0], NO_TRANSITIONS
 
 
 def on_loading_fact(state: RuntimeView, event: Event) -> Step:
     view = _model_of(state, event)
-    if view is None or view.state is not ModelState.LOADING:
+    if view is None or not _allows(view, event):
         return reject(state)
     if event.operation_id is not None and view.operation_id != event.operation_id:
         return reject(state)
@@ -184,25 +283,24 @@ def on_loading_fact(state: RuntimeView, event: Event) -> Step:
 def on_native_completed(state: RuntimeView, event: Event) -> Step:
     size = event.summary_value(SummaryKey.MODEL_SIZE_BYTES)
     params = event.summary_value(SummaryKey.PARAMETERS)
-    new, moved, previous = _move(
+    step = _move(
         state,
         event,
-        frozenset({ModelState.LOADING}),
-        ModelState.INITIALIZING,
         lambda view: evolve(
             view,
             model_size_bytes=None if size is None else int(size),
             parameters=None if params is None else int(params),
         ),
     )
-    if moved is None or previous is None:
-        return reject(state, duplicate=_is_duplicate(state, event, ModelState.INITIALIZING))
-    return new, (_announce(EventId.NATIVE_MODEL_LOADED, moved, previous, event),)
+    if step is None:
+        return reject(state, duplicate=_is_duplicate(state, event))
+    new, moved, previous, row = step
+    return new, _announced(row, moved, previous, event)
 
 
 def on_backend_started(state: RuntimeView, event: Event) -> Step:
     view = _model_of(state, event)
-    if view is None or view.state is not ModelState.INITIALIZING:
+    if view is None or not _allows(view, event):
         return reject(state)
     return state, NO_TRANSITIONS
 
@@ -222,7 +320,7 @@ def _load_duration_ms(view: ModelView, now_ns: int) -> float | None:
 
 def on_backend_completed(state: RuntimeView, event: Event) -> Step:
     view = _model_of(state, event)
-    if view is None or view.state is not ModelState.INITIALIZING or view.backend_ready:
+    if view is None or not _allows(view, event) or view.backend_ready:
         return reject(state, duplicate=view is not None and view.backend_ready)
     if event.operation_id is not None and view.operation_id != event.operation_id:
         return reject(state)
@@ -260,105 +358,65 @@ def _become_available(state: RuntimeView, view: ModelView, cause: Event) -> Step
     return _store(state, available), (announce,)
 
 
-def settle_load(target: ModelState) -> Handler:
-    def handler(state: RuntimeView, event: Event) -> Step:
-        new, moved, _ = _move(
-            state,
-            event,
-            LOADING_MODEL_STATES,
-            target,
-            lambda view: evolve(view, reason_code=event.reason_code),
-        )
-        if moved is None:
-            return reject(state, duplicate=_is_duplicate(state, event, target))
-        return new, NO_TRANSITIONS
-
-    return handler
+def on_load_settled(state: RuntimeView, event: Event) -> Step:
+    step = _move(state, event, lambda view: evolve(view, reason_code=event.reason_code))
+    if step is None:
+        return reject(state, duplicate=_is_duplicate(state, event))
+    return step[0], NO_TRANSITIONS
 
 
 def on_engine_crashed(state: RuntimeView, event: Event) -> Step:
-    new, moved, previous = _move(
+    step = _move(
         state,
         event,
-        SERVING_MODEL_STATES | {ModelState.UNLOADING},
-        ModelState.UNAVAILABLE,
         lambda view: evolve(view, reason_code=event.reason_code, backend_ready=False),
     )
-    if moved is None or previous is None:
+    if step is None:
         return state, NO_TRANSITIONS  # a crash during a load is settled by model_load_failed
-    return new, (
-        _announce(EventId.MODEL_UNAVAILABLE, moved, previous, event, outcome=Outcome.FAILURE),
-    )
+    new, moved, previous, row = step
+    return new, _announced(row, moved, previous, event, outcome=Outcome.FAILURE)
 
 
-def on_topology_changed(
-    state: RuntimeView, event: Event, topology: LogicalId, to: TopologyState
-) -> Step:
-    """Project a topology's new state onto the models it serves."""
+def on_topology_changed(state: RuntimeView, event: Event, topology: LogicalId) -> Step:
+    """Project a topology's new state (the event) onto the models it serves."""
     transitions: list[Event] = []
     for view in list(state.models.values()):
         if view.topology_id != topology:
             continue
-        target: ModelState | None = None
-        announce: EventId | None = None
-        if (
-            to is TopologyState.READY
-            and view.backend_ready
-            and view.state
-            in (
-                ModelState.INITIALIZING,
-                ModelState.DEGRADED,
-                ModelState.UNAVAILABLE,
-            )
-        ):
-            state, emitted = _become_available(state, view, event)
-            transitions.extend(emitted)
+        row = MOVES.find(event.id, view.state)
+        if row is None or isinstance(row.target, Effect):
             continue
-        if to is TopologyState.DEGRADED and view.state is ModelState.AVAILABLE:
-            target, announce = ModelState.DEGRADED, EventId.MODEL_DEGRADED
-        elif to is TopologyState.UNAVAILABLE and view.state in SERVING_MODEL_STATES:
-            target, announce = ModelState.UNAVAILABLE, EventId.MODEL_UNAVAILABLE
-        if target is None or announce is None:
+        if row.target is ModelState.AVAILABLE:
+            if view.backend_ready:
+                state, emitted = _become_available(state, view, event)
+                transitions.extend(emitted)
             continue
-        moved = evolve(view, state=target, updated_mono_ns=event.mono_ns)
+        moved = evolve(view, state=row.target, updated_mono_ns=event.mono_ns)
         state = _store(state, moved)
-        transitions.append(_announce(announce, moved, view.state, event))
+        transitions.extend(_announced(row, moved, view.state, event))
     return state, tuple(transitions)
 
 
 def on_unload_requested(state: RuntimeView, event: Event) -> Step:
-    new, moved, _ = _move(state, event, _UNLOADABLE, ModelState.UNLOADING)
-    if moved is None:
-        return reject(state, duplicate=_is_duplicate(state, event, ModelState.UNLOADING))
-    return new, NO_TRANSITIONS
+    step = _move(state, event)
+    if step is None:
+        return reject(state, duplicate=_is_duplicate(state, event))
+    return step[0], NO_TRANSITIONS
 
 
 def on_unload_completed(state: RuntimeView, event: Event) -> Step:
-    new, moved, _ = _move(
-        state,
-        event,
-        frozenset({ModelState.UNLOADING}),
-        ModelState.UNLOADED,
-        lambda view: evolve(view, backend_ready=False, progress=None),
-    )
-    if moved is None:
-        return reject(state, duplicate=_is_duplicate(state, event, ModelState.UNLOADED))
-    return new, NO_TRANSITIONS
+    step = _move(state, event, lambda view: evolve(view, backend_ready=False, progress=None))
+    if step is None:
+        return reject(state, duplicate=_is_duplicate(state, event))
+    return step[0], NO_TRANSITIONS
 
 
 def on_unload_failed(state: RuntimeView, event: Event) -> Step:
-    new, moved, previous = _move(
-        state,
-        event,
-        frozenset({ModelState.UNLOADING}),
-        ModelState.UNAVAILABLE,
-        lambda view: evolve(view, reason_code=event.reason_code),
-    )
-    if moved is None or previous is None:
-        return reject(state)
-    return new, (
-        _announce(EventId.MODEL_UNAVAILABLE, moved, previous, event, outcome=Outcome.FAILURE),
-    )
+    step = _move(state, event, lambda view: evolve(view, reason_code=event.reason_code))
+    if step is None:
+        return reject(state)  # unavailable already: a misfit, not a repeat (no unload is pending)
+    new, moved, previous, row = step
+    return new, _announced(row, moved, previous, event, outcome=Outcome.FAILURE)
 
 
 HANDLERS: Final[dict[EventId, Handler]] = {
@@ -370,9 +428,9 @@ HANDLERS: Final[dict[EventId, Handler]] = {
     EventId.NATIVE_MODEL_LOAD_COMPLETED: on_native_completed,
     EventId.SERVING_BACKEND_INITIALIZATION_STARTED: on_backend_started,
     EventId.SERVING_BACKEND_INITIALIZATION_COMPLETED: on_backend_completed,
-    EventId.MODEL_LOAD_FAILED: settle_load(ModelState.FAILED),
-    EventId.SERVING_BACKEND_INITIALIZATION_FAILED: settle_load(ModelState.FAILED),
-    EventId.MODEL_LOAD_CANCELLED: settle_load(ModelState.CANCELLED),
+    EventId.MODEL_LOAD_FAILED: on_load_settled,
+    EventId.SERVING_BACKEND_INITIALIZATION_FAILED: on_load_settled,
+    EventId.MODEL_LOAD_CANCELLED: on_load_settled,
     EventId.ENGINE_PROCESS_CRASHED: on_engine_crashed,
     EventId.UNLOAD_REQUESTED: on_unload_requested,
     EventId.UNLOAD_COMPLETED: on_unload_completed,

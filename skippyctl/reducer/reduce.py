@@ -2,9 +2,11 @@
 
 Pure and total: it never raises for an unexpected event; an event that does not fit the current
 state is counted (`rejected_transitions`, or `duplicate_transitions` when it repeats the current
-state) and the state is returned unchanged. Each family's transition table is stated at the top of
-its module: models (availability, readiness gating), topology (stages, topologies), serving
-(sessions, requests), resources (KV, devices), health (runtime, event system), node (derived).
+state) and the state is returned unchanged. Each family declares its allowed moves as data — rows
+of (from-states, event id, to-state) in `MoveTable`s (reducer.moves) that its handlers consult —
+and states them at the top of its module: models (availability, readiness gating), topology
+(stages, topologies), serving (sessions, requests), resources (KV, devices), health (runtime,
+event system); node (derived) states its derivation.
 
 After every event the node's availability and the set of available models are derived again; a
 change is announced as a reducer transition (`node_*`, `available_model_set_changed`).

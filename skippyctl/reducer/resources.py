@@ -1,18 +1,45 @@
 """KV/cache pressure and context capacity (per model) and device/resource health.
 
-kv_cache_initialization_completed   model kv capacity (cells)
-cache_pressure_crossed / _cleared   model kv pressure on / off (a repeat is a duplicate)
-context_capacity_approaching_limit  counted per model
-context_exhausted                   counted per model
-backend_device_selected,
-  device_ready | _degraded | _unavailable | _recovered | _lost | _reset
-                                    the device's state
-memory_pressure_crossed / _cleared  the device's memory pressure flag
-out_of_memory_condition             counted per device
+The allowed moves are the rows of `KV_MOVES`, `DEVICE_MOVES` and `MEMORY_MOVES`
+(reducer.moves); the handlers look each event up there and make the field updates. KV facts of a
+model the view does not know are rejected; a device fact about an unknown device records it.
+`backend_device_selected` is also a loading fact of its model (models.MOVES).
+
+    model KV                            from → to
+    kv_cache_initialization_completed   off | on → same — capacity
+    cache_pressure_crossed              off → on — cells used
+    cache_pressure_cleared              on → off — cells used
+    context_capacity_approaching_limit  off | on → same — counted
+      context_exhausted
+
+    device                   from → to
+    backend_device_selected  absent → selected — memory figures recorded
+      device_selected
+      memory_pressure_crossed
+      memory_pressure_cleared
+      out_of_memory_condition
+    backend_device_selected  any → same — keeps its health
+      device_selected
+      memory_pressure_crossed
+      memory_pressure_cleared
+      out_of_memory_condition
+    device_ready             absent | any other → ready
+    device_degraded          absent | any other → degraded
+    device_unavailable       absent | any other → unavailable
+    device_recovered         absent | any other → ready
+    device_lost              absent | any other → lost
+    device_reset             absent | any other → ready
+
+    device memory            from → to
+    memory_pressure_crossed  absent | off → on
+    memory_pressure_cleared  absent | on → off
+    out_of_memory_condition  absent → off — counted
+    out_of_memory_condition  off | on → same — counted
 """
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Final
 
 from skippyctl.events.catalog import EventId
@@ -20,6 +47,7 @@ from skippyctl.events.envelope import Event, LogicalId, SummaryKey
 from skippyctl.reducer.common import NO_TRANSITIONS, Handler, Step, bounded_put, count, put, reject
 from skippyctl.reducer.immutable import evolve
 from skippyctl.reducer.models import on_loading_fact
+from skippyctl.reducer.moves import ABSENT, SAME, Effect, Move, MoveTable, entering, moves
 from skippyctl.reducer.state import (
     MAX_DEVICES,
     DeviceState,
@@ -29,23 +57,75 @@ from skippyctl.reducer.state import (
     RuntimeView,
 )
 
-_DEVICE_TARGETS: Final[dict[EventId, DeviceState]] = {
-    EventId.BACKEND_DEVICE_SELECTED: DeviceState.SELECTED,
-    EventId.DEVICE_SELECTED: DeviceState.SELECTED,
-    EventId.DEVICE_READY: DeviceState.READY,
-    EventId.DEVICE_DEGRADED: DeviceState.DEGRADED,
-    EventId.DEVICE_UNAVAILABLE: DeviceState.UNAVAILABLE,
-    EventId.DEVICE_RECOVERED: DeviceState.READY,
-    EventId.DEVICE_LOST: DeviceState.LOST,
-    EventId.DEVICE_RESET: DeviceState.READY,
-}
-_DEVICE_FACTS: Final = frozenset(
-    {
-        EventId.MEMORY_PRESSURE_CROSSED,
-        EventId.MEMORY_PRESSURE_CLEARED,
-        EventId.OUT_OF_MEMORY_CONDITION,
-    }
+
+class Pressure(StrEnum):
+    """A pressure flag (the views keep it as a bool) as a state of the tables below."""
+
+    OFF = "off"
+    ON = "on"
+
+
+def _pressure(flag: bool) -> Pressure:
+    return Pressure.ON if flag else Pressure.OFF
+
+
+_E = EventId
+_D = DeviceState
+_ANY_DEVICE: Final[frozenset[_D]] = frozenset(_D)
+_COUNTED: Final = "counted"
+
+# The KV state of a known model (an unknown model's KV facts are rejected).
+KV_MOVES: Final[MoveTable[Pressure]] = MoveTable(
+    "model KV",
+    Pressure,
+    (
+        Move(frozenset(Pressure), _E.KV_CACHE_INITIALIZATION_COMPLETED, SAME, note="capacity"),
+        Move(frozenset({Pressure.OFF}), _E.CACHE_PRESSURE_CROSSED, Pressure.ON, note="cells used"),
+        Move(frozenset({Pressure.ON}), _E.CACHE_PRESSURE_CLEARED, Pressure.OFF, note="cells used"),
+        *moves(
+            Pressure,
+            (_E.CONTEXT_CAPACITY_APPROACHING_LIMIT, _E.CONTEXT_EXHAUSTED),
+            SAME,
+            note=_COUNTED,
+        ),
+    ),
 )
+
+
+# An unknown device is recorded (as selected) by any device fact.
+_OBSERVED: Final = (
+    _E.BACKEND_DEVICE_SELECTED,
+    _E.DEVICE_SELECTED,
+    _E.MEMORY_PRESSURE_CROSSED,
+    _E.MEMORY_PRESSURE_CLEARED,
+    _E.OUT_OF_MEMORY_CONDITION,
+)
+DEVICE_MOVES: Final[MoveTable[DeviceState]] = MoveTable(
+    "device",
+    DeviceState,
+    (
+        *moves({ABSENT}, _OBSERVED, _D.SELECTED, note="memory figures recorded"),
+        *moves(_ANY_DEVICE, _OBSERVED, SAME, note="keeps its health"),
+        Move(entering(_D.READY), _E.DEVICE_READY, _D.READY),
+        Move(entering(_D.DEGRADED), _E.DEVICE_DEGRADED, _D.DEGRADED),
+        Move(entering(_D.UNAVAILABLE), _E.DEVICE_UNAVAILABLE, _D.UNAVAILABLE),
+        Move(entering(_D.READY), _E.DEVICE_RECOVERED, _D.READY),
+        Move(entering(_D.LOST), _E.DEVICE_LOST, _D.LOST),
+        Move(entering(_D.READY), _E.DEVICE_RESET, _D.READY),
+    ),
+)
+
+MEMORY_MOVES: Final[MoveTable[Pressure]] = MoveTable(
+    "device memory",
+    Pressure,
+    (
+        Move(frozenset({ABSENT, Pressure.OFF}), _E.MEMORY_PRESSURE_CROSSED, Pressure.ON),
+        Move(frozenset({ABSENT, Pressure.ON}), _E.MEMORY_PRESSURE_CLEARED, Pressure.OFF),
+        Move(frozenset({ABSENT}), _E.OUT_OF_MEMORY_CONDITION, Pressure.OFF, note=_COUNTED),
+        Move(frozenset(Pressure), _E.OUT_OF_MEMORY_CONDITION, SAME, note=_COUNTED),
+    ),
+)
+MOVE_TABLES: Final = (KV_MOVES, DEVICE_MOVES, MEMORY_MOVES)
 
 
 def _with_kv(state: RuntimeView, event: Event) -> tuple[ModelView, KvView] | None:
@@ -63,15 +143,20 @@ def on_kv(state: RuntimeView, event: Event) -> Step:
     if found is None:
         return reject(state)
     model, kv = found
+    now = _pressure(kv.pressure)
+    row = KV_MOVES.find(event.id, now)
+    if row is None:
+        return reject(state, duplicate=KV_MOVES.repeats(event.id, now))
     if event.id is EventId.KV_CACHE_INITIALIZATION_COMPLETED:
         total = event.summary_value(SummaryKey.KV_CELLS_TOTAL)
         kv = evolve(kv, cells_total=None if total is None else int(total))
-    elif event.id in (EventId.CACHE_PRESSURE_CROSSED, EventId.CACHE_PRESSURE_CLEARED):
-        pressure = event.id is EventId.CACHE_PRESSURE_CROSSED
-        if kv.pressure is pressure:
-            return reject(state, duplicate=True)
+    elif isinstance(row.target, Pressure):
         used = event.summary_value(SummaryKey.KV_CELLS_USED)
-        kv = evolve(kv, pressure=pressure, cells_used=kv.cells_used if used is None else int(used))
+        kv = evolve(
+            kv,
+            pressure=row.target is Pressure.ON,
+            cells_used=kv.cells_used if used is None else int(used),
+        )
     elif event.id is EventId.CONTEXT_CAPACITY_APPROACHING_LIMIT:
         kv = evolve(kv, approaching_limit=kv.approaching_limit + 1)
     else:
@@ -105,11 +190,11 @@ def on_device(state: RuntimeView, event: Event) -> Step:
     if device_id is None:
         return reject(state)
     view = _device_view(state, device_id, event)
-    target = _DEVICE_TARGETS[event.id]
-    if device_id in state.devices and view.state is target and target is not DeviceState.SELECTED:
-        return reject(state, duplicate=True)
-    if target is DeviceState.SELECTED and view.state is not DeviceState.SELECTED:
-        target = view.state  # selecting an already known device keeps its health
+    now = view.state if device_id in state.devices else ABSENT
+    row = DEVICE_MOVES.find(event.id, now)
+    if row is None:
+        return reject(state, duplicate=DEVICE_MOVES.repeats(event.id, now))
+    target = view.state if isinstance(row.target, Effect) else row.target
     free = event.summary_value(SummaryKey.MEMORY_FREE_BYTES)
     total = event.summary_value(SummaryKey.MEMORY_TOTAL_BYTES)
     updated = evolve(
@@ -134,28 +219,25 @@ def on_device_fact(state: RuntimeView, event: Event) -> Step:
     if device_id is None:
         return reject(state)
     view = _device_view(state, device_id, event)
+    known = device_id in state.devices
+    now = _pressure(view.memory_pressure) if known else ABSENT
+    row = MEMORY_MOVES.find(event.id, now)
+    if row is None or DEVICE_MOVES.find(event.id, view.state if known else ABSENT) is None:
+        return reject(state, duplicate=MEMORY_MOVES.repeats(event.id, now))
     if event.id is EventId.OUT_OF_MEMORY_CONDITION:
         view = evolve(view, out_of_memory=view.out_of_memory + 1)
-    else:
-        pressure = event.id is EventId.MEMORY_PRESSURE_CROSSED
-        if view.memory_pressure is pressure and device_id in state.devices:
-            return reject(state, duplicate=True)
-        view = evolve(view, memory_pressure=pressure)
+    elif isinstance(row.target, Pressure):
+        view = evolve(view, memory_pressure=row.target is Pressure.ON)
     return _store_device(state, evolve(view, updated_mono_ns=event.mono_ns))
 
 
+_DEVICE_STATE_EVENTS: Final = DEVICE_MOVES.events - MEMORY_MOVES.events
+
 HANDLERS: Final[dict[EventId, Handler]] = {
+    **{event_id: on_kv for event_id in KV_MOVES.events},
     **{
-        event_id: on_kv
-        for event_id in (
-            EventId.KV_CACHE_INITIALIZATION_COMPLETED,
-            EventId.CACHE_PRESSURE_CROSSED,
-            EventId.CACHE_PRESSURE_CLEARED,
-            EventId.CONTEXT_CAPACITY_APPROACHING_LIMIT,
-            EventId.CONTEXT_EXHAUSTED,
-        )
+        event_id: on_device for event_id in _DEVICE_STATE_EVENTS - {EventId.BACKEND_DEVICE_SELECTED}
     },
-    **{event_id: on_device for event_id in _DEVICE_TARGETS},
     EventId.BACKEND_DEVICE_SELECTED: on_backend_device_selected,
-    **{event_id: on_device_fact for event_id in _DEVICE_FACTS},
+    **{event_id: on_device_fact for event_id in MEMORY_MOVES.events},
 }

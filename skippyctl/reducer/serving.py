@@ -1,32 +1,46 @@
 """Sessions and in-flight requests (admission, prefill, generation).
 
-session_requested                 absent        requested
-session_created | session_idle    any           idle       (lane, context tokens recorded)
-session_active                    any           active
-session_draining                  any           draining
-session_trimmed | _reset | _restored            (same state; trim counted)
-session_closed | _failed | _abandoned           removed
+The allowed moves are the rows of `SESSION_MOVES` and `REQUEST_MOVES` (reducer.moves); the
+handlers look each event up there and make the field updates. A request only moves forward.
+`generation_completed` adds the model's throughput figures (no request moves).
 
-request_received                  absent        received
-request_queued                    received      queued     (queue depth)
-request_admitted                  received|queued admitted (queue wait)
-request_execution_started,
-  prompt_processing_started,
-  prefill_started                 ≤ admitted    prefill
-generation_started,
-  first_token_produced            ≤ prefill     decode     (time to first token)
-generation_progress                             (generated tokens)
-request_completed | _cancelled | _timed_out | _failed | _rejected
-                                  any           removed; kept in the capped recent list
-generation_completed                            model throughput figures
+    session            from → to
+    session_requested  absent | any other → requested
+    session_created    absent | any → idle — lane, context tokens recorded; a repeat records them
+                         again
+    session_idle       absent | any other → idle — lane, context tokens
+    session_active     absent | any other → active
+    session_draining   absent | any other → draining
+    session_trimmed    any → same — trims counted
+      session_reset
+      session_restored
+    session_closed     any → removed
+      session_failed
+      session_abandoned
+
+    request                    from → to
+    request_received           absent → received — known: a duplicate
+    request_queued             received → queued — queue depth
+    request_admitted           received | queued → admitted — queue wait
+    request_execution_started  any but decode → prefill — prompt tokens
+      prompt_processing_started
+      prefill_started
+    generation_started         any → decode — time to first token
+      first_token_produced
+    generation_progress        any → same — generated tokens
+    request_completed          any → removed — kept in the capped recent list
+      request_cancelled
+      request_timed_out
+      request_failed
+    request_rejected           absent | any → removed — kept in the capped recent list
 """
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, assert_never
 
 from skippyctl.events.catalog import EventId
-from skippyctl.events.envelope import Event, SummaryKey
+from skippyctl.events.envelope import Event, LogicalId, SummaryKey
 from skippyctl.reducer.common import (
     NO_TRANSITIONS,
     Handler,
@@ -38,6 +52,7 @@ from skippyctl.reducer.common import (
     reject,
 )
 from skippyctl.reducer.immutable import evolve
+from skippyctl.reducer.moves import ABSENT, REMOVED, SAME, Effect, Move, MoveTable, entering, moves
 from skippyctl.reducer.state import (
     MAX_RECENT_REQUESTS,
     MAX_REQUESTS,
@@ -50,45 +65,80 @@ from skippyctl.reducer.state import (
     SessionView,
 )
 
-_SESSION_TARGETS: Final[dict[EventId, SessionState]] = {
-    EventId.SESSION_REQUESTED: SessionState.REQUESTED,
-    EventId.SESSION_CREATED: SessionState.IDLE,
-    EventId.SESSION_IDLE: SessionState.IDLE,
-    EventId.SESSION_ACTIVE: SessionState.ACTIVE,
-    EventId.SESSION_DRAINING: SessionState.DRAINING,
-}
-_SESSION_FACTS: Final = frozenset(
-    {EventId.SESSION_TRIMMED, EventId.SESSION_RESET, EventId.SESSION_RESTORED}
-)
-_SESSION_ENDS: Final = frozenset(
-    {EventId.SESSION_CLOSED, EventId.SESSION_FAILED, EventId.SESSION_ABANDONED}
+_E = EventId
+_SS = SessionState
+_R = RequestState
+
+
+_ANY_SESSION: Final[frozenset[_SS]] = frozenset(_SS)
+
+SESSION_MOVES: Final[MoveTable[SessionState]] = MoveTable(
+    "session",
+    SessionState,
+    (
+        Move(entering(_SS.REQUESTED), _E.SESSION_REQUESTED, _SS.REQUESTED),
+        Move(
+            frozenset({ABSENT, *_ANY_SESSION}),
+            _E.SESSION_CREATED,
+            _SS.IDLE,
+            note="lane, context tokens recorded; a repeat records them again",
+        ),
+        Move(entering(_SS.IDLE), _E.SESSION_IDLE, _SS.IDLE, note="lane, context tokens"),
+        Move(entering(_SS.ACTIVE), _E.SESSION_ACTIVE, _SS.ACTIVE),
+        Move(entering(_SS.DRAINING), _E.SESSION_DRAINING, _SS.DRAINING),
+        *moves(
+            _ANY_SESSION,
+            (_E.SESSION_TRIMMED, _E.SESSION_RESET, _E.SESSION_RESTORED),
+            SAME,
+            note="trims counted",
+        ),
+        *moves(
+            _ANY_SESSION,
+            (_E.SESSION_CLOSED, _E.SESSION_FAILED, _E.SESSION_ABANDONED),
+            REMOVED,
+        ),
+    ),
 )
 
-_ORDER: Final = (
-    RequestState.RECEIVED,
-    RequestState.QUEUED,
-    RequestState.ADMITTED,
-    RequestState.PREFILL,
-    RequestState.DECODE,
+_ANY_REQUEST: Final[frozenset[_R]] = frozenset(_R)
+_ENDS: Final = (_E.REQUEST_COMPLETED, _E.REQUEST_CANCELLED, _E.REQUEST_TIMED_OUT, _E.REQUEST_FAILED)
+
+# A request only moves forward (received → queued → admitted → prefill → decode).
+REQUEST_MOVES: Final[MoveTable[RequestState]] = MoveTable(
+    "request",
+    RequestState,
+    (
+        Move(frozenset({ABSENT}), _E.REQUEST_RECEIVED, _R.RECEIVED, note="known: a duplicate"),
+        Move(frozenset({_R.RECEIVED}), _E.REQUEST_QUEUED, _R.QUEUED, note="queue depth"),
+        Move(
+            frozenset({_R.RECEIVED, _R.QUEUED}),
+            _E.REQUEST_ADMITTED,
+            _R.ADMITTED,
+            note="queue wait",
+        ),
+        *moves(
+            {_R.RECEIVED, _R.QUEUED, _R.ADMITTED, _R.PREFILL},
+            (_E.REQUEST_EXECUTION_STARTED, _E.PROMPT_PROCESSING_STARTED, _E.PREFILL_STARTED),
+            _R.PREFILL,
+            note="prompt tokens",
+        ),
+        *moves(
+            _ANY_REQUEST,
+            (_E.GENERATION_STARTED, _E.FIRST_TOKEN_PRODUCED),
+            _R.DECODE,
+            note="time to first token",
+        ),
+        Move(_ANY_REQUEST, _E.GENERATION_PROGRESS, SAME, note="generated tokens"),
+        *moves(_ANY_REQUEST, _ENDS, REMOVED, note="kept in the capped recent list"),
+        Move(
+            frozenset({ABSENT, *_ANY_REQUEST}),
+            _E.REQUEST_REJECTED,
+            REMOVED,
+            note="kept in the capped recent list",
+        ),
+    ),
 )
-_REQUEST_TARGETS: Final[dict[EventId, RequestState]] = {
-    EventId.REQUEST_QUEUED: RequestState.QUEUED,
-    EventId.REQUEST_ADMITTED: RequestState.ADMITTED,
-    EventId.REQUEST_EXECUTION_STARTED: RequestState.PREFILL,
-    EventId.PROMPT_PROCESSING_STARTED: RequestState.PREFILL,
-    EventId.PREFILL_STARTED: RequestState.PREFILL,
-    EventId.GENERATION_STARTED: RequestState.DECODE,
-    EventId.FIRST_TOKEN_PRODUCED: RequestState.DECODE,
-}
-_REQUEST_ENDS: Final = frozenset(
-    {
-        EventId.REQUEST_COMPLETED,
-        EventId.REQUEST_CANCELLED,
-        EventId.REQUEST_TIMED_OUT,
-        EventId.REQUEST_FAILED,
-        EventId.REQUEST_REJECTED,
-    }
-)
+MOVE_TABLES: Final = (SESSION_MOVES, REQUEST_MOVES)
 
 
 def _int(event: Event, key: SummaryKey) -> int | None:
@@ -101,19 +151,32 @@ def on_session(state: RuntimeView, event: Event) -> Step:
     if session_id is None:
         return reject(state)
     current = state.sessions.get(session_id)
-    if event.id in _SESSION_ENDS:
-        if current is None:
-            return reject(state, duplicate=True)
-        return evolve(state, sessions=drop(state.sessions, session_id)), NO_TRANSITIONS
-    if event.id in _SESSION_FACTS:
-        if current is None:
-            return reject(state)
-        trimmed = current.trimmed + (event.id is EventId.SESSION_TRIMMED)
-        updated = evolve(current, trimmed=trimmed, updated_mono_ns=event.mono_ns)
-        return evolve(state, sessions=put(state.sessions, session_id, updated)), NO_TRANSITIONS
-    target = _SESSION_TARGETS[event.id]
-    if current is not None and current.state is target and event.id is not EventId.SESSION_CREATED:
-        return reject(state, duplicate=True)
+    now = ABSENT if current is None else current.state
+    row = SESSION_MOVES.find(event.id, now)
+    if row is None:
+        return reject(state, duplicate=SESSION_MOVES.repeats(event.id, now))
+    match row.target:
+        case Effect.REMOVED:
+            return evolve(state, sessions=drop(state.sessions, session_id)), NO_TRANSITIONS
+        case Effect.SAME:
+            if current is None:  # no row leads from absent to `same`
+                return reject(state)
+            trimmed = current.trimmed + (event.id is EventId.SESSION_TRIMMED)
+            updated = evolve(current, trimmed=trimmed, updated_mono_ns=event.mono_ns)
+            return evolve(state, sessions=put(state.sessions, session_id, updated)), NO_TRANSITIONS
+        case SessionState() as target:
+            return _place_session(state, event, session_id, current, target)
+        case _ as unreachable:
+            assert_never(unreachable)
+
+
+def _place_session(
+    state: RuntimeView,
+    event: Event,
+    session_id: LogicalId,
+    current: SessionView | None,
+    target: SessionState,
+) -> Step:
     lane = _int(event, SummaryKey.LANES)
     ctx = _int(event, SummaryKey.CONTEXT_TOKENS)
     base = current or SessionView(session_id=session_id, state=target)
@@ -143,7 +206,8 @@ def on_request_received(state: RuntimeView, event: Event) -> Step:
     request_id = event.scope.request_id
     if request_id is None:
         return reject(state)
-    if request_id in state.requests:
+    known = state.requests.get(request_id)
+    if REQUEST_MOVES.find(event.id, ABSENT if known is None else known.state) is None:
         return reject(state, duplicate=True)
     view = RequestView(
         request_id=request_id,
@@ -167,11 +231,10 @@ def on_request_step(state: RuntimeView, event: Event) -> Step:
     view = None if request_id is None else state.requests.get(request_id)
     if view is None or request_id is None:
         return reject(state)
-    target = _REQUEST_TARGETS[event.id]
-    if _ORDER.index(target) < _ORDER.index(view.state):
-        return reject(state)
-    if target is view.state and event.id in (EventId.REQUEST_QUEUED, EventId.REQUEST_ADMITTED):
-        return reject(state, duplicate=True)
+    row = REQUEST_MOVES.find(event.id, view.state)
+    if row is None or isinstance(row.target, Effect):
+        return reject(state, duplicate=REQUEST_MOVES.repeats(event.id, view.state))
+    target = row.target
     depth = _int(event, SummaryKey.QUEUE_DEPTH)
     wait = event.summary_value(SummaryKey.QUEUE_WAIT_MS)
     ttft = event.summary_value(SummaryKey.TIME_TO_FIRST_TOKEN_MS)
@@ -192,6 +255,8 @@ def on_generation_progress(state: RuntimeView, event: Event) -> Step:
     request_id = event.scope.request_id
     view = None if request_id is None else state.requests.get(request_id)
     if view is None or request_id is None or event.progress is None:
+        return reject(state)
+    if REQUEST_MOVES.find(event.id, view.state) is None:
         return reject(state)
     if view.generated_tokens is not None and event.progress.current <= view.generated_tokens:
         return reject(state, duplicate=True)
@@ -219,8 +284,9 @@ def on_request_end(state: RuntimeView, event: Event) -> Step:
     if request_id is None:
         return reject(state)
     view = state.requests.get(request_id)
-    if view is None and event.id is not EventId.REQUEST_REJECTED:
-        return reject(state, duplicate=True)
+    now = ABSENT if view is None else view.state
+    if REQUEST_MOVES.find(event.id, now) is None:
+        return reject(state, duplicate=REQUEST_MOVES.repeats(event.id, now))
     outcome = RequestOutcome(
         request_id=request_id,
         model_id=event.scope.model_id,
@@ -243,11 +309,17 @@ def on_request_end(state: RuntimeView, event: Event) -> Step:
     return count(state, evicted_recent=evicted), NO_TRANSITIONS
 
 
-HANDLERS: Final[dict[EventId, Handler]] = {
-    **{event_id: on_session for event_id in (*_SESSION_TARGETS, *_SESSION_FACTS, *_SESSION_ENDS)},
+_REQUEST_HANDLERS: Final[dict[EventId, Handler]] = {
     EventId.REQUEST_RECEIVED: on_request_received,
-    **{event_id: on_request_step for event_id in _REQUEST_TARGETS},
     EventId.GENERATION_PROGRESS: on_generation_progress,
+    **{event_id: on_request_end for event_id in (*_ENDS, EventId.REQUEST_REJECTED)},
+}
+
+HANDLERS: Final[dict[EventId, Handler]] = {
+    **{event_id: on_session for event_id in SESSION_MOVES.events},
+    **{
+        event_id: _REQUEST_HANDLERS.get(event_id, on_request_step)
+        for event_id in REQUEST_MOVES.events
+    },
     EventId.GENERATION_COMPLETED: on_generation_completed,
-    **{event_id: on_request_end for event_id in _REQUEST_ENDS},
 }

@@ -1,11 +1,38 @@
 """Stages and topologies, projected onto backend-neutral model availability.
 
-stage_starting | _loading | _ready | _degraded | _unavailable | _stopping | _stopped | _failed
-    → the stage's state (any → any; a repeat is a counted duplicate)
-upstream_/downstream_connection_established | _recovered | _lost
-    → the stage's link flags; a lost link degrades a ready stage, its recovery restores it
-topology_assembling | _ready | _degraded | _unavailable
-    → the topology's state, then models.on_topology_changed projects it onto its models
+The allowed moves are the rows of `STAGE_MOVES` and `TOPOLOGY_MOVES` (reducer.moves); the
+handlers look each event up there and make the field updates. A repeat of a stage's or
+topology's state is a counted duplicate; a link event that does not change its flag is one too.
+A topology's new state is then projected onto the models it serves by
+models.on_topology_changed (the `topology_*` rows of models.MOVES).
+
+    stage                            from → to
+    stage_starting                   absent | any other → starting
+    stage_loading                    absent | any other → loading
+    stage_ready                      absent | any other → ready
+    stage_degraded                   absent | any other → degraded
+    stage_unavailable                absent | any other → unavailable
+    stage_stopping                   absent | any other → stopping
+    stage_stopped                    absent | any other → stopped
+    stage_failed                     absent | any other → failed
+    upstream_connection_lost         ready → degraded — link flag cleared
+      downstream_connection_lost
+    upstream_connection_lost         any but ready → same — link flag cleared
+      downstream_connection_lost
+    upstream_connection_established  degraded → ready — link flag set; once both links are up
+      upstream_connection_recovered
+      downstream_connection_established
+      downstream_connection_recovered
+    upstream_connection_established  any but degraded → same — link flag set
+      upstream_connection_recovered
+      downstream_connection_established
+      downstream_connection_recovered
+
+    topology              from → to
+    topology_assembling   absent | any other → assembling
+    topology_ready        absent | any other → ready
+    topology_degraded     absent | any other → degraded
+    topology_unavailable  absent | any other → unavailable
 """
 
 from __future__ import annotations
@@ -17,6 +44,7 @@ from skippyctl.events.envelope import Event
 from skippyctl.reducer.common import NO_TRANSITIONS, Handler, Step, bounded_put, count, reject
 from skippyctl.reducer.immutable import evolve
 from skippyctl.reducer.models import on_topology_changed
+from skippyctl.reducer.moves import ABSENT, SAME, Effect, Move, MoveTable, all_but, entering, moves
 from skippyctl.reducer.state import (
     MAX_STAGES,
     MAX_TOPOLOGIES,
@@ -27,18 +55,53 @@ from skippyctl.reducer.state import (
     TopologyView,
 )
 
-_STAGE_TARGETS: Final[dict[EventId, StageState]] = {
-    EventId.STAGE_STARTING: StageState.STARTING,
-    EventId.STAGE_LOADING: StageState.LOADING,
-    EventId.STAGE_READY: StageState.READY,
-    EventId.STAGE_DEGRADED: StageState.DEGRADED,
-    EventId.STAGE_UNAVAILABLE: StageState.UNAVAILABLE,
-    EventId.STAGE_STOPPING: StageState.STOPPING,
-    EventId.STAGE_STOPPED: StageState.STOPPED,
-    EventId.STAGE_FAILED: StageState.FAILED,
-}
+_E = EventId
+_S = StageState
+_T = TopologyState
+_LOST: Final = (_E.UPSTREAM_CONNECTION_LOST, _E.DOWNSTREAM_CONNECTION_LOST)
+_UP: Final = (
+    _E.UPSTREAM_CONNECTION_ESTABLISHED,
+    _E.UPSTREAM_CONNECTION_RECOVERED,
+    _E.DOWNSTREAM_CONNECTION_ESTABLISHED,
+    _E.DOWNSTREAM_CONNECTION_RECOVERED,
+)
+
+
+STAGE_MOVES: Final[MoveTable[StageState]] = MoveTable(
+    "stage",
+    StageState,
+    (
+        Move(entering(_S.STARTING), _E.STAGE_STARTING, _S.STARTING),
+        Move(entering(_S.LOADING), _E.STAGE_LOADING, _S.LOADING),
+        Move(entering(_S.READY), _E.STAGE_READY, _S.READY),
+        Move(entering(_S.DEGRADED), _E.STAGE_DEGRADED, _S.DEGRADED),
+        Move(entering(_S.UNAVAILABLE), _E.STAGE_UNAVAILABLE, _S.UNAVAILABLE),
+        Move(entering(_S.STOPPING), _E.STAGE_STOPPING, _S.STOPPING),
+        Move(entering(_S.STOPPED), _E.STAGE_STOPPED, _S.STOPPED),
+        Move(entering(_S.FAILED), _E.STAGE_FAILED, _S.FAILED),
+        *moves({_S.READY}, _LOST, _S.DEGRADED, note="link flag cleared"),
+        *moves(all_but(_S.READY), _LOST, SAME, note="link flag cleared"),
+        *moves({_S.DEGRADED}, _UP, _S.READY, note="link flag set; once both links are up"),
+        *moves(all_but(_S.DEGRADED), _UP, SAME, note="link flag set"),
+    ),
+)
+
+
+TOPOLOGY_MOVES: Final[MoveTable[TopologyState]] = MoveTable(
+    "topology",
+    TopologyState,
+    (
+        Move(entering(_T.ASSEMBLING), _E.TOPOLOGY_ASSEMBLING, _T.ASSEMBLING),
+        Move(entering(_T.READY), _E.TOPOLOGY_READY, _T.READY),
+        Move(entering(_T.DEGRADED), _E.TOPOLOGY_DEGRADED, _T.DEGRADED),
+        Move(entering(_T.UNAVAILABLE), _E.TOPOLOGY_UNAVAILABLE, _T.UNAVAILABLE),
+    ),
+)
+MOVE_TABLES: Final = (STAGE_MOVES, TOPOLOGY_MOVES)
+
 _GONE: Final = frozenset({StageState.STOPPED, StageState.FAILED})
 
+# Which link flag a link event sets, and to what.
 _LINKS: Final[dict[EventId, tuple[str, bool]]] = {
     EventId.UPSTREAM_CONNECTION_ESTABLISHED: ("upstream_connected", True),
     EventId.UPSTREAM_CONNECTION_RECOVERED: ("upstream_connected", True),
@@ -46,13 +109,6 @@ _LINKS: Final[dict[EventId, tuple[str, bool]]] = {
     EventId.DOWNSTREAM_CONNECTION_ESTABLISHED: ("downstream_connected", True),
     EventId.DOWNSTREAM_CONNECTION_RECOVERED: ("downstream_connected", True),
     EventId.DOWNSTREAM_CONNECTION_LOST: ("downstream_connected", False),
-}
-
-_TOPOLOGY_TARGETS: Final[dict[EventId, TopologyState]] = {
-    EventId.TOPOLOGY_ASSEMBLING: TopologyState.ASSEMBLING,
-    EventId.TOPOLOGY_READY: TopologyState.READY,
-    EventId.TOPOLOGY_DEGRADED: TopologyState.DEGRADED,
-    EventId.TOPOLOGY_UNAVAILABLE: TopologyState.UNAVAILABLE,
 }
 
 
@@ -75,10 +131,12 @@ def on_stage(state: RuntimeView, event: Event) -> Step:
     stage_id = event.scope.stage_id
     if stage_id is None:
         return reject(state)
-    target = _STAGE_TARGETS[event.id]
     current = state.stages.get(stage_id)
-    if current is not None and current.state is target:
-        return reject(state, duplicate=True)
+    now = ABSENT if current is None else current.state
+    row = STAGE_MOVES.find(event.id, now)
+    if row is None or isinstance(row.target, Effect):
+        return reject(state, duplicate=STAGE_MOVES.repeats(event.id, now))
+    target = row.target
     view = current or StageView(stage_id=stage_id, state=target)
     view = evolve(
         view,
@@ -99,6 +157,9 @@ def on_link(state: RuntimeView, event: Event) -> Step:
     view = None if stage_id is None else state.stages.get(stage_id)
     if view is None:
         return reject(state)
+    row = STAGE_MOVES.find(event.id, view.state)
+    if row is None:
+        return reject(state)
     flag, connected = _LINKS[event.id]
     if getattr(view, flag) is connected:
         return reject(state, duplicate=True)
@@ -107,18 +168,10 @@ def on_link(state: RuntimeView, event: Event) -> Step:
     else:
         updated = evolve(view, downstream_connected=connected)
     updated = evolve(updated, updated_mono_ns=event.mono_ns)
-    if not connected and view.state is StageState.READY:
-        updated = evolve(updated, state=StageState.DEGRADED)
-    elif (
-        connected
-        and view.state is StageState.DEGRADED
-        and False
-        not in (
-            updated.upstream_connected,
-            updated.downstream_connected,
-        )
-    ):
-        updated = evolve(updated, state=StageState.READY)
+    # A lost link degrades at once; a restored one only once both links are up.
+    both_up = False not in (updated.upstream_connected, updated.downstream_connected)
+    if isinstance(row.target, StageState) and (not connected or both_up):
+        updated = evolve(updated, state=row.target)
     stored = _store_stage(state, updated)
     return reject(state) if stored is None else (stored, NO_TRANSITIONS)
 
@@ -127,10 +180,12 @@ def on_topology(state: RuntimeView, event: Event) -> Step:
     topology_id = event.scope.topology_id
     if topology_id is None:
         return reject(state)
-    target = _TOPOLOGY_TARGETS[event.id]
     current = state.topologies.get(topology_id)
-    if current is not None and current.state is target:
-        return reject(state, duplicate=True)
+    now = ABSENT if current is None else current.state
+    row = TOPOLOGY_MOVES.find(event.id, now)
+    if row is None or isinstance(row.target, Effect):
+        return reject(state, duplicate=TOPOLOGY_MOVES.repeats(event.id, now))
+    target = row.target
     view = TopologyView(
         topology_id=topology_id,
         state=target,
@@ -148,11 +203,10 @@ def on_topology(state: RuntimeView, event: Event) -> Step:
     if placed is None:
         return reject(state)
     topologies, _ = placed
-    return on_topology_changed(evolve(state, topologies=topologies), event, topology_id, target)
+    return on_topology_changed(evolve(state, topologies=topologies), event, topology_id)
 
 
 HANDLERS: Final[dict[EventId, Handler]] = {
-    **{event_id: on_stage for event_id in _STAGE_TARGETS},
-    **{event_id: on_link for event_id in _LINKS},
-    **{event_id: on_topology for event_id in _TOPOLOGY_TARGETS},
+    **{event_id: on_link if event_id in _LINKS else on_stage for event_id in STAGE_MOVES.events},
+    **{event_id: on_topology for event_id in TOPOLOGY_MOVES.events},
 }
