@@ -582,21 +582,23 @@ def _decode(payload: bytes, key: str, specs: dict[str, _Spec]) -> object:
         raise MalformedMessage("control frame is not JSON") from error
     if type(value) is not dict:
         raise MalformedMessage("control message is not an object")
-    tag = value.get(key)
+    tag = value.pop(key, None)  # a fresh dict: what is left are the fields
     spec = specs.get(tag) if type(tag) is str else None
     if spec is None:
         raise MalformedMessage(f"unknown control message {key}")
-    assert isinstance(tag, str)
-    correlation = None
-    for name in _CORRELATION_FIELDS:
-        candidate = value.get(name)
-        if name in spec.by_name and type(candidate) is str:
-            correlation = candidate
-    fields = {k: v for k, v in value.items() if k != key}
     try:
-        if not fields.keys() <= spec.by_name.keys():
+        if len(value) == len(spec.fields):
+            # Every field present (what the encoder sends on the per-token path): nothing to
+            # default, and a field the type lacks would take a known one's place and fail its
+            # lookup (KeyError).
+            return spec.cls(*[f.convert(value[f.name]) for f in spec.fields])
+        if not value.keys() <= spec.by_name.keys():
             raise KeyError("unknown field")
-        return _build(spec.cls, spec.fields, fields)
+        return _build(spec.cls, spec.fields, value)
     except (KeyError, TypeError, ValueError) as error:
         # A fixed phrase: never echo the payload (it may hold prompt text).
-        raise MalformedMessage(f"ill-formed {tag} message", tag, correlation) from error
+        correlation = None
+        for name in _CORRELATION_FIELDS:
+            if name in spec.by_name and type(candidate := value.get(name)) is str:
+                correlation = candidate
+        raise MalformedMessage(f"ill-formed {spec.tag} message", spec.tag, correlation) from error

@@ -16,6 +16,7 @@ import orjson
 import pytest
 
 from skippyctl.engine.channel import frame, host_side
+from skippyctl.engine.options import EngineOptions
 
 Message = dict[str, Any]
 
@@ -23,10 +24,17 @@ MEGABYTE_PROMPT = "hello world " * 90_000  # ~1.08 MB: over the old 1 MiB line l
 
 
 class Engine:
-    def __init__(self) -> None:
+    def __init__(self, args: tuple[str, ...] = ()) -> None:
         host, child = socket.socketpair()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "skippyctl.engine.worker", "--control-fd", str(child.fileno())],
+            [
+                sys.executable,
+                "-m",
+                "skippyctl.engine.worker",
+                "--control-fd",
+                str(child.fileno()),
+                *args,
+            ],
             pass_fds=[child.fileno()],
             env=dict(os.environ, GGML_NO_BACKTRACE="1"),
             stdin=subprocess.DEVNULL,
@@ -52,6 +60,16 @@ class Engine:
             message: Message = orjson.loads(payload)
             if message.get("msg") == kind:
                 return message
+
+    def until_done(self, request_id: str) -> list[Message]:
+        """Every message up to and including `request_id`'s gen_done."""
+        seen: list[Message] = []
+        while True:
+            payload = self.channel.receive_payload()
+            assert payload is not None, f"the engine ended (exit {self.process.wait(5)})"
+            seen.append(orjson.loads(payload))
+            if seen[-1].get("msg") == "gen_done" and seen[-1]["request_id"] == request_id:
+                return seen
 
     def done(self, request_id: str) -> Message:
         while True:
@@ -80,23 +98,27 @@ class Engine:
         self.channel.close()
 
 
+def load_tiny(engine: Engine, fixture_dir: Path) -> None:
+    engine.send(
+        {
+            "op": "load",
+            "operation_id": "load-1",
+            "native_operation": 1,
+            "serving_operation": 0,
+            "path": str(fixture_dir / "tiny.gguf"),
+            "context_tokens": 1024,
+            "lanes": 2,
+            "gpu_layers": 0,
+        }
+    )
+    assert engine.next("context_returned")["ok"] is True
+
+
 @pytest.fixture(scope="module")
 def engine(fixture_dir: Path) -> Iterator[Engine]:
     running = Engine()
     try:
-        running.send(
-            {
-                "op": "load",
-                "operation_id": "load-1",
-                "native_operation": 1,
-                "serving_operation": 0,
-                "path": str(fixture_dir / "tiny.gguf"),
-                "context_tokens": 1024,
-                "lanes": 2,
-                "gpu_layers": 0,
-            }
-        )
-        assert running.next("context_returned")["ok"] is True
+        load_tiny(running, fixture_dir)
         yield running
     finally:
         running.close()
@@ -184,5 +206,39 @@ def test_a_context_the_engine_cannot_serve_fails_the_load_instead_of_the_process
         assert fresh.next("context_returned")["ok"] is False
         fresh.send({"op": "ping", "seq": 2})
         assert fresh.next("pong")["seq"] == 2
+    finally:
+        fresh.close()
+
+
+@pytest.mark.parametrize(
+    ("options", "present", "absent"),
+    [
+        (EngineOptions(), {"gen_started", "gen_text", "gen_done", "kv"}, {"gen_token"}),
+        (EngineOptions(debug_token_events=True), {"gen_started", "gen_token"}, set()),
+        (
+            EngineOptions(serving_events=False, debug_token_events=True),
+            {"gen_text", "gen_done"},
+            {"gen_started", "gen_token", "kv", "gen_first_token"},
+        ),
+    ],
+    ids=["defaults", "debug-token-events", "serving-events-off"],
+)
+def test_the_engine_is_configured_by_its_spawn_arguments_alone(
+    fixture_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    options: EngineOptions,
+    present: set[str],
+    absent: set[str],
+) -> None:
+    # The old environment switches must not matter any more: only the arguments do.
+    monkeypatch.setenv("SKIPPY_SERVING_EVENTS", "on" if not options.serving_events else "off")
+    monkeypatch.setenv("SKIPPY_DEBUG_TOKEN_EVENTS", "0" if options.debug_token_events else "1")
+    fresh = Engine(tuple(options.argv()))
+    try:
+        load_tiny(fresh, fixture_dir)
+        fresh.send({"op": "generate", "request_id": "o", "prompt": "The quick", "max_tokens": 4})
+        kinds = {m["msg"] for m in fresh.until_done("o")}
+        assert present <= kinds, kinds
+        assert not absent & kinds, kinds
     finally:
         fresh.close()
