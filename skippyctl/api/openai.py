@@ -37,6 +37,7 @@ from skippyctl.api.schemas import (
 )
 from skippyctl.events.reasons import ReasonCode
 from skippyctl.reducer.state import SERVING_MODEL_STATES
+from skippyctl.runtime.admission import Rejection
 from skippyctl.runtime.requests import (
     ChatTurn,
     Finished,
@@ -45,7 +46,6 @@ from skippyctl.runtime.requests import (
     RequestHandle,
     TextChunk,
 )
-from skippyctl.runtime.admission import Rejection
 
 # A failed generation's reason -> (HTTP status, OpenAI `code`). `context_length_exceeded` is the
 # code OpenAI itself uses (clients match on it); the reason code says `context_exhausted`.
