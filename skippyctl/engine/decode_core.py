@@ -10,7 +10,7 @@ Each step holds the next token of every decoding lane plus, if any request is pr
 ``prefill_chunk_tokens`` prompt tokens of ONE prefilling request (round-robin), so a long prompt
 never stalls running generations and generations never starve prefill. Logits are requested only
 for each decoding lane's token and for the last prompt token of a prefill that completes in the
-step. The per-step path allocates one message per event it reports and nothing else.
+step (the batch itself is ``engine/batch.py``).
 
 The memory API is ``llama_get_memory`` + ``llama_memory_seq_rm``/``_clear`` (the older
 ``llama_kv_self_*`` functions no longer exist in the bundled llama.cpp).
@@ -27,6 +27,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any, Final
 
+from skippyctl.engine.batch import StepBatch
 from skippyctl.engine.lanes import KvGeometry, Lane, LaneTable, PressureGauge, cache_result
 from skippyctl.engine.protocol import (
     EngineMessage,
@@ -135,7 +136,6 @@ class DecodeCore:
             raise ValueError(f"the context's n_batch ({n_batch}) must exceed lanes ({lanes})")
         # llama_decode refuses a batch over n_batch: a chunk plus one token per lane must fit.
         self._chunk = min(prefill_chunk_tokens, n_batch - lanes)
-        self._capacity = self._chunk + lanes
         self._pressure = PressureGauge(self._cells_total, kv_pressure_high, kv_pressure_low)
         self._approaching_tokens = max(1, math.ceil(approaching_limit * self._ctx_per_lane))
 
@@ -154,16 +154,8 @@ class DecodeCore:
         # Start from an empty KV so ``lane.tokens`` mirrors it exactly.
         llama.llama_memory_clear(self._memory, False)
 
-        # One batch for the engine's lifetime; every slot carries exactly one sequence id.
-        self._batch = llama.llama_batch_init(self._capacity, 0, 1)
-        self._b_token = self._batch.token
-        self._b_pos = self._batch.pos
-        self._b_logits = self._batch.logits
-        self._b_seq = [self._batch.seq_id[i] for i in range(self._capacity)]
-        n_seq_id = self._batch.n_seq_id
-        for i in range(self._capacity):
-            n_seq_id[i] = 1
-        self._batch_freed = False
+        # One batch for the engine's lifetime: a chunk plus one token per lane.
+        self._batch = StepBatch(llama, self._chunk + lanes)
         self._board = RequestBoard()
         self.emit_failures = 0
 
@@ -243,9 +235,7 @@ class DecodeCore:
         """End every live request with ``cancelled`` and free the batch (at shutdown, once)."""
         for r in list(self._board.by_id.values()):
             self.finish(r, _CANCELLED, StopReason.CANCELLED)
-        if not self._batch_freed:
-            self._batch_freed = True
-            self._llama.llama_batch_free(self._batch)
+        self._batch.free()
 
     def refuse(self, r: RequestState, reason: ReasonCode) -> None:
         self.finish(r, _FAILED, StopReason.ERROR, reason)
@@ -358,47 +348,17 @@ class DecodeCore:
 
     def _step(self) -> None:
         """One llama_decode: every decoding lane's next token + one prefill chunk."""
-        token = self._b_token
-        pos = self._b_pos
-        logits = self._b_logits
-        seq = self._b_seq
-        n = 0
         board = self._board
         decoding = board.decoding
-        for r in decoding:
-            lane = r.lane
-            assert lane is not None
-            token[n] = r.pending_token
-            pos[n] = len(lane.tokens)
-            seq[n][0] = lane.seq
-            logits[n] = 1
-            r.out_index = n
-            n += 1
         prefill: RequestState | None = None
         take = 0
         if board.prefilling:
             prefill = board.prefilling.popleft()
-            lane = prefill.lane
-            assert lane is not None
-            start = prefill.prefill_pos
-            take = min(self._chunk, len(prefill.prompt) - start)
-            prompt = prefill.prompt
-            lane_seq = lane.seq
-            for i in range(start, start + take):
-                token[n] = prompt[i]
-                pos[n] = i
-                seq[n][0] = lane_seq
-                logits[n] = 0
-                n += 1
-            if start + take == len(prefill.prompt):
-                logits[n - 1] = 1
-                prefill.out_index = n - 1
-            else:
-                prefill.out_index = -1
+            take = min(self._chunk, len(prefill.prompt) - prefill.prefill_pos)
+            if prefill.prefill_pos + take < len(prefill.prompt):
                 board.prefilling.append(prefill)  # round-robin: next chunk goes to the next one
-        self._batch.n_tokens = n
-        n_seqs = len(decoding) + (1 if prefill is not None else 0)
-        participants = decoding if prefill is None else [*decoding, prefill]
+        participants = self._batch.fill(decoding, prefill, take)
+        n_seqs = len(participants)
         if n_seqs > 1:
             for r in participants:
                 r.shared_steps += 1
@@ -409,7 +369,7 @@ class DecodeCore:
                 if r.max_batch < 1:
                     r.max_batch = 1
 
-        result = self._llama.llama_decode(self._ctx, self._batch)
+        result = self._batch.decode(self._ctx)
         now = time.monotonic()
         if result != 0:
             self._decode_failed(participants, aborted=result == DECODE_ABORTED)

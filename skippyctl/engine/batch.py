@@ -1,0 +1,82 @@
+"""The one ``llama_batch`` of an engine: filled once per decode step, decoded, reused.
+
+Decode thread only. Every slot carries exactly one sequence id (the lane's). A step holds the
+next token of every decoding lane (logits requested for each) plus at most one prefill chunk of
+one request (logits only for its last prompt token, and only when that chunk completes the
+prompt). Filling writes straight into the batch's C arrays: no per-step allocation beyond the
+list of the step's participants.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+from skippyctl.engine.request_state import RequestState
+
+
+class StepBatch:
+    """Owns a ``llama_batch`` of ``capacity`` slots (freed by :meth:`free`, once)."""
+
+    __slots__ = ("_batch", "_freed", "_llama", "_logits", "_pos", "_seq", "_token", "capacity")
+
+    def __init__(self, llama: ModuleType, capacity: int) -> None:
+        self._llama = llama
+        self.capacity = capacity
+        self._batch = llama.llama_batch_init(capacity, 0, 1)
+        self._token = self._batch.token
+        self._pos = self._batch.pos
+        self._logits = self._batch.logits
+        self._seq = [self._batch.seq_id[i] for i in range(capacity)]
+        n_seq_id = self._batch.n_seq_id
+        for i in range(capacity):
+            n_seq_id[i] = 1
+        self._freed = False
+
+    def fill(
+        self, decoding: list[RequestState], prefill: RequestState | None, take: int
+    ) -> list[RequestState]:
+        """Lay out one step; the step's participants. Each decoding request's ``out_index`` is
+        its logits row; ``prefill`` (``take`` prompt tokens from its ``prefill_pos``) gets one
+        only when the chunk completes its prompt, else -1."""
+        token, pos, logits, seq = self._token, self._pos, self._logits, self._seq
+        n = 0
+        for r in decoding:
+            lane = r.lane
+            assert lane is not None
+            token[n] = r.pending_token
+            pos[n] = len(lane.tokens)
+            seq[n][0] = lane.seq
+            logits[n] = 1
+            r.out_index = n
+            n += 1
+        if prefill is None:
+            self._batch.n_tokens = n
+            return decoding
+        lane = prefill.lane
+        assert lane is not None
+        start = prefill.prefill_pos
+        prompt = prefill.prompt
+        lane_seq = lane.seq
+        for i in range(start, start + take):
+            token[n] = prompt[i]
+            pos[n] = i
+            seq[n][0] = lane_seq
+            logits[n] = 0
+            n += 1
+        if start + take == len(prompt):
+            logits[n - 1] = 1
+            prefill.out_index = n - 1
+        else:
+            prefill.out_index = -1
+        self._batch.n_tokens = n
+        return [*decoding, prefill]
+
+    def decode(self, context: Any) -> int:
+        """``llama_decode`` of the filled batch: 0 on success (llama.h return codes)."""
+        return int(self._llama.llama_decode(context, self._batch))
+
+    def free(self) -> None:
+        if not self._freed:
+            self._freed = True
+            self._llama.llama_batch_free(self._batch)
