@@ -7,11 +7,11 @@ Only the decode thread touches llama.cpp contexts, batches and samplers.
 
 This module is the engine's face and its thread: the entry points, the inbox and the decode
 loop. The work of each step — batching, sampling, text, terminals — is ``engine/decode_core.py``
-(its ``llama_batch`` is ``engine/batch.py``);
-which lane a request runs in and what of its KV it keeps is decided by ``engine/lanes.py``; a
-request's phase, counters and deadline live in ``engine/request_state.py``; the messages it sends
-are the types of ``engine/protocol.py`` (their meaning is documented there). With
-``observations=False`` (the events-off benchmark baseline) only ``GenText`` and ``GenDone`` go.
+(its ``llama_batch`` is ``engine/batch.py``); which lane a request runs in and what of its KV it
+keeps is decided by ``engine/lanes.py``; a request's phase, counters and deadline live in
+``engine/request_state.py``; the messages it sends are the types of ``engine/protocol.py`` (their
+meaning is documented there). With ``observations=False`` (the events-off benchmark baseline)
+only ``GenText`` and ``GenDone`` go.
 
 Invariants (decode thread):
 
