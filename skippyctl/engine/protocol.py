@@ -24,7 +24,7 @@ Privacy (ARCHITECTURE.md section 4): completion text travels only in :attr:`GenT
 text only in :class:`Generate`, a model path only in :class:`Load` — none of them ever reaches an
 event. Every other message carries counts, durations and logical ids only; no token ids.
 
-Serving messages (sent by ``engine/generation.py``; with serving events off only
+Serving messages (sent by ``engine/decode_core.py``; with serving events off only
 :class:`GenText` and :class:`GenDone`):
 
 - :class:`GenStarted` once a tokenized request got a lane (:class:`CacheResult` of its session).

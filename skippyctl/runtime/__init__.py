@@ -1,1 +1,2 @@
-"""The runtime host: pipeline, engines, scheduling (ARCHITECTURE.md §2)."""
+"""The runtime host: pipeline, engines (supervisor), admission and scheduling (ARCHITECTURE.md
+§1)."""
