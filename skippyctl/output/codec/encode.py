@@ -9,12 +9,21 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any, Final, assert_never
 
 import orjson
 
-from skippyctl.events.envelope import SCHEMA_VERSION, Event, Scope
-from skippyctl.output.codec.layout import OBJECT, RECORD, SCOPE_KEYS, WIRE_VERSION, Layout, Part
+from skippyctl.events.envelope import SCHEMA_VERSION, Event, Progress, Scope, StateChange
+from skippyctl.output.codec.layout import (
+    OBJECT,
+    OUTCOME_KEYS,
+    RECORD,
+    SCOPE_KEYS,
+    WIRE_VERSION,
+    Layout,
+    Part,
+)
 from skippyctl.output.summary import render_summary
 
 
@@ -75,28 +84,48 @@ def _flat_scope(out: dict[str, Any], event: Event, seq: int | None, cursor: str 
     out.update(_scope(event.scope))
 
 
+def _progress(progress: Progress) -> dict[str, Any]:
+    out: dict[str, Any] = {"current": progress.current}
+    if progress.total is not None:
+        out["total"] = progress.total
+    out["unit"] = progress.unit.value
+    return out
+
+
+def _state(state: StateChange) -> dict[str, Any]:
+    out: dict[str, Any] = {"current": state.current}
+    if state.previous is not None:
+        out["previous"] = state.previous
+    return out
+
+
+def _enum(value: StrEnum) -> str:
+    return value.value
+
+
+def _as_is(value: float) -> float:
+    return value
+
+
+_OUTCOME_VALUES: Final[Mapping[str, Callable[[Any], Any]]] = {
+    "progress": _progress,
+    "outcome": _enum,
+    "reason_code": _enum,
+    "duration_ms": _as_is,
+    "stop_reason": _enum,
+    "batching": _enum,
+    "state": _state,
+}
+_OUTCOME: Final = tuple((key, _OUTCOME_VALUES[key]) for key in OUTCOME_KEYS)
+"""The outcome fields in the layout's order, each with its JSON form (the `Event` attribute
+has the key's name)."""
+
+
 def _outcome(out: dict[str, Any], event: Event, seq: int | None, cursor: str | None) -> None:
-    if event.progress is not None:
-        progress: dict[str, Any] = {"current": event.progress.current}
-        if event.progress.total is not None:
-            progress["total"] = event.progress.total
-        progress["unit"] = event.progress.unit.value
-        out["progress"] = progress
-    if event.outcome is not None:
-        out["outcome"] = event.outcome.value
-    if event.reason_code is not None:
-        out["reason_code"] = event.reason_code.value
-    if event.duration_ms is not None:
-        out["duration_ms"] = event.duration_ms
-    if event.stop_reason is not None:
-        out["stop_reason"] = event.stop_reason.value
-    if event.batching is not None:
-        out["batching"] = event.batching.value
-    if event.state is not None:
-        state: dict[str, Any] = {"current": event.state.current}
-        if event.state.previous is not None:
-            state["previous"] = event.state.previous
-        out["state"] = state
+    for key, to_json in _OUTCOME:
+        value = getattr(event, key)
+        if value is not None:
+            out[key] = to_json(value)
 
 
 def _summary(out: dict[str, Any], event: Event, seq: int | None, cursor: str | None) -> None:
