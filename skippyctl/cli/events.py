@@ -24,7 +24,7 @@ from skippyctl.cli.common import InterruptRequests, LiveStream, StreamEnded
 from skippyctl.cli.exit_codes import ExitCode
 from skippyctl.events.catalog import CATALOG, EventId
 from skippyctl.events.envelope import Event
-from skippyctl.events.reasons import Category
+from skippyctl.events.reasons import Category, Severity
 from skippyctl.output.codec import event_record
 
 if TYPE_CHECKING:
@@ -33,13 +33,13 @@ if TYPE_CHECKING:
 events_app = typer.Typer(invoke_without_command=True)  # help: events_command's docstring
 _err = Console(stderr=True, highlight=False, soft_wrap=True)
 RECORD_SCHEMA_VERSION: Final = 1
-_SEVERITY_STYLES: Final = {
-    "trace": "dim",
-    "debug": "dim",
-    "info": "default",
-    "warning": "yellow",
-    "error": "red",
-    "fatal": "bold red",
+_SEVERITY_STYLES: Final[dict[Severity, str]] = {
+    Severity.TRACE: "dim",
+    Severity.DEBUG: "dim",
+    Severity.INFO: "default",
+    Severity.WARNING: "yellow",
+    Severity.ERROR: "red",
+    Severity.FATAL: "bold red",
 }
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
 _UNITS_S: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -142,7 +142,7 @@ def event_line(event: Event, console: Console) -> None:
     """One coloured line per event: time, severity, id, scope, summary."""
     record = event_record(event)
     stamp = record["ts"][11:23]
-    style = _SEVERITY_STYLES.get(event.severity.value, "default")
+    style = _SEVERITY_STYLES[event.severity]
     scope = " ".join(
         f"{key.removesuffix('_id')}={record[key]}"
         for key in ("model_id", "session_id", "request_id", "device_id", "stage_id")

@@ -7,13 +7,14 @@ the human summary) come from skippyctl.output, which imports no UI framework.
 from __future__ import annotations
 
 import sys
-from typing import BinaryIO, Protocol
+from typing import BinaryIO, Final, Protocol
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event
+from skippyctl.events.reasons import Severity
 from skippyctl.output.codec import dumps_line, event_record
 from skippyctl.output.summary import render_summary
 
@@ -37,7 +38,7 @@ class NdjsonPresenter:
         self._stream.flush()
 
 
-_PHASES = {
+_PHASES: Final[dict[EventId, str]] = {
     EventId.MODEL_LOAD_REQUESTED: "requested",
     EventId.MODEL_LOAD_STARTED: "loading weights",
     EventId.BACKEND_DEVICE_SELECTED: "loading weights",
@@ -45,6 +46,10 @@ _PHASES = {
     EventId.SERVING_BACKEND_INITIALIZATION_STARTED: "creating context",
     EventId.MODEL_AVAILABLE: "available",
 }
+
+
+_WARNINGS: Final = frozenset({Severity.WARNING, Severity.ERROR, Severity.FATAL})
+"""Severities printed above the load bar (the load's own failure is the command's message)."""
 
 
 class LoadProgressPresenter:
@@ -75,7 +80,7 @@ class LoadProgressPresenter:
             self._progress.update(self._task, completed=1000 * event.progress.current / total)
         if event.id is EventId.NATIVE_MODEL_LOAD_COMPLETED:
             self._progress.update(self._task, completed=1000)
-        if event.severity.value in ("warning", "error", "fatal") and event.id not in (
+        if event.severity in _WARNINGS and event.id not in (
             EventId.MODEL_LOAD_FAILED,
             EventId.MODEL_LOAD_CANCELLED,
         ):
