@@ -1,0 +1,257 @@
+"""The servers the serving benchmarks compare, started the same way every time, and stopped.
+
+Three OpenAI-compatible servers over HTTP on 127.0.0.1, each in its own process group:
+
+- `skippy`: `skippyctl runtime serve --port 0` with a private SKIPPY_RUNTIME_DIR, then
+  `skippyctl load MODEL --alias bench --lanes S --ctx S × per-session context` (or plain
+  `load MODEL --alias bench` with `defaults=True`: what an operator gets without flags).
+- `llama-server`: llama.cpp's own server, built from the llama.cpp that llama-cpp-python vendors
+  (`benchmarks/llama_server_build.py`): `-np S -c S × per-session context -t T -tb T -fa on`
+  (split KV: each slot its own per-session context, like skippy's lanes), warm-up off (every
+  server gets the same warm-up request instead), no web UI.
+- `llama_cpp.server`: `python -m llama_cpp.server` from the installed llama-cpp-python, one
+  request at a time behind its lock (it has no parallel slots): `--n_ctx` per-session context,
+  the same threads, flash attention, `--logits_all False`, `--interrupt_requests False`.
+
+Every process a server started is stopped in `Server.stop` (SIGTERM to its group, then SIGKILL
+to the ids it spawned that are still alive) — never anything this script did not start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Final
+
+import httpx
+import orjson
+
+from benchmarks.models import REPO
+from skippyctl.client.discovery import pid_alive
+
+MODEL_ALIAS: Final = "bench"
+SEED: Final = 1234
+START_TIMEOUT_S: Final = 180.0
+STOP_TIMEOUT_S: Final = 15.0
+SKIPPY: Final = "skippy"
+LLAMA_SERVER: Final = "llama-server"
+LLAMA_CPP_SERVER: Final = "llama_cpp.server"
+SERVER_NAMES: Final = (SKIPPY, LLAMA_SERVER, LLAMA_CPP_SERVER)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSpec:
+    """What every server is given: the same model, threads and context per session."""
+
+    path: Path
+    sessions: int
+    """Parallel sequences: skippy's lanes, llama-server's slots (llama_cpp.server has one)."""
+    context_per_session: int
+    threads: int
+    defaults: bool = False
+    """skippy only: `load` without --lanes/--ctx (its defaults decide)."""
+
+
+def _children(pid: int) -> list[int]:
+    """Ids of the live processes whose parent is `pid` (from /proc)."""
+    found: list[int] = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # "pid (comm) state ppid ...": comm may hold spaces, so split after the last ")".
+        fields = stat.rsplit(")", 1)[-1].split()
+        if len(fields) > 1 and int(fields[1]) == pid:
+            found.append(int(entry.name))
+    return found
+
+
+class Server:
+    """A server process this script started, and the ids of the processes it spawned."""
+
+    def __init__(self, name: str, process: subprocess.Popen[bytes], log: IO[bytes]) -> None:
+        self.name = name
+        self.process = process
+        self.log = log
+        self.url = ""
+        self.headers: dict[str, str] = {}
+        self.spawned: set[int] = set()
+
+    def note_children(self) -> None:
+        self.spawned.update(_children(self.process.pid))
+
+    def engine_pids(self) -> list[int]:
+        """The processes that do the decoding: skippy's engine worker, else the server."""
+        return sorted(self.spawned) if self.spawned else [self.process.pid]
+
+    def stop(self) -> None:
+        """SIGTERM to the server's group (it shuts down in order), SIGKILL to whatever is left of
+        the processes it started; never anything else."""
+        process = self.process
+        if process.poll() is None:
+            self.note_children()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        for pid in self.spawned:
+            while pid_alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if pid_alive(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        self.log.close()
+
+
+def popen(
+    name: str, command: list[str], log_path: Path, env: dict[str, str] | None = None
+) -> Server:
+    log = open(log_path, "wb")  # noqa: SIM115 - closed by Server.stop
+    try:
+        process = subprocess.Popen(
+            command,
+            cwd=REPO,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,  # its own process group: stopped as one, not by Ctrl-C
+        )
+    except BaseException:
+        log.close()
+        raise
+    return Server(name, process, log)
+
+
+def log_tail(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")[-1500:]
+    except OSError:
+        return ""
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _wait_ready(server: Server, log_path: Path, probe: str) -> None:
+    """Until GET `probe` answers 200 (or the server exits / the start times out)."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    with httpx.Client(base_url=server.url, headers=server.headers, timeout=5.0) as client:
+        while True:
+            if server.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{server.name} did not start: {log_tail(log_path)}")
+            with contextlib.suppress(httpx.HTTPError):
+                if client.get(probe).status_code == 200:
+                    return
+            time.sleep(0.1)
+
+
+def start_skippy(spec: ServerSpec, directory: Path, env: dict[str, str] | None = None) -> Server:
+    runtime_dir = directory / "runtime"
+    runtime_dir.mkdir()
+    environment = dict(os.environ if env is None else env, SKIPPY_RUNTIME_DIR=str(runtime_dir))
+    log_path = directory / "skippy.log"
+    command = [sys.executable, "-m", "skippyctl", "runtime", "serve", "--port", "0"]
+    server = popen(SKIPPY, command, log_path, environment)
+    try:
+        discovery = runtime_dir / "runtime.json"
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not discovery.exists():
+            if server.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"skippy runtime did not start: {log_tail(log_path)}")
+            time.sleep(0.05)
+        data = orjson.loads(discovery.read_bytes())
+        server.url = str(data["url"])
+        server.headers = {"Authorization": f"Bearer {data['token']}"}
+        load = [sys.executable, "-m", "skippyctl", "load", str(spec.path), "--alias", MODEL_ALIAS]
+        if not spec.defaults:
+            load += ["--lanes", str(spec.sessions)]
+            load += ["--ctx", str(spec.sessions * spec.context_per_session)]
+        result = subprocess.run(
+            load,
+            cwd=REPO,
+            env=environment,
+            capture_output=True,
+            text=True,
+            timeout=START_TIMEOUT_S,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"skippyctl load failed: {result.stderr.strip()[-800:]}")
+        server.note_children()  # the engine worker
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+def start_llama_server(spec: ServerSpec, directory: Path) -> Server:
+    from benchmarks.llama_server_build import binary, is_built
+
+    if not is_built():
+        raise RuntimeError(
+            "llama-server is not built: run `.venv/bin/python -m benchmarks.llama_server_build`"
+        )
+    port = free_port()
+    threads = str(spec.threads)
+    command = [str(binary("llama-server")), "-m", str(spec.path), "-a", MODEL_ALIAS]
+    command += ["-np", str(spec.sessions), "-c", str(spec.sessions * spec.context_per_session)]
+    command += ["-t", threads, "-tb", threads, "-fa", "on", "--no-kv-unified"]
+    command += ["--no-warmup", "--no-webui", "--seed", str(SEED)]
+    command += ["--host", "127.0.0.1", "--port", str(port)]
+    log_path = directory / "llama-server.log"
+    server = popen(LLAMA_SERVER, command, log_path)
+    server.url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(server, log_path, "/health")
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+def start_llama_cpp_server(spec: ServerSpec, directory: Path) -> Server:
+    port = free_port()
+    threads = str(spec.threads)
+    command = [sys.executable, "-m", "llama_cpp.server", "--model", str(spec.path)]
+    command += ["--model_alias", MODEL_ALIAS, "--n_ctx", str(spec.context_per_session)]
+    command += ["--n_threads", threads, "--n_threads_batch", threads, "--seed", str(SEED)]
+    command += ["--flash_attn", "True", "--logits_all", "False"]
+    command += ["--interrupt_requests", "False", "--verbose", "False"]
+    command += ["--host", "127.0.0.1", "--port", str(port)]
+    log_path = directory / "llama_cpp_server.log"
+    server = popen(LLAMA_CPP_SERVER, command, log_path)
+    server.url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(server, log_path, "/v1/models")
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+def start(name: str, spec: ServerSpec, directory: Path) -> Server:
+    if name == SKIPPY:
+        return start_skippy(spec, directory)
+    if name == LLAMA_SERVER:
+        return start_llama_server(spec, directory)
+    if name == LLAMA_CPP_SERVER:
+        return start_llama_cpp_server(spec, directory)
+    raise ValueError(f"unknown server {name!r} ({', '.join(SERVER_NAMES)})")
