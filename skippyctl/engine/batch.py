@@ -15,6 +15,11 @@ from typing import Any
 from skippyctl.engine.request_state import RequestState
 
 
+def _lane_seq(r: RequestState) -> int:
+    assert r.lane is not None
+    return r.lane.seq
+
+
 class StepBatch:
     """Owns a ``llama_batch`` of ``capacity`` slots (freed by :meth:`free`, once)."""
 
@@ -39,25 +44,43 @@ class StepBatch:
         """Lay out one step; the step's participants. Each decoding request's ``out_index`` is
         its logits row; ``prefill`` (``take`` prompt tokens from its ``prefill_pos``) gets one
         only when the chunk completes its prompt, else -1."""
+        # Slots in ascending sequence id: with one KV stream per lane llama.cpp splits a batch
+        # into micro-batches of consecutive increasing sequence ids only (llama_batch_allocr::
+        # split_equal), and each micro-batch is a whole forward pass. Lanes decoding in the
+        # order they started (say 2, 0, 3, 1) would cost three passes instead of one.
+        ordered = sorted(decoding, key=_lane_seq) if len(decoding) > 1 else decoding
+        prefill_seq = -1
+        if prefill is not None:
+            assert prefill.lane is not None
+            prefill_seq = prefill.lane.seq
         token, pos, logits, seq = self._token, self._pos, self._logits, self._seq
         n = 0
-        for r in decoding:
+        placed = prefill is None
+        for r in ordered:
             lane = r.lane
             assert lane is not None
+            if not placed and lane.seq > prefill_seq:
+                n = self._fill_prefill(n, prefill, take)
+                placed = True
             token[n] = r.pending_token
             pos[n] = len(lane.tokens)
             seq[n][0] = lane.seq
             logits[n] = 1
             r.out_index = n
             n += 1
-        if prefill is None:
-            self._batch.n_tokens = n
-            return decoding
-        lane = prefill.lane
-        assert lane is not None
+        if not placed:
+            n = self._fill_prefill(n, prefill, take)
+        self._batch.n_tokens = n
+        return decoding if prefill is None else [*decoding, prefill]
+
+    def _fill_prefill(self, n: int, prefill: RequestState | None, take: int) -> int:
+        """Write ``take`` prompt tokens of ``prefill`` from slot ``n``; the next free slot."""
+        assert prefill is not None
+        assert prefill.lane is not None
+        token, pos, logits, seq = self._token, self._pos, self._logits, self._seq
         start = prefill.prefill_pos
         prompt = prefill.prompt
-        lane_seq = lane.seq
+        lane_seq = prefill.lane.seq
         for i in range(start, start + take):
             token[n] = prompt[i]
             pos[n] = i
@@ -69,8 +92,7 @@ class StepBatch:
             prefill.out_index = n - 1
         else:
             prefill.out_index = -1
-        self._batch.n_tokens = n
-        return [*decoding, prefill]
+        return n
 
     def decode(self, context: Any) -> int:
         """``llama_decode`` of the filled batch: 0 on success (llama.h return codes)."""
