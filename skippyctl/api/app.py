@@ -255,7 +255,7 @@ def create_app(ctx: ApiContext, on_ready: Callable[[], None] | None = None) -> F
             artifact=artifact,
             alias=body.alias,
             context_tokens=body.ctx,
-            lanes=body.lanes or 1,
+            lanes=body.lanes,
             gpu_layers=body.gpu_layers or 0,
             timeout_s=body.timeout_s,
         )

@@ -94,7 +94,11 @@ class LoadBody(_Body):
     )
     alias: str | None = Field(default=None, description="Model id to serve it under.")
     ctx: Int32 | None = Field(default=None, description="Context size in tokens.")
-    lanes: Int32 | None = Field(default=None, description="Parallel sequences.")
+    lanes: Int32 | None = Field(
+        default=None,
+        description="Parallel sequences; absent: 4, or with ctx as many of up to 4 as keep "
+        "1024 tokens each.",
+    )
     gpu_layers: Int32 | None = None
     timeout_s: float | None = Field(default=None, le=MAX_DURATION_S)
     max_queue: QueueSize | None = Field(

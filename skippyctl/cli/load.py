@@ -45,7 +45,11 @@ def load_command(
     ] = False,
     ctx: Annotated[
         int | None,
-        typer.Option("--ctx", help="Context size in tokens (default: the model's, at most 4096)."),
+        typer.Option(
+            "--ctx",
+            help="Whole context in tokens, split evenly across the lanes (default: each lane "
+            "gets the model's training context, at most 4096, within half the free memory).",
+        ),
     ] = None,
     timeout: Annotated[
         float | None,
@@ -55,8 +59,13 @@ def load_command(
         str | None, typer.Option("--alias", help="Model id to use instead of the file's name.")
     ] = None,
     lanes: Annotated[
-        int, typer.Option("--lanes", help="Parallel sequences (lanes) for serving.")
-    ] = 1,
+        int | None,
+        typer.Option(
+            "--lanes",
+            help="Parallel sequences (lanes) for serving (default: 4; with --ctx, as many of "
+            "up to 4 as keep 1024 tokens each).",
+        ),
+    ] = None,
     gpu_layers: Annotated[
         int, typer.Option("--gpu-layers", help="Layers to offload to a GPU (-1: all).")
     ] = 0,
@@ -106,7 +115,7 @@ def _embedded(
     ctx: int | None,
     timeout: float | None,
     alias: str | None,
-    lanes: int,
+    lanes: int | None,
     gpu_layers: int,
     interrupts: InterruptRequests,
 ) -> tuple[ExitCode, str]:
@@ -142,7 +151,7 @@ def _attached(
     ctx: int | None,
     timeout: float | None,
     alias: str | None,
-    lanes: int,
+    lanes: int | None,
     gpu_layers: int,
     wait: bool,
     interrupts: InterruptRequests,

@@ -60,6 +60,14 @@ def _or_dash(value: object) -> str:
     return "-" if value is None else str(value)
 
 
+def _context_cell(model: ModelEntry) -> str:
+    """The whole context, or `lanes×per lane` when several lanes split it."""
+    per_lane, lanes = model.context_tokens_per_lane, model.lanes
+    if per_lane is not None and lanes is not None and lanes > 1:
+        return f"{lanes}×{per_lane}"
+    return _or_dash(model.context_tokens)
+
+
 def models_table(state: StateDocumentView) -> Table:
     # Every session the document lists is open (a closed one leaves the state).
     sessions: dict[str, int] = {}
@@ -86,7 +94,7 @@ def models_table(state: StateDocumentView) -> Table:
             _state_cell(model),
             escape(_or_dash(model.device_id)),
             _memory_cell(model),
-            _or_dash(model.context_tokens),
+            _context_cell(model),
             f"{model.lanes_in_use}/{_or_dash(model.lanes)}",
             str(model.queue_depth),
             str(sessions.get(model.model_id, 0)),

@@ -110,7 +110,9 @@ class Load:
     """Native scope the engine keeps open while it serves (its abort callback watches it)."""
     path: str
     context_tokens: int | None
-    lanes: int
+    """The whole context; None: the engine sizes it (engine/geometry.py)."""
+    lanes: int | None
+    """None: the engine picks (engine/geometry.py)."""
     gpu_layers: int
 
 
@@ -218,6 +220,7 @@ class ContextReturned:
     ok: bool
     context_tokens: int | None = None
     lanes: int | None = None
+    context_tokens_per_lane: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,10 +32,11 @@ import socket
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Final, assert_never
+from typing import Any, assert_never
 
 from skippyctl.engine import options as engine_options
 from skippyctl.engine.channel import ControlChannel, MalformedMessage, engine_side
+from skippyctl.engine.geometry import available_memory_bytes, kv_bytes_per_token, plan_context
 from skippyctl.engine.options import EngineOptions
 from skippyctl.engine.protocol import (
     Cancel,
@@ -57,7 +58,6 @@ from skippyctl.engine.protocol import (
 )
 from skippyctl.events.reasons import ReasonCode
 
-DEFAULT_MAX_CONTEXT_TOKENS: Final = 4096
 """Without --ctx the context is the model's training context, capped here to bound memory."""
 
 
@@ -302,12 +302,21 @@ class Worker:
         assert self.loaded is not None
         operation_id = command.operation_id
         self._send(ContextBegun(operation_id))
-        context_params = llama.llama_context_default_params()
-        train_tokens = int(llama.llama_model_n_ctx_train(model))
-        context_params.n_ctx = command.context_tokens or min(
-            train_tokens, DEFAULT_MAX_CONTEXT_TOKENS
+        plan = plan_context(
+            lanes=command.lanes,
+            context_tokens=command.context_tokens,
+            train_tokens=int(llama.llama_model_n_ctx_train(model)),
+            kv_bytes_per_token=kv_bytes_per_token(
+                layers=int(llama.llama_model_n_layer(model)),
+                embedding=int(llama.llama_model_n_embd(model)),
+                heads=int(llama.llama_model_n_head(model)),
+                kv_heads=int(llama.llama_model_n_head_kv(model)),
+            ),
+            free_memory_bytes=available_memory_bytes(),
         )
-        context_params.n_seq_max = command.lanes
+        context_params = llama.llama_context_default_params()
+        context_params.n_ctx = plan.context_tokens
+        context_params.n_seq_max = plan.lanes
         context_params.n_threads = context_params.n_threads_batch = max(1, os.cpu_count() or 1)
         context = llama.llama_init_from_model(model, context_params)
         reply = ContextReturned(operation_id, ok=False)
@@ -329,7 +338,11 @@ class Worker:
                 token_observations=self.options.debug_token_events,
             )
             reply = ContextReturned(
-                operation_id, ok=True, context_tokens=int(llama.llama_n_ctx(context)), lanes=lanes
+                operation_id,
+                ok=True,
+                context_tokens=int(llama.llama_n_ctx(context)),
+                lanes=lanes,
+                context_tokens_per_lane=self.loaded.generation.context_tokens_per_lane(),
             )
         self._send(reply)
         if self.loaded.generation is not None:

@@ -59,6 +59,7 @@ class SummaryKey(StrEnum):
     DEVICE_TYPE = "device_type"
     CONTEXT_TOKENS = "context_tokens"
     CONTEXT_TRAIN_TOKENS = "context_train_tokens"
+    CONTEXT_TOKENS_PER_LANE = "context_tokens_per_lane"
     PARAMETERS = "parameters"
     MODEL_SIZE_BYTES = "model_size_bytes"
     VOCAB_SIZE = "vocab_size"

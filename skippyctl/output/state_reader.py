@@ -89,6 +89,7 @@ class ModelEntry:
     model_size_bytes: int | None = None
     context_tokens: int | None = None
     lanes: int | None = None
+    context_tokens_per_lane: int | None = None
     lanes_in_use: int = 0
     queue_depth: int = 0
     decode_tokens_per_s: int | float | None = None
@@ -143,6 +144,7 @@ def _model(entry: Mapping[str, Any]) -> ModelEntry | None:
         model_size_bytes=_int(entry.get("model_size_bytes")),
         context_tokens=_int(entry.get("context_tokens")),
         lanes=_int(entry.get("lanes")),
+        context_tokens_per_lane=_int(entry.get("context_tokens_per_lane")),
         lanes_in_use=_int(entry.get("lanes_in_use")) or 0,
         queue_depth=_int(entry.get("queue_depth")) or 0,
         decode_tokens_per_s=_number(entry.get("decode_tokens_per_s")),

@@ -43,8 +43,12 @@ def _failed(event: Event) -> str:
 
 def _available(event: Event) -> str:
     ctx = event.summary_value(SummaryKey.CONTEXT_TOKENS)
+    lanes = event.summary_value(SummaryKey.LANES)
+    per_lane = event.summary_value(SummaryKey.CONTEXT_TOKENS_PER_LANE)
     took = f" after {event.duration_ms:.0f} ms" if event.duration_ms is not None else ""
     context = f", context {int(ctx)} tokens" if ctx else ""
+    if ctx and lanes and per_lane and lanes > 1:
+        context += f" ({int(lanes)} lanes × {int(per_lane)})"
     return f"model available{took}{context}"
 
 

@@ -54,6 +54,7 @@ class ContextReturned:
     context_tokens: int | None = None
     lanes: int | None = None
     reason: ReasonCode | None = None
+    context_tokens_per_lane: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -201,7 +201,11 @@ class Reconciler:
                     operation_id=track.binding.operation_id,
                     scope=scope,
                     outcome=Outcome.SUCCESS,
-                    summaries=summaries(context_tokens=item.context_tokens, lanes=item.lanes),
+                    summaries=summaries(
+                        context_tokens=item.context_tokens,
+                        lanes=item.lanes,
+                        context_tokens_per_lane=item.context_tokens_per_lane,
+                    ),
                 )
             ]
         reason = track.cancel_reason or item.reason or ReasonCode.BACKEND_INITIALIZATION_FAILURE

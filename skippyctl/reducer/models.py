@@ -155,7 +155,11 @@ def _announce(
     duration_ms: float | None = None,
 ) -> Event:
     scope = Scope(model_id=view.model_id, device_id=view.device_id, topology_id=view.topology_id)
-    extra = summaries(context_tokens=view.context_tokens, lanes=view.lanes)
+    extra = summaries(
+        context_tokens=view.context_tokens,
+        lanes=view.lanes,
+        context_tokens_per_lane=view.context_tokens_per_lane,
+    )
     return transition(
         event_id,
         cause,
@@ -326,11 +330,13 @@ def on_backend_completed(state: RuntimeView, event: Event) -> Step:
         return reject(state)
     ctx = event.summary_value(SummaryKey.CONTEXT_TOKENS)
     lanes = event.summary_value(SummaryKey.LANES)
+    per_lane = event.summary_value(SummaryKey.CONTEXT_TOKENS_PER_LANE)
     ready = evolve(
         view,
         backend_ready=True,
         context_tokens=None if ctx is None else int(ctx),
         lanes=None if lanes is None else int(lanes),
+        context_tokens_per_lane=None if per_lane is None else int(per_lane),
         updated_mono_ns=event.mono_ns,
     )
     if not _topology_ready(state, ready):

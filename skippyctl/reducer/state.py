@@ -135,6 +135,7 @@ class ModelView:
     device_memory_total_bytes: int | None = None
     context_tokens: int | None = None
     lanes: int | None = None
+    context_tokens_per_lane: int | None = None
     queue_capacity: int | None = None
     model_size_bytes: int | None = None
     parameters: int | None = None

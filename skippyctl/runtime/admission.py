@@ -360,6 +360,13 @@ class ModelServer:
             return len(self._running), len(self._queued)
 
     # -- engine messages (reader thread) --------------------------------------------------------
+    def on_engine_serving(self, engine: object, lanes: int) -> None:
+        """The engine's context exists with `lanes` lanes (its own choice when the load left
+        them out): admit up to that many at once from now on."""
+        with self._lock:
+            self.lanes = lanes
+            self._next_locked()
+
     def on_engine_message(self, engine: object, message: ServingMessage) -> None:
         match message:
             case Kv():

@@ -55,7 +55,8 @@ class LoadRequest:
     artifact: str
     alias: str | None = None
     context_tokens: int | None = None
-    lanes: int = 1
+    lanes: int | None = None
+    """None: the engine picks (up to 4, engine/geometry.py)."""
     gpu_layers: int = 0
     timeout_s: float | None = None
 
@@ -101,7 +102,7 @@ def validate_request(request: LoadRequest) -> str | None:
         return "--timeout must not be negative"
     if "\x00" in request.artifact:
         return "the model path must not contain NUL characters"
-    if request.lanes <= 0:
+    if request.lanes is not None and request.lanes <= 0:
         return "--lanes must be positive"
     if request.gpu_layers < -1:
         return "--gpu-layers must be -1 (all) or more"

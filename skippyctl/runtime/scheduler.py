@@ -101,7 +101,7 @@ class Scheduler:
     def load(self, request: LoadRequest, max_queue: int | None = None) -> LoadHandle:
         server = ModelServer(
             LogicalId("pending"),
-            request.lanes,
+            request.lanes or 1,  # until the engine says how many it made (on_engine_serving)
             max_queue or self.max_queue,
             self.events,
             self.liveness,

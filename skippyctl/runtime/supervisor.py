@@ -126,6 +126,7 @@ class EngineListener(Protocol):
     Called on the engine's reader thread: implementations hand work off, never block.
     """
 
+    def on_engine_serving(self, engine: object, lanes: int) -> None: ...
     def on_engine_message(self, engine: object, message: ServingMessage) -> None: ...
     def on_engine_exit(self, engine: object, crashed: bool) -> None: ...
 
@@ -509,11 +510,15 @@ class EngineProcess:
                     ok=message.ok,
                     context_tokens=message.context_tokens,
                     lanes=message.lanes,
+                    context_tokens_per_lane=message.context_tokens_per_lane,
                 )
             )
             self._serving = message.ok and not cancelled
         if not self._serving:
             self._retire()
+        elif self.listener is not None and message.lanes is not None:
+            # Before any serving message: the engine's decode thread starts after this reply.
+            self.listener.on_engine_serving(self, message.lanes)
 
     @property
     def exited(self) -> bool:

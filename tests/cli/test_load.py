@@ -74,6 +74,40 @@ def test_load_json_streams_the_load_events_in_order(fixture_dir: Path) -> None:
     assert str(fixture_dir) not in result.stdout
 
 
+def test_a_load_without_flags_batches_four_lanes_and_says_so(fixture_dir: Path) -> None:
+    """Issue 12's defaults: 4 lanes, each with the model's training context (2048 for the
+    fixture), stated in the load events and the state document; --lanes 1 still works and an
+    explicit --ctx keeps 1024 tokens a lane."""
+    result = run_cli("load", str(fixture_dir / "tiny.gguf"), "--json")
+    assert result.code == 0, result.stderr
+    records = {r["event"]: r for r in result.records()}
+    ready = records["serving_backend_initialization_completed"]["summaries"]
+    assert (ready["lanes"], ready["context_tokens_per_lane"], ready["context_tokens"]) == (
+        4,
+        2048,
+        8192,
+    )
+    available = records["model_available"]
+    assert available["summaries"]["context_tokens_per_lane"] == 2048
+    assert "4 lanes × 2048" in available["summary"]
+    for alias, flags, geometry in [
+        ("one", ("--lanes", "1"), (1, 2048, 2048)),
+        ("two", ("--ctx", "2048"), (2, 1024, 2048)),
+        ("small", ("--ctx", "512"), (1, 512, 512)),
+    ]:
+        loaded = run_cli("load", str(fixture_dir / "tiny.gguf"), "--alias", alias, *flags)
+        assert loaded.code == 0, loaded.stderr
+        assert _geometry(alias) == geometry
+    table = run_cli("ps").stdout
+    assert "4×2048" in table and "2×1024" in table
+
+
+def _geometry(model_id: str) -> tuple[int, int, int]:
+    (document,) = run_cli("ps", "--json").records()
+    model = next(m for m in document["models"] if m["model_id"] == model_id)
+    return model["lanes"], model["context_tokens_per_lane"], model["context_tokens"]
+
+
 def test_embedded_load_streams_its_host_startup_too(fixture_dir: Path) -> None:
     result = run_cli("load", str(fixture_dir / "tiny.gguf"), "--json", "--embedded")
     assert result.code == 0, result.stderr

@@ -26,6 +26,9 @@ class Recorder:
     def submit(self, event: Event) -> None:
         self.events.append(event)
 
+    def on_engine_serving(self, engine: object, lanes: int) -> None:
+        raise AssertionError("not exercised here")
+
     def on_engine_message(self, engine: object, message: ServingMessage) -> None:
         self.messages.append(message)
 
