@@ -76,6 +76,14 @@ def detail(snapshot: DashboardSnapshot, model: ModelView) -> Text:
     return Text(state.value, style=fmt.MODEL_STYLES[state])
 
 
+def _context(model: ModelView) -> str:
+    """The whole context, or `lanes×per lane` when several lanes split it."""
+    per_lane, lanes = model.context_tokens_per_lane, model.lanes
+    if per_lane is not None and lanes is not None and lanes > 1:
+        return f"{lanes}×{fmt.count(per_lane)}"
+    return fmt.count(model.context_tokens)
+
+
 def model_row(snapshot: DashboardSnapshot, model: ModelView) -> Cells:
     view = snapshot.view
     lanes = model.lanes
@@ -87,7 +95,7 @@ def model_row(snapshot: DashboardSnapshot, model: ModelView) -> Cells:
         str(model.device_id) if model.device_id is not None else fmt.DASH,
         fmt.size(model.model_size_bytes),
         fmt.size(model.device_memory_free_bytes),
-        fmt.count(model.context_tokens),
+        _context(model),
         f"{in_use}/{lanes}" if lanes is not None else fmt.DASH,
         str(queue_depth(view, model.model_id)),
         fmt.rate(model.decode_tokens_per_s, "t/s"),
