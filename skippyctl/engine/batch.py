@@ -1,10 +1,10 @@
 """The one ``llama_batch`` of an engine: filled once per decode step, decoded, reused.
 
 Decode thread only. Every slot carries exactly one sequence id (the lane's). A step holds the
-next token of every decoding lane (logits requested for each) plus at most one prefill chunk of
-one request (logits only for its last prompt token, and only when that chunk completes the
-prompt). Filling writes straight into the batch's C arrays: no per-step allocation beyond the
-list of the step's participants.
+next token of every decoding lane (logits requested for each) plus prompt chunks of prefilling
+requests (logits only for a prompt's last token, and only when its chunk completes the prompt).
+Filling writes straight into the batch's C arrays: no per-step allocation beyond the list of the
+step's participants, in ascending sequence order.
 """
 
 from __future__ import annotations
@@ -18,6 +18,10 @@ from skippyctl.engine.request_state import RequestState
 def _lane_seq(r: RequestState) -> int:
     assert r.lane is not None
     return r.lane.seq
+
+
+def _first(entry: tuple[int, RequestState, int]) -> int:
+    return entry[0]
 
 
 class StepBatch:
@@ -39,48 +43,42 @@ class StepBatch:
         self._freed = False
 
     def fill(
-        self, decoding: list[RequestState], prefill: RequestState | None, take: int
+        self, decoding: list[RequestState], chunks: list[tuple[RequestState, int]]
     ) -> list[RequestState]:
         """Lay out one step; the step's participants. Each decoding request's ``out_index`` is
-        its logits row; ``prefill`` (``take`` prompt tokens from its ``prefill_pos``) gets one
-        only when the chunk completes its prompt, else -1."""
+        its logits row; each ``(request, take)`` chunk (``take`` prompt tokens from its
+        ``prefill_pos``) gets one only when the chunk completes its prompt, else -1."""
         # Slots in ascending sequence id: with one KV stream per lane llama.cpp splits a batch
         # into micro-batches of consecutive increasing sequence ids only (llama_batch_allocr::
         # split_equal), and each micro-batch is a whole forward pass. Lanes decoding in the
         # order they started (say 2, 0, 3, 1) would cost three passes instead of one.
-        ordered = sorted(decoding, key=_lane_seq) if len(decoding) > 1 else decoding
-        prefill_seq = -1
-        if prefill is not None:
-            assert prefill.lane is not None
-            prefill_seq = prefill.lane.seq
+        # (sequence id, request, prompt tokens to take: 0 for a decoding lane's next token)
+        entries: list[tuple[int, RequestState, int]] = [(_lane_seq(r), r, 0) for r in decoding]
+        entries += [(_lane_seq(r), r, take) for r, take in chunks]
+        if len(entries) > 1:
+            entries.sort(key=_first)
         token, pos, logits, seq = self._token, self._pos, self._logits, self._seq
         n = 0
-        placed = prefill is None
-        for r in ordered:
+        for lane_seq, r, take in entries:
+            if take:
+                n = self._fill_prefill(n, r, lane_seq, take)
+                continue
             lane = r.lane
             assert lane is not None
-            if not placed and lane.seq > prefill_seq:
-                n = self._fill_prefill(n, prefill, take)
-                placed = True
             token[n] = r.pending_token
             pos[n] = len(lane.tokens)
-            seq[n][0] = lane.seq
+            seq[n][0] = lane_seq
             logits[n] = 1
             r.out_index = n
             n += 1
-        if not placed:
-            n = self._fill_prefill(n, prefill, take)
         self._batch.n_tokens = n
-        return decoding if prefill is None else [*decoding, prefill]
+        return [*decoding, *(r for r, _take in chunks)] if chunks else decoding
 
-    def _fill_prefill(self, n: int, prefill: RequestState | None, take: int) -> int:
+    def _fill_prefill(self, n: int, prefill: RequestState, lane_seq: int, take: int) -> int:
         """Write ``take`` prompt tokens of ``prefill`` from slot ``n``; the next free slot."""
-        assert prefill is not None
-        assert prefill.lane is not None
         token, pos, logits, seq = self._token, self._pos, self._logits, self._seq
         start = prefill.prefill_pos
         prompt = prefill.prompt
-        lane_seq = prefill.lane.seq
         for i in range(start, start + take):
             token[n] = prompt[i]
             pos[n] = i

@@ -7,8 +7,9 @@ through :meth:`DecodeCore.finish`, its single exit. Decode thread only — no lo
 thread, the inbox and the public entry points are :class:`~skippyctl.engine.generation.BatchEngine`.
 
 Each step holds the next token of every decoding lane plus, if any request is prefilling, up to
-``prefill_chunk_tokens`` prompt tokens of ONE prefilling request (round-robin), so a long prompt
-never stalls running generations and generations never starve prefill. Logits are requested only
+``prefill_chunk_tokens`` prompt tokens in all, taken round-robin from the prefilling requests
+(several short prompts start in the same step, as llama-server does), so a long prompt never
+stalls running generations and generations never starve prefill. Logits are requested only
 for each decoding lane's token and for the last prompt token of a prefill that completes in the
 step (the batch itself is ``engine/batch.py``).
 
@@ -347,17 +348,11 @@ class DecodeCore:
         self.emit(GenStarted(r.id, lane.seq, session, len(prompt), r.reused, cache))
 
     def _step(self) -> None:
-        """One llama_decode: every decoding lane's next token + one prefill chunk."""
+        """One llama_decode: every decoding lane's next token + prefill chunks."""
         board = self._board
         decoding = board.decoding
-        prefill: RequestState | None = None
-        take = 0
-        if board.prefilling:
-            prefill = board.prefilling.popleft()
-            take = min(self._chunk, len(prefill.prompt) - prefill.prefill_pos)
-            if prefill.prefill_pos + take < len(prefill.prompt):
-                board.prefilling.append(prefill)  # round-robin: next chunk goes to the next one
-        participants = self._batch.fill(decoding, prefill, take)
+        chunks = self._prefill_chunks()
+        participants = self._batch.fill(decoding, chunks)
         n_seqs = len(participants)
         if n_seqs > 1:
             for r in participants:
@@ -380,32 +375,8 @@ class DecodeCore:
             lane = r.lane
             assert lane is not None
             lane.tokens.append(r.pending_token)
-        if prefill is not None:
-            lane = prefill.lane
-            assert lane is not None
-            lane.tokens.extend(prefill.prompt[prefill.prefill_pos : prefill.prefill_pos + take])
-            prefill.prefill_pos += take
-            if prefill.out_index < 0:
-                if now - prefill.t_prefill_progress >= PREFILL_PROGRESS_INTERVAL_S:
-                    prefill.t_prefill_progress = now
-                    self.emit(
-                        GenPrefillProgress(
-                            prefill.id,
-                            prefill.prefill_pos - prefill.reused,
-                            len(prefill.prompt) - prefill.reused,
-                        )
-                    )
-            else:
-                prefill.t_prefill_end = now
-                prefill.held_observations.append(
-                    GenPrefillDone(
-                        prefill.id,
-                        prefill.prefill_pos - prefill.reused,
-                        round((now - prefill.t_prefill_start) * 1000.0, 3),
-                    )
-                )
-                prefill.phase = Phase.DECODE
-                decoding.append(prefill)
+        for prefill, take in chunks:
+            self._prefilled(prefill, take, now)
 
         for r in list(decoding):
             if r.out_index < 0:
@@ -415,6 +386,53 @@ class DecodeCore:
             except Exception:  # noqa: BLE001 - one request's failure must not stop the engine
                 self.fail(r)
         self._check_pressure()
+
+    def _prefill_chunks(self) -> list[tuple[RequestState, int]]:
+        """This step's prompt chunks: up to ``prefill_chunk_tokens`` tokens in all, taken
+        round-robin from the prefilling requests — so requests that arrive together start
+        together (each short prompt whole, in one step), and a long prompt never stalls the
+        running generations for more than one chunk's worth of compute."""
+        prefilling = self._board.prefilling
+        budget = self._chunk
+        chunks: list[tuple[RequestState, int]] = []
+        for _ in range(len(prefilling)):
+            if budget <= 0:
+                break
+            r = prefilling.popleft()
+            take = min(budget, len(r.prompt) - r.prefill_pos)
+            chunks.append((r, take))
+            budget -= take
+            if r.prefill_pos + take < len(r.prompt):
+                prefilling.append(r)  # round-robin: its next chunk comes after the others'
+        return chunks
+
+    def _prefilled(self, prefill: RequestState, take: int, now: float) -> None:
+        """Mirror a decoded prompt chunk; report progress, or move a complete prompt to decode."""
+        lane = prefill.lane
+        assert lane is not None
+        lane.tokens.extend(prefill.prompt[prefill.prefill_pos : prefill.prefill_pos + take])
+        prefill.prefill_pos += take
+        if prefill.out_index < 0:
+            if now - prefill.t_prefill_progress >= PREFILL_PROGRESS_INTERVAL_S:
+                prefill.t_prefill_progress = now
+                self.emit(
+                    GenPrefillProgress(
+                        prefill.id,
+                        prefill.prefill_pos - prefill.reused,
+                        len(prefill.prompt) - prefill.reused,
+                    )
+                )
+            return
+        prefill.t_prefill_end = now
+        prefill.held_observations.append(
+            GenPrefillDone(
+                prefill.id,
+                prefill.prefill_pos - prefill.reused,
+                round((now - prefill.t_prefill_start) * 1000.0, 3),
+            )
+        )
+        prefill.phase = Phase.DECODE
+        self._board.decoding.append(prefill)
 
     def _on_logits(self, r: RequestState, now: float) -> None:
         """Sample ``r``'s next token from this step's logits and stream its text."""

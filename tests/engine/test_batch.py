@@ -56,7 +56,7 @@ def _slots(step: StepBatch) -> list[tuple[int, int, int, bool]]:
 
 def test_decoding_lanes_are_laid_out_in_ascending_sequence_order(batch: StepBatch) -> None:
     decoding = [_request(f"r{seq}", seq, 10 + seq, 100 + seq) for seq in (2, 0, 3, 1)]
-    participants = batch.fill(decoding, None, 0)
+    participants = batch.fill(decoding, [])
     assert participants == decoding  # the caller's list, untouched
     assert _slots(batch) == [(seq, 100 + seq, 10 + seq, True) for seq in range(4)]
     for r in decoding:
@@ -70,7 +70,7 @@ def test_a_prefill_chunk_takes_its_lanes_place_among_the_decoding_lanes(
 ) -> None:
     decoding = [_request(f"r{seq}", seq, 4, 7) for seq in (4, 1, 3) if seq != prefill_seq]
     prefill = _prefilling(prefill_seq, [11, 12, 13, 14, 15], done=1)
-    participants = batch.fill(decoding, prefill, take=4)
+    participants = batch.fill(decoding, [(prefill, 4)])
     assert participants == [*decoding, prefill]
     slots = _slots(batch)
     first_seen: list[int] = []
@@ -86,6 +86,17 @@ def test_a_prefill_chunk_takes_its_lanes_place_among_the_decoding_lanes(
 
 def test_an_unfinished_prefill_chunk_asks_for_no_logits(batch: StepBatch) -> None:
     prefill = _prefilling(1, [5, 6, 7, 8], done=0)
-    batch.fill([_request("r0", 0, 3, 9)], prefill, take=2)
+    batch.fill([_request("r0", 0, 3, 9)], [(prefill, 2)])
     assert _slots(batch) == [(0, 9, 3, True), (1, 5, 0, False), (1, 6, 1, False)]
     assert prefill.out_index == -1
+
+
+def test_several_prompt_chunks_interleave_with_decoding_lanes_by_sequence(
+    batch: StepBatch,
+) -> None:
+    decoding = [_request("r3", 3, 2, 30), _request("r0", 0, 2, 31)]
+    first, second = _prefilling(2, [1, 2, 3], done=0), _prefilling(1, [4, 5], done=1)
+    participants = batch.fill(decoding, [(first, 3), (second, 1)])
+    assert participants == [*decoding, first, second]
+    assert [slot[0] for slot in _slots(batch)] == [0, 1, 2, 2, 2, 3]
+    assert (first.out_index, second.out_index) == (4, 1)  # both prompts complete this step

@@ -486,6 +486,24 @@ def test_concurrent_requests_share_decode_batches(
     assert {h.recorder.one(f"b{i}", "gen_started")["lane"] for i in range(3)} == {0, 1, 2}
 
 
+def test_requests_that_arrive_together_prefill_in_one_step(
+    make_engine: EngineFactory, eog_ban: tuple[tuple[int, float], ...]
+) -> None:
+    """Short prompts waiting together all fit one step's prefill budget: every first token
+    comes from the first decode, before any request's second token (time to first token does
+    not grow with the number of requests that arrived at once)."""
+    h = make_engine(lanes=3, start=False)
+    for i in range(3):
+        h.engine.submit(
+            GenerateRequest(f"t{i}", prompt=f"{PROMPT} {i}", max_tokens=4, sampling=greedy(eog_ban))
+        )
+    h.engine.start()  # the three are in the inbox before the first step
+    done = h.recorder.wait_done(3)
+    # Four steps each (the prefill that samples the first token, three decodes), all three
+    # requests in every one of them: none waited for another's prefill.
+    assert [(m["shared_steps"], m["max_batch"]) for m in done] == [(4, 3)] * 3, done
+
+
 def test_long_prefill_is_chunked_beside_running_generation(
     make_engine: EngineFactory, eog_ban: tuple[tuple[int, float], ...]
 ) -> None:
