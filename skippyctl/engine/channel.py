@@ -23,7 +23,7 @@ from __future__ import annotations
 import socket
 import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Final, Generic, TypeVar
 
 from skippyctl.engine.protocol import (
@@ -103,6 +103,20 @@ class ControlChannel(Generic[SendT, ReceiveT]):
         """Send one message; False if the peer is gone. Raises :class:`MessageTooLarge` or
         :class:`UnencodableMessage` (nothing sent) for a message that cannot be framed."""
         return self.send_frame(encode_frame(message, self.limit_bytes))
+
+    def send_many(self, messages: Sequence[SendT]) -> tuple[bool, int]:
+        """Send `messages` in order with one write: (False if the peer is gone, how many could
+        not be framed — each skipped alone, the others sent)."""
+        frames: list[bytes] = []
+        unframable = 0
+        for message in messages:
+            try:
+                frames.append(encode_frame(message, self.limit_bytes))
+            except (MessageTooLarge, UnencodableMessage):
+                unframable += 1
+        if not frames:
+            return True, unframable
+        return self.send_frame(b"".join(frames)), unframable
 
     def send_frame(self, frame: bytes) -> bool:
         """Send a frame made by :func:`encode_frame`; False if the peer is gone."""

@@ -80,6 +80,7 @@ class BatchEngine:
         *,
         lanes: int,
         emit: Callable[[EngineMessage], None],
+        emit_many: Callable[[list[EngineMessage]], int] | None = None,
         prefill_chunk_tokens: int = 256,
         kv_pressure_high: float = 0.85,
         kv_pressure_low: float = 0.70,
@@ -88,12 +89,17 @@ class BatchEngine:
         observations: bool = True,
         token_observations: bool = False,
     ) -> None:
+        self._emit = emit
+        self._emit_many = emit_many
+        self._outbox: list[EngineMessage] = []
+        """Decode thread only: what the core emitted since the last flush (with emit_many)."""
+        self._flush_failures = 0
         self._core = DecodeCore(
             llama,
             model,
             context,
             lanes=lanes,
-            emit=emit,
+            emit=emit if emit_many is None else self._outbox.append,
             released=self._released,
             prefill_chunk_tokens=prefill_chunk_tokens,
             kv_pressure_high=kv_pressure_high,
@@ -127,8 +133,9 @@ class BatchEngine:
 
     @property
     def emit_failures(self) -> int:
-        """Messages whose ``emit`` raised (each was dropped; the engine carried on)."""
-        return self._core.emit_failures
+        """Messages whose ``emit`` raised or that ``emit_many`` could not send (each was
+        dropped; the engine carried on)."""
+        return self._core.emit_failures + self._flush_failures
 
     def start(self) -> None:
         """Start the decode thread (once). Requests submitted before are served from then on."""
@@ -168,7 +175,7 @@ class BatchEngine:
                 )
             else:
                 message = state.done_message(GenerationOutcome.CANCELLED, StopReason.CANCELLED)
-            self._core.emit(message)
+            self._send_now(message)
 
     def cancel(self, request_id: str) -> None:
         """Cancel a queued or running request; takes effect before the next decode step."""
@@ -209,6 +216,26 @@ class BatchEngine:
             if r.error is None:
                 self._ids.discard(r.id)
 
+    def _send_now(self, message: EngineMessage) -> None:
+        """Off the decode thread (after stop): straight to ``emit``, never raising."""
+        try:
+            self._emit(message)
+        except Exception:  # noqa: BLE001 - counted like the core's own emit failures
+            self._flush_failures += 1
+
+    def _flush(self) -> None:
+        """Send what the last iteration emitted, in order, in one write (``emit_many``): one
+        wake-up of the host per step instead of one per message, and no write between the
+        step's samples."""
+        if not self._outbox or self._emit_many is None:
+            return
+        messages = self._outbox[:]
+        self._outbox.clear()
+        try:
+            self._flush_failures += self._emit_many(messages)
+        except Exception:  # noqa: BLE001 - a broken consumer must not kill the decode thread
+            self._flush_failures += len(messages)
+
     def _run(self) -> None:
         core = self._core
         try:
@@ -219,6 +246,8 @@ class BatchEngine:
                 except Exception:  # noqa: BLE001 - the decode thread must outlive any bug
                     core.fail_running()  # not attributable to one request; keep serving
                     continue
+                finally:
+                    self._flush()
                 if not busy:
                     with self._cond:
                         while not self._inbox and not self._stopping:
@@ -275,3 +304,4 @@ class BatchEngine:
                     else:
                         core.track(r)
         core.cancel_all()
+        self._flush()

@@ -187,6 +187,11 @@ class Worker:
         # A host that went away is noticed by the serve loop (end of stream); nothing to do here.
         self.channel.send(message)
 
+    def _send_many(self, messages: list[EngineMessage]) -> int:
+        """One decode step's messages in one write; how many could not be framed."""
+        _sent, unframable = self.channel.send_many(messages)
+        return unframable
+
     def _arm_abort(self, context: Any, serving_operation: int) -> None:
         """Point llama_decode's abort callback at the native layer, inside a serving scope, so the
         host can stop a decode in flight (forced unload) through shared memory, not Python."""
@@ -334,6 +339,7 @@ class Worker:
                 context,
                 lanes=lanes,
                 emit=self._send,
+                emit_many=self._send_many,
                 observations=self.options.serving_events,
                 token_observations=self.options.debug_token_events,
             )

@@ -147,3 +147,16 @@ def test_a_value_json_cannot_carry_is_refused_before_any_byte_is_written(
         a.send(Generate("r", prompt="hi", sampling=Sampling(seed=1 << 70)))
     a.send(Ping(4))
     assert b.receive() == Ping(4)
+
+
+def test_send_many_writes_every_framable_message_in_order_and_counts_the_rest() -> None:
+    left, right = socket.socketpair()
+    sender, receiver = host_side(left, limit_bytes=1000), engine_side(right)
+    try:
+        batch: list[Command] = [Ping(1), Generate("big", prompt="x" * 2000), Ping(2), Ping(3)]
+        assert sender.send_many(batch) == (True, 1)
+        assert [receiver.receive() for _ in range(3)] == [Ping(1), Ping(2), Ping(3)]
+        assert sender.send_many([]) == (True, 0)
+    finally:
+        sender.close()
+        receiver.close()

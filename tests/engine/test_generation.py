@@ -504,6 +504,38 @@ def test_requests_that_arrive_together_prefill_in_one_step(
     assert [(m["shared_steps"], m["max_batch"]) for m in done] == [(4, 3)] * 3, done
 
 
+def test_with_emit_many_each_iteration_sends_its_messages_in_one_call(
+    make_engine: EngineFactory, eog_ban: tuple[tuple[int, float], ...]
+) -> None:
+    """The worker's path: one call (one write to the host) per decode-loop iteration, in the
+    order the core emitted them, and the same messages as one call each."""
+    batches: list[int] = []
+    recorder = Recorder()
+
+    def emit_many(messages: list[EngineMessage]) -> int:
+        batches.append(len(messages))
+        for message in messages:
+            recorder(message)
+        return 0
+
+    h = make_engine(lanes=3, start=False, emit_many=emit_many)
+    for i in range(3):
+        h.engine.submit(
+            GenerateRequest(f"m{i}", prompt=f"{PROMPT} {i}", max_tokens=6, sampling=greedy(eog_ban))
+        )
+    h.engine.start()
+    done = recorder.wait_done(3)
+    assert h.recorder.messages == []  # nothing went through the one-at-a-time emit
+    assert sum(batches) == len(recorder.messages)
+    assert max(batches) >= 3  # the three requests' texts of one step travel together
+    assert [m["outcome"] for m in done] == ["completed"] * 3
+    assert h.engine.emit_failures == 0
+    for i in range(3):  # per request: started, texts, then its one gen_done last
+        kinds = [m["msg"] for m in recorder.messages if m.get("request_id") == f"m{i}"]
+        assert kinds[0] == "gen_started" and kinds[-1] == "gen_done"
+        assert kinds.count("gen_done") == 1
+
+
 def test_long_prefill_is_chunked_beside_running_generation(
     make_engine: EngineFactory, eog_ban: tuple[tuple[int, float], ...]
 ) -> None:
