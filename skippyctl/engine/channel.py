@@ -127,6 +127,21 @@ class ControlChannel(Generic[SendT, ReceiveT]):
                 return False
         return True
 
+    def send_frame_now(self, frame: bytes) -> int | None:
+        """Write what of `frame` the socket takes at once, never waiting (not even for another
+        sender): how many bytes went out — 0 if none could —, or None if the peer is gone. The
+        caller sends the rest, before anything else, with :meth:`send_frame`."""
+        if not self._send_lock.acquire(blocking=False):
+            return 0
+        try:
+            return self._sock.send(frame, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return 0
+        except OSError:
+            return None
+        finally:
+            self._send_lock.release()
+
     def receive(self) -> ReceiveT | None:
         """The next message, or None at end of stream (the peer exited or closed).
 

@@ -12,8 +12,9 @@ control channel and is queued, in order after the engine's ring, as authoritativ
 end-of-stream on that channel means the engine exited, and the exit status says whether it was
 asked to (`crashed` otherwise).
 
-Commands go out through one writer thread per engine (`skippy-engine-writer-…`): `send` encodes
-and queues, and never blocks on the socket, so an engine that stops reading (SIGSTOP, a stuck
+Commands go out from the caller's thread when the socket takes them at once and nothing waits
+ahead of them; otherwise through one writer thread per engine (`skippy-engine-writer-…`), in
+order. `send` never blocks on the socket, so an engine that stops reading (SIGSTOP, a stuck
 process) can never block an API handler, the scheduler or this engine's reader thread. A message
 over the frame limit raises :class:`MessageTooLarge` in `send` itself, before anything is queued:
 the caller refuses the one request it belongs to.
@@ -191,6 +192,11 @@ class EngineProcess:
         self.pongs = 0
         """Pings the engine answered (for operators and tests)."""
         self._outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._queue_lock = threading.Lock()
+        """Held only around a non-blocking write or a queue put, never across blocking I/O."""
+        self._queued = 0
+        """Frames (or the rest of one) handed to the writer and not yet written: while any is,
+        `send` queues behind them to keep the order."""
         self._send_closed = threading.Event()
         host_sock, child_sock = socket.socketpair()
         pass_fds = [child_sock.fileno()]
@@ -295,7 +301,21 @@ class EngineProcess:
         frame = encode_frame(command, self._channel.limit_bytes)
         if self._send_closed.is_set():
             return False
-        self._outbox.put(frame)
+        with self._queue_lock:
+            if self._queued == 0:
+                # Nothing ahead of it: write now, from the caller's thread. Handing the frame to
+                # the writer costs a thread switch, and on 2 busy cores the writer waits
+                # milliseconds for the GIL: simultaneous requests then reach the engine spread
+                # out and miss each other's prefill step.
+                sent = self._channel.send_frame_now(frame)
+                if sent is None:
+                    self._send_closed.set()
+                    return False
+                if sent == len(frame):
+                    return True
+                frame = frame[sent:]
+            self._queued += 1
+            self._outbox.put(frame)
         return True
 
     def _write_loop(self) -> None:
@@ -304,6 +324,8 @@ class EngineProcess:
             if frame is None or not self._channel.send_frame(frame):
                 self._send_closed.set()
                 return
+            with self._queue_lock:
+                self._queued -= 1
 
     # -- liveness -------------------------------------------------------------------------------
     def silent_for_s(self, now_ns: int | None = None) -> float:

@@ -160,3 +160,20 @@ def test_send_many_writes_every_framable_message_in_order_and_counts_the_rest() 
     finally:
         sender.close()
         receiver.close()
+
+
+def test_send_frame_now_writes_what_the_socket_takes_and_never_waits() -> None:
+    left, right = socket.socketpair()
+    sender, receiver = host_side(left), engine_side(right)
+    try:
+        frame = encode_frame(Ping(7))
+        assert sender.send_frame_now(frame) == len(frame)
+        assert receiver.receive() == Ping(7)
+        big = encode_frame(Generate("big", prompt="x" * (4 << 20)))
+        sent = sender.send_frame_now(big)  # nobody reads: the socket takes only its buffer
+        assert sent is not None and 0 < sent < len(big)
+        assert sender.send_frame_now(big[sent:]) == 0  # full: nothing more, and no wait
+        receiver.close()  # the peer is gone
+        assert sender.send_frame_now(frame) is None
+    finally:
+        sender.close()

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from skippyctl.engine.channel import MAX_MESSAGE_BYTES
+from skippyctl.engine.protocol import Ping
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event, LogicalId
 from skippyctl.events.reasons import ReasonCode
@@ -151,6 +152,33 @@ def test_a_stopped_engine_cannot_hold_a_request_past_its_deadline(runtime: Runti
         len(episodes) // 2
     )
     assert runtime.server().counts() == (0, 0)
+
+
+def test_commands_for_a_stopped_engine_never_block_and_arrive_whole_and_in_order(
+    runtime: Runtime,
+) -> None:
+    """More command bytes than the socket holds: the first go out from the caller's thread,
+    the socket fills (a frame may be cut in two), the rest wait in the writer's queue — and
+    after SIGCONT the engine reads every frame intact and answers each."""
+    engine = runtime.host.engine_for(LogicalId("tiny"))
+    assert engine is not None
+    pid = engine.pid
+    pings = 40_000  # ~1 MB of frames, several times a socketpair's buffers
+    stop(pid)
+    try:
+        before = engine.pongs
+        for number in range(pings):
+            assert engine.send(Ping(1_000_000 + number))
+        assert engine._queued > 0  # the socket was full: the writer holds the rest
+        assert process_state(pid) == "T"
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    deadline = time.monotonic() + WAIT_S
+    while engine.pongs < before + pings:
+        assert time.monotonic() < deadline, (engine.pongs - before, pings)
+        time.sleep(0.05)
+    assert engine.protocol_errors == 0 and engine.pid == pid
+    assert finished(runtime.submit(prompt="after", max_tokens=2)).outcome == "completed"
 
 
 def test_a_request_queued_behind_a_stopped_engine_still_ends_at_its_deadline(
