@@ -12,6 +12,7 @@ from skippyctl.cli.generate import generate_command
 from skippyctl.cli.load import load_command
 from skippyctl.cli.ps import ps_command
 from skippyctl.cli.runtime import runtime_app
+from skippyctl.cli.stage import stage_app
 from skippyctl.cli.tui import tui_command
 from skippyctl.cli.unload import unload_command
 from skippyctl.cli.wait import wait_command
@@ -34,6 +35,7 @@ app.command("top")(tui_command)
 app.add_typer(fixtures_app, name="fixtures")
 app.add_typer(events_app, name="events")
 app.add_typer(runtime_app, name="runtime")
+app.add_typer(stage_app, name="stage")
 
 
 def _version(value: bool) -> None:

@@ -105,6 +105,9 @@ class SummaryKey(StrEnum):
     LOG_MESSAGES_ERROR = "log_messages_error"
     FEATURE_BITS = "feature_bits"
     ABI_VERSION = "abi_version"
+    PORT = "port"
+    THREADS = "threads"
+    MEMORY_LIMIT_BYTES = "memory_limit_bytes"
 
 
 class StopReason(StrEnum):

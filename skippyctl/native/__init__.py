@@ -14,7 +14,7 @@ import importlib
 from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
-    from skippyctl.native import abi, devices, ingress, library, region
+    from skippyctl.native import abi, devices, ingress, library, region, rpc
     from skippyctl.native.ingress import (
         IngressConfig,
         IngressStats,
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     )
     from skippyctl.native.region import EngineAdapter, IngressClosed, IngressRegion
 
-_SUBMODULES: Final = frozenset({"abi", "devices", "ingress", "library", "region"})
+_SUBMODULES: Final = frozenset({"abi", "devices", "ingress", "library", "region", "rpc"})
 _EXPORTS: Final = {
     "Capabilities": "library",
     "EngineAdapter": "region",
@@ -79,6 +79,7 @@ __all__ = [
     "load_native_library",
     "native_library",
     "region",
+    "rpc",
 ]
 
 

@@ -63,7 +63,44 @@ def _native_completed(event: Event) -> str:
     return ", ".join(parts)
 
 
+def _stage(event: Event) -> str:
+    """A stage worker's lifecycle (`stage serve`); events without a port (a stage of a
+    topology) keep the catalog's text."""
+    port = event.summary_value(SummaryKey.PORT)
+    if port is None:
+        return spec_of(event.id).description
+    threads = event.summary_value(SummaryKey.THREADS)
+    limit = event.summary_value(SummaryKey.MEMORY_LIMIT_BYTES)
+    free = event.summary_value(SummaryKey.MEMORY_FREE_BYTES)
+    verb = _STAGE_VERBS.get(event.id, "stage")
+    details = []
+    if event.id is EventId.STAGE_READY and event.scope.device_id:
+        details.append(str(event.scope.device_id))
+    if event.id in (EventId.STAGE_STARTING, EventId.STAGE_READY):
+        if threads is not None:
+            details.append(f"{int(threads)} threads")
+        if limit is not None:
+            details.append(f"offers {_bytes(limit)}")
+        elif event.id is EventId.STAGE_READY and free is not None:
+            details.append(f"{_bytes(free)} free")
+    text = f"{verb} on port {int(port)}"
+    return f"{text} ({', '.join(details)})" if details else text
+
+
+_STAGE_VERBS: Final = {
+    EventId.STAGE_STARTING: "stage starting",
+    EventId.STAGE_READY: "stage ready",
+    EventId.STAGE_STOPPING: "stage stopping",
+    EventId.STAGE_STOPPED: "stage stopped",
+}
+
+
 _RENDERERS: Final[dict[EventId, Callable[[Event], str]]] = {
+    EventId.STAGE_STARTING: _stage,
+    EventId.STAGE_READY: _stage,
+    EventId.STAGE_STOPPING: _stage,
+    EventId.STAGE_STOPPED: _stage,
+    EventId.STAGE_FAILED: _failed,
     EventId.MODEL_LOAD_PROGRESS: _progress,
     EventId.BACKEND_DEVICE_SELECTED: _device,
     EventId.MODEL_LOAD_FAILED: _failed,

@@ -18,6 +18,7 @@ COMMANDS = [
     ("doctor",),
     ("tui",),
     ("top",),
+    ("stage", "serve"),
 ]
 
 

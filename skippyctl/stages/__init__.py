@@ -1,0 +1,10 @@
+"""Stage workers: ggml RPC servers that an engine splits a model across.
+
+A stage is llama.cpp's own RPC server (``ggml_backend_rpc_start_server``, bound through
+skippyctl.native.rpc), run in a process of its own because the call blocks forever and executes
+whatever graph a client sends. ``supervisor`` starts that process (``python -m
+skippyctl.stages.worker``), reserves its port, probes it until it accepts connections, and turns
+its lifecycle into ``stage_*`` events; ``ports`` holds the socket helpers (reservation, probe,
+listener ownership). This package sits at the level of ``skippyctl.engine``: it imports only
+``native`` and ``events`` (never runtime, api, cli, or any UI framework).
+"""
