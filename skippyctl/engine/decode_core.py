@@ -299,7 +299,7 @@ class DecodeCore:
             r = queue.popleft()
             try:
                 session = r.spec.session
-                pick = lanes.pick(session)
+                pick = lanes.pick(session, r.prompt)
                 if pick is None:
                     waiting.append(r)
                     if session is None or not lanes.has_session(session):
@@ -309,7 +309,6 @@ class DecodeCore:
                     self._emit_session(
                         pick.lane, pick.displaced, SessionChange.EVICTED, "lane_needed"
                     )
-                    self._clear_lane(pick.lane)
                 self._start(r, pick.lane)
             except Exception:  # noqa: BLE001 - one request's failure must not stop the engine
                 self.fail(r)
@@ -322,8 +321,9 @@ class DecodeCore:
         prompt = r.prompt
         claim = self._lanes.claim(lane, r.id, session, prompt)
         keep = claim.keep
-        reusing = claim.change is SessionChange.REUSED or claim.change is SessionChange.TRIMMED
-        if reusing and keep < len(lane.tokens):
+        if keep == 0:
+            self._clear_lane(lane)
+        elif keep < len(lane.tokens):
             if not self._llama.llama_memory_seq_rm(self._memory, lane.seq, keep, -1):
                 # Partial removal unsupported (e.g. recurrent memory): start over.
                 self._clear_lane(lane)
@@ -564,7 +564,9 @@ class DecodeCore:
         if r.sampler is not None:
             r.sampler.close()
         lane = r.lane
-        if lane is not None and self._lanes.release(lane, time.monotonic()):
+        if lane is not None and (
+            self._lanes.release(lane, time.monotonic()) or (self._unified and lane.session is None)
+        ):
             try:
                 self._clear_lane(lane)
             except Exception:  # noqa: BLE001 - the terminal below must still be sent

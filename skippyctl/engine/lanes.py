@@ -6,13 +6,19 @@ applies the decisions to the KV (``llama_memory_seq_rm``) and reports them. Deco
 Invariants the engine keeps with these decisions:
 
 - ``lane.tokens`` is exactly the token sequence stored in that lane's KV (positions
-  ``0..len-1``). A lane without a session and without a request has an empty KV.
-- A lane runs at most one request. A session lives in at most one lane; its request reuses the
-  longest common token prefix of the lane's KV and the new prompt, and prefills only the rest
-  (at least the last prompt token, to get its logits).
+  ``0..len-1``). A lane keeps its KV when its request ends, with or without a session (as
+  llama-server's slots keep their prompt cache): the next request in it, of any session or none,
+  reuses the longest common token prefix of that KV and its prompt, and prefills only the rest
+  (at least the last prompt token, to get its logits). A shared system prompt or a session's own
+  history is then prefilled once. Only a dropped session's KV is cleared (``drop``: expired,
+  evicted by the host), also when its lane was busy at the time (cleared at release); with a
+  unified KV, where every cell kept widens every lane's attention, a lane without a session is
+  cleared at release too.
+- A lane runs at most one request. A session lives in at most one lane.
 - A request of a session waits for its own lane while that lane is busy; a request that needs a
-  lane takes an idle one without a session first, else displaces the least recently used idle
-  session (``lane_needed``).
+  lane takes the idle lane without a session whose KV shares the longest prefix with its prompt
+  (the least recently used among equals), else displaces the least recently used idle session
+  (``lane_needed``), whose KV it may reuse as far as it matches.
 - KV pressure has hysteresis: crossed at ``used >= high * total``, cleared at
   ``used <= low * total``, never flapping in between.
 """
@@ -55,7 +61,7 @@ class KvGeometry:
 class Lane:
     """One sequence of the context (seq id = index)."""
 
-    __slots__ = ("last_used", "request_id", "seq", "session", "tokens")
+    __slots__ = ("clear_on_release", "last_used", "request_id", "seq", "session", "tokens")
 
     def __init__(self, seq: int) -> None:
         self.seq = seq
@@ -64,6 +70,8 @@ class Lane:
         self.request_id: str | None = None
         """The request running in this lane, if any."""
         self.last_used = 0.0
+        self.clear_on_release = False
+        """The lane's session was dropped while a request ran in it: clear its KV at release."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +79,8 @@ class Pick:
     lane: Lane
     displaced: str | None = None
     """A warm idle session this pick took the lane from (unbound already): the caller reports
-    it evicted (``lane_needed``) with the lane's tokens, then clears the lane's KV."""
+    it evicted (``lane_needed``) with the lane's tokens; its KV stays for the claim to reuse
+    what matches."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +88,8 @@ class Claim:
     """What a request bound to a lane keeps of the lane's KV."""
 
     keep: int
-    """Tokens of the lane's KV to keep; the caller trims the KV beyond them."""
+    """Tokens of the lane's KV to keep (the common prefix with the prompt, whoever left them);
+    the caller trims the KV beyond them."""
     change: SessionChange | None
     """``created`` (the session is new to this lane), ``reused`` or ``trimmed`` (its cached
     tokens go beyond the common prefix); None for a request without a session."""
@@ -95,12 +105,10 @@ def common_prefix(cached: Sequence[int], prompt: Sequence[int]) -> int:
 
 
 def cache_result(has_session: bool, kept: int, prompt_tokens: int) -> CacheResult:
-    """``hit``: all but the last prompt token were in the session's KV; ``partial``: some;
-    ``miss``: none (or a new session); ``none``: no session."""
-    if not has_session:
-        return CacheResult.NONE
+    """``hit``: all but the last prompt token were in the lane's KV; ``partial``: some;
+    ``miss``: none, for a request of a session; ``none``: none, for a request without one."""
     if kept == 0:
-        return CacheResult.MISS
+        return CacheResult.MISS if has_session else CacheResult.NONE
     if kept == prompt_tokens - 1:
         return CacheResult.HIT
     return CacheResult.PARTIAL
@@ -125,15 +133,20 @@ class LaneTable:
         return session in self._sessions
 
     def cells_used(self) -> int:
+        """Cells held by running requests and sessions. An idle lane's KV without a session is
+        a reusable cache that any request may overwrite at once, so it is not counted (as free
+        memory does not count the page cache)."""
         used = 0
         for lane in self.lanes:
-            used += len(lane.tokens)
+            if lane.request_id is not None or lane.session is not None:
+                used += len(lane.tokens)
         return used
 
-    def pick(self, session: str | None) -> Pick | None:
+    def pick(self, session: str | None, prompt: Sequence[int] = ()) -> Pick | None:
         """A lane for a request of ``session``, or None when it must wait: its session's own
-        lane (None while busy), else an idle lane without a session, else the least recently
-        used idle lane, whose session is displaced."""
+        lane (None while busy), else the idle lane without a session whose KV shares the longest
+        prefix with ``prompt`` (least recently used among equals), else the least recently used
+        idle lane, whose session is displaced."""
         if session is not None:
             own = self._sessions.get(session)
             if own is not None:
@@ -141,9 +154,14 @@ class LaneTable:
         idle = [lane for lane in self.lanes if lane.request_id is None]
         if not idle:
             return None
-        for lane in idle:
-            if lane.session is None:
-                return Pick(lane)
+        free = [lane for lane in idle if lane.session is None]
+        if free:
+            return Pick(
+                max(
+                    free,
+                    key=lambda lane: (common_prefix(lane.tokens, prompt), -lane.last_used),
+                )
+            )
         # Every idle lane keeps a warm session: displace the least recently used one.
         lane = min(idle, key=lambda candidate: candidate.last_used)
         return Pick(lane, self.evict(lane))
@@ -151,33 +169,37 @@ class LaneTable:
     def claim(
         self, lane: Lane, request_id: str, session: str | None, prompt: Sequence[int]
     ) -> Claim:
-        """Run ``request_id`` in ``lane`` and decide what of the lane's KV it keeps.
+        """Run ``request_id`` in ``lane`` and decide what of the lane's KV it keeps: the
+        common prefix with ``prompt``, whichever request or session left it.
 
         Decode at least the last prompt token again: its logits are needed."""
         lane.request_id = request_id
+        common = common_prefix(lane.tokens, prompt)
+        keep = min(common, len(prompt) - 1)
         if session is None:
-            return Claim(0, None)
+            return Claim(keep, None)
         if lane.session != session:
             lane.session = session
             self._sessions[session] = lane
-            return Claim(0, SessionChange.CREATED)
-        common = common_prefix(lane.tokens, prompt)
-        keep = min(common, len(prompt) - 1)
+            return Claim(keep, SessionChange.CREATED)
         diverged = len(lane.tokens) > common
         return Claim(keep, SessionChange.TRIMMED if diverged else SessionChange.REUSED)
 
     def release(self, lane: Lane, now: float) -> bool:
-        """The lane's request ended. True when the lane keeps no session (clear its KV)."""
+        """The lane's request ended; it keeps its KV for the next request. True when that KV
+        must be cleared instead (its session was dropped while the request ran)."""
         lane.request_id = None
         lane.last_used = now
-        return lane.session is None
+        clear, lane.clear_on_release = lane.clear_on_release, False
+        return clear
 
     def drop(self, session: str) -> Lane | None:
-        """Forget ``session``; its lane (if it had one), unbound. A busy lane is cleared when its
-        request ends (it then has no session)."""
+        """Forget ``session``; its lane (if it had one), unbound. The caller clears an idle
+        lane's KV; a busy one is cleared when its request ends."""
         lane = self._sessions.pop(session, None)
         if lane is not None:
             lane.session = None
+            lane.clear_on_release = lane.request_id is not None
         return lane
 
     def evict(self, lane: Lane) -> str:

@@ -462,7 +462,7 @@ def test_generation_stops_when_the_lane_context_is_full_and_kv_reports_pressure(
     assert "request_id" not in kv[1]
     assert kv[2]["request_id"] == "big"
     assert kv[2]["cells_used"] == math.ceil(0.90 * 256)
-    assert kv[3]["cells_used"] == 0  # no session: the lane is cleared at the end
+    assert kv[3]["cells_used"] == 0  # no session: the lane's KV stays only as reusable cache
 
 
 # ---------------------------------------------------------------- batching
@@ -669,7 +669,11 @@ def test_idle_session_is_evicted_when_its_lane_is_needed(
     h.recorder.wait_done(3)
     sessions = [(m["event"], m.get("reason")) for m in h.recorder.kind("session")]
     assert sessions == [("created", None), ("evicted", "lane_needed"), ("created", None)]
-    assert h.recorder.one("c", "gen_started")["cache"] == "miss"
+    # The lane kept b's KV (same prompt): c, new to the lane, prefills only the last token.
+    for request in ("b", "c"):
+        started = h.recorder.one(request, "gen_started")
+        assert started["cache"] == "hit"
+        assert started["reused_tokens"] == started["prompt_tokens"] - 1
 
 
 def test_drop_session_frees_its_kv(

@@ -74,19 +74,46 @@ def test_the_least_recently_used_idle_session_is_displaced_when_every_lane_is_wa
         table.claim(lane, f"r{seq}", session, [seq])
         lane.tokens = [seq, seq]
         table.release(lane, now=used_at)
-    pick = table.pick(None)
+    pick = table.pick(None, [0, 0, 5])
     assert pick is not None
     assert (pick.lane.seq, pick.displaced) == (0, "old")
     assert pick.lane.session is None and not table.has_session("old")
-    assert pick.lane.tokens == [0, 0]  # the caller reports the eviction, then clears the KV
+    assert pick.lane.tokens == [0, 0]  # kept for the claim: the new prompt starts the same
+    claim = table.claim(pick.lane, "r9", "newcomer", [0, 0, 5])
+    assert (claim.keep, claim.change) == (2, SessionChange.CREATED)
 
 
-def test_releasing_a_lane_without_a_session_asks_for_its_kv_to_be_cleared() -> None:
+def test_a_lane_keeps_its_kv_at_release_and_the_next_request_reuses_what_matches() -> None:
+    """Like llama-server's slot cache: a shared prompt start is prefilled once, whoever sent it."""
     table = LaneTable(1)
     lane = table.lanes[0]
-    table.claim(lane, "r", None, [1])
-    assert table.release(lane, now=5.0)
+    table.claim(lane, "r1", None, [1, 2, 3])
+    lane.tokens = [1, 2, 3, 9]
+    assert table.cells_used() == 4  # a running request's KV counts
+    assert not table.release(lane, now=5.0)  # nothing to clear
     assert lane.request_id is None and lane.last_used == 5.0
+    assert table.cells_used() == 0  # kept as a reusable cache, not held by anyone
+    without_session = table.claim(lane, "r2", None, [1, 2, 4])
+    assert (without_session.keep, without_session.change) == (2, None)
+    lane.request_id = None
+    other_session = table.claim(lane, "r3", "s", [1, 2, 3, 9, 7])
+    assert (other_session.keep, other_session.change) == (4, SessionChange.CREATED)
+    lane.request_id = None
+    nothing_shared = table.claim(lane, "r4", "t", [5, 6])
+    assert (nothing_shared.keep, nothing_shared.change) == (0, SessionChange.CREATED)
+
+
+def test_a_free_lane_is_picked_by_the_longest_shared_prefix_then_least_recently_used() -> None:
+    table = LaneTable(3)
+    for seq, (tokens, used_at) in enumerate((([1, 2], 1.0), ([1, 2, 3, 4], 3.0), ([], 2.0))):
+        lane = table.lanes[seq]
+        table.claim(lane, f"r{seq}", None, tokens or [0])
+        lane.tokens = list(tokens)
+        table.release(lane, now=used_at)
+    best = table.pick("s", [1, 2, 3, 9])
+    assert best is not None and best.lane.seq == 1 and best.displaced is None
+    unrelated = table.pick(None, [7, 7])
+    assert unrelated is not None and unrelated.lane.seq == 0  # nothing shared: the oldest
 
 
 def test_dropping_a_session_unbinds_its_lane_and_unknown_sessions_are_ignored() -> None:
@@ -95,7 +122,8 @@ def test_dropping_a_session_unbinds_its_lane_and_unknown_sessions_are_ignored() 
     table.claim(lane, "r", "s", [1])
     assert table.drop("s") is lane and lane.session is None
     assert table.drop("s") is None
-    assert table.release(lane, now=1.0)  # no session any more: cleared when its request ends
+    assert table.release(lane, now=1.0)  # dropped while busy: cleared when its request ends
+    assert not table.release(lane, now=2.0)  # once
 
 
 def test_pressure_relief_order_is_idle_warm_lanes_least_recently_used_first() -> None:
@@ -109,17 +137,22 @@ def test_pressure_relief_order_is_idle_warm_lanes_least_recently_used_first() ->
     assert table.evict(table.lanes[1]) == "s1" and not table.has_session("s1")
 
 
-def test_cells_used_counts_every_lane() -> None:
-    table = LaneTable(2)
-    table.lanes[0].tokens = [1, 2, 3]
-    table.lanes[1].tokens = [4]
-    assert table.cells_used() == 4
+def test_cells_used_counts_the_lanes_of_requests_and_sessions() -> None:
+    table = LaneTable(3)
+    table.claim(table.lanes[0], "r", None, [1])
+    table.claim(table.lanes[1], "r2", "s", [1])
+    table.release(table.lanes[1], now=1.0)  # idle, keeps its session
+    for lane, tokens in zip(table.lanes, ([1, 2, 3], [4], [5, 6]), strict=True):
+        lane.tokens = tokens
+    assert table.cells_used() == 4  # lane 2: idle, no session — a reusable cache
 
 
 @pytest.mark.parametrize(
     ("has_session", "kept", "prompt", "expected"),
     [
         (False, 0, 5, CacheResult.NONE),
+        (False, 2, 5, CacheResult.PARTIAL),
+        (False, 4, 5, CacheResult.HIT),
         (True, 0, 5, CacheResult.MISS),
         (True, 4, 5, CacheResult.HIT),
         (True, 2, 5, CacheResult.PARTIAL),
