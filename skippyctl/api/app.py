@@ -258,6 +258,9 @@ def create_app(ctx: ApiContext, on_ready: Callable[[], None] | None = None) -> F
             lanes=body.lanes,
             gpu_layers=body.gpu_layers or 0,
             timeout_s=body.timeout_s,
+            stages=tuple(body.stages or ()),
+            local_stages=body.local_stages or 0,
+            local_stage_mem_mib=body.local_stage_mem_mib,
         )
         handle = await asyncio.to_thread(ctx.scheduler.load, load_request, body.max_queue)
         return JsonResponse(

@@ -42,6 +42,7 @@ from skippyctl.api.errors import (
     validation_error_response,
 )
 from skippyctl.events.reasons import ReasonCode
+from skippyctl.stages.plan import MAX_STAGES, EndpointError, parse_endpoints
 
 INT32_MAX: Final = 2**31 - 1
 MAX_SEED: Final = 0xFFFFFFFE
@@ -64,6 +65,17 @@ Count = Annotated[int, Field(ge=0, le=INT32_MAX), BeforeValidator(_integral)]
 QueueSize = Annotated[int, Field(ge=0, le=1_000_000), BeforeValidator(_integral)]
 Seed = Annotated[int, Field(ge=0, le=MAX_SEED), BeforeValidator(_integral)]
 MaxTokens = Annotated[int, Field(ge=1, le=1_000_000), BeforeValidator(_integral)]
+_OCTET: Final = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_PORT: Final = (
+    r"([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
+)
+StageEndpoint = Annotated[
+    str,
+    # Documents what the `stages` validator accepts (skippyctl.stages.plan.parse_endpoint).
+    Field(json_schema_extra={"pattern": rf"^{_OCTET}(\.{_OCTET}){{3}}:{_PORT}$"}),
+]
+StageCount = Annotated[int, Field(ge=0, le=MAX_STAGES), BeforeValidator(_integral)]
+Mebibytes = Annotated[int, Field(ge=1, le=INT32_MAX), BeforeValidator(_integral)]
 
 
 class _Body(BaseModel):
@@ -104,12 +116,39 @@ class LoadBody(_Body):
     max_queue: QueueSize | None = Field(
         default=None, description="Queued requests beyond the lanes."
     )
+    stages: list[StageEndpoint] | None = Field(
+        default=None,
+        max_length=MAX_STAGES,
+        json_schema_extra={"uniqueItems": True},
+        description="ggml RPC stages (`stage serve` workers) to split the model across, in "
+        f"order, as IPv4 `HOST:PORT`; at most {MAX_STAGES} (GGML_RPC_MAX_SERVERS), no "
+        "duplicates.",
+    )
+    local_stages: StageCount | None = Field(
+        default=None,
+        description="Stage workers the runtime starts for this model on loopback (after "
+        "`stages`); stopped when the model is unloaded or its load fails.",
+    )
+    local_stage_mem_mib: Mebibytes | None = Field(
+        default=None,
+        description="Memory each local stage offers to the plan, in MiB (as `stage serve --mem`).",
+    )
 
     @field_validator("model")
     @classmethod
     def _no_nul(cls, value: str) -> str:
         if "\x00" in value:
             raise ValueError("a path must not contain a NUL byte")
+        return value
+
+    @field_validator("stages")
+    @classmethod
+    def _endpoints(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None:
+            try:
+                parse_endpoints(value)
+            except EndpointError as error:
+                raise ValueError(str(error)) from error
         return value
 
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -28,6 +29,7 @@ from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event
 from skippyctl.events.reasons import Category, ReasonCode
 from skippyctl.output.summary import reason_message, render_summary
+from skippyctl.stages.plan import MAX_STAGES, EndpointError, parse_endpoints
 
 TERMINALS = frozenset(
     {EventId.MODEL_AVAILABLE, EventId.MODEL_LOAD_FAILED, EventId.MODEL_LOAD_CANCELLED}
@@ -78,6 +80,30 @@ def load_command(
     embedded: Annotated[
         bool, typer.Option("--embedded", help="Run a one-shot host inside this process.")
     ] = False,
+    stage: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--stage",
+            help="A ggml RPC stage (`skippyctl stage serve`) as IPv4 HOST:PORT to split the "
+            "model across; repeat it for each stage, in order (at most 16).",
+        ),
+    ] = None,
+    local_stages: Annotated[
+        int,
+        typer.Option(
+            "--local-stages",
+            help="Start N stage workers on loopback for this model (after any --stage); they "
+            "stop when it is unloaded or its load fails.",
+        ),
+    ] = 0,
+    mem: Annotated[
+        int | None,
+        typer.Option(
+            "--mem",
+            help="Memory (MiB) each local stage offers to the plan (as `stage serve --mem`; "
+            "default: what its device reports free).",
+        ),
+    ] = None,
 ) -> None:
     """Load MODEL and stream its load events until it is available or has failed.
 
@@ -89,20 +115,57 @@ def load_command(
         skippyctl load fixtures/tiny.gguf --json | jq -r .event
     """
     stderr = Console(stderr=True)
+    stages = StageArgs(tuple(stage or ()), local_stages, mem)
+    problem = stages.problem()
+    if problem is not None:
+        stderr.print(f"[red]✗[/] {model}: {problem}", soft_wrap=True, highlight=False)
+        raise typer.Exit(int(ExitCode.INVALID_CONFIGURATION))
     with InterruptRequests() as interrupts:
         if embedded:
             code, message = _embedded(
-                model, json_output, ctx, timeout, alias, lanes, gpu_layers, interrupts
+                model, json_output, ctx, timeout, alias, lanes, gpu_layers, interrupts, stages
             )
         else:
             code, message = _attached(
-                model, json_output, ctx, timeout, alias, lanes, gpu_layers, wait, interrupts
+                model,
+                json_output,
+                ctx,
+                timeout,
+                alias,
+                lanes,
+                gpu_layers,
+                wait,
+                interrupts,
+                stages,
             )
     if code is ExitCode.SUCCESS:
         stderr.print(f"[green]✓[/] {message}", soft_wrap=True, highlight=False)
     else:
         stderr.print(f"[red]✗[/] {model}: {message}", soft_wrap=True, highlight=False)
     raise typer.Exit(int(code))
+
+
+@dataclass(frozen=True, slots=True)
+class StageArgs:
+    """The stage options of a load: ``--stage`` endpoints, ``--local-stages``, ``--mem``."""
+
+    endpoints: tuple[str, ...] = ()
+    local_stages: int = 0
+    mem_mib: int | None = None
+
+    def problem(self) -> str | None:
+        """Why the options are invalid (before any runtime is reached), or None."""
+        try:
+            parse_endpoints(self.endpoints)
+        except EndpointError as error:
+            return f"--stage: {error}"
+        if not 0 <= self.local_stages <= MAX_STAGES:
+            return f"--local-stages must be 0-{MAX_STAGES}"
+        if len(self.endpoints) + self.local_stages > MAX_STAGES:
+            return f"at most {MAX_STAGES} stages in all (GGML_RPC_MAX_SERVERS)"
+        if self.mem_mib is not None and (self.local_stages == 0 or self.mem_mib < 1):
+            return "--mem must be at least 1 MiB and needs --local-stages"
+        return None
 
 
 def _presenter(json_output: bool, label: str) -> Presenter:
@@ -118,12 +181,23 @@ def _embedded(
     lanes: int | None,
     gpu_layers: int,
     interrupts: InterruptRequests,
+    stages: StageArgs,
 ) -> tuple[ExitCode, str]:
     from skippyctl.runtime.host import LoadRequest, RuntimeHost
 
     host = RuntimeHost().start()
     subscription = host.pipeline.subscribe("cli-load", max_queue_size=65536, replay=True)
-    request = LoadRequest(model, alias, ctx, lanes, gpu_layers, timeout)
+    request = LoadRequest(
+        model,
+        alias,
+        ctx,
+        lanes,
+        gpu_layers,
+        timeout,
+        stages=stages.endpoints,
+        local_stages=stages.local_stages,
+        local_stage_mem_mib=stages.mem_mib,
+    )
     handle = host.load_model(request)
     if handle.already_available:  # cannot happen in a fresh host, kept for symmetry
         return ExitCode.SUCCESS, f"{handle.model_id}: already available"
@@ -155,6 +229,7 @@ def _attached(
     gpu_layers: int,
     wait: bool,
     interrupts: InterruptRequests,
+    stages: StageArgs,
 ) -> tuple[ExitCode, str]:
     from skippyctl.client.http import (
         ApiError,
@@ -166,7 +241,7 @@ def _attached(
     # The runtime resolves relative paths against its model root; a path that exists from here
     # is made absolute so it means what the user typed.
     artifact = str(Path(model).resolve()) if Path(model).expanduser().exists() else model
-    body = {
+    body: dict[str, Any] = {
         "model": artifact,
         "alias": alias,
         "ctx": ctx,
@@ -174,6 +249,12 @@ def _attached(
         "gpu_layers": gpu_layers,
         "timeout_s": timeout,
     }
+    if stages.endpoints:
+        body["stages"] = list(stages.endpoints)
+    if stages.local_stages:
+        body["local_stages"] = stages.local_stages
+    if stages.mem_mib is not None:
+        body["local_stage_mem_mib"] = stages.mem_mib
     try:
         client = connect()
     except RuntimeConfigurationError as error:

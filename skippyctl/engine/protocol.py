@@ -100,6 +100,18 @@ class Sampling:
 
 
 @dataclass(frozen=True, slots=True)
+class StagePlan:
+    """One ggml RPC stage of a split load: where it listens and its ``tensor_split`` share.
+
+    The endpoint is internal to the host and its engine (like a model path), never an event."""
+
+    endpoint: str
+    """``a.b.c.d:port``; the engine registers it with ``ggml_backend_rpc_add_server``."""
+    split: float
+    """This stage's proportion of ``llama_model_params.tensor_split`` (runtime/topology.py)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Load:
     """Load a model and create its serving context (replies: load_begun, load_returned, then
     context_begun, context_returned when the model loaded)."""
@@ -114,6 +126,9 @@ class Load:
     lanes: int | None
     """None: the engine picks (engine/geometry.py)."""
     gpu_layers: int
+    stages: tuple[StagePlan, ...] = ()
+    """A split load: the model's layers go to these RPC stages (in order, layer split, every
+    layer offloaded, ``gpu_layers`` then covers them all); empty: a load in this process."""
 
 
 @dataclass(frozen=True, slots=True)

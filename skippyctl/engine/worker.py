@@ -83,6 +83,7 @@ class Worker:
         self.features = 0
         self.loaded: _Loaded | None = None
         self.protocol_errors = 0
+        self._stage_arrays: tuple[Any, ...] = ()
         import llama_cpp
 
         self.llama = llama_cpp
@@ -253,6 +254,8 @@ class Worker:
                 raise ValueError("a model path cannot contain NUL")  # C would truncate it
             params = llama.llama_model_default_params()
             params.n_gpu_layers = gpu_layers
+            if command.stages:
+                self._split_across_stages(params, command)
             adapter = self.adapter
             if adapter is not None:
                 adapter.model_load_begin(native_operation, native_operation)
@@ -292,6 +295,33 @@ class Worker:
                 self._end_load_scope(False)
             if owed is not None:
                 self._send(owed(operation_id, ok=False))
+
+    def _split_across_stages(self, params: Any, command: Load) -> None:
+        """Point the model's layers at the RPC stages: one ``add_server`` per stage (ggml
+        connects and says HELLO; it aborts this process when the stage is gone, which the host
+        attributes), its first device, NULL-terminated, layer split with the host's
+        proportions. The arrays stay referenced for as long as the model lives."""
+        import ctypes
+
+        from skippyctl.native.rpc import GgmlRpc
+
+        llama = self.llama
+        rpc = GgmlRpc()
+        devices: list[int] = []
+        for stage in command.stages:
+            registry = rpc.add_server(stage.endpoint)
+            found = [] if registry is None else rpc.registry_devices(registry)
+            if not found:
+                raise ValueError("a stage reports no device")
+            devices.append(found[0])
+        array = (ctypes.c_void_p * (len(devices) + 1))(*devices, None)
+        split = (ctypes.c_float * int(llama.llama_max_devices()))()
+        for index, stage in enumerate(command.stages):
+            split[index] = stage.split
+        self._stage_arrays = (array, split)
+        params.devices = ctypes.cast(array, ctypes.c_void_p)
+        params.tensor_split = split
+        params.split_mode = llama.LLAMA_SPLIT_MODE_LAYER
 
     def _end_load_scope(self, ok: bool) -> None:
         from skippyctl.native.abi import FailureCode, Status

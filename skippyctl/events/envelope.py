@@ -108,6 +108,11 @@ class SummaryKey(StrEnum):
     PORT = "port"
     THREADS = "threads"
     MEMORY_LIMIT_BYTES = "memory_limit_bytes"
+    STAGES = "stages"
+    LAYER_START = "layer_start"
+    LAYER_COUNT = "layer_count"
+    PLANNED_BYTES = "planned_bytes"
+    OFFERED_BYTES = "offered_bytes"
 
 
 class StopReason(StrEnum):

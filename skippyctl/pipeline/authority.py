@@ -81,6 +81,9 @@ class EngineExited:
     crashed: bool
     exit_status: int | None
     exit_signal: int | None
+    reason: ReasonCode | None = None
+    """Why it crashed when the host could tell (``stage_unavailable``: a stage of its split
+    model is gone); None: ``process_crash``."""
 
 
 Authoritative = (

@@ -8,7 +8,8 @@ Rules (spec "Authority"):
   with producer `reconciled`. So is a missing native "started".
 - A host cancellation or timeout recorded before the return decides the failure's reason.
 - An engine that exits while operations are in flight gives each exactly one terminal with
-  `process_crash` (or the timeout/cancellation the host had asked for).
+  `process_crash` (or the timeout/cancellation the host had asked for, or the reason the host
+  attributed the crash to: `stage_unavailable` when a stage of its split model is gone).
 - Terminals after the first for an operation are dropped and counted (`duplicate_terminals`).
 """
 
@@ -231,7 +232,9 @@ class Reconciler:
             if item.crashed:
                 self.counters.crash_terminals += 1
             reason = track.cancel_reason or (
-                ReasonCode.PROCESS_CRASH if item.crashed else ReasonCode.INTERNAL_RUNTIME_FAILURE
+                (item.reason or ReasonCode.PROCESS_CRASH)
+                if item.crashed
+                else ReasonCode.INTERNAL_RUNTIME_FAILURE
             )
             events += self._terminal(track, self._failure_event(track, reason, None))
         if item.engine_key == HOST_ENGINE_KEY:
@@ -242,7 +245,7 @@ class Reconciler:
                 Producer.RECONCILED if item.crashed else Producer.RUNTIME,
                 scope=Scope(model_id=model_id),
                 outcome=Outcome.FAILURE if item.crashed else Outcome.SUCCESS,
-                reason_code=ReasonCode.PROCESS_CRASH if item.crashed else None,
+                reason_code=(item.reason or ReasonCode.PROCESS_CRASH) if item.crashed else None,
                 summaries=summaries(exit_status=item.exit_status, exit_signal=item.exit_signal),
             )
         )

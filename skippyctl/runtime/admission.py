@@ -4,7 +4,8 @@ A :class:`ModelServer` admits at most `lanes` requests into its engine at once; 
 bounded FIFO (`max_queue`); beyond it a request is rejected at once (`request_rejected`,
 `reservation_exhausted`, HTTP 429). Every request gets exactly one terminal event and exactly
 one `Finished` chunk, whatever happens: completion, cancellation (client gone, forced unload),
-timeout (in the queue or in the engine), engine crash (`process_crash`).
+timeout (in the queue or in the engine), engine crash (`process_crash`, or `stage_unavailable`
+when the host found a stage of the split model gone).
 
 It talks to its engine through :class:`EngineLink` (the supervisor's ``EngineProcess`` is one;
 the unit tests use an in-memory double) and to its owner (the scheduler, which routes model ids
@@ -443,7 +444,9 @@ class ModelServer:
             summaries(lanes=message.lane, context_tokens=message.tokens),
         )
 
-    def on_engine_exit(self, engine: object, crashed: bool) -> None:
+    def on_engine_exit(
+        self, engine: object, crashed: bool, reason: ReasonCode | None = None
+    ) -> None:
         with self._lock:
             self.accepting = False
             running = list(self._running.values())
@@ -452,7 +455,10 @@ class ModelServer:
             self._queued.clear()
             self._abandoned.clear()
             self.idle.notify_all()
-        reason = ReasonCode.PROCESS_CRASH if crashed else ReasonCode.STAGE_UNAVAILABLE
+        # A crash the host attributed (a lost stage of a split model) ends requests with that
+        # reason; an unattributed one with process_crash.
+        if reason is None:
+            reason = ReasonCode.PROCESS_CRASH if crashed else ReasonCode.STAGE_UNAVAILABLE
         failed = GenerationOutcome.FAILED
         for handle in running:
             self._emit(

@@ -15,6 +15,11 @@ Invariants:
   as `model_load_failed` with a reason code and the model id is free to load again.
 - A load that fails or is cancelled leaves no engine behind: the engine is retired (stopped,
   reaped, its ring closed) as soon as its load ends without a serving context.
+- A split load (``stages``/``local_stages``) gets a :class:`~skippyctl.runtime.topology.Topology`
+  before its engine: local stages started, every stage probed, the layers planned; a refusal
+  settles the load with the topology's reason and no engine is started. The topology (and the
+  local stages it started) belongs to the model's engine: closed when the engine is discarded,
+  stopped for an unload, replaced by a new load, or at shutdown.
 """
 
 from __future__ import annotations
@@ -46,6 +51,8 @@ from skippyctl.reducer.state import (
 )
 from skippyctl.runtime.artifacts import check_artifact
 from skippyctl.runtime.supervisor import EngineHello, EngineListener, EngineProcess, LoadCommand
+from skippyctl.runtime.topology import Assembled, Topology, TopologyRefused
+from skippyctl.stages.plan import MAX_STAGES, EndpointError, parse_endpoints
 
 ENGINE_HELLO_TIMEOUT_S: Final = 60.0
 
@@ -59,6 +66,16 @@ class LoadRequest:
     """None: the engine picks (up to 4, engine/geometry.py)."""
     gpu_layers: int = 0
     timeout_s: float | None = None
+    stages: tuple[str, ...] = ()
+    """``HOST:PORT`` of ggml RPC stages to split the model across (in order)."""
+    local_stages: int = 0
+    """Stage workers this host starts for the model (after ``stages``), owned by it."""
+    local_stage_mem_mib: int | None = None
+    """Memory each local stage offers (``stage serve --mem``); None: what its device reports."""
+
+    @property
+    def split(self) -> bool:
+        return bool(self.stages) or self.local_stages > 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +128,26 @@ def validate_request(request: LoadRequest) -> str | None:
             LogicalId(request.alias)
         except InvalidLogicalId:
             return "--alias must be 1-64 characters of [A-Za-z0-9._:+=-]"
+    return validate_stages(request)
+
+
+def validate_stages(request: LoadRequest) -> str | None:
+    """A message when the stage options are invalid (checked before anything starts)."""
+    try:
+        parse_endpoints(request.stages)
+    except EndpointError as error:
+        return f"--stage: {error}"
+    if not 0 <= request.local_stages <= MAX_STAGES:
+        return f"--local-stages must be 0-{MAX_STAGES}"
+    if len(request.stages) + request.local_stages > MAX_STAGES:
+        return f"at most {MAX_STAGES} stages in all (GGML_RPC_MAX_SERVERS)"
+    if request.local_stage_mem_mib is not None:
+        if request.local_stages == 0:
+            return "--mem applies to local stages only (with --local-stages)"
+        if request.local_stage_mem_mib < 1:
+            return "--mem must be at least 1 MiB"
+    if request.split and request.gpu_layers != 0:
+        return "--gpu-layers does not apply to a split load (every layer goes to the stages)"
     return None
 
 
@@ -166,6 +203,7 @@ class RuntimeHost:
         """Start loading; the outcome arrives as events ending in one terminal for the
         returned operation. `listener` receives the engine's serving messages from the start."""
         operation_id, native_operation = self._ids.next("load")
+        topology_id = LogicalId(f"topology-{native_operation}") if request.split else None
         model_id: LogicalId | None = None
         try:
             problem = validate_request(request)
@@ -187,7 +225,7 @@ class RuntimeHost:
             make_event(
                 EventId.MODEL_LOAD_REQUESTED,
                 operation_id=operation_id,
-                scope=Scope(model_id=model_id),
+                scope=Scope(model_id=model_id, topology_id=topology_id),
                 summaries=summaries(context_tokens=request.context_tokens, lanes=request.lanes),
             )
         )
@@ -196,9 +234,22 @@ class RuntimeHost:
             return LoadHandle(operation_id, model_id, problem)
         assert model_id is not None
         started: list[EngineProcess] = []
+        topology = (
+            None
+            if topology_id is None
+            else Topology(
+                topology_id,
+                model_id,
+                operation_id,
+                self.pipeline.submit,
+                parse_endpoints(request.stages),
+                request.local_stages,
+                request.local_stage_mem_mib,
+            )
+        )
         try:
             return self._start_load(
-                request, listener, operation_id, native_operation, model_id, started
+                request, listener, operation_id, native_operation, model_id, started, topology
             )
         except Exception as error:  # noqa: BLE001 - whatever raised, the operation must settle
             # A ValueError/TypeError here is the request's doing (e.g. a path the OS refuses);
@@ -209,6 +260,8 @@ class RuntimeHost:
             )
             for engine in started:
                 self._discard_engine(engine)
+            if topology is not None:
+                topology.close()
             self._reject(operation_id, native_operation, model_id, reason)
             what = "invalid model path" if invalid else "the engine could not be started"
             return LoadHandle(operation_id, model_id, f"{what} ({type(error).__name__})")
@@ -221,6 +274,7 @@ class RuntimeHost:
         native_operation: int,
         model_id: LogicalId,
         started: list[EngineProcess],
+        topology: Topology | None = None,
     ) -> LoadHandle:
         path = Path(request.artifact).expanduser()
         artifact_problem = check_artifact(path)
@@ -228,6 +282,15 @@ class RuntimeHost:
             self._reject(operation_id, native_operation, model_id, artifact_problem.reason)
             return LoadHandle(operation_id, model_id, artifact_problem.message)
         resolved = str(path.resolve())
+        assembled = Assembled((), request.gpu_layers)
+        if topology is not None:
+            # Before any engine exists: stages started and probed, the plan made (or refused).
+            try:
+                assembled = topology.assemble(path)
+            except TopologyRefused as refused:
+                topology.close()
+                self._reject(operation_id, native_operation, model_id, refused.reason)
+                return LoadHandle(operation_id, model_id, refused.message)
         engine = EngineProcess(
             f"{model_id}-{native_operation}",
             model_id,
@@ -237,6 +300,7 @@ class RuntimeHost:
             listener,
             self._on_retire,
             self.options,
+            topology,
         )
         started.append(engine)
         with self._lock:
@@ -246,6 +310,8 @@ class RuntimeHost:
         if previous is not None:
             previous.stop()
             previous.close_ring()
+            if previous.topology is not None:
+                previous.topology.close()
         _, serving_operation = self._ids.next("serve")
         engine.load(
             LoadCommand(
@@ -257,7 +323,8 @@ class RuntimeHost:
                     path=resolved,
                     context_tokens=request.context_tokens,
                     lanes=request.lanes,
-                    gpu_layers=request.gpu_layers,
+                    gpu_layers=assembled.gpu_layers,
+                    stages=assembled.stages,
                 ),
             )
         )
@@ -287,6 +354,8 @@ class RuntimeHost:
                     del self._operations[operation]
         engine.stop()
         engine.close_ring()
+        if engine.topology is not None:
+            engine.topology.close()
 
     def _reject(
         self,
@@ -342,6 +411,8 @@ class RuntimeHost:
         if engine is not None:
             engine.stop()
             engine.close_ring()
+            if engine.topology is not None:
+                engine.topology.close()
 
     def engine_pids(self) -> dict[str, int]:
         """Live engine processes by model id (for operators: `ps`, kill -9 drills)."""
@@ -363,5 +434,7 @@ class RuntimeHost:
         for engine in engines:
             engine.stop()
             engine.close_ring()
+            if engine.topology is not None:
+                engine.topology.close()
         self.pipeline.submit(make_event(EventId.RUNTIME_STOPPED, outcome=Outcome.SUCCESS))
         self.pipeline.shutdown(timeout_s)

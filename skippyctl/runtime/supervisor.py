@@ -10,7 +10,9 @@ The supervisor never parses the engine's output. Its stderr goes to /dev/null un
 opts into a debug artifact (SKIPPY_ENGINE_STDERR=inherit). What the engine returns arrives on the
 control channel and is queued, in order after the engine's ring, as authoritative items; an
 end-of-stream on that channel means the engine exited, and the exit status says whether it was
-asked to (`crashed` otherwise).
+asked to (`crashed` otherwise). An engine whose model is split across stages has an
+:class:`EngineTopology`: it hears the load and context returns, and when the engine crashed it
+says why (a lost stage: `stage_unavailable`) before the exit is reported.
 
 Commands go out from the caller's thread when the socket takes them at once and nothing waits
 ahead of them; otherwise through one writer thread per engine (`skippy-engine-writer-…`), in
@@ -129,7 +131,31 @@ class EngineListener(Protocol):
 
     def on_engine_serving(self, engine: object, lanes: int) -> None: ...
     def on_engine_message(self, engine: object, message: ServingMessage) -> None: ...
-    def on_engine_exit(self, engine: object, crashed: bool) -> None: ...
+    def on_engine_exit(
+        self, engine: object, crashed: bool, reason: ReasonCode | None = None
+    ) -> None: ...
+
+
+class EngineTopology(Protocol):
+    """The stages a split model's engine uses (``runtime/topology.py``), told what the engine
+    reports. Called on the engine's reader thread."""
+
+    def engine_loaded(self, ok: bool) -> None:
+        """The model load returned (``ok``: the split weights are on the stages)."""
+        ...
+
+    def engine_serving(self, ok: bool) -> None:
+        """The serving context was created (``ok``) or not."""
+        ...
+
+    def engine_crashed(self) -> ReasonCode | None:
+        """The engine died unasked: the reason to report instead of ``process_crash`` (it may
+        probe the stages, bounded), None for none."""
+        ...
+
+    def close(self) -> None:
+        """The engine is done with the stages (its owner calls this; idempotent)."""
+        ...
 
 
 CANCEL_GRACE_S: Final = 2.0
@@ -161,8 +187,10 @@ class EngineProcess:
         listener: EngineListener | None = None,
         on_retire: Callable[[EngineProcess], None] | None = None,
         options: EngineOptions | None = None,
+        topology: EngineTopology | None = None,
     ) -> None:
         self.key = key
+        self.topology = topology
         self.model_id = model_id
         self._pipeline = pipeline
         self._ring: SharedIngress | None = None
@@ -450,14 +478,21 @@ class EngineProcess:
         crashed = not self._stopping.is_set()
         self._send_closed.set()
         self._outbox.put(None)
+        reason: ReasonCode | None = None
+        if crashed and self.topology is not None:
+            try:
+                reason = self.topology.engine_crashed()
+            except Exception:  # noqa: BLE001 - attribution is best effort; the exit is reported
+                reason = None
         if self.listener is not None:
-            self.listener.on_engine_exit(self, crashed)
+            self.listener.on_engine_exit(self, crashed, reason)
         self._authority(
             EngineExited(
                 self.key,
                 crashed=crashed,
                 exit_status=returncode if returncode >= 0 else None,
                 exit_signal=-returncode if returncode < 0 else None,
+                reason=reason,
             )
         )
         if self._engine_channel is not None:
@@ -518,6 +553,8 @@ class EngineProcess:
                 duration_ms=message.duration_ms,
             )
         )
+        if self.topology is not None:
+            self.topology.engine_loaded(message.ok)
         if not message.ok:
             self._retire()
 
@@ -536,6 +573,8 @@ class EngineProcess:
                 )
             )
             self._serving = message.ok and not cancelled
+        if self.topology is not None:
+            self.topology.engine_serving(self._serving)
         if not self._serving:
             self._retire()
         elif self.listener is not None and message.lanes is not None:

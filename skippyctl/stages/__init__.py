@@ -5,6 +5,9 @@ skippyctl.native.rpc), run in a process of its own because the call blocks forev
 whatever graph a client sends. ``supervisor`` starts that process (``python -m
 skippyctl.stages.worker``), reserves its port, probes it until it accepts connections, and turns
 its lifecycle into ``stage_*`` events; ``ports`` holds the socket helpers (reservation, probe,
-listener ownership). This package sits at the level of ``skippyctl.engine``: it imports only
-``native`` and ``events`` (never runtime, api, cli, or any UI framework).
+listener ownership); ``probe`` speaks ggml's RPC HELLO and GET_DEVICE_MEMORY in plain Python (so
+the runtime host can check a stage without ggml, whose client aborts the process); ``plan`` parses
+stage endpoints and splits a model's layers across stages. This package sits at the level of
+``skippyctl.engine``: it imports only ``native`` and ``events`` (never runtime, api, cli, or any
+UI framework).
 """

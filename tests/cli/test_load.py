@@ -296,3 +296,42 @@ def test_core_packages_do_not_import_rich_or_typer() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--stage", "localhost:50052"],
+        ["--stage", "127.0.0.1:5", "--stage", "127.0.0.1:5"],
+        ["--local-stages", "17"],
+        ["--mem", "64"],
+    ],
+)
+def test_bad_stage_options_exit_10_before_any_runtime(fixture_dir: Path, args: list[str]) -> None:
+    result = run_cli("load", str(fixture_dir / "tiny.gguf"), "--json", *args)
+    assert result.code == 10, result.stderr
+    assert result.stdout == ""
+    assert "Traceback" not in result.stderr
+
+
+def test_embedded_load_across_local_stages_is_available_and_reports_its_topology(
+    fixture_dir: Path,
+) -> None:
+    result = run_cli(
+        "load", str(fixture_dir / "tiny.gguf"), "--json", "--embedded", "--local-stages", "2"
+    )
+    assert result.code == 0, result.stderr
+    events = [r["event"] for r in result.records()]
+    _assert_subsequence(
+        [
+            "stage_starting",
+            "stage_ready",
+            "topology_assembling",
+            "stage_loading",
+            "model_available",
+        ],
+        events,
+    )
+    assert "topology_ready" in events
+    for record in result.records():
+        assert "127.0.0.1" not in str(record)

@@ -32,7 +32,9 @@ class Recorder:
     def on_engine_message(self, engine: object, message: ServingMessage) -> None:
         self.messages.append(message)
 
-    def on_engine_exit(self, engine: object, crashed: bool) -> None:
+    def on_engine_exit(
+        self, engine: object, crashed: bool, reason: ReasonCode | None = None
+    ) -> None:
         raise AssertionError("not exercised here")
 
 

@@ -1,0 +1,444 @@
+"""One split model's topology: its stages, the plan, and what the host says about them.
+
+A load with ``--stage HOST:PORT`` (remote or separately started `stage serve` workers) and/or
+``--local-stages N`` (stage workers this host starts for the model) gets a :class:`Topology`,
+built by the host before any engine exists. Contract:
+
+- ``assemble`` (the load's thread, before the engine): starts the local stages
+  (``StageSupervisor`` on loopback, port 0, ``local_stage_threads(N)`` threads each, ``--mem``
+  when given), waits until each is ready or failed; probes every stage with a plain-Python ggml
+  RPC HELLO + GET_DEVICE_MEMORY (``stages/probe.py``; in parallel, ``PROBE_TIMEOUT_S`` each,
+  connection closed before the engine connects: a stage serves one client at a time); plans the
+  layers (``stages/plan.py``); returns what the engine's ``Load`` needs. It raises
+  :class:`TopologyRefused` with the load's reason — ``stage_unavailable`` (a stage cannot be
+  reached or failed to start), ``incompatible_abi_or_feature_set`` (its HELLO names another
+  major version), ``resource_allocation_failure`` (the plan does not fit),
+  ``invalid_configuration`` (more stages than layers, a local ``--mem`` beyond what the device
+  has) — after saying so as events. No ggml client call ever runs in the host: ggml aborts the
+  process whose endpoint goes away.
+- Events (host producer, scope ``topology_id``, ``stage_id`` = ``stage-<hash of host:port>``,
+  the same id `stage serve` reports, and ``stage_index``; never an address): local stages' own
+  ``stage_starting``/``stage_ready``/``stage_stopping``/``stage_stopped``/``stage_failed``;
+  ``topology_assembling`` once the plan fits (summaries ``stages``, ``layers``,
+  ``model_size_bytes``, ``offered_bytes``, ``planned_bytes``), then one ``stage_loading`` per
+  stage carrying its share (``layer_start``, ``layer_count``, ``planned_bytes``,
+  ``offered_bytes``); ``stage_ready`` per stage when the engine's split load returned,
+  ``topology_ready`` when its serving context exists. A failure: ``stage_unavailable`` for
+  each stage at fault, then ``topology_unavailable`` with the reason. While the load is under
+  way every event also carries the load's operation id.
+- ``engine_crashed`` (the engine's reader thread, after the engine died unasked): the
+  connections are free again, so every stage is probed; each that does not answer (or a local
+  stage whose worker ended) gets ``stage_unavailable``, and ``topology_unavailable`` follows
+  with ``stage_unavailable`` — returned so requests and the crash are reported with it — or
+  ``process_crash`` when every stage still answers.
+- ``close`` (unload, a failed load, the model loaded again, host shutdown): stops the local
+  stages (their ``stage_stopping``/``stage_stopped``) and ends the topology with
+  ``topology_unavailable`` if it has not ended yet. Idempotent; returns once every local worker
+  is reaped.
+
+Out of scope here: link probes (RTT/jitter) and ``stage_degraded``; a remote stage dying while
+the engine is idle is noticed at the engine's next decode (it aborts, and is attributed then).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from skippyctl.engine.protocol import StagePlan
+from skippyctl.events.catalog import EventId
+from skippyctl.events.envelope import Event, LogicalId, Scope, make_event, summaries
+from skippyctl.events.reasons import Outcome, ReasonCode
+from skippyctl.runtime.artifacts import split_parts
+from skippyctl.stages import plan as stage_plan
+from skippyctl.stages import ports
+from skippyctl.stages.probe import (
+    PROBE_TIMEOUT_S,
+    StageIncompatible,
+    StageProbe,
+    StageUnreachable,
+    probe,
+)
+from skippyctl.stages.supervisor import (
+    STARTUP_TIMEOUT_S,
+    StageOptions,
+    StageOutcome,
+    StageRefused,
+    StageSupervisor,
+)
+
+LOCAL_STAGE_READY_TIMEOUT_S: Final = STARTUP_TIMEOUT_S + 10.0
+LOCAL_HOST: Final = "127.0.0.1"
+
+
+def local_stage_threads(count: int, cpus: int | None = None) -> int:
+    """Threads of each of ``count`` local stages: the CPUs shared by the stages and the engine
+    (which keeps one share for what stays on its CPU), at least one."""
+    return max(1, (cpus if cpus is not None else (os.cpu_count() or 1)) // (count + 1))
+
+
+class TopologyRefused(Exception):
+    """The topology cannot serve the load; ``reason`` is the load's reason code."""
+
+    def __init__(self, reason: ReasonCode, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class Assembled:
+    """What the engine's Load needs for a split load."""
+
+    stages: tuple[StagePlan, ...]
+    gpu_layers: int
+
+
+def model_layers(path: Path) -> int:
+    """``<arch>.block_count`` from the GGUF metadata (of the first part of a split set)."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(path))
+    arch_field = reader.fields.get("general.architecture")
+    if arch_field is None:
+        raise ValueError("the model has no general.architecture")
+    arch = str(arch_field.contents())
+    count = reader.fields.get(f"{arch}.block_count")
+    if count is None:
+        raise ValueError("the model has no block_count")
+    return int(count.contents())
+
+
+def model_bytes(path: Path) -> int:
+    parts = split_parts(path) or [path]
+    return sum(part.stat().st_size for part in parts)
+
+
+class _LocalStage:
+    """A stage worker this host started for one topology (its supervisor on a thread)."""
+
+    def __init__(self, options: StageOptions, emit: Callable[[Event], None]) -> None:
+        self.stop = threading.Event()
+        self.ready = threading.Event()
+        self.settled = threading.Event()
+        """Ready, or ended before it was ready."""
+        self.outcome: StageOutcome | None = None
+        self.refused: StageRefused | None = None
+        self._emit = emit
+        self.supervisor = StageSupervisor(options, self._on_event, python=sys.executable)
+        self.thread = threading.Thread(target=self._run, name="skippy-stage", daemon=True)
+
+    def _on_event(self, event: Event) -> None:
+        self._emit(event)
+        if event.id is EventId.STAGE_READY:
+            self.ready.set()
+        if event.id in (EventId.STAGE_READY, EventId.STAGE_FAILED, EventId.STAGE_STOPPED):
+            self.settled.set()
+
+    def _run(self) -> None:
+        try:
+            self.outcome = self.supervisor.run(self.stop)
+        except StageRefused as refused:
+            self.refused = refused
+        finally:
+            self.settled.set()
+
+    @property
+    def ended(self) -> bool:
+        return not self.thread.is_alive() and self.settled.is_set()
+
+    def close(self) -> None:
+        self.stop.set()
+        if self.thread.is_alive():
+            self.thread.join()
+
+
+@dataclass(slots=True, eq=False)
+class _Stage:
+    endpoint: stage_plan.Endpoint
+    stage_id: LogicalId
+    local: _LocalStage | None = None
+    share: stage_plan.StageShare | None = None
+
+
+class Topology:
+    """The stages of one split load (see the module docstring). Thread-safe."""
+
+    def __init__(
+        self,
+        topology_id: LogicalId,
+        model_id: LogicalId,
+        operation_id: LogicalId,
+        submit: Callable[[Event], object],
+        endpoints: tuple[stage_plan.Endpoint, ...] = (),
+        local_stages: int = 0,
+        local_stage_mem_mib: int | None = None,
+        probe_timeout_s: float = PROBE_TIMEOUT_S,
+    ) -> None:
+        self.topology_id = topology_id
+        self.model_id = model_id
+        self.operation_id = operation_id
+        self._submit = submit
+        self._endpoints = endpoints
+        self._local_count = local_stages
+        self._local_mem_mib = local_stage_mem_mib
+        self._probe_timeout_s = probe_timeout_s
+        self._stages: list[_Stage] = []
+        self._lock = threading.Lock()
+        self._loading = True
+        self._ended = False
+        self._closed = False
+
+    # -- events ---------------------------------------------------------------------------------
+    def _stamp(self, event: Event, index: int | None) -> Event:
+        """A local stage's own event, placed in this topology."""
+        scope = dataclasses.replace(event.scope, topology_id=self.topology_id, stage_index=index)
+        operation = self.operation_id if self._loading else event.operation_id
+        return dataclasses.replace(event, scope=scope, operation_id=operation)
+
+    def _emit(self, event_id: EventId, stage: _Stage | None = None, **fields: Any) -> None:
+        if stage is not None:
+            scope = Scope(
+                topology_id=self.topology_id,
+                stage_id=stage.stage_id,
+                stage_index=self._stages.index(stage),
+            )
+        else:
+            scope = Scope(model_id=self.model_id, topology_id=self.topology_id)
+        self._submit(
+            make_event(
+                event_id,
+                operation_id=self.operation_id if self._loading else None,
+                scope=scope,
+                **fields,
+            )
+        )
+
+    def _end(self, reason: ReasonCode | None, outcome: Outcome | None = Outcome.FAILURE) -> None:
+        with self._lock:
+            if self._ended:
+                return
+            self._ended = True
+        self._emit(EventId.TOPOLOGY_UNAVAILABLE, outcome=outcome, reason_code=reason)
+        self._loading = False
+
+    def _refuse(self, reason: ReasonCode, message: str) -> TopologyRefused:
+        self._end(reason)
+        return TopologyRefused(reason, message)
+
+    # -- assembly -------------------------------------------------------------------------------
+    def assemble(self, path: Path) -> Assembled:
+        """Local stages started, every stage probed, the layers planned (module docstring)."""
+        for endpoint in self._endpoints:
+            self._stages.append(_Stage(endpoint, ports.stage_id_for(endpoint.host, endpoint.port)))
+        self._start_local_stages()
+        probes = self._probe_all()
+        failed = [
+            (s, p) for s, p in zip(self._stages, probes, strict=True) if isinstance(p, Exception)
+        ]
+        for stage, error in failed:
+            reason = (
+                ReasonCode.INCOMPATIBLE_ABI_OR_FEATURE_SET
+                if isinstance(error, StageIncompatible)
+                else ReasonCode.STAGE_UNAVAILABLE
+            )
+            self._emit(
+                EventId.STAGE_UNAVAILABLE, stage, outcome=Outcome.FAILURE, reason_code=reason
+            )
+        if failed:
+            incompatible = [e for _, e in failed if isinstance(e, StageIncompatible)]
+            index, error = next(
+                (self._stages.index(s), e)
+                for s, e in failed
+                if not incompatible or e in incompatible
+            )
+            reason = (
+                ReasonCode.INCOMPATIBLE_ABI_OR_FEATURE_SET
+                if incompatible
+                else ReasonCode.STAGE_UNAVAILABLE
+            )
+            raise self._refuse(reason, f"stage {index + 1}: {error}")
+        offered = []
+        for stage, found in zip(self._stages, probes, strict=True):
+            assert isinstance(found, StageProbe)
+            limit = stage.local.supervisor.memory_limit_bytes if stage.local else None
+            offered.append(limit if limit is not None else found.free_bytes)
+        try:
+            n_layer = model_layers(path)
+            size = model_bytes(path)
+        except (OSError, ValueError) as error:
+            raise self._refuse(
+                ReasonCode.MODEL_FORMAT_OR_LOAD_FAILURE,
+                f"cannot read the model's layer count ({type(error).__name__})",
+            ) from error
+        try:
+            layer_plan = stage_plan.plan_layers(n_layer, size, offered)
+        except stage_plan.PlanRefused as refused:
+            raise self._refuse(ReasonCode.INVALID_CONFIGURATION, str(refused)) from refused
+        for stage, share in zip(self._stages, layer_plan.shares, strict=True):
+            stage.share = share
+        self._emit(
+            EventId.TOPOLOGY_ASSEMBLING,
+            summaries=summaries(
+                stages=len(self._stages),
+                layers=n_layer,
+                model_size_bytes=size,
+                offered_bytes=sum(offered),
+                planned_bytes=sum(s.needed_bytes for s in layer_plan.shares),
+            ),
+        )
+        if not layer_plan.fits:
+            short = [i + 1 for i, s in enumerate(layer_plan.shares) if not s.fits]
+            first = layer_plan.shares[short[0] - 1]
+            raise self._refuse(
+                ReasonCode.RESOURCE_ALLOCATION_FAILURE,
+                f"the plan does not fit: stage {short[0]} offers "
+                f"{first.offered_bytes // 2**20} MiB, its share needs "
+                f"{first.needed_bytes // 2**20} MiB (layers, +{stage_plan.WEIGHT_MARGIN:.0%}, "
+                f"+{stage_plan.STAGE_RESERVE_BYTES // 2**20} MiB reserve)",
+            )
+        for stage in self._stages:
+            planned = stage.share
+            assert planned is not None
+            self._emit(
+                EventId.STAGE_LOADING,
+                stage,
+                summaries=summaries(
+                    layer_start=planned.layer_start,
+                    layer_count=planned.layer_count,
+                    planned_bytes=planned.planned_bytes,
+                    offered_bytes=planned.offered_bytes,
+                ),
+            )
+        split = stage_plan.tensor_split(layer_plan)
+        plans = tuple(
+            StagePlan(str(stage.endpoint), weight)
+            for stage, weight in zip(self._stages, split, strict=True)
+        )
+        return Assembled(plans, gpu_layers=n_layer + 1)
+
+    def _start_local_stages(self) -> None:
+        if self._local_count <= 0:
+            return
+        threads = local_stage_threads(self._local_count)
+        started: list[_LocalStage] = []
+        for _ in range(self._local_count):
+            index = len(self._stages)
+            local = _LocalStage(
+                StageOptions(
+                    host=LOCAL_HOST,
+                    port=0,
+                    threads=threads,
+                    memory_limit_mib=self._local_mem_mib,
+                ),
+                self._local_emitter(index),
+            )
+            # The id is known once the port is reserved; a placeholder until then.
+            self._stages.append(
+                _Stage(stage_plan.Endpoint(LOCAL_HOST, 0), LogicalId("stage"), local)
+            )
+            local.thread.start()
+            started.append(local)
+        for position, local in enumerate(started):
+            stage = self._stages[len(self._stages) - len(started) + position]
+            local.settled.wait(LOCAL_STAGE_READY_TIMEOUT_S)
+            supervisor = local.supervisor
+            if supervisor.stage_id is not None:
+                stage.stage_id = supervisor.stage_id
+                stage.endpoint = stage_plan.Endpoint(LOCAL_HOST, supervisor.port)
+            if not local.ready.is_set():
+                local.close()  # it ended (or never got ready): reap it, read how it ended
+                if local.refused is not None:
+                    raise self._refuse(
+                        local.refused.reason, f"local stage: {local.refused.message}"
+                    )
+                outcome = local.outcome
+                reason = ReasonCode.STAGE_UNAVAILABLE
+                if outcome is not None and outcome.reason is ReasonCode.INVALID_CONFIGURATION:
+                    reason = ReasonCode.INVALID_CONFIGURATION
+                detail = outcome.message if outcome is not None else "it did not get ready"
+                raise self._refuse(reason, f"local stage {position + 1}: {detail}")
+
+    def _local_emitter(self, index: int) -> Callable[[Event], None]:
+        def emit(event: Event) -> None:
+            self._submit(self._stamp(event, index))
+
+        return emit
+
+    def _probe_one(self, stage: _Stage) -> StageProbe | Exception:
+        try:
+            return probe(stage.endpoint.host, stage.endpoint.port, self._probe_timeout_s)
+        except (StageUnreachable, StageIncompatible) as error:
+            return error
+
+    def _probe_all(self) -> list[StageProbe | Exception]:
+        with ThreadPoolExecutor(
+            max_workers=max(1, len(self._stages)), thread_name_prefix="skippy-stage-probe"
+        ) as pool:
+            return list(pool.map(self._probe_one, self._stages))
+
+    # -- the engine's reports (its reader thread) -----------------------------------------------
+    def engine_loaded(self, ok: bool) -> None:
+        if not ok:
+            self._end(ReasonCode.MODEL_FORMAT_OR_LOAD_FAILURE)
+            return
+        for stage in self._stages:
+            share = stage.share
+            self._emit(
+                EventId.STAGE_READY,
+                stage,
+                summaries=summaries(
+                    layer_start=None if share is None else share.layer_start,
+                    layer_count=None if share is None else share.layer_count,
+                ),
+            )
+
+    def engine_serving(self, ok: bool) -> None:
+        if not ok:
+            self._end(ReasonCode.BACKEND_INITIALIZATION_FAILURE)
+            return
+        self._emit(
+            EventId.TOPOLOGY_READY,
+            outcome=Outcome.SUCCESS,
+            summaries=summaries(stages=len(self._stages)),
+        )
+        self._loading = False
+
+    def engine_crashed(self) -> ReasonCode | None:
+        """Which stages are gone now that the engine died (module docstring)."""
+        probes = self._probe_all()
+        lost = [
+            stage
+            for stage, found in zip(self._stages, probes, strict=True)
+            if isinstance(found, Exception) or (stage.local is not None and stage.local.ended)
+        ]
+        for stage in lost:
+            self._emit(
+                EventId.STAGE_UNAVAILABLE,
+                stage,
+                outcome=Outcome.FAILURE,
+                reason_code=ReasonCode.STAGE_UNAVAILABLE,
+            )
+        reason = ReasonCode.STAGE_UNAVAILABLE if lost else ReasonCode.PROCESS_CRASH
+        self._end(reason)
+        return ReasonCode.STAGE_UNAVAILABLE if lost else None
+
+    # -- the end --------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop the local stages; end the topology if it has not ended (idempotent)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._loading = False
+        for stage in self._stages:
+            if stage.local is not None:
+                stage.local.close()
+        self._end(None, outcome=None)

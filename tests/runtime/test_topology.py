@@ -1,0 +1,361 @@
+"""Split loads over real ggml RPC stages on loopback: an in-process host and scheduler, a real
+engine on tiny.gguf, real stage workers (`stage serve` processes, or the host's local stages).
+
+The only processes signalled here are the stage workers and `stage serve` processes these tests
+started; every one is reaped (the helpers' cleanup, the host's shutdown). Nothing asserts a
+duration: the bounds below only keep a broken run from hanging.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import struct
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from skippyctl.events.catalog import EventId
+from skippyctl.events.envelope import Event, LogicalId, SummaryKey
+from skippyctl.events.reasons import Category, ReasonCode
+from skippyctl.runtime.host import LoadRequest, RuntimeHost
+from skippyctl.runtime.requests import Finished, GenerationParams, TextChunk
+from skippyctl.runtime.scheduler import Scheduler
+from skippyctl.stages.probe import StageIncompatible, StageUnreachable, probe
+from tests.stages.helpers import (
+    StageProcess,
+    alive,
+    children_of,
+    free_port,
+    kill_quietly,
+    stage_process,
+    wait_gone,
+)
+
+WAIT_S = 120.0
+GREEDY = {"prompt": "The quick brown fox", "max_tokens": 16, "temperature": 0.0}
+LOAD_TERMINALS = {EventId.MODEL_AVAILABLE, EventId.MODEL_LOAD_FAILED, EventId.MODEL_LOAD_CANCELLED}
+
+
+class Runtime:
+    def __init__(self) -> None:
+        self.host = RuntimeHost().start()
+        self.scheduler = Scheduler(self.host).start()
+        self.watch = self.host.pipeline.subscribe("test", max_queue_size=100_000, replay=True)
+        self.seen: list[Event] = []
+
+    def next_event(self, until: set[EventId], timeout_s: float = WAIT_S) -> Event:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            item = self.watch.get(0.1)
+            if item is None:
+                continue
+            self.seen.append(item.event)
+            if item.event.id in until:
+                return item.event
+        raise AssertionError(f"none of {sorted(until)} seen")
+
+    def load(self, model: Path, **fields: object) -> tuple[Event, str | None]:
+        handle = self.scheduler.load(LoadRequest(str(model), **fields))  # type: ignore[arg-type]  # test kwargs
+        terminal = self.next_event(LOAD_TERMINALS)
+        return terminal, handle.problem
+
+    def generate(self, model_id: str, **params: object) -> tuple[str, Finished]:
+        handle, rejection = self.scheduler.generate(model_id, GenerationParams(**params))  # type: ignore[arg-type]  # test kwargs
+        assert rejection is None
+        assert self.scheduler.enqueue(handle) is None
+        text = []
+        while True:
+            chunk = handle.next_chunk_blocking(WAIT_S)
+            assert chunk is not None, "no terminal"
+            if isinstance(chunk, TextChunk):
+                text.append(chunk.text)
+            elif isinstance(chunk, Finished):
+                return "".join(text), chunk
+
+    def drain(self) -> list[Event]:
+        while (item := self.watch.get(0.3)) is not None:
+            self.seen.append(item.event)
+        return self.seen
+
+    def ids(self, category: Category | None = None) -> list[EventId]:
+        return [e.id for e in self.drain() if category is None or e.category is category]
+
+    def close(self) -> None:
+        self.scheduler.shutdown()
+        self.host.shutdown()
+
+
+def _stage_workers() -> list[int]:
+    out = []
+    for pid in children_of(os.getpid()):
+        with contextlib.suppress(OSError):
+            if b"skippyctl.stages.worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                out.append(pid)
+    return out
+
+
+@pytest.fixture
+def runtime() -> Iterator[Runtime]:
+    before = set(_stage_workers())
+    rt = Runtime()
+    try:
+        yield rt
+    finally:
+        rt.close()
+        left = [pid for pid in _stage_workers() if pid not in before]
+        for pid in left:
+            kill_quietly(pid)
+        assert not left, "a local stage worker outlived the host"
+
+
+def _serve() -> StageProcess:
+    return StageProcess("--port", "0", "--threads", "1", "--json")
+
+
+def _endpoint(stage: StageProcess) -> str:
+    ready = stage.until("stage_ready")[-1]
+    return f"127.0.0.1:{ready['summaries']['port']}"
+
+
+@pytest.fixture(scope="module")
+def reference(fixture_dir: Path) -> str:
+    """Greedy text of tiny.gguf loaded in one engine process (no stages)."""
+    rt = Runtime()
+    try:
+        terminal, _ = rt.load(fixture_dir / "tiny.gguf", lanes=1)
+        assert terminal.id is EventId.MODEL_AVAILABLE
+        text, finished = rt.generate("tiny", **GREEDY)
+        assert finished.outcome == "completed" and text
+        return text
+    finally:
+        rt.close()
+
+
+def test_local_stages_split_the_model_and_give_the_same_greedy_text(
+    runtime: Runtime, fixture_dir: Path, reference: str
+) -> None:
+    terminal, problem = runtime.load(fixture_dir / "tiny.gguf", lanes=1, local_stages=2)
+    assert terminal.id is EventId.MODEL_AVAILABLE, (problem, runtime.ids())
+    text, finished = runtime.generate("tiny", **GREEDY)
+    assert finished.outcome == "completed"
+    assert text == reference
+    topology = [e for e in runtime.drain() if e.category is Category.STAGE_TOPOLOGY]
+    ids = [e.id for e in topology]
+    assert ids.count(EventId.STAGE_STARTING) == 2 and ids.count(EventId.STAGE_LOADING) == 2
+    assert ids.count(EventId.STAGE_READY) == 4  # each worker's own, then the split load's
+    assert ids.index(EventId.TOPOLOGY_ASSEMBLING) < ids.index(EventId.STAGE_LOADING)
+    assert ids[-1] is EventId.TOPOLOGY_READY
+    assembling = next(e for e in topology if e.id is EventId.TOPOLOGY_ASSEMBLING)
+    assert assembling.summary_value(SummaryKey.STAGES) == 2
+    assert assembling.summary_value(SummaryKey.LAYERS) == 2
+    loading = [e for e in topology if e.id is EventId.STAGE_LOADING]
+    assert [e.summary_value(SummaryKey.LAYER_START) for e in loading] == [0, 1]
+    assert [e.summary_value(SummaryKey.LAYER_COUNT) for e in loading] == [1, 1]
+    assert [e.scope.stage_index for e in loading] == [0, 1]
+    topology_id = assembling.scope.topology_id
+    assert topology_id is not None and all(e.scope.topology_id == topology_id for e in topology)
+    assert len({e.scope.stage_id for e in loading}) == 2
+    state = runtime.host.pipeline.state
+    assert state.topologies[topology_id].state.value == "ready"
+    assert state.models[LogicalId("tiny")].topology_id == topology_id
+    for event in topology:  # privacy: opaque ids only, no address
+        assert "127.0.0.1" not in repr(event) and "/" not in repr(event)
+
+    # The unload stops the stages the model owned.
+    workers = _stage_workers()
+    assert len(workers) == 2
+    runtime.scheduler.unload("tiny")
+    runtime.next_event({EventId.UNLOAD_COMPLETED})
+    assert all(wait_gone(pid) for pid in workers)
+    after = runtime.ids(Category.STAGE_TOPOLOGY)
+    assert after.count(EventId.STAGE_STOPPING) == 2 and after.count(EventId.STAGE_STOPPED) == 2
+    assert after[-1] is EventId.TOPOLOGY_UNAVAILABLE
+
+
+def test_stage_serve_workers_split_the_model_and_give_the_same_greedy_text(
+    runtime: Runtime, fixture_dir: Path, reference: str
+) -> None:
+    serve = ("--port", "0", "--threads", "1", "--json")
+    with stage_process(*serve) as one, stage_process(*serve) as two:
+        stages = (_endpoint(one), _endpoint(two))
+        terminal, problem = runtime.load(fixture_dir / "tiny.gguf", lanes=1, stages=stages)
+        assert terminal.id is EventId.MODEL_AVAILABLE, (problem, runtime.ids())
+        text, finished = runtime.generate("tiny", **GREEDY)
+        assert finished.outcome == "completed"
+        assert text == reference
+        ids = runtime.ids(Category.STAGE_TOPOLOGY)
+        assert ids.count(EventId.STAGE_READY) == 2
+        assert ids[-1] is EventId.TOPOLOGY_READY
+
+
+def test_an_unreachable_stage_fails_the_load_with_stage_unavailable(
+    runtime: Runtime, fixture_dir: Path
+) -> None:
+    port = free_port()  # nothing listens there
+    terminal, problem = runtime.load(fixture_dir / "tiny.gguf", stages=(f"127.0.0.1:{port}",))
+    assert terminal.id is EventId.MODEL_LOAD_FAILED
+    assert terminal.reason_code is ReasonCode.STAGE_UNAVAILABLE
+    assert problem is not None and "stage 1" in problem
+    ids = runtime.ids()
+    assert EventId.STAGE_UNAVAILABLE in ids and EventId.TOPOLOGY_UNAVAILABLE in ids
+    assert EventId.ENGINE_PROCESS_STARTED not in ids  # no engine was started
+    assert runtime.host.engine_pids() == {}
+    # The host is alive and still loads a model.
+    terminal, _ = runtime.load(fixture_dir / "tiny.gguf", lanes=1)
+    assert terminal.id is EventId.MODEL_AVAILABLE
+
+
+@contextlib.contextmanager
+def _hello_server(major: int) -> Iterator[int]:
+    """A TCP server of this test's own answering ggml's HELLO with version `major`.0.0."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    listener.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.settimeout(5)
+                with contextlib.suppress(OSError):
+                    request = b""
+                    while len(request) < 1 + 8 + 24:
+                        chunk = conn.recv(64)
+                        if not chunk:
+                            break
+                        request += chunk
+                    if request[:1] == bytes([14]):
+                        conn.sendall(struct.pack("<Q", 28) + bytes([major, 0, 0, 0]) + bytes(24))
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield int(listener.getsockname()[1])
+    finally:
+        stop.set()
+        thread.join()
+        listener.close()
+
+
+def test_a_stage_speaking_another_rpc_major_version_is_incompatible(
+    runtime: Runtime, fixture_dir: Path
+) -> None:
+    with _hello_server(major=6) as port:
+        with pytest.raises(StageIncompatible):
+            probe("127.0.0.1", port, 5.0)
+        terminal, problem = runtime.load(fixture_dir / "tiny.gguf", stages=(f"127.0.0.1:{port}",))
+    assert terminal.id is EventId.MODEL_LOAD_FAILED
+    assert terminal.reason_code is ReasonCode.INCOMPATIBLE_ABI_OR_FEATURE_SET
+    assert problem is not None and "6.0.0" in problem
+    unavailable = [e for e in runtime.drain() if e.id is EventId.STAGE_UNAVAILABLE]
+    assert [e.reason_code for e in unavailable] == [ReasonCode.INCOMPATIBLE_ABI_OR_FEATURE_SET]
+
+
+def test_the_probe_reads_a_real_stage_and_closes_so_the_next_client_is_served() -> None:
+    with stage_process("--port", "0", "--threads", "1", "--json", "--mem", "64") as stage:
+        host, port = _endpoint(stage).split(":")
+        first = probe(host, int(port), 10.0)
+        second = probe(host, int(port), 10.0)  # served: the first connection was closed
+        assert first.version == (7, 0, 0) and second.version == (7, 0, 0)
+        assert first.total_bytes > 0 and first.free_bytes > 0
+    with pytest.raises(StageUnreachable):
+        probe(host, int(port), 1.0)
+
+
+def test_a_plan_that_cannot_fit_is_refused_before_loading(
+    runtime: Runtime, fixture_dir: Path
+) -> None:
+    terminal, problem = runtime.load(
+        fixture_dir / "tiny.gguf", local_stages=2, local_stage_mem_mib=1
+    )
+    assert terminal.id is EventId.MODEL_LOAD_FAILED
+    assert terminal.reason_code is ReasonCode.RESOURCE_ALLOCATION_FAILURE
+    assert problem is not None and "does not fit" in problem
+    ids = runtime.ids()
+    assert EventId.TOPOLOGY_ASSEMBLING in ids and EventId.TOPOLOGY_UNAVAILABLE in ids
+    assert EventId.STAGE_LOADING not in ids and EventId.ENGINE_PROCESS_STARTED not in ids
+    # The stages it started for the load are stopped again.
+    assert ids.count(EventId.STAGE_STOPPED) == 2
+    assert _stage_workers() == [] or all(wait_gone(p) for p in _stage_workers())
+
+
+def test_a_local_stage_that_cannot_start_fails_the_load(
+    runtime: Runtime, fixture_dir: Path
+) -> None:
+    # More memory than any device has: the stage worker refuses to start (stage_failed).
+    terminal, problem = runtime.load(
+        fixture_dir / "tiny.gguf", local_stages=1, local_stage_mem_mib=2**31 - 1
+    )
+    assert terminal.id is EventId.MODEL_LOAD_FAILED
+    assert terminal.reason_code is ReasonCode.INVALID_CONFIGURATION
+    assert problem is not None and "local stage" in problem
+    ids = runtime.ids()
+    assert EventId.STAGE_FAILED in ids and EventId.TOPOLOGY_UNAVAILABLE in ids
+
+
+def test_a_stage_killed_mid_generation_is_reported_and_the_load_works_again(
+    runtime: Runtime, fixture_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SKIPPY_TEST_DECODE_DELAY_MS", "20")  # keep the request in flight
+    with stage_process("--port", "0", "--threads", "1", "--json") as one:
+        stage_two = _serve()
+        try:
+            first, second = _endpoint(one), _endpoint(stage_two)
+            stages = (first, second)
+            terminal, problem = runtime.load(
+                fixture_dir / "tiny.gguf", lanes=1, context_tokens=512, stages=stages
+            )
+            assert terminal.id is EventId.MODEL_AVAILABLE, problem
+            engine = runtime.host.engine_pids()["tiny"]
+            handle, rejection = runtime.scheduler.generate(
+                "tiny", GenerationParams(prompt="Once", max_tokens=400, temperature=0.0)
+            )
+            assert rejection is None and runtime.scheduler.enqueue(handle) is None
+            chunk = handle.next_chunk_blocking(WAIT_S)
+            assert isinstance(chunk, TextChunk)  # generating
+            [worker] = stage_two.worker_pids
+            os.kill(worker, signal.SIGKILL)
+            while not isinstance(chunk, Finished):
+                chunk = handle.next_chunk_blocking(WAIT_S)
+                assert chunk is not None
+            assert chunk.outcome == "failed"
+            assert chunk.reason is ReasonCode.STAGE_UNAVAILABLE
+            assert wait_gone(engine)
+            crashed = runtime.next_event({EventId.ENGINE_PROCESS_CRASHED})
+            assert crashed.reason_code is ReasonCode.STAGE_UNAVAILABLE
+            events = runtime.drain()
+            lost = [e for e in events if e.id is EventId.STAGE_UNAVAILABLE]
+            assert len(lost) == 1 and lost[0].scope.stage_index == 1
+            down = [e for e in events if e.id is EventId.TOPOLOGY_UNAVAILABLE]
+            assert [e.reason_code for e in down] == [ReasonCode.STAGE_UNAVAILABLE]
+            failed = [e for e in events if e.id is EventId.REQUEST_FAILED]
+            assert [e.reason_code for e in failed] == [ReasonCode.STAGE_UNAVAILABLE]
+            model = runtime.host.pipeline.state.models[LogicalId("tiny")]
+            assert model.state.value == "unavailable"
+            stage_two.cleanup()
+
+            # The stage is back on the same port: the same load works again.
+            port = second.rsplit(":", 1)[1]
+            stage_two = StageProcess("--port", port, "--threads", "1", "--json")
+            assert _endpoint(stage_two) == second
+            monkeypatch.delenv("SKIPPY_TEST_DECODE_DELAY_MS")
+            terminal, problem = runtime.load(
+                fixture_dir / "tiny.gguf", lanes=1, context_tokens=512, stages=stages
+            )
+            assert terminal.id is EventId.MODEL_AVAILABLE, problem
+            _, finished = runtime.generate("tiny", **GREEDY)
+            assert finished.outcome == "completed"
+        finally:
+            stage_two.cleanup()
+    assert alive(os.getpid())
