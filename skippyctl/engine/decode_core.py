@@ -29,7 +29,14 @@ from types import ModuleType
 from typing import Any, Final
 
 from skippyctl.engine.batch import StepBatch
-from skippyctl.engine.lanes import KvGeometry, Lane, LaneTable, PressureGauge, cache_result
+from skippyctl.engine.lanes import (
+    KvGeometry,
+    Lane,
+    LaneTable,
+    PressureGauge,
+    cache_result,
+    common_prefix,
+)
 from skippyctl.engine.protocol import (
     EngineMessage,
     GenDone,
@@ -62,6 +69,9 @@ PREFILL_PROGRESS_INTERVAL_S: Final = 0.25
 """At most one GenPrefillProgress per request per interval, none for a shorter prefill."""
 GEN_PROGRESS_INTERVAL_S: Final = 0.5
 """At most one GenProgress per request per interval (2 per second)."""
+COPY_MIN_GAIN_TOKENS: Final = 16
+"""Copy another lane's KV into a new request's lane only when it saves at least this many
+prefill tokens (more for long lanes, see ``DecodeCore.__init__``)."""
 DECODE_ABORTED: Final = 2
 """llama_decode's return value when the abort callback stopped it (llama.h)."""
 
@@ -132,6 +142,12 @@ class DecodeCore:
         self._unified = kv.unified
         self._ctx_per_lane = kv.tokens_per_lane
         self._cells_total = kv.cells_total
+        # A copy moves a whole lane's KV stream (split KV) — about the cost of prefilling
+        # 1/64 of the lane's cells on a CPU here —, so it must save more than that; with a
+        # unified KV it only shares cells, which costs nothing.
+        self._copy_min_gain = (
+            1 if kv.unified else max(COPY_MIN_GAIN_TOKENS, kv.tokens_per_lane // 64)
+        )
         n_batch = int(llama.llama_n_batch(context))
         if n_batch <= lanes:
             raise ValueError(f"the context's n_batch ({n_batch}) must exceed lanes ({lanes})")
@@ -321,6 +337,14 @@ class DecodeCore:
         prompt = r.prompt
         claim = self._lanes.claim(lane, r.id, session, prompt)
         keep = claim.keep
+        donor = self._lanes.donor(lane, prompt, keep, self._copy_min_gain)
+        if donor is not None:
+            # Whole-lane copy (llama.cpp copies a split KV's stream only whole: p0/p1 = -1,
+            # anything else aborts), done at the next llama_decode; the tail is trimmed below.
+            self._llama.llama_memory_seq_cp(self._memory, donor.seq, lane.seq, -1, -1)
+            lane.tokens = donor.tokens[:]
+            lane.copy_pending = True
+            keep = min(common_prefix(lane.tokens, prompt), len(prompt) - 1)
         if keep == 0:
             self._clear_lane(lane)
         elif keep < len(lane.tokens):
@@ -365,6 +389,8 @@ class DecodeCore:
                     r.max_batch = 1
 
         result = self._batch.decode(self._ctx)
+        for each_lane in self._lanes.lanes:
+            each_lane.copy_pending = False  # llama_decode performed the pending KV copies first
         now = time.monotonic()
         if result != 0:
             self._decode_failed(participants, aborted=result == DECODE_ABORTED)

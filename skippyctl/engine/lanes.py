@@ -18,7 +18,8 @@ Invariants the engine keeps with these decisions:
 - A request of a session waits for its own lane while that lane is busy; a request that needs a
   lane takes the idle lane without a session whose KV shares the longest prefix with its prompt
   (the least recently used among equals), else displaces the least recently used idle session
-  (``lane_needed``), whose KV it may reuse as far as it matches.
+  (``lane_needed``), whose KV it may reuse as far as it matches. When another lane's KV shares a
+  clearly longer prefix with the prompt (``donor``), that KV is copied into the lane first.
 - KV pressure has hysteresis: crossed at ``used >= high * total``, cleared at
   ``used <= low * total``, never flapping in between.
 """
@@ -61,7 +62,15 @@ class KvGeometry:
 class Lane:
     """One sequence of the context (seq id = index)."""
 
-    __slots__ = ("clear_on_release", "last_used", "request_id", "seq", "session", "tokens")
+    __slots__ = (
+        "clear_on_release",
+        "copy_pending",
+        "last_used",
+        "request_id",
+        "seq",
+        "session",
+        "tokens",
+    )
 
     def __init__(self, seq: int) -> None:
         self.seq = seq
@@ -72,6 +81,9 @@ class Lane:
         self.last_used = 0.0
         self.clear_on_release = False
         """The lane's session was dropped while a request ran in it: clear its KV at release."""
+        self.copy_pending = False
+        """Another lane's KV is being copied into this one (done at the next llama_decode): it
+        must not be copied from before then."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +196,23 @@ class LaneTable:
             return Claim(keep, SessionChange.CREATED)
         diverged = len(lane.tokens) > common
         return Claim(keep, SessionChange.TRIMMED if diverged else SessionChange.REUSED)
+
+    def donor(self, lane: Lane, prompt: Sequence[int], keep: int, min_gain: int) -> Lane | None:
+        """Another lane whose KV shares a longer prefix with ``prompt`` than ``lane`` keeps
+        (``keep``) by at least ``min_gain`` tokens: copying its KV into ``lane`` saves
+        prefilling them (many new sessions with one system prompt, arriving together). Any
+        state will do — the copy takes what the donor's KV holds now, and its own request or
+        session keeps it — except a lane that is itself still waiting for a copy."""
+        best: Lane | None = None
+        best_common = keep + min_gain - 1
+        limit = len(prompt) - 1
+        for other in self.lanes:
+            if other is lane or other.copy_pending or len(other.tokens) <= best_common:
+                continue
+            common = min(common_prefix(other.tokens, prompt), limit)
+            if common > best_common:
+                best, best_common = other, common
+        return best
 
     def release(self, lane: Lane, now: float) -> bool:
         """The lane's request ended; it keeps its KV for the next request. True when that KV

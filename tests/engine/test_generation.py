@@ -676,6 +676,48 @@ def test_idle_session_is_evicted_when_its_lane_is_needed(
         assert started["reused_tokens"] == started["prompt_tokens"] - 1
 
 
+def test_new_sessions_copy_a_lane_sharing_their_prompt_start_instead_of_prefilling_it(
+    make_engine: EngineFactory, eog_ban: tuple[tuple[int, float], ...]
+) -> None:
+    """Many sessions with one system prompt arriving together: each lane gets the shared start
+    from the lane that has it (a KV copy), not from its own prefill — and the donor keeps its
+    session and KV."""
+    system = " ".join([PROMPT] * 6)  # comfortably more shared tokens than the copy threshold
+    h = make_engine(lanes=3, n_ctx=3 * 512)
+    h.engine.submit(
+        GenerateRequest(
+            "first", prompt=system, session="s-0", max_tokens=2, sampling=greedy(eog_ban)
+        )
+    )
+    h.recorder.wait_done(1)
+    for i in (1, 2):
+        h.engine.submit(
+            GenerateRequest(
+                f"new{i}",
+                prompt=f"{system} and then {i}",
+                session=f"s-{i}",
+                max_tokens=4,
+                sampling=greedy(eog_ban),
+            )
+        )
+    done = h.recorder.wait_done(3)
+    assert [m["outcome"] for m in done] == ["completed"] * 3
+    first = h.recorder.one("first", "gen_started")
+    for i in (1, 2):
+        started = h.recorder.one(f"new{i}", "gen_started")
+        assert started["lane"] != first["lane"]  # its own lane, with s-0's prompt copied in
+        assert started["reused_tokens"] >= first["prompt_tokens"] - 2, started
+        assert started["cache"] == "partial"
+    h.engine.submit(
+        GenerateRequest(
+            "again", prompt=system, session="s-0", max_tokens=2, sampling=greedy(eog_ban)
+        )
+    )
+    h.recorder.wait_done(4)
+    again = h.recorder.one("again", "gen_started")
+    assert again["lane"] == first["lane"] and again["cache"] == "hit"
+
+
 def test_drop_session_frees_its_kv(
     make_engine: EngineFactory, eog_ban: tuple[tuple[int, float], ...]
 ) -> None:

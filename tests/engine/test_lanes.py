@@ -116,6 +116,24 @@ def test_a_free_lane_is_picked_by_the_longest_shared_prefix_then_least_recently_
     assert unrelated is not None and unrelated.lane.seq == 0  # nothing shared: the oldest
 
 
+def test_a_donor_is_the_lane_sharing_the_longest_prefix_when_it_saves_enough() -> None:
+    table = LaneTable(4)
+    empty, short, long, pending = table.lanes
+    short.tokens = [1, 2, 3]
+    long.tokens = [1, 2, 3, 4, 5, 6, 7, 8]
+    long.request_id = "busy"  # a running request's KV may be copied too
+    pending.tokens = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    pending.copy_pending = True  # its own copy has not happened yet
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    assert table.donor(empty, prompt, keep=0, min_gain=4) is long
+    assert table.donor(empty, prompt, keep=0, min_gain=9) is None  # saves only 8
+    assert table.donor(short, prompt, keep=3, min_gain=5) is long  # 8 - 3 = 5 more
+    assert table.donor(short, prompt, keep=3, min_gain=6) is None
+    assert table.donor(long, prompt, keep=8, min_gain=1) is None  # nobody shares more
+    # Never the whole prompt: its last token is decoded again for its logits.
+    assert table.donor(empty, [1, 2, 3, 4, 5, 6, 7, 8], keep=0, min_gain=7) is long
+
+
 def test_dropping_a_session_unbinds_its_lane_and_unknown_sessions_are_ignored() -> None:
     table = LaneTable(1)
     lane = table.lanes[0]
