@@ -57,6 +57,10 @@ class ServerSpec:
     threads: int
     defaults: bool = False
     """skippy only: `load` without --lanes/--ctx (its defaults decide)."""
+    skippy_load_args: tuple[str, ...] = ()
+    """More `skippyctl load` arguments (e.g. `--stage HOST:PORT …`, benchmarks/stages.py)."""
+    llama_server_args: tuple[str, ...] = ()
+    """More `llama-server` arguments (e.g. `--rpc HOST:PORT,… -ngl 999`)."""
 
 
 def _children(pid: int) -> list[int]:
@@ -185,6 +189,7 @@ def start_skippy(spec: ServerSpec, directory: Path, env: dict[str, str] | None =
         if not spec.defaults:
             load += ["--lanes", str(spec.sessions)]
             load += ["--ctx", str(spec.sessions * spec.context_per_session)]
+        load += spec.skippy_load_args
         result = subprocess.run(
             load,
             cwd=REPO,
@@ -215,7 +220,7 @@ def start_llama_server(spec: ServerSpec, directory: Path) -> Server:
     command += ["-np", str(spec.sessions), "-c", str(spec.sessions * spec.context_per_session)]
     command += ["-t", threads, "-tb", threads, "-fa", "on", "--no-kv-unified"]
     command += ["--no-warmup", "--no-webui", "--seed", str(SEED)]
-    command += ["--host", "127.0.0.1", "--port", str(port)]
+    command += ["--host", "127.0.0.1", "--port", str(port), *spec.llama_server_args]
     log_path = directory / "llama-server.log"
     server = popen(LLAMA_SERVER, command, log_path)
     server.url = f"http://127.0.0.1:{port}"

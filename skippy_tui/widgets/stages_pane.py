@@ -1,11 +1,18 @@
-"""Pane 2, Stages: each model's topology and its stages, with state and link status.
+"""Pane 2, Stages: each model's topology and its stages: state, layers, memory, links.
 
-One heading row per model, `model ▸ topology` with the topology's state, then a row per stage.
-A model without a topology runs as one local stage: `model ▸ local` then "1 local stage", whose
-state follows the model's. A topology lists every stage the reducer knows for it, ordered by stage
-index, with its links as `↑x ↓y` (upstream, downstream: ✓ connected, ✗ lost, · not reported)
-and its state followed by its reason code when it has one. Topologies and stages the reducer
-knows without a model (yet) are listed too: nothing is hidden.
+One heading row per model, `model ▸ topology` with its state and its layer count (and under it
+the topology's reason, when it has one), then a row per stage. A model split across stages
+(`load --stage`/`--local-stages`) lists every stage the reducer knows for its topology, ordered
+by stage index: `#index stage-id`, its state followed by its reason code when it has one (not
+when it only restates the state: `unavailable`, not `unavailable · stage_unavailable`), its layer
+range (`0-5`, from its `stage_loading`), its memory (the plan's share of the weights / what the
+stage offered), its link figures (`rtt ±jitter`, when measured) and its links as `↑x ↓y`
+(upstream, downstream: ✓ connected, ✗ lost, · not reported). A stage that is lost (unavailable
+or failed) is marked `✗` and drawn in the error style across its row, so it shows at a glance
+even where the pane is too narrow for its state column. A model without a topology (one engine
+process) is listed as `model ▸ local` and one "1 local stage" row whose state follows the
+model's; a model with a topology never gets that row. Topologies and stages the reducer knows
+without a model (yet) are listed too: nothing is hidden.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from skippy_tui.store import DashboardSnapshot
 from skippy_tui.tables import Cells, KeyedRows
 from skippy_tui.widgets.pane import Pane
 from skippyctl.events.envelope import LogicalId
+from skippyctl.events.reasons import ReasonCode
 from skippyctl.reducer.state import (
     LOADING_MODEL_STATES,
     ModelState,
@@ -32,7 +40,9 @@ from skippyctl.reducer.state import (
     TopologyState,
 )
 
-COLUMNS: Final = ("Model ▸ topology / stage", "Links", "State")
+COLUMNS: Final = ("Model ▸ topology / stage", "State", "Layers", "Memory", "RTT ±jitter", "Links")
+LOST_STATES: Final = frozenset({StageState.UNAVAILABLE, StageState.FAILED})
+LOST_STYLE: Final = "bold red"
 
 LOCAL_STAGE_STATES: Final[dict[ModelState, StageState]] = {
     **dict.fromkeys(LOADING_MODEL_STATES, StageState.LOADING),
@@ -58,6 +68,55 @@ def _state(state: StageState | TopologyState, reason: str | None = None) -> Text
     return text
 
 
+def _layers(stage: StageView) -> str:
+    if stage.layer_start is None or stage.layer_count is None:
+        return fmt.DASH
+    if stage.layer_count == 1:
+        return str(stage.layer_start)
+    return f"{stage.layer_start}-{stage.layer_start + stage.layer_count - 1}"
+
+
+def _size(value: int | None) -> str:
+    """`fmt.size` in fewer characters: `284 KiB`, `23.5 GiB`."""
+    text = fmt.size(value)
+    number, _, unit = text.partition(" ")
+    if unit and "." in number and float(number) >= 10:
+        return f"{float(number):.0f} {unit}"
+    return text
+
+
+def _memory(planned: int | None, offered: int | None) -> str:
+    if planned is None and offered is None:
+        return fmt.DASH
+    if offered is None:
+        return _size(planned)
+    return f"{_size(planned)}/{_size(offered)}"
+
+
+def _link_figure(stage: StageView, name: str) -> float | None:
+    # The link figures (link_rtt_ms, link_jitter_ms) are StageView fields only in builds whose
+    # reducer measures links; read them when present so this pane renders either way.
+    value = getattr(stage, name, None)
+    return float(value) if isinstance(value, int | float) else None
+
+
+def _rtt(stage: StageView) -> str:
+    rtt = _link_figure(stage, "link_rtt_ms")
+    if rtt is None:
+        return fmt.DASH
+    jitter = _link_figure(stage, "link_jitter_ms")
+    return f"{rtt:.2f} ms" if jitter is None else f"{rtt:.2f} ±{jitter:.2f} ms"
+
+
+def _stage_reason(stage: StageView) -> str | None:
+    """The reason beside a stage's state, unless it only restates it (unavailable ·
+    stage_unavailable)."""
+    reason = stage.reason_code
+    if reason is None or (reason is ReasonCode.STAGE_UNAVAILABLE and stage.state in LOST_STATES):
+        return None
+    return reason.value
+
+
 def _stage_rows(stages: list[StageView]) -> Iterable[tuple[str, Cells]]:
     ordered = sorted(
         stages, key=lambda s: (s.stage_index if s.stage_index is not None else 1 << 30, s.stage_id)
@@ -65,16 +124,21 @@ def _stage_rows(stages: list[StageView]) -> Iterable[tuple[str, Cells]]:
     for position, stage in enumerate(ordered):
         branch = "└" if position == len(ordered) - 1 else "├"
         index = f"#{stage.stage_index} " if stage.stage_index is not None else ""
+        lost = stage.state in LOST_STATES
         links = Text("↑")
         links.append_text(fmt.link(stage.upstream_connected))
         links.append(" ↓")
         links.append_text(fmt.link(stage.downstream_connected))
+        style = LOST_STYLE if lost else ""
         yield (
             f"s:{stage.stage_id}",
             (
-                Text(f" {branch} {index}{stage.stage_id}"),
+                Text(f" {branch} {'✗ ' if lost else ''}{index}{stage.stage_id}", style=style),
+                _state(stage.state, _stage_reason(stage)),
+                Text(_layers(stage), style=style),
+                Text(_memory(stage.planned_bytes, stage.offered_bytes), style=style),
+                Text(_rtt(stage), style=style),
                 links,
-                _state(stage.state, stage.reason_code),
             ),
         )
 
@@ -99,27 +163,48 @@ def stage_rows(view: RuntimeView) -> list[tuple[str, Cells]]:
         if topology_id is None:
             state = local_stage_state(model)
             reason = model.reason_code.value if model.reason_code is not None else None
-            rows.append((f"m:{model_id}", (_heading(model_id, "local"), "", _state(state))))
-            rows.append((f"l:{model_id}", (Text(" └ 1 local stage"), "", _state(state, reason))))
+            rows.append((f"m:{model_id}", (_heading(model_id, "local"), _state(state), *_BLANK)))
+            rows.append(
+                (f"l:{model_id}", (Text(" └ 1 local stage"), _state(state, reason), *_BLANK))
+            )
             continue
-        topology = view.topologies.get(topology_id)
-        state_text = _state(topology.state if topology is not None else TopologyState.ASSEMBLING)
-        stages = by_topology.get(topology_id, [])
-        rows.append((f"m:{model_id}", (_heading(model_id, topology_id), "", state_text)))
-        rows.extend(_stage_rows(stages))
+        rows.append((f"m:{model_id}", _topology_heading(view, model_id, topology_id)))
+        rows.extend(_topology_reason(view, topology_id))
+        rows.extend(_stage_rows(by_topology.get(topology_id, [])))
         shown.add(topology_id)
     for topology_id in sorted(set(view.topologies) - shown):
         topology = view.topologies[topology_id]
-        stages = by_topology.get(topology_id, [])
         owner = str(topology.model_id) if topology.model_id is not None else "(no model)"
-        heading = _heading(owner, topology_id)
-        rows.append((f"t:{topology_id}", (heading, "", _state(topology.state))))
-        rows.extend(_stage_rows(stages))
+        rows.append((f"t:{topology_id}", _topology_heading(view, owner, topology_id)))
+        rows.extend(_topology_reason(view, topology_id))
+        rows.extend(_stage_rows(by_topology.get(topology_id, [])))
     orphans = by_topology.get(None, [])
     if orphans:
-        rows.append(("o:", (Text("(no topology)", style="grey50"), "", "")))
+        rows.append(("o:", (Text("(no topology)", style="grey50"), "", *_BLANK)))
         rows.extend(_stage_rows(orphans))
     return rows
+
+
+_BLANK: Final = ("", "", "", "")
+"""The cells a heading row leaves empty (layers, memory, rtt, links)."""
+
+
+def _topology_heading(view: RuntimeView, owner: str, topology_id: LogicalId) -> Cells:
+    topology = view.topologies.get(topology_id)
+    if topology is None:
+        return (_heading(owner, topology_id), _state(TopologyState.ASSEMBLING), *_BLANK)
+    layers = "" if topology.layers is None else f"{topology.layers} layers"
+    return (_heading(owner, topology_id), _state(topology.state), layers, "", "", "")
+
+
+def _topology_reason(view: RuntimeView, topology_id: LogicalId) -> list[tuple[str, Cells]]:
+    """A row under the heading with the topology's reason (beside its state it would widen the
+    state column past what the pane shows on a large terminal)."""
+    topology = view.topologies.get(topology_id)
+    if topology is None or topology.reason_code is None:
+        return []
+    reason = Text(f" ⚠ {topology.reason_code.value}", style="red")
+    return [(f"r:{topology_id}", (reason, "", *_BLANK))]
 
 
 class StagesPane(Pane):

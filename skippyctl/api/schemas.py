@@ -133,6 +133,12 @@ class LoadBody(_Body):
         default=None,
         description="Memory each local stage offers to the plan, in MiB (as `stage serve --mem`).",
     )
+    replan: bool = Field(
+        default=False,
+        description="When one of `stages` cannot be reached, plan onto the stages that remain "
+        "instead of failing (the lost one is still reported as `stage_unavailable`); the load "
+        "fails as without it when none remains.",
+    )
 
     @field_validator("model")
     @classmethod

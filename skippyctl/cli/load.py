@@ -104,6 +104,14 @@ def load_command(
             "default: what its device reports free).",
         ),
     ] = None,
+    replan: Annotated[
+        bool,
+        typer.Option(
+            "--replan",
+            help="When a --stage cannot be reached, plan onto the stages that remain instead "
+            "of failing (the lost one is still reported as stage_unavailable).",
+        ),
+    ] = False,
 ) -> None:
     """Load MODEL and stream its load events until it is available or has failed.
 
@@ -115,7 +123,7 @@ def load_command(
         skippyctl load fixtures/tiny.gguf --json | jq -r .event
     """
     stderr = Console(stderr=True)
-    stages = StageArgs(tuple(stage or ()), local_stages, mem)
+    stages = StageArgs(tuple(stage or ()), local_stages, mem, replan)
     problem = stages.problem()
     if problem is not None:
         stderr.print(f"[red]✗[/] {model}: {problem}", soft_wrap=True, highlight=False)
@@ -152,6 +160,7 @@ class StageArgs:
     endpoints: tuple[str, ...] = ()
     local_stages: int = 0
     mem_mib: int | None = None
+    replan: bool = False
 
     def problem(self) -> str | None:
         """Why the options are invalid (before any runtime is reached), or None."""
@@ -165,6 +174,8 @@ class StageArgs:
             return f"at most {MAX_STAGES} stages in all (GGML_RPC_MAX_SERVERS)"
         if self.mem_mib is not None and (self.local_stages == 0 or self.mem_mib < 1):
             return "--mem must be at least 1 MiB and needs --local-stages"
+        if self.replan and not self.endpoints:
+            return "--replan needs --stage"
         return None
 
 
@@ -197,6 +208,7 @@ def _embedded(
         stages=stages.endpoints,
         local_stages=stages.local_stages,
         local_stage_mem_mib=stages.mem_mib,
+        replan=stages.replan,
     )
     handle = host.load_model(request)
     if handle.already_available:  # cannot happen in a fresh host, kept for symmetry
@@ -255,6 +267,8 @@ def _attached(
         body["local_stages"] = stages.local_stages
     if stages.mem_mib is not None:
         body["local_stage_mem_mib"] = stages.mem_mib
+    if stages.replan:
+        body["replan"] = True
     try:
         client = connect()
     except RuntimeConfigurationError as error:

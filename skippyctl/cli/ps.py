@@ -11,8 +11,16 @@ from rich.table import Table
 
 from skippyctl.cli.events import attach_or_exit, emit_json, fail
 from skippyctl.cli.exit_codes import ExitCode
-from skippyctl.output.state_reader import ModelEntry, StateDocumentView, read_state_document
-from skippyctl.reducer.state import LOADING_MODEL_STATES, ModelState
+from skippyctl.events.reasons import ReasonCode
+from skippyctl.output.state_reader import (
+    EnumValue,
+    ModelEntry,
+    StageEntry,
+    StateDocumentView,
+    TopologyEntry,
+    read_state_document,
+)
+from skippyctl.reducer.state import LOADING_MODEL_STATES, ModelState, StageState, TopologyState
 
 _STATE_STYLES: Final[dict[ModelState, str]] = {
     ModelState.AVAILABLE: "green",
@@ -25,6 +33,22 @@ _STATE_STYLES: Final[dict[ModelState, str]] = {
     ModelState.UNAVAILABLE: "red",
     ModelState.CANCELLED: "dim",
     ModelState.UNLOADED: "dim",
+}
+
+
+_STAGE_STYLES: Final[dict[StageState | TopologyState, str]] = {
+    StageState.STARTING: "cyan",
+    StageState.LOADING: "cyan",
+    StageState.READY: "green",
+    StageState.DEGRADED: "yellow",
+    StageState.UNAVAILABLE: "bold red",
+    StageState.STOPPING: "magenta",
+    StageState.STOPPED: "dim",
+    StageState.FAILED: "bold red",
+    TopologyState.ASSEMBLING: "cyan",
+    TopologyState.READY: "green",
+    TopologyState.DEGRADED: "yellow",
+    TopologyState.UNAVAILABLE: "bold red",
 }
 
 
@@ -103,6 +127,73 @@ def models_table(state: StateDocumentView) -> Table:
     return table
 
 
+def _stage_state_cell(
+    state: EnumValue[StageState] | EnumValue[TopologyState],
+    reason: EnumValue[ReasonCode] | None,
+) -> str:
+    style = "default" if state.member is None else _STAGE_STYLES[state.member]
+    text = f"[{style}]{escape(state.text)}[/]"
+    if reason is not None and reason.text:
+        text += f" [dim]({escape(reason.text)})[/]"
+    return text
+
+
+def _layers_cell(stage: StageEntry) -> str:
+    layers = stage.layers
+    if layers is None:
+        return "-"
+    if len(layers) == 1:
+        return str(layers.start)
+    return f"{layers.start}-{layers.stop - 1}"
+
+
+def _stage_memory_cell(stage: StageEntry) -> str:
+    """The plan's share of the weights / what the stage offered."""
+    if stage.planned_bytes is None and stage.offered_bytes is None:
+        return "-"
+    return f"{_bytes(stage.planned_bytes)} / {_bytes(stage.offered_bytes)}"
+
+
+def _rtt_cell(stage: StageEntry) -> str:
+    if stage.link_rtt_ms is None:
+        return "-"
+    if stage.link_jitter_ms is None:
+        return f"{stage.link_rtt_ms:.2f} ms"
+    return f"{stage.link_rtt_ms:.2f} ±{stage.link_jitter_ms:.2f} ms"
+
+
+def topology_heading(model: ModelEntry, topology: TopologyEntry) -> str:
+    parts = [f"{len(topology.stages)} stage(s)"]
+    if topology.layers is not None:
+        parts.append(f"{topology.layers} layers")
+    return (
+        f"[bold]{escape(model.model_id)}[/] ▸ {escape(topology.topology_id)} "
+        f"{_stage_state_cell(topology.state, topology.reason_code)} · {' · '.join(parts)}"
+    )
+
+
+def stages_table(topology: TopologyEntry) -> Table:
+    """One row per stage: id, layer range, memory, state (and reason), link RTT ±jitter."""
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    table.add_column("  stage", no_wrap=True)
+    table.add_column("layers", no_wrap=True)
+    table.add_column("plan / offered", no_wrap=True)
+    table.add_column("state")
+    table.add_column("rtt ±jitter")
+    for stage in topology.stages:
+        index = "?" if stage.stage_index is None else str(stage.stage_index)
+        lost = stage.state.member in (StageState.UNAVAILABLE, StageState.FAILED)
+        name = f"#{index} {escape(stage.stage_id)}"
+        table.add_row(
+            f"  [bold red]✗ {name}[/]" if lost else f"  {name}",
+            _layers_cell(stage),
+            _stage_memory_cell(stage),
+            _stage_state_cell(stage.state, stage.reason_code),
+            _rtt_cell(stage),
+        )
+    return table
+
+
 def health_line(state: StateDocumentView) -> str:
     system = state.event_system
     dropped = (
@@ -134,7 +225,9 @@ def ps_command(
     """Show the runtime's models, node state and event-system health.
 
     Per model: state (with load %), device, memory, context, lanes in use, queue, sessions and
-    decode rate.
+    decode rate. A model split across stages (`load --stage`/`--local-stages`) also gets its
+    topology: per stage its id, layer range, memory (the plan's share / what the stage offered),
+    state (with its reason) and link RTT/jitter when measured.
 
     `--json` prints the state document (GET /api/runtime/state, schema_version 1) as one line.
     Starts a runtime when none runs. Exit 0; 3 when no runtime answers.
@@ -163,6 +256,11 @@ def ps_command(
     )
     if state.models:
         out.print(models_table(state))
+        for model in state.models:
+            topology = state.topology_of(model)
+            if topology is not None:
+                out.print(topology_heading(model, topology))
+                out.print(stages_table(topology))
     else:
         out.print("[dim]no models loaded (skippyctl load FILE.gguf)[/]")
     out.print(health_line(state))

@@ -15,8 +15,11 @@ from skippyctl.reducer.state import (
     ModelView,
     RequestView,
     RuntimeView,
+    StageView,
+    TopologyView,
     lanes_in_use,
     queue_depth,
+    topology_stages,
 )
 
 STATE_SCHEMA_VERSION: Final = 1
@@ -70,6 +73,40 @@ def model_document(state: RuntimeView, view: ModelView) -> dict[str, Any]:
     )
 
 
+def _topology(state: RuntimeView, view: TopologyView) -> dict[str, Any]:
+    return _clean(
+        {
+            "topology_id": str(view.topology_id),
+            "state": view.state.value,
+            "model_id": None if view.model_id is None else str(view.model_id),
+            "reason_code": None if view.reason_code is None else view.reason_code.value,
+            "stages": view.stages,
+            "layers": view.layers,
+            "planned_bytes": view.planned_bytes,
+            "offered_bytes": view.offered_bytes,
+            "stage_ids": [str(s.stage_id) for s in topology_stages(state, view.topology_id)],
+        }
+    )
+
+
+def _stage(view: StageView) -> dict[str, Any]:
+    return _clean(
+        {
+            "stage_id": str(view.stage_id),
+            "state": view.state.value,
+            "topology_id": None if view.topology_id is None else str(view.topology_id),
+            "stage_index": view.stage_index,
+            "upstream_connected": view.upstream_connected,
+            "downstream_connected": view.downstream_connected,
+            "reason_code": None if view.reason_code is None else view.reason_code.value,
+            "layer_start": view.layer_start,
+            "layer_count": view.layer_count,
+            "planned_bytes": view.planned_bytes,
+            "offered_bytes": view.offered_bytes,
+        }
+    )
+
+
 def _request(view: RequestView) -> dict[str, Any]:
     return _clean(
         {
@@ -100,29 +137,8 @@ def state_document(
         "native_mode": state.native_mode.value,
         "node": state.node.value,
         "models": [model_document(state, m) for m in state.models.values()],
-        "topologies": [
-            _clean(
-                {
-                    "topology_id": str(t.topology_id),
-                    "state": t.state.value,
-                    "model_id": None if t.model_id is None else str(t.model_id),
-                }
-            )
-            for t in state.topologies.values()
-        ],
-        "stages": [
-            _clean(
-                {
-                    "stage_id": str(s.stage_id),
-                    "state": s.state.value,
-                    "topology_id": None if s.topology_id is None else str(s.topology_id),
-                    "stage_index": s.stage_index,
-                    "upstream_connected": s.upstream_connected,
-                    "downstream_connected": s.downstream_connected,
-                }
-            )
-            for s in state.stages.values()
-        ],
+        "topologies": [_topology(state, t) for t in state.topologies.values()],
+        "stages": [_stage(s) for s in state.stages.values()],
         "sessions": [
             _clean(
                 {

@@ -29,6 +29,8 @@ from skippyctl.reducer.state import (
     NodeState,
     RuntimeState,
     SessionState,
+    StageState,
+    TopologyState,
 )
 
 E = TypeVar("E", bound=StrEnum)
@@ -70,6 +72,11 @@ def _text(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def _float(value: object) -> float | None:
+    number = _number(value)
+    return None if number is None else float(number)
+
+
 def _entries(document: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
     value = document.get(key)
     if not isinstance(value, list):
@@ -86,6 +93,8 @@ class ModelEntry:
     reason_code: EnumValue[ReasonCode] | None = None
     progress: Progress | None = None
     device_id: str | None = None
+    topology_id: str | None = None
+    """The topology serving the model (a split load), if any."""
     model_size_bytes: int | None = None
     context_tokens: int | None = None
     lanes: int | None = None
@@ -103,6 +112,42 @@ class SessionEntry:
 
 
 @dataclass(frozen=True, slots=True)
+class StageEntry:
+    """One stage: its place in its topology, its share of the plan, its state and link figures
+    (``link_*``: absent in documents of runtimes that do not measure links)."""
+
+    stage_id: str
+    state: EnumValue[StageState]
+    topology_id: str | None = None
+    stage_index: int | None = None
+    reason_code: EnumValue[ReasonCode] | None = None
+    layer_start: int | None = None
+    layer_count: int | None = None
+    planned_bytes: int | None = None
+    offered_bytes: int | None = None
+    link_rtt_ms: float | None = None
+    link_p95_ms: float | None = None
+    link_jitter_ms: float | None = None
+
+    @property
+    def layers(self) -> range | None:
+        if self.layer_start is None or self.layer_count is None:
+            return None
+        return range(self.layer_start, self.layer_start + self.layer_count)
+
+
+@dataclass(frozen=True, slots=True)
+class TopologyEntry:
+    topology_id: str
+    state: EnumValue[TopologyState]
+    model_id: str | None = None
+    reason_code: EnumValue[ReasonCode] | None = None
+    layers: int | None = None
+    stages: tuple[StageEntry, ...] = ()
+    """Its stages in the document, by stage index."""
+
+
+@dataclass(frozen=True, slots=True)
 class StateDocumentView:
     """The typed reading of one state document."""
 
@@ -111,12 +156,19 @@ class StateDocumentView:
     native_mode: EnumValue[NativeMode] = field(default_factory=lambda: EnumValue(ABSENT, None))
     models: tuple[ModelEntry, ...] = ()
     sessions: tuple[SessionEntry, ...] = ()
+    topologies: tuple[TopologyEntry, ...] = ()
     event_system: EventSystemView = field(default_factory=EventSystemView)
     subscribers_lagging: int | None = None
     """From the document's `health` (the API's live counter), when it carries one."""
 
     def model(self, model_id: str) -> ModelEntry | None:
         return next((m for m in self.models if m.model_id == model_id), None)
+
+    def topology_of(self, model: ModelEntry) -> TopologyEntry | None:
+        """The topology serving ``model`` (a split load), when the document lists it."""
+        if model.topology_id is None:
+            return None
+        return next((t for t in self.topologies if t.topology_id == model.topology_id), None)
 
 
 def _progress(value: object) -> Progress | None:
@@ -141,6 +193,7 @@ def _model(entry: Mapping[str, Any]) -> ModelEntry | None:
         reason_code=_optional_enum(ReasonCode, entry.get("reason_code")),
         progress=_progress(entry.get("progress")),
         device_id=_text(entry.get("device_id")),
+        topology_id=_text(entry.get("topology_id")),
         model_size_bytes=_int(entry.get("model_size_bytes")),
         context_tokens=_int(entry.get("context_tokens")),
         lanes=_int(entry.get("lanes")),
@@ -160,6 +213,47 @@ def _session(entry: Mapping[str, Any]) -> SessionEntry | None:
         state=_enum(SessionState, entry.get("state")),
         model_id=_text(entry.get("model_id")),
     )
+
+
+def _stage(entry: Mapping[str, Any]) -> StageEntry | None:
+    stage_id = _text(entry.get("stage_id"))
+    if stage_id is None:
+        return None
+    return StageEntry(
+        stage_id=stage_id,
+        state=_enum(StageState, entry.get("state")),
+        topology_id=_text(entry.get("topology_id")),
+        stage_index=_int(entry.get("stage_index")),
+        reason_code=_optional_enum(ReasonCode, entry.get("reason_code")),
+        layer_start=_int(entry.get("layer_start")),
+        layer_count=_int(entry.get("layer_count")),
+        planned_bytes=_int(entry.get("planned_bytes")),
+        offered_bytes=_int(entry.get("offered_bytes")),
+        link_rtt_ms=_float(entry.get("link_rtt_ms")),
+        link_p95_ms=_float(entry.get("link_p95_ms")),
+        link_jitter_ms=_float(entry.get("link_jitter_ms")),
+    )
+
+
+def _topologies(document: Mapping[str, Any]) -> tuple[TopologyEntry, ...]:
+    stages = [s for e in _entries(document, "stages") if (s := _stage(e)) is not None]
+    stages.sort(key=lambda s: (s.stage_index if s.stage_index is not None else 1 << 30, s.stage_id))
+    out = []
+    for entry in _entries(document, "topologies"):
+        topology_id = _text(entry.get("topology_id"))
+        if topology_id is None:
+            continue
+        out.append(
+            TopologyEntry(
+                topology_id=topology_id,
+                state=_enum(TopologyState, entry.get("state")),
+                model_id=_text(entry.get("model_id")),
+                reason_code=_optional_enum(ReasonCode, entry.get("reason_code")),
+                layers=_int(entry.get("layers")),
+                stages=tuple(s for s in stages if s.topology_id == topology_id),
+            )
+        )
+    return tuple(out)
 
 
 def _event_system(value: object) -> EventSystemView:
@@ -186,6 +280,7 @@ def read_state_document(document: Mapping[str, Any]) -> StateDocumentView:
         native_mode=_enum(NativeMode, document.get("native_mode")),
         models=tuple(m for e in _entries(document, "models") if (m := _model(e)) is not None),
         sessions=tuple(s for e in _entries(document, "sessions") if (s := _session(e)) is not None),
+        topologies=_topologies(document),
         event_system=_event_system(document.get("event_system")),
         subscribers_lagging=_int(health.get("subscribers_lagging"))
         if isinstance(health, dict)

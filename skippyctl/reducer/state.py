@@ -159,6 +159,13 @@ class StageView:
     upstream_connected: bool | None = None
     downstream_connected: bool | None = None
     reason_code: ReasonCode | None = None
+    layer_start: int | None = None
+    """First of the model's layers planned onto this stage (its ``stage_loading``)."""
+    layer_count: int | None = None
+    planned_bytes: int | None = None
+    """The plan's estimate of this stage's share of the weights."""
+    offered_bytes: int | None = None
+    """Memory the stage offered the plan (its ``--mem``, else its device's free memory)."""
     updated_mono_ns: int = 0
 
 
@@ -167,6 +174,12 @@ class TopologyView:
     topology_id: LogicalId
     state: TopologyState
     model_id: LogicalId | None = None
+    stages: int | None = None
+    """How many stages the plan uses (``topology_assembling``)."""
+    layers: int | None = None
+    planned_bytes: int | None = None
+    offered_bytes: int | None = None
+    reason_code: ReasonCode | None = None
     updated_mono_ns: int = 0
 
 
@@ -288,6 +301,16 @@ def lanes_in_use(state: RuntimeView, model_id: LogicalId) -> int:
         for r in state.requests.values()
         if r.model_id == model_id
         and r.state in (RequestState.ADMITTED, RequestState.PREFILL, RequestState.DECODE)
+    )
+
+
+def topology_stages(state: RuntimeView, topology_id: LogicalId) -> tuple[StageView, ...]:
+    """The stages the reducer knows in ``topology_id``, by stage index (then id)."""
+    return tuple(
+        sorted(
+            (s for s in state.stages.values() if s.topology_id == topology_id),
+            key=lambda s: (s.stage_index if s.stage_index is not None else 1 << 30, s.stage_id),
+        )
     )
 
 

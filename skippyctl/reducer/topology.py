@@ -3,6 +3,10 @@
 The allowed moves are the rows of `STAGE_MOVES` and `TOPOLOGY_MOVES` (reducer.moves); the
 handlers look each event up there and make the field updates. A repeat of a stage's or
 topology's state is a counted duplicate; a link event that does not change its flag is one too.
+Besides its state, a stage keeps its share of the plan (``layer_start``, ``layer_count``,
+``planned_bytes``, ``offered_bytes``: the summaries of its ``stage_loading``; cleared when the
+stage shows up in another topology) and its last reason; a topology keeps its plan (``stages``,
+``layers``, ``planned_bytes``, ``offered_bytes`` of ``topology_assembling``) and its last reason.
 A topology's new state is then projected onto the models it serves by
 models.on_topology_changed (the `topology_*` rows of models.MOVES).
 
@@ -40,7 +44,7 @@ from __future__ import annotations
 from typing import Final
 
 from skippyctl.events.catalog import EventId
-from skippyctl.events.envelope import Event
+from skippyctl.events.envelope import Event, SummaryKey
 from skippyctl.reducer.common import NO_TRANSITIONS, Handler, Step, bounded_put, count, reject
 from skippyctl.reducer.immutable import evolve
 from skippyctl.reducer.models import on_topology_changed
@@ -112,6 +116,24 @@ _LINKS: Final[dict[EventId, tuple[str, bool]]] = {
 }
 
 
+_SHARE_KEYS: Final = (
+    ("layer_start", SummaryKey.LAYER_START),
+    ("layer_count", SummaryKey.LAYER_COUNT),
+    ("planned_bytes", SummaryKey.PLANNED_BYTES),
+    ("offered_bytes", SummaryKey.OFFERED_BYTES),
+)
+"""A stage's share of the plan: its ``stage_loading`` summaries (``stage_ready`` restates the
+layers); a summary an event does not carry keeps the value known."""
+
+
+def _share(event: Event, view: StageView) -> dict[str, int | None]:
+    out: dict[str, int | None] = {}
+    for field_name, key in _SHARE_KEYS:
+        value = event.summary_value(key)
+        out[field_name] = getattr(view, field_name) if value is None else int(value)
+    return out
+
+
 def _store_stage(state: RuntimeView, view: StageView) -> RuntimeView | None:
     placed = bounded_put(
         state.stages,
@@ -138,15 +160,22 @@ def on_stage(state: RuntimeView, event: Event) -> Step:
         return reject(state, duplicate=STAGE_MOVES.repeats(event.id, now))
     target = row.target
     view = current or StageView(stage_id=stage_id, state=target)
+    topology_id = event.scope.topology_id
+    if topology_id is not None and view.topology_id not in (None, topology_id):
+        # The same stage in another topology (a reload): the old plan's share is not its own.
+        view = evolve(
+            view, layer_start=None, layer_count=None, planned_bytes=None, offered_bytes=None
+        )
     view = evolve(
         view,
         state=target,
-        topology_id=event.scope.topology_id or view.topology_id,
+        topology_id=topology_id or view.topology_id,
         stage_index=event.scope.stage_index
         if event.scope.stage_index is not None
         else view.stage_index,
         reason_code=event.reason_code,
         updated_mono_ns=event.mono_ns,
+        **_share(event, view),
     )
     stored = _store_stage(state, view)
     return reject(state) if stored is None else (stored, NO_TRANSITIONS)
@@ -176,6 +205,15 @@ def on_link(state: RuntimeView, event: Event) -> Step:
     return reject(state) if stored is None else (stored, NO_TRANSITIONS)
 
 
+_PLAN_KEYS: Final = (
+    ("stages", SummaryKey.STAGES),
+    ("layers", SummaryKey.LAYERS),
+    ("planned_bytes", SummaryKey.PLANNED_BYTES),
+    ("offered_bytes", SummaryKey.OFFERED_BYTES),
+)
+"""A topology's plan: its ``topology_assembling`` summaries."""
+
+
 def on_topology(state: RuntimeView, event: Event) -> Step:
     topology_id = event.scope.topology_id
     if topology_id is None:
@@ -186,11 +224,19 @@ def on_topology(state: RuntimeView, event: Event) -> Step:
     if row is None or isinstance(row.target, Effect):
         return reject(state, duplicate=TOPOLOGY_MOVES.repeats(event.id, now))
     target = row.target
-    view = TopologyView(
-        topology_id=topology_id,
+    view = current or TopologyView(topology_id=topology_id, state=target)
+    plan: dict[str, int | None] = {}
+    if event.id is EventId.TOPOLOGY_ASSEMBLING:  # a new plan: what an older one said is gone
+        for field_name, key in _PLAN_KEYS:
+            value = event.summary_value(key)
+            plan[field_name] = None if value is None else int(value)
+    view = evolve(
+        view,
         state=target,
-        model_id=event.scope.model_id or (current.model_id if current else None),
+        model_id=event.scope.model_id or view.model_id,
+        reason_code=event.reason_code,
         updated_mono_ns=event.mono_ns,
+        **plan,
     )
     placed = bounded_put(
         state.topologies,

@@ -72,6 +72,9 @@ class LoadRequest:
     """Stage workers this host starts for the model (after ``stages``), owned by it."""
     local_stage_mem_mib: int | None = None
     """Memory each local stage offers (``stage serve --mem``); None: what its device reports."""
+    replan: bool = False
+    """A listed stage that cannot be reached is left out of the plan instead of failing the
+    load (runtime/topology.py)."""
 
     @property
     def split(self) -> bool:
@@ -148,6 +151,8 @@ def validate_stages(request: LoadRequest) -> str | None:
             return "--mem must be at least 1 MiB"
     if request.split and request.gpu_layers != 0:
         return "--gpu-layers does not apply to a split load (every layer goes to the stages)"
+    if request.replan and not request.stages:
+        return "--replan needs --stage"
     return None
 
 
@@ -245,6 +250,7 @@ class RuntimeHost:
                 parse_endpoints(request.stages),
                 request.local_stages,
                 request.local_stage_mem_mib,
+                replan=request.replan,
             )
         )
         try:

@@ -26,6 +26,13 @@ built by the host before any engine exists. Contract:
   ``topology_ready`` when its serving context exists. A failure: ``stage_unavailable`` for
   each stage at fault, then ``topology_unavailable`` with the reason. While the load is under
   way every event also carries the load's operation id.
+- ``replan`` (``load --replan``): a listed stage that cannot be reached (``StageUnreachable``;
+  an incompatible one still refuses the load) gets its ``stage_unavailable`` as above, then is
+  left out: the plan is made over the stages that remain, and ``topology_assembling`` and the
+  ``stage_loading`` events describe that plan (``stages`` counts the remaining ones). A stage's
+  ``stage_index`` is always its position in the load's list (the ``--stage`` endpoints, then the
+  local stages), so a left-out stage keeps its own and the remaining ones keep theirs. When no
+  stage remains the load is refused with ``stage_unavailable`` as without ``replan``.
 - ``engine_crashed`` (the engine's reader thread, after the engine died unasked): the
   connections are free again, so every stage is probed; each that does not answer (or a local
   stage whose worker ended) gets ``stage_unavailable``, and ``topology_unavailable`` follows
@@ -164,6 +171,8 @@ class _LocalStage:
 class _Stage:
     endpoint: stage_plan.Endpoint
     stage_id: LogicalId
+    index: int
+    """Its position in the load's list: the ``stage_index`` of its events."""
     local: _LocalStage | None = None
     share: stage_plan.StageShare | None = None
 
@@ -181,6 +190,8 @@ class Topology:
         local_stages: int = 0,
         local_stage_mem_mib: int | None = None,
         probe_timeout_s: float = PROBE_TIMEOUT_S,
+        *,
+        replan: bool = False,
     ) -> None:
         self.topology_id = topology_id
         self.model_id = model_id
@@ -190,7 +201,10 @@ class Topology:
         self._local_count = local_stages
         self._local_mem_mib = local_stage_mem_mib
         self._probe_timeout_s = probe_timeout_s
+        self._replan = replan
         self._stages: list[_Stage] = []
+        """The stages of the plan (all listed ones, less those ``replan`` left out)."""
+        self._left_out: list[_Stage] = []
         self._lock = threading.Lock()
         self._loading = True
         self._ended = False
@@ -208,7 +222,7 @@ class Topology:
             scope = Scope(
                 topology_id=self.topology_id,
                 stage_id=stage.stage_id,
-                stage_index=self._stages.index(stage),
+                stage_index=stage.index,
             )
         else:
             scope = Scope(model_id=self.model_id, topology_id=self.topology_id)
@@ -236,8 +250,9 @@ class Topology:
     # -- assembly -------------------------------------------------------------------------------
     def assemble(self, path: Path) -> Assembled:
         """Local stages started, every stage probed, the layers planned (module docstring)."""
-        for endpoint in self._endpoints:
-            self._stages.append(_Stage(endpoint, ports.stage_id_for(endpoint.host, endpoint.port)))
+        for index, endpoint in enumerate(self._endpoints):
+            stage_id = ports.stage_id_for(endpoint.host, endpoint.port)
+            self._stages.append(_Stage(endpoint, stage_id, index))
         self._start_local_stages()
         probes = self._probe_all()
         failed = [
@@ -252,12 +267,19 @@ class Topology:
             self._emit(
                 EventId.STAGE_UNAVAILABLE, stage, outcome=Outcome.FAILURE, reason_code=reason
             )
+        replannable = not any(isinstance(e, StageIncompatible) for _, e in failed)
+        if failed and self._replan and replannable and len(failed) < len(self._stages):
+            # Plan onto the stages that remain (module docstring, ``replan``).
+            lost = {id(s) for s, _ in failed}
+            self._left_out = [s for s in self._stages if id(s) in lost]
+            kept = [(s, p) for s, p in zip(self._stages, probes, strict=True) if id(s) not in lost]
+            self._stages = [s for s, _ in kept]
+            probes = [p for _, p in kept]
+            failed = []
         if failed:
             incompatible = [e for _, e in failed if isinstance(e, StageIncompatible)]
             index, error = next(
-                (self._stages.index(s), e)
-                for s, e in failed
-                if not incompatible or e in incompatible
+                (s.index, e) for s, e in failed if not incompatible or e in incompatible
             )
             reason = (
                 ReasonCode.INCOMPATIBLE_ABI_OR_FEATURE_SET
@@ -342,7 +364,7 @@ class Topology:
             )
             # The id is known once the port is reserved; a placeholder until then.
             self._stages.append(
-                _Stage(stage_plan.Endpoint(LOCAL_HOST, 0), LogicalId("stage"), local)
+                _Stage(stage_plan.Endpoint(LOCAL_HOST, 0), LogicalId("stage"), index, local)
             )
             local.thread.start()
             started.append(local)
@@ -438,7 +460,7 @@ class Topology:
                 return
             self._closed = True
         self._loading = False
-        for stage in self._stages:
+        for stage in [*self._stages, *self._left_out]:
             if stage.local is not None:
                 stage.local.close()
         self._end(None, outcome=None)

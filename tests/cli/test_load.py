@@ -305,6 +305,7 @@ def test_core_packages_do_not_import_rich_or_typer() -> None:
         ["--stage", "127.0.0.1:5", "--stage", "127.0.0.1:5"],
         ["--local-stages", "17"],
         ["--mem", "64"],
+        ["--replan"],
     ],
 )
 def test_bad_stage_options_exit_10_before_any_runtime(fixture_dir: Path, args: list[str]) -> None:

@@ -43,3 +43,44 @@ def test_ps_json_is_one_state_document_and_status_is_the_same(fixture_dir: Path)
     assert table.code == 0, table.stderr
     assert "tiny" in table.stdout and "available" in table.stdout
     assert "node" in table.stdout and "dropped" in table.stdout
+
+
+def test_ps_shows_a_split_models_topology_in_its_table_and_its_json(fixture_dir: Path) -> None:
+    """A real split load over 2 local stages (daemon-backed), then `ps` and `ps --json`."""
+    loaded = run_cli("load", str(fixture_dir / "tiny.gguf"), "--lanes", "1", "--local-stages", "2")
+    assert loaded.code == 0, loaded.stderr
+    (document,) = run_cli("ps", "--json").records()
+    (model,) = document["models"]
+    topology_id = model["topology_id"]
+    (topology,) = [t for t in document["topologies"] if t["topology_id"] == topology_id]
+    assert topology["state"] == "ready" and topology["model_id"] == "tiny"
+    assert (topology["stages"], topology["layers"]) == (2, 2)
+    stages = sorted(
+        (s for s in document["stages"] if s["topology_id"] == topology_id),
+        key=lambda s: s["stage_index"],
+    )
+    assert topology["stage_ids"] == [s["stage_id"] for s in stages]
+    assert [(s["stage_index"], s["layer_start"], s["layer_count"]) for s in stages] == [
+        (0, 0, 1),
+        (1, 1, 1),
+    ]
+    for stage in stages:
+        assert stage["state"] == "ready"
+        assert stage["planned_bytes"] > 0 and stage["offered_bytes"] >= stage["planned_bytes"]
+        assert stage["stage_id"].startswith("stage-")
+    assert "127.0.0.1" not in str(document) and str(fixture_dir) not in str(document)
+
+    table = run_cli("ps")
+    assert table.code == 0, table.stderr
+    out = table.stdout
+    assert f"tiny ▸ {topology_id} ready · 2 stage(s) · 2 layers" in out
+    for stage in stages:
+        (line,) = [row for row in out.splitlines() if stage["stage_id"] in row]
+        cells = line.split()
+        assert cells[:3] == [
+            f"#{stage['stage_index']}",
+            stage["stage_id"],
+            str(stage["layer_start"]),
+        ]
+        assert " / " in line and "ready" in line and line.rstrip().endswith("-")  # no rtt yet
+    assert "127.0.0.1" not in out.split("\n", 1)[1]  # the first line is the runtime's own URL

@@ -359,3 +359,44 @@ def test_a_stage_killed_mid_generation_is_reported_and_the_load_works_again(
         finally:
             stage_two.cleanup()
     assert alive(os.getpid())
+
+
+def test_replan_leaves_an_unreachable_stage_out_and_serves_on_the_stage_that_remains(
+    runtime: Runtime, fixture_dir: Path, reference: str
+) -> None:
+    dead = f"127.0.0.1:{free_port()}"  # nothing listens there
+    with stage_process("--port", "0", "--threads", "1", "--json") as one:
+        stages = (dead, _endpoint(one))
+        terminal, problem = runtime.load(
+            fixture_dir / "tiny.gguf", lanes=1, stages=stages, replan=True
+        )
+        assert terminal.id is EventId.MODEL_AVAILABLE, (problem, runtime.ids())
+        text, finished = runtime.generate("tiny", **GREEDY)
+        assert finished.outcome == "completed" and text == reference
+        topology = [e for e in runtime.drain() if e.category is Category.STAGE_TOPOLOGY]
+        lost = [e for e in topology if e.id is EventId.STAGE_UNAVAILABLE]
+        assert [(e.scope.stage_index, e.reason_code) for e in lost] == [
+            (0, ReasonCode.STAGE_UNAVAILABLE)
+        ]
+        assembling = next(e for e in topology if e.id is EventId.TOPOLOGY_ASSEMBLING)
+        assert assembling.summary_value(SummaryKey.STAGES) == 1  # the plan that remains
+        loading = [e for e in topology if e.id is EventId.STAGE_LOADING]
+        assert [e.scope.stage_index for e in loading] == [1]  # its place in the list
+        assert loading[0].scope.stage_id != lost[0].scope.stage_id
+        assert [e.summary_value(SummaryKey.LAYER_COUNT) for e in loading] == [2]
+        assert [e.id for e in topology][-1] is EventId.TOPOLOGY_READY
+        assert EventId.TOPOLOGY_UNAVAILABLE not in [e.id for e in topology]
+        state = runtime.host.pipeline.state
+        assert state.stages[lost[0].scope.stage_id].state.value == "unavailable"  # type: ignore[index]  # checked above
+        assert state.stages[loading[0].scope.stage_id].layer_count == 2  # type: ignore[index]  # checked above
+
+
+def test_replan_with_no_stage_left_fails_as_without_it(runtime: Runtime, fixture_dir: Path) -> None:
+    dead = (f"127.0.0.1:{free_port()}",)
+    terminal, problem = runtime.load(fixture_dir / "tiny.gguf", stages=dead, replan=True)
+    assert terminal.id is EventId.MODEL_LOAD_FAILED
+    assert terminal.reason_code is ReasonCode.STAGE_UNAVAILABLE
+    assert problem is not None and "stage 1" in problem
+    ids = runtime.ids()
+    assert EventId.STAGE_UNAVAILABLE in ids and EventId.TOPOLOGY_UNAVAILABLE in ids
+    assert runtime.host.engine_pids() == {}

@@ -7,16 +7,23 @@ review the SVGs under `tests/tui/__snapshots__/`.
 
 from __future__ import annotations
 
+import asyncio
+import math
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from skippy_tui import demo
+from skippy_tui.app import SkippyDashboard
 from skippy_tui.screens.help import HelpScreen
+from skippy_tui.sources import ReplaySource
 from skippyctl.events.envelope import Event
 
-from .conftest import dashboard, settle
+from .conftest import SETTLE_TIMEOUT_S, dashboard, settle
+
+DATA = Path(__file__).parent / "data"
 
 SnapCompare = Callable[..., bool]
 
@@ -90,3 +97,22 @@ def test_events_filtered_by_model(snap_compare: SnapCompare) -> None:
         await pilot.press("slash", *"model:broken", "enter")
 
     assert snap_compare(app, terminal_size=(120, 40), run_before=filter_broken)
+
+
+@pytest.mark.parametrize(("size", "press"), [((120, 40), []), ((80, 24), ["2"])])
+def test_a_recorded_split_load_with_a_lost_stage(
+    snap_compare: SnapCompare, size: tuple[int, int], press: list[str]
+) -> None:
+    """`split-2-lost.ndjson`: the events of a real split load of tiny.gguf over two `stage serve`
+    workers, then a request during which stage #1's worker was killed (SIGKILL): the Stages pane
+    shows the topology's two stages with their layers and memory, stage #1 lost in the error
+    style, and no "local stage" row."""
+    source = ReplaySource(DATA / "split-2-lost.ndjson", speed=math.inf)
+    app = SkippyDashboard(source, title="skippy")
+
+    async def replayed(pilot: Any) -> None:
+        assert await asyncio.to_thread(source.done.wait, SETTLE_TIMEOUT_S)
+        app.poll()
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=size, run_before=replayed, press=press)
