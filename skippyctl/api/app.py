@@ -261,6 +261,7 @@ def create_app(ctx: ApiContext, on_ready: Callable[[], None] | None = None) -> F
             stages=tuple(body.stages or ()),
             local_stages=body.local_stages or 0,
             local_stage_mem_mib=body.local_stage_mem_mib,
+            stage_link_p95_ms=body.stage_link_p95_ms,
         )
         handle = await asyncio.to_thread(ctx.scheduler.load, load_request, body.max_queue)
         return JsonResponse(

@@ -133,6 +133,13 @@ class LoadBody(_Body):
         default=None,
         description="Memory each local stage offers to the plan, in MiB (as `stage serve --mem`).",
     )
+    stage_link_p95_ms: float | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_DURATION_S * 1000.0,
+        description="A split load's stage whose link p95 round trip exceeds this many ms is "
+        "`stage_degraded` (ready again below 0.8 x it); absent: 50.",
+    )
 
     @field_validator("model")
     @classmethod

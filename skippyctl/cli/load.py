@@ -104,6 +104,16 @@ def load_command(
             "default: what its device reports free).",
         ),
     ] = None,
+    stage_link_p95_ms: Annotated[
+        float | None,
+        typer.Option(
+            "--stage-link-p95-ms",
+            show_default=False,
+            help="A stage whose link p95 round trip (measured by the engine about once a "
+            "second) goes above this many ms is stage_degraded; ready again below 0.8 x it. "
+            "Default: 50.",
+        ),
+    ] = None,
 ) -> None:
     """Load MODEL and stream its load events until it is available or has failed.
 
@@ -115,7 +125,7 @@ def load_command(
         skippyctl load fixtures/tiny.gguf --json | jq -r .event
     """
     stderr = Console(stderr=True)
-    stages = StageArgs(tuple(stage or ()), local_stages, mem)
+    stages = StageArgs(tuple(stage or ()), local_stages, mem, stage_link_p95_ms)
     problem = stages.problem()
     if problem is not None:
         stderr.print(f"[red]✗[/] {model}: {problem}", soft_wrap=True, highlight=False)
@@ -152,6 +162,7 @@ class StageArgs:
     endpoints: tuple[str, ...] = ()
     local_stages: int = 0
     mem_mib: int | None = None
+    link_p95_ms: float | None = None
 
     def problem(self) -> str | None:
         """Why the options are invalid (before any runtime is reached), or None."""
@@ -165,6 +176,11 @@ class StageArgs:
             return f"at most {MAX_STAGES} stages in all (GGML_RPC_MAX_SERVERS)"
         if self.mem_mib is not None and (self.local_stages == 0 or self.mem_mib < 1):
             return "--mem must be at least 1 MiB and needs --local-stages"
+        if self.link_p95_ms is not None:
+            if not self.endpoints and not self.local_stages:
+                return "--stage-link-p95-ms needs --stage or --local-stages"
+            if not 0 < self.link_p95_ms < float("inf"):
+                return "--stage-link-p95-ms must be a positive number of ms"
         return None
 
 
@@ -197,6 +213,7 @@ def _embedded(
         stages=stages.endpoints,
         local_stages=stages.local_stages,
         local_stage_mem_mib=stages.mem_mib,
+        stage_link_p95_ms=stages.link_p95_ms,
     )
     handle = host.load_model(request)
     if handle.already_available:  # cannot happen in a fresh host, kept for symmetry
@@ -255,6 +272,8 @@ def _attached(
         body["local_stages"] = stages.local_stages
     if stages.mem_mib is not None:
         body["local_stage_mem_mib"] = stages.mem_mib
+    if stages.link_p95_ms is not None:
+        body["stage_link_p95_ms"] = stages.link_p95_ms
     try:
         client = connect()
     except RuntimeConfigurationError as error:

@@ -119,6 +119,9 @@ def state_document(
                     "stage_index": s.stage_index,
                     "upstream_connected": s.upstream_connected,
                     "downstream_connected": s.downstream_connected,
+                    "link_rtt_ms": s.link_rtt_ms,
+                    "link_p95_ms": s.link_p95_ms,
+                    "link_jitter_ms": s.link_jitter_ms,
                 }
             )
             for s in state.stages.values()

@@ -160,6 +160,11 @@ class StageView:
     downstream_connected: bool | None = None
     reason_code: ReasonCode | None = None
     updated_mono_ns: int = 0
+    link_rtt_ms: float | None = None
+    """The engine's link to this stage: median round trip (ms) of the latest figures an event
+    carried (summaries ``link_rtt_ms``/``link_p95_ms``/``link_jitter_ms``)."""
+    link_p95_ms: float | None = None
+    link_jitter_ms: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
