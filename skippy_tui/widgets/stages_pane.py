@@ -93,18 +93,10 @@ def _memory(planned: int | None, offered: int | None) -> str:
     return f"{_size(planned)}/{_size(offered)}"
 
 
-def _link_figure(stage: StageView, name: str) -> float | None:
-    # The link figures (link_rtt_ms, link_jitter_ms) are StageView fields only in builds whose
-    # reducer measures links; read them when present so this pane renders either way.
-    value = getattr(stage, name, None)
-    return float(value) if isinstance(value, int | float) else None
-
-
 def _rtt(stage: StageView) -> str:
-    rtt = _link_figure(stage, "link_rtt_ms")
+    rtt, jitter = stage.link_rtt_ms, stage.link_jitter_ms
     if rtt is None:
         return fmt.DASH
-    jitter = _link_figure(stage, "link_jitter_ms")
     return f"{rtt:.2f} ms" if jitter is None else f"{rtt:.2f} ±{jitter:.2f} ms"
 
 

@@ -139,6 +139,13 @@ class LoadBody(_Body):
         "instead of failing (the lost one is still reported as `stage_unavailable`); the load "
         "fails as without it when none remains.",
     )
+    stage_link_p95_ms: float | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_DURATION_S * 1000.0,
+        description="A split load's stage whose link p95 round trip exceeds this many ms is "
+        "`stage_degraded` (ready again below 0.8 x it); absent: 50.",
+    )
 
     @field_validator("model")
     @classmethod

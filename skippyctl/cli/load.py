@@ -112,6 +112,16 @@ def load_command(
             "of failing (the lost one is still reported as stage_unavailable).",
         ),
     ] = False,
+    stage_link_p95_ms: Annotated[
+        float | None,
+        typer.Option(
+            "--stage-link-p95-ms",
+            show_default=False,
+            help="A stage whose link p95 round trip (measured by the engine about once a "
+            "second) goes above this many ms is stage_degraded; ready again below 0.8 x it. "
+            "Default: 50.",
+        ),
+    ] = None,
 ) -> None:
     """Load MODEL and stream its load events until it is available or has failed.
 
@@ -123,7 +133,7 @@ def load_command(
         skippyctl load fixtures/tiny.gguf --json | jq -r .event
     """
     stderr = Console(stderr=True)
-    stages = StageArgs(tuple(stage or ()), local_stages, mem, replan)
+    stages = StageArgs(tuple(stage or ()), local_stages, mem, replan, stage_link_p95_ms)
     problem = stages.problem()
     if problem is not None:
         stderr.print(f"[red]✗[/] {model}: {problem}", soft_wrap=True, highlight=False)
@@ -161,6 +171,7 @@ class StageArgs:
     local_stages: int = 0
     mem_mib: int | None = None
     replan: bool = False
+    link_p95_ms: float | None = None
 
     def problem(self) -> str | None:
         """Why the options are invalid (before any runtime is reached), or None."""
@@ -176,6 +187,11 @@ class StageArgs:
             return "--mem must be at least 1 MiB and needs --local-stages"
         if self.replan and not self.endpoints:
             return "--replan needs --stage"
+        if self.link_p95_ms is not None:
+            if not self.endpoints and not self.local_stages:
+                return "--stage-link-p95-ms needs --stage or --local-stages"
+            if not 0 < self.link_p95_ms < float("inf"):
+                return "--stage-link-p95-ms must be a positive number of ms"
         return None
 
 
@@ -209,6 +225,7 @@ def _embedded(
         local_stages=stages.local_stages,
         local_stage_mem_mib=stages.mem_mib,
         replan=stages.replan,
+        stage_link_p95_ms=stages.link_p95_ms,
     )
     handle = host.load_model(request)
     if handle.already_available:  # cannot happen in a fresh host, kept for symmetry
@@ -269,6 +286,8 @@ def _attached(
         body["local_stage_mem_mib"] = stages.mem_mib
     if stages.replan:
         body["replan"] = True
+    if stages.link_p95_ms is not None:
+        body["stage_link_p95_ms"] = stages.link_p95_ms
     try:
         client = connect()
     except RuntimeConfigurationError as error:

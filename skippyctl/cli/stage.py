@@ -1,10 +1,17 @@
-"""`skippyctl stage serve`: run a stage worker (a ggml RPC server) in the foreground.
+"""`skippyctl stage serve` / `stage relay`: a stage worker, and a wire model in front of one.
+
+`stage serve` runs a stage worker (a ggml RPC server) in the foreground.
 
 The RPC server runs in a child process (`python -m skippyctl.stages.worker`) that this command
 supervises (skippyctl.stages.supervisor): its lifecycle is `stage_starting`, `stage_ready`, then
 `stage_stopping` and `stage_stopped` on Ctrl-C/SIGTERM, or `stage_failed` with a reason code.
 With `--json` those are the only lines on stdout (the same NDJSON records as every command);
 people get lines on stderr, and the endpoint alone on stdout once the stage is ready.
+
+`stage relay` is a FIFO TCP relay with a wire model (constant delay, exponential jitter,
+occasional stalls; skippyctl.stages.relay) for trying a split load over a slow or jittery link
+on one machine. No event id fits a relay, so `--json` prints plain `{"record": "relay"}`
+lines (see `relay_command`).
 """
 
 from __future__ import annotations
@@ -17,11 +24,13 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from skippyctl.cli.events import fail
+from skippyctl.cli.events import emit_json, fail
 from skippyctl.cli.exit_codes import ExitCode, exit_code_for
 from skippyctl.cli.presenters import NdjsonPresenter
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event
+from skippyctl.events.reasons import ReasonCode
+from skippyctl.stages.relay import Relay, RelayOptions, RelayRefused, parse_host_port
 from skippyctl.stages.supervisor import (
     StageOptions,
     StageRefused,
@@ -35,6 +44,8 @@ stage_app = typer.Typer(
 )
 _err = Console(stderr=True, highlight=False, soft_wrap=True)
 _COMMAND: Final = "stage serve"
+_RELAY_COMMAND: Final = "stage relay"
+RELAY_RECORD_SCHEMA_VERSION: Final = 1
 _SECURITY: Final = (
     "Security: an RPC stage runs whatever graph any client that connects sends it, with no "
     "authentication and no encryption. It listens on loopback unless --allow-remote; expose "
@@ -187,3 +198,127 @@ def serve_command(
         f"{escape(outcome.message)}"
     )
     raise typer.Exit(int(exit_code_for(outcome.reason)))
+
+
+@stage_app.command("relay")
+def relay_command(
+    listen: Annotated[
+        str,
+        typer.Option(
+            "--listen",
+            metavar="HOST:PORT",
+            help="IPv4 address and port to listen on (port 0 picks one, reported when "
+            "listening). A non-loopback address needs --allow-remote.",
+        ),
+    ],
+    to: Annotated[
+        str, typer.Option("--to", metavar="HOST:PORT", help="Where to relay each connection.")
+    ],
+    delay_ms: Annotated[
+        float, typer.Option("--delay-ms", help="Constant delay added to every chunk, in ms.")
+    ] = 0.0,
+    jitter_ms: Annotated[
+        float,
+        typer.Option("--jitter-ms", help="Mean of an exponential jitter added to every chunk."),
+    ] = 0.0,
+    stall_ms: Annotated[
+        float, typer.Option("--stall-ms", help="Extra delay of a stalled chunk, in ms.")
+    ] = 0.0,
+    stall_p: Annotated[
+        float, typer.Option("--stall-p", help="Probability (0-1) that a chunk stalls.")
+    ] = 0.0,
+    seed: Annotated[
+        int | None,
+        typer.Option("--seed", show_default=False, help="Seed of the random draws."),
+    ] = None,
+    allow_remote: Annotated[
+        bool,
+        typer.Option(
+            "--allow-remote",
+            help="Allow listening on a non-loopback address (whoever reaches the relay "
+            "reaches the stage behind it).",
+        ),
+    ] = False,
+    json_output: Annotated[
+        bool, typer.Option("--json", help="NDJSON lifecycle records on stdout; nothing else.")
+    ] = False,
+) -> None:
+    """Relay TCP connections to a stage through a wire model: delay, jitter, stalls.
+
+    Per accepted connection it connects to --to and forwards both directions.
+    Each chunk read is delivered after --delay-ms, plus an exponential jitter of
+    mean --jitter-ms, plus --stall-ms with probability --stall-p; never before
+    the chunk read before it in the same direction (head-of-line blocking, like
+    an ordered transport). Bytes are never reordered, dropped or altered.
+    Ctrl-C or SIGTERM stops it (exit 0).
+
+    With --json every line is {"schema_version": 1, "record": "relay",
+    "state": …}: "listening" (with "port"), "connection_opened" and
+    "connection_closed" (with "connections" so far, and "bytes_up"/"bytes_down"
+    when closed), "stopped". No address is printed in a record.
+
+    Example:
+
+        skippyctl stage relay --listen 127.0.0.1:0 --to 127.0.0.1:50052 \\
+          --delay-ms 30 --jitter-ms 10 --json
+    """
+    try:
+        listen_host, listen_port = parse_host_port(listen)
+        target_host, target_port = parse_host_port(to)
+    except RelayRefused as refused:
+        fail(
+            _RELAY_COMMAND,
+            exit_code_for(ReasonCode.INVALID_CONFIGURATION),
+            str(refused),
+            json_output,
+            reason=ReasonCode.INVALID_CONFIGURATION.value,
+        )
+    options = RelayOptions(
+        listen_host=listen_host,
+        listen_port=listen_port,
+        target_host=target_host,
+        target_port=target_port,
+        delay_ms=delay_ms,
+        jitter_ms=jitter_ms,
+        stall_ms=stall_ms,
+        stall_p=stall_p,
+        seed=seed,
+        allow_remote=allow_remote,
+    )
+
+    def on_record(fields: dict[str, Any]) -> None:
+        if json_output:
+            emit_json({"schema_version": RELAY_RECORD_SCHEMA_VERSION, "record": "relay", **fields})
+        elif fields["state"] == "listening":
+            _err.print(
+                f"[green]✓[/] relaying {listen_host}:{fields['port']} → {escape(to)} "
+                f"(delay {delay_ms:g} ms, jitter {jitter_ms:g} ms, stall {stall_ms:g} ms "
+                f"p={stall_p:g}); Ctrl-C stops it"
+            )
+            typer.echo(f"{listen_host}:{fields['port']}")
+
+    relay = Relay(options, on_record)
+    stop = threading.Event()
+    previous = _stop_on_signals(stop)
+    try:
+        relay.run(stop)
+    except RelayRefused as refused:
+        fail(
+            _RELAY_COMMAND,
+            exit_code_for(ReasonCode.INVALID_CONFIGURATION),
+            str(refused),
+            json_output,
+            reason=ReasonCode.INVALID_CONFIGURATION.value,
+        )
+    except OSError as error:
+        fail(
+            _RELAY_COMMAND,
+            exit_code_for(ReasonCode.RESOURCE_ALLOCATION_FAILURE),
+            f"cannot listen on {listen} ({error.strerror or type(error).__name__})",
+            json_output,
+            reason=ReasonCode.RESOURCE_ALLOCATION_FAILURE.value,
+        )
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    raise typer.Exit(int(ExitCode.SUCCESS))

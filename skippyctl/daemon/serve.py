@@ -98,13 +98,20 @@ def serve(options: ServeOptions) -> None:
     url = f"http://{shown_host}:{port}"
     token = options.api_key or os.environ.get("SKIPPY_API_KEY") or secrets.token_urlsafe(32)
 
-    from skippyctl.engine.options import SERVING_EVENTS_ENV, EngineOptions, serving_events_from
+    from skippyctl.engine.options import (
+        LINK_PROBE_INTERVAL_ENV,
+        SERVING_EVENTS_ENV,
+        EngineOptions,
+        link_probe_interval_from,
+        serving_events_from,
+    )
     from skippyctl.ingress.host import HostIngressConfig
 
     # Decided once, here; every engine gets them as spawn arguments (nothing mutates os.environ).
     engine_options = EngineOptions(
         serving_events=serving_events_from(os.environ.get(SERVING_EVENTS_ENV)),
         debug_token_events=options.debug_token_events,
+        link_probe_interval_ms=link_probe_interval_from(os.environ.get(LINK_PROBE_INTERVAL_ENV)),
     )
     ingress = HostIngressConfig(debug_enabled=options.debug_token_events)
     host = RuntimeHost(

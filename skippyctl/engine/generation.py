@@ -28,6 +28,13 @@ The KV geometry (split or unified, cells per lane) is ``engine/lanes.py``'s
 unified KV: there they occupy the shared pool and widen every attention window; in a split KV
 their cells are the lane's own anyway.
 
+Link probes (a split model, ``links``): between iterations — after a step's messages were
+queued, before the next ``llama_decode`` — the decode thread probes each stage link that is due
+(``engine/links.py``: at most once per interval per stage), and an idle thread wakes for them;
+the ``Link`` messages go out with the step's. A probe that raises is counted in
+``link_probe_failures`` (the thread carries on); a stage that is gone aborts the process, as the
+next decode would.
+
 Performance: the ggml CPU backend here is built with OpenMP, whose team belongs to the calling
 OS thread. Keep every ``llama_decode`` of the process on the decode thread: a second thread that
 computes (a warm-up, another context) leaves a second spinning team behind, and on a machine with
@@ -46,6 +53,7 @@ from types import ModuleType
 from typing import Any, Final
 
 from skippyctl.engine.decode_core import DecodeCore
+from skippyctl.engine.links import LinkProber
 from skippyctl.engine.protocol import EngineMessage
 from skippyctl.engine.request_state import GenerateRequest, Phase, RequestState, validation_error
 from skippyctl.engine.sampling import SamplingParams
@@ -88,7 +96,10 @@ class BatchEngine:
         n_threads: int | None = None,
         observations: bool = True,
         token_observations: bool = False,
+        links: LinkProber | None = None,
     ) -> None:
+        self._links = links if links is not None and links.stages else None
+        self.link_probe_failures = 0
         self._emit = emit
         self._emit_many = emit_many
         self._outbox: list[EngineMessage] = []
@@ -247,13 +258,35 @@ class BatchEngine:
                     core.fail_running()  # not attributable to one request; keep serving
                     continue
                 finally:
+                    self._probe_links()
                     self._flush()
                 if not busy:
                     with self._cond:
                         while not self._inbox and not self._stopping:
-                            self._cond.wait()
+                            wait = self._links_wait_s()
+                            if wait is not None and wait <= 0:
+                                break  # a link probe is due
+                            self._cond.wait(wait)
         finally:
             self._shutdown()
+
+    def _links_wait_s(self) -> float | None:
+        return None if self._links is None else self._links.seconds_until_due()
+
+    def _probe_links(self) -> None:
+        """The link probes that are due (decode thread, between ``llama_decode`` calls)."""
+        if self._links is None:
+            return
+        try:
+            messages: list[EngineMessage] = list(self._links.probe_due())
+        except Exception:  # noqa: BLE001 - a failed probe must not stop the decode thread
+            self.link_probe_failures += 1
+            return
+        for message in messages:
+            if self._emit_many is not None:
+                self._outbox.append(message)
+            else:
+                self._send_now(message)
 
     def _iterate(self) -> bool:
         """Inbox, then the core's work (deadlines, admission, one step); False when idle."""

@@ -41,6 +41,11 @@ Serving messages (sent by ``engine/decode_core.py``; with serving events off onl
   over the cells the lanes can use; ``approaching_limit`` once per request with its lane's numbers.
 - :class:`SessionChanged`: ``created`` (tokens 0), ``reused``/``trimmed`` (tokens kept),
   ``evicted`` (tokens it held; reason ``lane_needed``, ``pressure`` or the host's drop reason).
+
+A split model's engine also sends :class:`Link` (``engine/links.py``): the round-trip figures of
+its connection to one stage, after each probe of it (a few right after the model loaded, before
+``load_returned``; then at most one per stage per probe interval). It goes to the model's
+topology on the host, not to the serving listener, and is sent with serving events off too.
 """
 
 from __future__ import annotations
@@ -354,6 +359,22 @@ class SessionChanged:
     """Only with ``evicted``: a short snake_case word."""
 
 
+@dataclass(frozen=True, slots=True)
+class Link:
+    """Round trips of the engine's connection to stage ``stage`` (its index in the load's
+    ``stages``), over the last ``samples`` probes (``engine/links.py``)."""
+
+    stage: int
+    rtt_ms: float
+    """Median."""
+    p95_ms: float
+    jitter_ms: float
+    """Mean absolute difference of consecutive round trips."""
+    samples: int = 1
+    last_ms: float | None = None
+    """The probe that sent this message."""
+
+
 RequestObservation = (
     GenStarted
     | GenText
@@ -374,6 +395,7 @@ EngineMessage = (
     | LoadReturned
     | ContextBegun
     | ContextReturned
+    | Link
     | ServingMessage
 )
 Message = Command | EngineMessage
@@ -548,6 +570,7 @@ _ENGINE_MESSAGES: Final = {
         _spec("msg", "gen_done", GenDone),
         _spec("msg", "kv", Kv),
         _spec("msg", "session", SessionChanged),
+        _spec("msg", "link", Link),
     )
 }
 _BY_TYPE: Final[dict[type, _Spec]] = {

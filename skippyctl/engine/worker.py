@@ -32,7 +32,7 @@ import socket
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, assert_never
+from typing import Any, Final, assert_never
 
 from skippyctl.engine import options as engine_options
 from skippyctl.engine.channel import ControlChannel, MalformedMessage, engine_side
@@ -58,7 +58,8 @@ from skippyctl.engine.protocol import (
 )
 from skippyctl.events.reasons import ReasonCode
 
-"""Without --ctx the context is the model's training context, capped here to bound memory."""
+INITIAL_LINK_SAMPLES: Final = 3
+"""Round trips to each stage right after a split model loaded (engine/links.py)."""
 
 
 @dataclass(slots=True)
@@ -84,6 +85,8 @@ class Worker:
         self.loaded: _Loaded | None = None
         self.protocol_errors = 0
         self._stage_arrays: tuple[Any, ...] = ()
+        self._stage_devices: list[int] = []
+        self._links: Any | None = None  # LinkProber of a split model (engine/links.py)
         import llama_cpp
 
         self.llama = llama_cpp
@@ -276,6 +279,8 @@ class Worker:
                 self._end_load_scope(ok)
             if ok:
                 self.loaded = _Loaded(model)
+                if command.stages:
+                    self._start_link_probes()
                 reply = LoadReturned(
                     operation_id,
                     ok=True,
@@ -319,9 +324,29 @@ class Worker:
         for index, stage in enumerate(command.stages):
             split[index] = stage.split
         self._stage_arrays = (array, split)
+        self._stage_devices = devices
         params.devices = ctypes.cast(array, ctypes.c_void_p)
         params.tensor_split = split
         params.split_mode = llama.LLAMA_SPLIT_MODE_LAYER
+
+    def _start_link_probes(self) -> None:
+        """A split model loaded: a few round trips to each stage right away (before
+        ``load_returned``, so the host has figures when the stages are ready), then the decode
+        thread probes on (engine/links.py). On the main thread: the decode thread does not exist
+        yet, and ggml's dispatcher serialises calls on a connection anyway."""
+        from skippyctl.engine.links import LinkProber
+        from skippyctl.native.rpc import GgmlRpc
+
+        rpc = GgmlRpc()
+        measure = [
+            (lambda device=device: rpc.device_memory(device)) for device in self._stage_devices
+        ]
+        prober = LinkProber(measure, self.options.link_probe_interval_ms / 1000.0)
+        for _ in range(INITIAL_LINK_SAMPLES - 1):
+            prober.probe_all()
+        for message in prober.probe_all():
+            self._send(message)
+        self._links = prober
 
     def _end_load_scope(self, ok: bool) -> None:
         from skippyctl.native.abi import FailureCode, Status
@@ -372,6 +397,7 @@ class Worker:
                 emit_many=self._send_many,
                 observations=self.options.serving_events,
                 token_observations=self.options.debug_token_events,
+                links=self._links,
             )
             reply = ContextReturned(
                 operation_id,

@@ -113,6 +113,10 @@ class SummaryKey(StrEnum):
     LAYER_COUNT = "layer_count"
     PLANNED_BYTES = "planned_bytes"
     OFFERED_BYTES = "offered_bytes"
+    LINK_RTT_MS = "link_rtt_ms"
+    LINK_P95_MS = "link_p95_ms"
+    LINK_JITTER_MS = "link_jitter_ms"
+    LINK_P95_THRESHOLD_MS = "link_p95_threshold_ms"
 
 
 class StopReason(StrEnum):

@@ -103,6 +103,9 @@ def _stage(view: StageView) -> dict[str, Any]:
             "layer_count": view.layer_count,
             "planned_bytes": view.planned_bytes,
             "offered_bytes": view.offered_bytes,
+            "link_rtt_ms": view.link_rtt_ms,
+            "link_p95_ms": view.link_p95_ms,
+            "link_jitter_ms": view.link_jitter_ms,
         }
     )
 

@@ -167,6 +167,11 @@ class StageView:
     offered_bytes: int | None = None
     """Memory the stage offered the plan (its ``--mem``, else its device's free memory)."""
     updated_mono_ns: int = 0
+    link_rtt_ms: float | None = None
+    """The engine's link to this stage: median round trip (ms) of the latest figures an event
+    carried (summaries ``link_rtt_ms``/``link_p95_ms``/``link_jitter_ms``)."""
+    link_p95_ms: float | None = None
+    link_jitter_ms: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

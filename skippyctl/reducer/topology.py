@@ -8,7 +8,9 @@ Besides its state, a stage keeps its share of the plan (``layer_start``, ``layer
 stage shows up in another topology) and its last reason; a topology keeps its plan (``stages``,
 ``layers``, ``planned_bytes``, ``offered_bytes`` of ``topology_assembling``) and its last reason.
 A topology's new state is then projected onto the models it serves by
-models.on_topology_changed (the `topology_*` rows of models.MOVES).
+models.on_topology_changed (the `topology_*` rows of models.MOVES). An accepted stage or link
+event that carries link figures (summaries `link_rtt_ms`, `link_p95_ms`, `link_jitter_ms`)
+replaces the stage's figures with them; one without keeps the figures it had.
 
     stage                            from → to
     stage_starting                   absent | any other → starting
@@ -134,6 +136,21 @@ def _share(event: Event, view: StageView) -> dict[str, int | None]:
     return out
 
 
+def _with_link(view: StageView, event: Event) -> StageView:
+    """The link figures the event carries, if any (all three replace the old ones together)."""
+    rtt = event.summary_value(SummaryKey.LINK_RTT_MS)
+    if rtt is None:
+        return view
+    p95 = event.summary_value(SummaryKey.LINK_P95_MS)
+    jitter = event.summary_value(SummaryKey.LINK_JITTER_MS)
+    return evolve(
+        view,
+        link_rtt_ms=float(rtt),
+        link_p95_ms=None if p95 is None else float(p95),
+        link_jitter_ms=None if jitter is None else float(jitter),
+    )
+
+
 def _store_stage(state: RuntimeView, view: StageView) -> RuntimeView | None:
     placed = bounded_put(
         state.stages,
@@ -177,7 +194,7 @@ def on_stage(state: RuntimeView, event: Event) -> Step:
         updated_mono_ns=event.mono_ns,
         **_share(event, view),
     )
-    stored = _store_stage(state, view)
+    stored = _store_stage(state, _with_link(view, event))
     return reject(state) if stored is None else (stored, NO_TRANSITIONS)
 
 
@@ -196,7 +213,7 @@ def on_link(state: RuntimeView, event: Event) -> Step:
         updated = evolve(view, upstream_connected=connected)
     else:
         updated = evolve(view, downstream_connected=connected)
-    updated = evolve(updated, updated_mono_ns=event.mono_ns)
+    updated = _with_link(evolve(updated, updated_mono_ns=event.mono_ns), event)
     # A lost link degrades at once; a restored one only once both links are up.
     both_up = False not in (updated.upstream_connected, updated.downstream_connected)
     if isinstance(row.target, StageState) and (not connected or both_up):

@@ -51,7 +51,12 @@ from skippyctl.reducer.state import (
 )
 from skippyctl.runtime.artifacts import check_artifact
 from skippyctl.runtime.supervisor import EngineHello, EngineListener, EngineProcess, LoadCommand
-from skippyctl.runtime.topology import Assembled, Topology, TopologyRefused
+from skippyctl.runtime.topology import (
+    DEFAULT_LINK_P95_MS,
+    Assembled,
+    Topology,
+    TopologyRefused,
+)
 from skippyctl.stages.plan import MAX_STAGES, EndpointError, parse_endpoints
 
 ENGINE_HELLO_TIMEOUT_S: Final = 60.0
@@ -75,6 +80,9 @@ class LoadRequest:
     replan: bool = False
     """A listed stage that cannot be reached is left out of the plan instead of failing the
     load (runtime/topology.py)."""
+    stage_link_p95_ms: float | None = None
+    """A stage whose link p95 round trip exceeds this is ``stage_degraded``; None: the default
+    (``runtime/topology.py``, ``DEFAULT_LINK_P95_MS``)."""
 
     @property
     def split(self) -> bool:
@@ -149,6 +157,11 @@ def validate_stages(request: LoadRequest) -> str | None:
             return "--mem applies to local stages only (with --local-stages)"
         if request.local_stage_mem_mib < 1:
             return "--mem must be at least 1 MiB"
+    if request.stage_link_p95_ms is not None:
+        if not request.split:
+            return "--stage-link-p95-ms applies to a split load only (with --stage/--local-stages)"
+        if not 0 < request.stage_link_p95_ms < float("inf"):
+            return "--stage-link-p95-ms must be a positive number of ms"
     if request.split and request.gpu_layers != 0:
         return "--gpu-layers does not apply to a split load (every layer goes to the stages)"
     if request.replan and not request.stages:
@@ -251,6 +264,9 @@ class RuntimeHost:
                 request.local_stages,
                 request.local_stage_mem_mib,
                 replan=request.replan,
+                link_p95_threshold_ms=DEFAULT_LINK_P95_MS
+                if request.stage_link_p95_ms is None
+                else request.stage_link_p95_ms,
             )
         )
         try:

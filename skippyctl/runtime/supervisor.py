@@ -12,7 +12,8 @@ control channel and is queued, in order after the engine's ring, as authoritativ
 end-of-stream on that channel means the engine exited, and the exit status says whether it was
 asked to (`crashed` otherwise). An engine whose model is split across stages has an
 :class:`EngineTopology`: it hears the load and context returns, and when the engine crashed it
-says why (a lost stage: `stage_unavailable`) before the exit is reported.
+says why (a lost stage: `stage_unavailable`) before the exit is reported; the engine's link
+figures (`link` messages) go to it too.
 
 Commands go out from the caller's thread when the socket takes them at once and nothing waits
 ahead of them; otherwise through one writer thread per engine (`skippy-engine-writer-…`), in
@@ -67,6 +68,7 @@ from skippyctl.engine.protocol import (
     GenToken,
     Hello,
     Kv,
+    Link,
     Load,
     LoadBegun,
     LoadReturned,
@@ -146,6 +148,10 @@ class EngineTopology(Protocol):
 
     def engine_serving(self, ok: bool) -> None:
         """The serving context was created (``ok``) or not."""
+        ...
+
+    def engine_link(self, link: Link) -> None:
+        """The engine measured its connection to one stage (``engine/links.py``)."""
         ...
 
     def engine_crashed(self) -> ReasonCode | None:
@@ -523,6 +529,9 @@ class EngineProcess:
                 self._authority(ContextBegunItem(LogicalId(message.operation_id)))
             case ContextReturned():
                 self._on_context_returned(message)
+            case Link():
+                if self.topology is not None:
+                    self.topology.engine_link(message)
             case (
                 GenStarted()
                 | GenText()

@@ -43,8 +43,23 @@ built by the host before any engine exists. Contract:
   ``topology_unavailable`` if it has not ended yet. Idempotent; returns once every local worker
   is reaped.
 
-Out of scope here: link probes (RTT/jitter) and ``stage_degraded``; a remote stage dying while
-the engine is idle is noticed at the engine's next decode (it aborts, and is attributed then).
+- Links (the engine's connection to each stage, ``engine/links.py``): ``engine_link`` keeps the
+  latest figures per stage. ``engine_loaded`` (ok) emits, per stage, ``stage_ready`` then
+  ``downstream_connection_established`` (ggml connected and the first round trips came back),
+  both with the figures measured right after the load (summaries ``link_rtt_ms``,
+  ``link_p95_ms``, ``link_jitter_ms``). While the model serves, a stage whose link p95 goes
+  above ``link_p95_threshold_ms`` gets ``stage_degraded`` (reason ``timeout``; summaries the
+  figures and ``link_p95_threshold_ms``), and once it is back below
+  ``LINK_RECOVERY_RATIO`` × the threshold (hysteresis) ``stage_ready`` with the figures. A slow
+  link degrades the stage only, not the topology or the model (no ``topology_degraded``): the
+  reducer makes a split model available only once its topology is ready, and the host cannot
+  order its own events after the engine's authoritative context return, so a link judged slow
+  right after the load would otherwise hold the model back. Only
+  those transitions are events: the reducer keeps the figures they carried. When
+  ``engine_crashed`` finds a stage gone it emits ``downstream_connection_lost`` for it before
+  ``stage_unavailable``. The engine probes idle links too (each probe is a ggml call), so a
+  remote stage dying while the engine is idle ends the engine within a probe interval and is
+  attributed then.
 """
 
 from __future__ import annotations
@@ -59,9 +74,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from skippyctl.engine.protocol import StagePlan
+from skippyctl.engine.protocol import Link, StagePlan
 from skippyctl.events.catalog import EventId
-from skippyctl.events.envelope import Event, LogicalId, Scope, make_event, summaries
+from skippyctl.events.envelope import (
+    Event,
+    LogicalId,
+    NumericSummary,
+    Scope,
+    make_event,
+    summaries,
+)
 from skippyctl.events.reasons import Outcome, ReasonCode
 from skippyctl.runtime.artifacts import split_parts
 from skippyctl.stages import plan as stage_plan
@@ -83,6 +105,10 @@ from skippyctl.stages.supervisor import (
 
 LOCAL_STAGE_READY_TIMEOUT_S: Final = STARTUP_TIMEOUT_S + 10.0
 LOCAL_HOST: Final = "127.0.0.1"
+DEFAULT_LINK_P95_MS: Final = 50.0
+"""A stage link whose p95 round trip is above this is degraded (``--stage-link-p95-ms``)."""
+LINK_RECOVERY_RATIO: Final = 0.8
+"""A degraded link is ready again once its p95 is below this fraction of the threshold."""
 
 
 def local_stage_threads(count: int, cpus: int | None = None) -> int:
@@ -175,6 +201,9 @@ class _Stage:
     """Its position in the load's list: the ``stage_index`` of its events."""
     local: _LocalStage | None = None
     share: stage_plan.StageShare | None = None
+    link: Link | None = None
+    """The engine's latest figures of its connection to this stage."""
+    link_degraded: bool = False
 
 
 class Topology:
@@ -192,6 +221,7 @@ class Topology:
         probe_timeout_s: float = PROBE_TIMEOUT_S,
         *,
         replan: bool = False,
+        link_p95_threshold_ms: float = DEFAULT_LINK_P95_MS,
     ) -> None:
         self.topology_id = topology_id
         self.model_id = model_id
@@ -202,6 +232,8 @@ class Topology:
         self._local_mem_mib = local_stage_mem_mib
         self._probe_timeout_s = probe_timeout_s
         self._replan = replan
+        self.link_p95_threshold_ms = link_p95_threshold_ms
+        self._serving = False
         self._stages: list[_Stage] = []
         """The stages of the plan (all listed ones, less those ``replan`` left out)."""
         self._left_out: list[_Stage] = []
@@ -240,6 +272,7 @@ class Topology:
             if self._ended:
                 return
             self._ended = True
+            self._serving = False
         self._emit(EventId.TOPOLOGY_UNAVAILABLE, outcome=outcome, reason_code=reason)
         self._loading = False
 
@@ -419,7 +452,14 @@ class Topology:
                 summaries=summaries(
                     layer_start=None if share is None else share.layer_start,
                     layer_count=None if share is None else share.layer_count,
-                ),
+                )
+                + self._link_summaries(stage),
+            )
+            self._emit(
+                EventId.DOWNSTREAM_CONNECTION_ESTABLISHED,
+                stage,
+                outcome=Outcome.SUCCESS,
+                summaries=self._link_summaries(stage),
             )
 
     def engine_serving(self, ok: bool) -> None:
@@ -432,6 +472,58 @@ class Topology:
             summaries=summaries(stages=len(self._stages)),
         )
         self._loading = False
+        with self._lock:
+            self._serving = not self._ended
+            stages = list(self._stages) if self._serving else []
+        for stage in stages:  # figures that arrived before the context existed
+            self._judge_link(stage)
+
+    def _link_summaries(self, stage: _Stage) -> tuple[NumericSummary, ...]:
+        link = stage.link
+        if link is None:
+            return ()
+        return summaries(
+            link_rtt_ms=link.rtt_ms, link_p95_ms=link.p95_ms, link_jitter_ms=link.jitter_ms
+        )
+
+    def links(self) -> tuple[Link | None, ...]:
+        """The latest link figures of each stage, in stage order (for operators and tests)."""
+        return tuple(stage.link for stage in self._stages)
+
+    def engine_link(self, link: Link) -> None:
+        """The engine's figures of its connection to stage ``link.stage`` (its reader thread):
+        kept, and while the model serves judged against the threshold (module docstring)."""
+        if not 0 <= link.stage < len(self._stages):
+            return
+        stage = self._stages[link.stage]
+        stage.link = link
+        with self._lock:
+            serving = self._serving and not self._ended
+        if serving:
+            self._judge_link(stage)
+
+    def _judge_link(self, stage: _Stage) -> None:
+        link = stage.link
+        if link is None:
+            return
+        threshold = self.link_p95_threshold_ms
+        if not stage.link_degraded and link.p95_ms > threshold:
+            stage.link_degraded = True
+            self._emit(
+                EventId.STAGE_DEGRADED,
+                stage,
+                outcome=Outcome.FAILURE,
+                reason_code=ReasonCode.TIMEOUT,
+                summaries=self._link_summaries(stage) + summaries(link_p95_threshold_ms=threshold),
+            )
+        elif stage.link_degraded and link.p95_ms < threshold * LINK_RECOVERY_RATIO:
+            stage.link_degraded = False
+            self._emit(
+                EventId.STAGE_READY,
+                stage,
+                outcome=Outcome.SUCCESS,
+                summaries=self._link_summaries(stage) + summaries(link_p95_threshold_ms=threshold),
+            )
 
     def engine_crashed(self) -> ReasonCode | None:
         """Which stages are gone now that the engine died (module docstring)."""
@@ -441,7 +533,16 @@ class Topology:
             for stage, found in zip(self._stages, probes, strict=True)
             if isinstance(found, Exception) or (stage.local is not None and stage.local.ended)
         ]
+        with self._lock:
+            self._serving = False
         for stage in lost:
+            self._emit(
+                EventId.DOWNSTREAM_CONNECTION_LOST,
+                stage,
+                outcome=Outcome.FAILURE,
+                reason_code=ReasonCode.STAGE_UNAVAILABLE,
+                summaries=self._link_summaries(stage),
+            )
             self._emit(
                 EventId.STAGE_UNAVAILABLE,
                 stage,

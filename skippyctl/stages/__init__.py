@@ -7,7 +7,8 @@ skippyctl.stages.worker``), reserves its port, probes it until it accepts connec
 its lifecycle into ``stage_*`` events; ``ports`` holds the socket helpers (reservation, probe,
 listener ownership); ``probe`` speaks ggml's RPC HELLO and GET_DEVICE_MEMORY in plain Python (so
 the runtime host can check a stage without ggml, whose client aborts the process); ``plan`` parses
-stage endpoints and splits a model's layers across stages. This package sits at the level of
-``skippyctl.engine``: it imports only ``native`` and ``events`` (never runtime, api, cli, or any
-UI framework).
+stage endpoints and splits a model's layers across stages; ``relay`` is a FIFO TCP relay with a
+delay/jitter/stall wire model (``stage relay``), pure Python, for slow links on one machine.
+This package sits at the level of ``skippyctl.engine``: it imports only ``native`` and
+``events`` (never runtime, api, cli, or any UI framework).
 """

@@ -19,6 +19,7 @@ COMMANDS = [
     ("tui",),
     ("top",),
     ("stage", "serve"),
+    ("stage", "relay"),
 ]
 
 

@@ -82,5 +82,6 @@ def test_ps_shows_a_split_models_topology_in_its_table_and_its_json(fixture_dir:
             stage["stage_id"],
             str(stage["layer_start"]),
         ]
-        assert " / " in line and "ready" in line and line.rstrip().endswith("-")  # no rtt yet
+        assert " / " in line and "ready" in line
+        assert line.rstrip().endswith(" ms") and " ±" in line  # the engine's link figures
     assert "127.0.0.1" not in out.split("\n", 1)[1]  # the first line is the runtime's own URL

@@ -372,3 +372,33 @@ def test_merging_handler_maps_refuses_an_id_claimed_twice() -> None:
     claimed = {EventId.MODEL_LOAD_STARTED: reject}
     with pytest.raises(ValueError, match="model_load_started"):
         merge_handlers(claimed, dict(claimed))
+
+
+def _linked(event_id: EventId, stage: str, **figures: float) -> Event:
+    return make_event(
+        event_id,
+        scope=Scope(stage_id=LogicalId(stage), topology_id=TOPO, stage_index=0),
+        summaries=summaries(**figures),
+    )
+
+
+def test_a_stage_keeps_the_latest_link_figures_its_events_carried() -> None:
+    figures = {"link_rtt_ms": 1.5, "link_p95_ms": 2.5, "link_jitter_ms": 0.5}
+    state, _ = _run(
+        [
+            _stage(EventId.STAGE_LOADING, "s0"),
+            _linked(EventId.STAGE_READY, "s0", **figures),
+            _linked(EventId.DOWNSTREAM_CONNECTION_ESTABLISHED, "s0"),  # no figures: kept
+        ]
+    )
+    view = state.stages[LogicalId("s0")]
+    assert (view.link_rtt_ms, view.link_p95_ms, view.link_jitter_ms) == (1.5, 2.5, 0.5)
+    assert view.downstream_connected is True
+    slow = {"link_rtt_ms": 70.0, "link_p95_ms": 90.0, "link_jitter_ms": 9.0}
+    state, _ = _run([_linked(EventId.STAGE_DEGRADED, "s0", **slow)], state)
+    view = state.stages[LogicalId("s0")]
+    assert view.state is StageState.DEGRADED
+    assert (view.link_rtt_ms, view.link_p95_ms, view.link_jitter_ms) == (70.0, 90.0, 9.0)
+    # A repeat is a counted duplicate: its figures change nothing.
+    again, _ = _run([_linked(EventId.STAGE_DEGRADED, "s0", link_rtt_ms=1.0)], state)
+    assert again.stages[LogicalId("s0")].link_rtt_ms == 70.0

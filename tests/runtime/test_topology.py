@@ -17,15 +17,19 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from skippyctl.engine.options import EngineOptions
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event, LogicalId, SummaryKey
 from skippyctl.events.reasons import Category, ReasonCode
+from skippyctl.output.state import state_document
 from skippyctl.runtime.host import LoadRequest, RuntimeHost
 from skippyctl.runtime.requests import Finished, GenerationParams, TextChunk
 from skippyctl.runtime.scheduler import Scheduler
+from skippyctl.runtime.topology import Topology
 from skippyctl.stages.probe import StageIncompatible, StageUnreachable, probe
 from tests.stages.helpers import (
     StageProcess,
@@ -33,6 +37,7 @@ from tests.stages.helpers import (
     children_of,
     free_port,
     kill_quietly,
+    relay_to,
     stage_process,
     wait_gone,
 )
@@ -43,8 +48,8 @@ LOAD_TERMINALS = {EventId.MODEL_AVAILABLE, EventId.MODEL_LOAD_FAILED, EventId.MO
 
 
 class Runtime:
-    def __init__(self) -> None:
-        self.host = RuntimeHost().start()
+    def __init__(self, options: EngineOptions | None = None) -> None:
+        self.host = RuntimeHost(options=options).start()
         self.scheduler = Scheduler(self.host).start()
         self.watch = self.host.pipeline.subscribe("test", max_queue_size=100_000, replay=True)
         self.seen: list[Event] = []
@@ -100,10 +105,13 @@ def _stage_workers() -> list[int]:
     return out
 
 
+FAST_LINK_PROBES = EngineOptions(link_probe_interval_ms=50.0)
+
+
 @pytest.fixture
 def runtime() -> Iterator[Runtime]:
     before = set(_stage_workers())
-    rt = Runtime()
+    rt = Runtime(FAST_LINK_PROBES)
     try:
         yield rt
     finally:
@@ -337,6 +345,9 @@ def test_a_stage_killed_mid_generation_is_reported_and_the_load_works_again(
             events = runtime.drain()
             lost = [e for e in events if e.id is EventId.STAGE_UNAVAILABLE]
             assert len(lost) == 1 and lost[0].scope.stage_index == 1
+            gone = [e for e in events if e.id is EventId.DOWNSTREAM_CONNECTION_LOST]
+            assert [e.scope.stage_index for e in gone] == [1]
+            assert events.index(gone[0]) < events.index(lost[0])
             down = [e for e in events if e.id is EventId.TOPOLOGY_UNAVAILABLE]
             assert [e.reason_code for e in down] == [ReasonCode.STAGE_UNAVAILABLE]
             failed = [e for e in events if e.id is EventId.REQUEST_FAILED]
@@ -400,3 +411,126 @@ def test_replan_with_no_stage_left_fails_as_without_it(runtime: Runtime, fixture
     ids = runtime.ids()
     assert EventId.STAGE_UNAVAILABLE in ids and EventId.TOPOLOGY_UNAVAILABLE in ids
     assert runtime.host.engine_pids() == {}
+
+
+SERVE = ("--port", "0", "--threads", "1", "--json")
+SLOW_WIRE: dict[str, Any] = {"delay_ms": 30.0, "jitter_ms": 10.0, "seed": 9}
+
+
+def _port(endpoint: str) -> int:
+    return int(endpoint.rsplit(":", 1)[1])
+
+
+def test_a_split_load_through_jittery_relays_gives_the_same_greedy_text(
+    runtime: Runtime, fixture_dir: Path, reference: str
+) -> None:
+    serve = ("--port", "0", "--threads", "1", "--json")
+    with stage_process(*serve) as one, stage_process(*serve) as two:
+        wire = {"delay_ms": 2.0, "jitter_ms": 2.0, "stall_ms": 20.0, "stall_p": 0.02, "seed": 5}
+        with (
+            relay_to(_port(_endpoint(one)), **wire) as (first, _),
+            relay_to(_port(_endpoint(two)), **wire) as (second, records),
+        ):
+            stages = (f"127.0.0.1:{first.port}", f"127.0.0.1:{second.port}")
+            terminal, problem = runtime.load(fixture_dir / "tiny.gguf", lanes=1, stages=stages)
+            assert terminal.id is EventId.MODEL_AVAILABLE, (problem, runtime.ids())
+            text, finished = runtime.generate("tiny", **GREEDY)
+            assert finished.outcome == "completed"
+            assert text == reference
+            # The host's probe and the engine's connection both went through the relay.
+            assert sum(r["state"] == "connection_opened" for r in records) >= 2
+            runtime.scheduler.unload("tiny")
+            runtime.next_event({EventId.UNLOAD_COMPLETED})
+
+
+def _link_events(runtime: Runtime, event_id: EventId) -> list[Event]:
+    return [e for e in runtime.drain() if e.id is event_id]
+
+
+def _wait_for_probes(runtime: Runtime, stage: int, samples: int) -> None:
+    """Until the engine's probes of `stage` filled `samples` of its window (the decode thread
+    probes on while idle)."""
+    engine = runtime.host._engines[LogicalId("tiny")]
+    assert isinstance(engine.topology, Topology)
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        link = engine.topology.links()[stage]
+        if link is not None and link.samples >= samples:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the engine did not probe the link")
+
+
+def test_link_figures_reach_the_state_and_a_low_threshold_degrades_only_the_relayed_stage(
+    runtime: Runtime, fixture_dir: Path
+) -> None:
+    with (
+        stage_process(*SERVE) as one,
+        stage_process(*SERVE) as two,
+        relay_to(_port(_endpoint(two)), **SLOW_WIRE) as (slow, _),
+    ):
+        stages = (_endpoint(one), f"127.0.0.1:{slow.port}")
+        # Every relayed round trip crosses the relay twice: its p95 is above 60 ms.
+        terminal, problem = runtime.load(
+            fixture_dir / "tiny.gguf", lanes=1, stages=stages, stage_link_p95_ms=45.0
+        )
+        assert terminal.id is EventId.MODEL_AVAILABLE, (problem, runtime.ids())
+        seen = [e for e in runtime.seen if e.id is EventId.STAGE_DEGRADED]
+        degraded = seen[0] if seen else runtime.next_event({EventId.STAGE_DEGRADED})
+        assert degraded.scope.stage_index == 1
+        assert degraded.reason_code is ReasonCode.TIMEOUT
+        p95 = degraded.summary_value(SummaryKey.LINK_P95_MS)
+        assert p95 is not None and p95 >= 60.0
+        assert degraded.summary_value(SummaryKey.LINK_RTT_MS) is not None
+        assert degraded.summary_value(SummaryKey.LINK_JITTER_MS) is not None
+        assert degraded.summary_value(SummaryKey.LINK_P95_THRESHOLD_MS) == 45.0
+        _wait_for_probes(runtime, 1, samples=6)
+        events = runtime.drain()
+        established = [e for e in events if e.id is EventId.DOWNSTREAM_CONNECTION_ESTABLISHED]
+        assert sorted(e.scope.stage_index or 0 for e in established) == [0, 1]
+        assert [e.scope.stage_index for e in events if e.id is EventId.STAGE_DEGRADED] == [1]
+        assert EventId.TOPOLOGY_DEGRADED not in [e.id for e in events]
+        for event in events:  # privacy: no address in any event
+            assert "127.0.0.1" not in repr(event)
+
+        state = runtime.host.pipeline.state
+        document = state_document(state)
+        rows = {
+            row["stage_index"]: row
+            for row in document["stages"]
+            if row.get("topology_id") == str(degraded.scope.topology_id)
+        }
+        assert set(rows) == {0, 1}
+        assert rows[0]["link_rtt_ms"] < rows[1]["link_rtt_ms"]
+        assert rows[0]["link_p95_ms"] < rows[1]["link_p95_ms"]
+        assert "link_jitter_ms" in rows[0] and "link_jitter_ms" in rows[1]
+        assert rows[1]["state"] == "degraded" and rows[0]["state"] == "ready"
+        assert rows[0]["downstream_connected"] is True
+        model = state.models[LogicalId("tiny")]
+        assert model.state.value == "available"  # a slow link degrades the stage only
+        _, finished = runtime.generate("tiny", **GREEDY)
+        assert finished.outcome == "completed"
+        runtime.scheduler.unload("tiny")
+        runtime.next_event({EventId.UNLOAD_COMPLETED})
+
+
+def test_a_high_link_threshold_leaves_a_relayed_stage_ready(
+    runtime: Runtime, fixture_dir: Path
+) -> None:
+    with (
+        stage_process(*SERVE) as one,
+        stage_process(*SERVE) as two,
+        relay_to(_port(_endpoint(two)), **SLOW_WIRE) as (slow, _),
+    ):
+        stages = (_endpoint(one), f"127.0.0.1:{slow.port}")
+        terminal, problem = runtime.load(
+            fixture_dir / "tiny.gguf", lanes=1, stages=stages, stage_link_p95_ms=60_000.0
+        )
+        assert terminal.id is EventId.MODEL_AVAILABLE, (problem, runtime.ids())
+        _wait_for_probes(runtime, 1, samples=6)
+        ids = runtime.ids(Category.STAGE_TOPOLOGY)
+        assert EventId.STAGE_DEGRADED not in ids and EventId.TOPOLOGY_DEGRADED not in ids
+        assert ids.count(EventId.DOWNSTREAM_CONNECTION_ESTABLISHED) == 2
+        assert runtime.host.pipeline.state.models[LogicalId("tiny")].state.value == "available"
+        runtime.scheduler.unload("tiny")
+        runtime.next_event({EventId.UNLOAD_COMPLETED})

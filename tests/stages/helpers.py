@@ -17,6 +17,8 @@ from typing import Any
 
 import orjson
 
+from skippyctl.stages.relay import Relay, RelayOptions
+
 READ_TIMEOUT_S = 120.0  # a generous bound for a busy machine; never asserted as a duration
 
 
@@ -141,3 +143,22 @@ def stage_process(*args: str) -> Iterator[StageProcess]:
         yield stage
     finally:
         stage.cleanup()
+
+
+@contextlib.contextmanager
+def relay_to(target_port: int, **fields: Any) -> Iterator[tuple[Relay, list[dict[str, Any]]]]:
+    """An in-process `stage relay` to 127.0.0.1:`target_port` (RelayOptions `fields`), its
+    records collected; stopped and every one of its threads joined on exit."""
+    records: list[dict[str, Any]] = []
+    running = Relay(RelayOptions(target_port=target_port, **fields), records.append)
+    stop = threading.Event()
+    thread = threading.Thread(target=running.run, args=(stop,), daemon=True)
+    thread.start()
+    assert running.listening.wait(READ_TIMEOUT_S)
+    try:
+        yield running, records
+    finally:
+        stop.set()
+        thread.join(READ_TIMEOUT_S)
+        assert not thread.is_alive()
+    assert not [t for t in threading.enumerate() if t.name.startswith("skippy-relay")]

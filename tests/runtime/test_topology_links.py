@@ -1,0 +1,92 @@
+"""A topology's link judgement (runtime/topology.py): thresholds, hysteresis, the figures in
+the events, connection events. No stage or engine runs: the topology is told what an engine
+would report."""
+
+from __future__ import annotations
+
+from skippyctl.engine.protocol import Link
+from skippyctl.events.catalog import EventId
+from skippyctl.events.envelope import Event, LogicalId, SummaryKey
+from skippyctl.runtime import topology as topo
+from skippyctl.stages import plan as stage_plan
+
+
+def _topology(threshold_ms: float = 50.0) -> tuple[topo.Topology, list[Event]]:
+    events: list[Event] = []
+    topology = topo.Topology(
+        LogicalId("topology-1"),
+        LogicalId("tiny"),
+        LogicalId("load-1"),
+        events.append,
+        link_p95_threshold_ms=threshold_ms,
+    )
+    for port in (1, 2):
+        endpoint = stage_plan.Endpoint("127.0.0.1", port)
+        topology._stages.append(topo._Stage(endpoint, LogicalId(f"stage-{port}"), port - 1))
+    return topology, events
+
+
+def _link(stage: int, p95: float) -> Link:
+    return Link(stage=stage, rtt_ms=p95 / 2, p95_ms=p95, jitter_ms=1.0, samples=3)
+
+
+def _ids(events: list[Event]) -> list[tuple[EventId, int | None]]:
+    return [(e.id, e.scope.stage_index) for e in events]
+
+
+def test_the_load_reports_each_stage_ready_and_connected_with_its_first_figures() -> None:
+    topology, events = _topology()
+    topology.engine_link(_link(0, 2.0))
+    topology.engine_link(_link(1, 80.0))
+    topology.engine_loaded(True)
+    assert _ids(events) == [
+        (EventId.STAGE_READY, 0),
+        (EventId.DOWNSTREAM_CONNECTION_ESTABLISHED, 0),
+        (EventId.STAGE_READY, 1),
+        (EventId.DOWNSTREAM_CONNECTION_ESTABLISHED, 1),
+    ]
+    assert events[1].summary_value(SummaryKey.LINK_P95_MS) == 2.0
+    assert events[3].summary_value(SummaryKey.LINK_RTT_MS) == 40.0
+    events.clear()
+    topology.engine_serving(True)  # figures that came before the context are judged now
+    assert _ids(events) == [(EventId.TOPOLOGY_READY, None), (EventId.STAGE_DEGRADED, 1)]
+    degraded = events[1]
+    assert degraded.summary_value(SummaryKey.LINK_P95_MS) == 80.0
+    assert degraded.summary_value(SummaryKey.LINK_JITTER_MS) == 1.0
+    assert degraded.summary_value(SummaryKey.LINK_P95_THRESHOLD_MS) == 50.0
+    assert degraded.operation_id is None  # the load is over
+
+
+def test_a_degraded_link_recovers_only_below_the_hysteresis_mark() -> None:
+    topology, events = _topology(threshold_ms=50.0)
+    topology.engine_loaded(True)
+    topology.engine_serving(True)
+    events.clear()
+    topology.engine_link(_link(0, 60.0))
+    topology.engine_link(_link(0, 70.0))  # still above: no repeat
+    topology.engine_link(_link(0, 45.0))  # below the threshold, above 0.8 x it: still degraded
+    assert _ids(events) == [(EventId.STAGE_DEGRADED, 0)]
+    topology.engine_link(_link(0, 39.0))
+    assert _ids(events) == [(EventId.STAGE_DEGRADED, 0), (EventId.STAGE_READY, 0)]
+    assert events[-1].summary_value(SummaryKey.LINK_P95_MS) == 39.0
+
+
+def test_links_are_not_judged_before_the_model_serves_or_after_it_ended() -> None:
+    topology, events = _topology(threshold_ms=10.0)
+    topology.engine_link(_link(1, 500.0))
+    assert events == []
+    assert topology.links()[1] == _link(1, 500.0)
+    topology.engine_link(Link(stage=7, rtt_ms=1.0, p95_ms=1.0, jitter_ms=0.0))  # ignored
+    topology.close()
+    events.clear()
+    topology.engine_link(_link(1, 900.0))
+    assert events == []
+
+
+def test_a_high_threshold_never_degrades() -> None:
+    topology, events = _topology(threshold_ms=60_000.0)
+    topology.engine_loaded(True)
+    topology.engine_serving(True)
+    for p95 in (1.0, 500.0, 5_000.0):
+        topology.engine_link(_link(1, p95))
+    assert EventId.STAGE_DEGRADED not in [e.id for e in events]
