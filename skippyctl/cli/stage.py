@@ -53,6 +53,13 @@ _SECURITY: Final = (
 )
 
 
+_CLIENT_LINES: Final = {
+    EventId.UPSTREAM_CONNECTION_ESTABLISHED: "a client (an engine) connected",
+    EventId.UPSTREAM_CONNECTION_LOST: "[yellow]![/] the client went away",
+    EventId.UPSTREAM_CONNECTION_RECOVERED: "a client connected again",
+}
+
+
 class _HumanLines:
     """Lifecycle lines for people on stderr; the endpoint on stdout once ready."""
 
@@ -78,6 +85,8 @@ class _HumanLines:
             typer.echo(sup.endpoint)
         elif event.id is EventId.STAGE_STOPPING:
             _err.print("stopping the stage…")
+        elif event.id in _CLIENT_LINES:
+            _err.print(_CLIENT_LINES[event.id])
 
 
 def _stop_on_signals(stop: threading.Event) -> dict[int, Any]:

@@ -92,6 +92,9 @@ _STAGE_VERBS: Final = {
     EventId.STAGE_READY: "stage ready",
     EventId.STAGE_STOPPING: "stage stopping",
     EventId.STAGE_STOPPED: "stage stopped",
+    EventId.UPSTREAM_CONNECTION_ESTABLISHED: "client connected",
+    EventId.UPSTREAM_CONNECTION_LOST: "client gone",
+    EventId.UPSTREAM_CONNECTION_RECOVERED: "client connected again",
 }
 
 
@@ -100,6 +103,9 @@ _RENDERERS: Final[dict[EventId, Callable[[Event], str]]] = {
     EventId.STAGE_READY: _stage,
     EventId.STAGE_STOPPING: _stage,
     EventId.STAGE_STOPPED: _stage,
+    EventId.UPSTREAM_CONNECTION_ESTABLISHED: _stage,
+    EventId.UPSTREAM_CONNECTION_LOST: _stage,
+    EventId.UPSTREAM_CONNECTION_RECOVERED: _stage,
     EventId.STAGE_FAILED: _failed,
     EventId.MODEL_LOAD_PROGRESS: _progress,
     EventId.BACKEND_DEVICE_SELECTED: _device,

@@ -14,7 +14,7 @@ refused, except a crash or an unload (they concern the model whatever loaded it)
     native_model_load_completed               loading → initializing, announces native_model_loaded
     serving_backend_initialization_started    initializing → same
     serving_backend_initialization_completed  initializing → available, announces model_available —
-                                                once its topology is ready (*)
+                                                once its topology is ready or degraded (*)
     model_load_failed                         in load → failed
       serving_backend_initialization_failed
     model_load_cancelled                      in load → cancelled
@@ -32,7 +32,9 @@ refused, except a crash or an unload (they concern the model whatever loaded it)
 "settled" = failed | cancelled | unloaded | unavailable; "in load" = requested | loading |
 initializing; "serving" = available | degraded.
 (*) a model served by a topology becomes available only when both its serving backend and its
-topology are ready; a backend that completes first is recorded as ready and the model waits.
+topology are ready; a backend that completes first is recorded as ready and the model waits. A
+topology already degraded when the backend completes (a slow stage link found at once) serves
+too: the model becomes available and at once degraded (model_available, model_degraded).
 (**) a crash during a load is not a rejection: that load is settled by model_load_failed.
 The topology_* rows project a topology's new state (topology.py) onto the models it serves: a
 model no row fits stays as it is, which is not a rejection.
@@ -100,7 +102,7 @@ MOVES: Final[MoveTable[ModelState]] = MoveTable(
             _E.SERVING_BACKEND_INITIALIZATION_COMPLETED,
             _M.AVAILABLE,
             _E.MODEL_AVAILABLE,
-            "once its topology is ready (*)",
+            "once its topology is ready or degraded (*)",
         ),
         *moves(
             LOADING_MODEL_STATES,
@@ -309,11 +311,16 @@ def on_backend_started(state: RuntimeView, event: Event) -> Step:
     return state, NO_TRANSITIONS
 
 
+def _topology_state(state: RuntimeView, view: ModelView) -> TopologyState | None:
+    topology = None if view.topology_id is None else state.topologies.get(view.topology_id)
+    return None if topology is None else topology.state
+
+
 def _topology_ready(state: RuntimeView, view: ModelView) -> bool:
+    """No topology, or one that serves (ready, or degraded: a slow link still serves)."""
     if view.topology_id is None:
         return True
-    topology = state.topologies.get(view.topology_id)
-    return topology is not None and topology.state is TopologyState.READY
+    return _topology_state(state, view) in (TopologyState.READY, TopologyState.DEGRADED)
 
 
 def _load_duration_ms(view: ModelView, now_ns: int) -> float | None:
@@ -341,7 +348,17 @@ def on_backend_completed(state: RuntimeView, event: Event) -> Step:
     )
     if not _topology_ready(state, ready):
         return _store(state, ready), NO_TRANSITIONS
-    return _become_available(state, ready, event)
+    state, announced = _become_available(state, ready, event)
+    if _topology_state(state, ready) is not TopologyState.DEGRADED:
+        return state, announced
+    available = state.models[ready.model_id]
+    row = MOVES.find(EventId.TOPOLOGY_DEGRADED, ModelState.AVAILABLE)
+    if row is None or not isinstance(row.target, ModelState):  # the tables say no such move
+        return state, announced
+    degraded = evolve(available, state=row.target, updated_mono_ns=event.mono_ns)
+    return _store(state, degraded), announced + _announced(
+        row, degraded, ModelState.AVAILABLE, event
+    )
 
 
 def _become_available(state: RuntimeView, view: ModelView, cause: Event) -> Step:

@@ -179,6 +179,9 @@ class RuntimeHost:
         self.native = NativeStatus(None, None, None)
         self._ids = OperationIds()
         self._engines: dict[LogicalId, EngineProcess] = {}
+        self._lost_stages: set[LogicalId] = set()
+        """Stages a split model's engine lost (runtime/topology.py): the next load that reaches
+        one again reports its connection recovered."""
         self._operations: dict[LogicalId, EngineProcess] = {}
         self._timers: list[threading.Timer] = []
         self._lock = threading.Lock()
@@ -264,6 +267,7 @@ class RuntimeHost:
                 request.local_stages,
                 request.local_stage_mem_mib,
                 replan=request.replan,
+                lost_stages=self._lost_stages,
                 link_p95_threshold_ms=DEFAULT_LINK_P95_MS
                 if request.stage_link_p95_ms is None
                 else request.stage_link_p95_ms,

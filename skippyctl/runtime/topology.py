@@ -50,12 +50,12 @@ built by the host before any engine exists. Contract:
   ``link_p95_ms``, ``link_jitter_ms``). While the model serves, a stage whose link p95 goes
   above ``link_p95_threshold_ms`` gets ``stage_degraded`` (reason ``timeout``; summaries the
   figures and ``link_p95_threshold_ms``), and once it is back below
-  ``LINK_RECOVERY_RATIO`` × the threshold (hysteresis) ``stage_ready`` with the figures. A slow
-  link degrades the stage only, not the topology or the model (no ``topology_degraded``): the
-  reducer makes a split model available only once its topology is ready, and the host cannot
-  order its own events after the engine's authoritative context return, so a link judged slow
-  right after the load would otherwise hold the model back. Only
-  those transitions are events: the reducer keeps the figures they carried. When
+  ``LINK_RECOVERY_RATIO`` × the threshold (hysteresis) ``stage_ready`` with the figures. The
+  first degraded stage makes the topology ``topology_degraded`` (reason ``timeout``), the last
+  one to recover ``topology_ready`` again; the reducer projects that onto the model (degraded,
+  still serving — also when the topology is degraded before the engine's context return is
+  reduced, since the host cannot order its events after that authoritative item). Only those
+  transitions are events: the reducer keeps the figures they carried. When
   ``engine_crashed`` finds a stage gone it emits ``downstream_connection_lost`` for it before
   ``stage_unavailable``. The engine probes idle links too (each probe is a ggml call), so a
   remote stage dying while the engine is idle ends the engine within a probe interval and is
@@ -221,6 +221,7 @@ class Topology:
         probe_timeout_s: float = PROBE_TIMEOUT_S,
         *,
         replan: bool = False,
+        lost_stages: set[LogicalId] | None = None,
         link_p95_threshold_ms: float = DEFAULT_LINK_P95_MS,
     ) -> None:
         self.topology_id = topology_id
@@ -232,6 +233,8 @@ class Topology:
         self._local_mem_mib = local_stage_mem_mib
         self._probe_timeout_s = probe_timeout_s
         self._replan = replan
+        self._lost_stages = set() if lost_stages is None else lost_stages
+        """Shared with the host across loads: stages an engine lost and no load reached since."""
         self.link_p95_threshold_ms = link_p95_threshold_ms
         self._serving = False
         self._stages: list[_Stage] = []
@@ -455,8 +458,12 @@ class Topology:
                 )
                 + self._link_summaries(stage),
             )
+            recovered = stage.stage_id in self._lost_stages
+            self._lost_stages.discard(stage.stage_id)
             self._emit(
-                EventId.DOWNSTREAM_CONNECTION_ESTABLISHED,
+                EventId.DOWNSTREAM_CONNECTION_RECOVERED
+                if recovered
+                else EventId.DOWNSTREAM_CONNECTION_ESTABLISHED,
                 stage,
                 outcome=Outcome.SUCCESS,
                 summaries=self._link_summaries(stage),
@@ -516,6 +523,13 @@ class Topology:
                 reason_code=ReasonCode.TIMEOUT,
                 summaries=self._link_summaries(stage) + summaries(link_p95_threshold_ms=threshold),
             )
+            if self._degraded_stages() == 1:  # the first slow link degrades the topology
+                self._emit(
+                    EventId.TOPOLOGY_DEGRADED,
+                    outcome=Outcome.FAILURE,
+                    reason_code=ReasonCode.TIMEOUT,
+                    summaries=summaries(stages=len(self._stages), count=1),
+                )
         elif stage.link_degraded and link.p95_ms < threshold * LINK_RECOVERY_RATIO:
             stage.link_degraded = False
             self._emit(
@@ -524,6 +538,15 @@ class Topology:
                 outcome=Outcome.SUCCESS,
                 summaries=self._link_summaries(stage) + summaries(link_p95_threshold_ms=threshold),
             )
+            if self._degraded_stages() == 0:  # the last one recovered
+                self._emit(
+                    EventId.TOPOLOGY_READY,
+                    outcome=Outcome.SUCCESS,
+                    summaries=summaries(stages=len(self._stages)),
+                )
+
+    def _degraded_stages(self) -> int:
+        return sum(stage.link_degraded for stage in self._stages)
 
     def engine_crashed(self) -> ReasonCode | None:
         """Which stages are gone now that the engine died (module docstring)."""
@@ -536,6 +559,7 @@ class Topology:
         with self._lock:
             self._serving = False
         for stage in lost:
+            self._lost_stages.add(stage.stage_id)
             self._emit(
                 EventId.DOWNSTREAM_CONNECTION_LOST,
                 stage,

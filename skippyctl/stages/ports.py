@@ -27,6 +27,7 @@ from typing import Final
 from skippyctl.events.envelope import LogicalId
 
 MAX_PORT: Final = 65535
+_TCP_ESTABLISHED: Final = "01"
 _TCP_LISTEN: Final = "0A"
 _PROC_NET_TCP: Final = Path("/proc/net/tcp")
 
@@ -111,6 +112,11 @@ def accepts_connections(address: str, port: int, timeout_s: float) -> bool:
 
 
 def _listening_inodes(port: int) -> set[int] | None:
+    return _inodes_in_state(port, _TCP_LISTEN)
+
+
+def _inodes_in_state(port: int, tcp_state: str) -> set[int] | None:
+    """Inodes of the IPv4 TCP sockets whose local port is ``port`` in ``tcp_state``."""
     try:
         lines = _PROC_NET_TCP.read_text().splitlines()[1:]
     except OSError:
@@ -118,7 +124,7 @@ def _listening_inodes(port: int) -> set[int] | None:
     inodes: set[int] = set()
     for line in lines:
         fields = line.split()
-        if len(fields) < 10 or fields[3] != _TCP_LISTEN:
+        if len(fields) < 10 or fields[3] != tcp_state:
             continue
         _, _, local_port = fields[1].partition(":")
         with contextlib.suppress(ValueError):
@@ -153,3 +159,13 @@ def listener_owned_by(pid: int, port: int) -> bool | None:
     if listening is None or owned is None:
         return None
     return bool(listening & owned)
+
+
+def clients_connected(pid: int, port: int) -> int | None:
+    """How many TCP connections process ``pid`` has accepted on ``port`` and holds open (its
+    established sockets with that local port); None when this cannot be told (no /proc)."""
+    established = _inodes_in_state(port, _TCP_ESTABLISHED)
+    owned = _socket_inodes(pid)
+    if established is None or owned is None:
+        return None
+    return len(established & owned)

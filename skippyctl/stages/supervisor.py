@@ -13,6 +13,9 @@ Contract of ``StageSupervisor.run(stop)``:
   reaches only this supervisor; it dies with the supervisor, see ``stages.worker``); once the
   worker said it serves, the port accepts a TCP connection **and** (where /proc can tell) the
   listening socket is the worker's, ``stage_ready``. The reservation is released then.
+- While it serves, the stage's client (``upstream``: the engine, or a relay in front of it)
+  is watched from /proc: ``upstream_connection_established`` once one stayed connected
+  ``CLIENT_SETTLE_S``, ``upstream_connection_lost`` when it goes, ``…_recovered`` for the next.
 - ``stop`` set (SIGINT/SIGTERM in the CLI): ``stage_stopping``, SIGTERM to the worker, SIGKILL
   after ``STOP_GRACE_S``, then ``stage_stopped`` (outcome success). The worker is never left
   behind: every way out of ``run`` waits for it.
@@ -59,6 +62,9 @@ STARTUP_TIMEOUT_S: Final = 60.0
 STOP_GRACE_S: Final = 5.0
 PROBE_INTERVAL_S: Final = 0.05
 PROBE_CONNECT_TIMEOUT_S: Final = 0.5
+CLIENT_LOOK_INTERVAL_S: Final = 0.25
+CLIENT_SETTLE_S: Final = 0.5
+"""A client connection shorter than this (a probe) is not reported as the stage's upstream."""
 MIB: Final = 2**20
 
 
@@ -197,12 +203,14 @@ class StageSupervisor:
         device = LogicalId(self.device) if self.device else None
         return Scope(stage_id=self.stage_id, device_id=device)
 
-    def _event(self, event_id: EventId, state: str, **fields: Any) -> Event:
+    def _event(self, event_id: EventId, state: str | None, **fields: Any) -> Event:
+        """Emit ``event_id``; ``state`` is the stage's new state (None: a connection fact, no
+        state change of the stage itself)."""
         extra = fields.pop("extra", {})
         event = make_event(
             event_id,
             scope=self._scope(),
-            state=StateChange(self._state, state),
+            state=None if state is None else StateChange(self._state, state),
             summaries=summaries(
                 port=self.port,
                 threads=self.options.threads,
@@ -213,7 +221,8 @@ class StageSupervisor:
             ),
             **fields,
         )
-        self._state = state
+        if state is not None:
+            self._state = state
         self._emit(event)
         return event
 
@@ -391,6 +400,8 @@ class StageSupervisor:
         stop: threading.Event,
         started: float,
     ) -> StageOutcome:
+        client = _ClientWatch()
+        next_look = 0.0
         while not stop.wait(PROBE_INTERVAL_S):
             for message in status.read(0.0):
                 failure = self._on_status(message, process)
@@ -398,6 +409,12 @@ class StageSupervisor:
                     return failure
             if process.poll() is not None:
                 return self._died(process, status)
+            now = time.monotonic()
+            if now >= next_look:
+                next_look = now + CLIENT_LOOK_INTERVAL_S
+                change = client.look(ports.clients_connected(process.pid, self.port), now)
+                if change is not None:
+                    self._event(change, None, outcome=_CLIENT_OUTCOMES[change])
         return self._stop(process, started)
 
     def _stop(self, process: subprocess.Popen[bytes], started: float) -> StageOutcome:
@@ -413,6 +430,45 @@ class StageSupervisor:
             extra=extra,
         )
         return StageOutcome(event, None, "stage stopped")
+
+
+_CLIENT_OUTCOMES: Final = {
+    EventId.UPSTREAM_CONNECTION_ESTABLISHED: Outcome.SUCCESS,
+    EventId.UPSTREAM_CONNECTION_RECOVERED: Outcome.SUCCESS,
+    EventId.UPSTREAM_CONNECTION_LOST: Outcome.FAILURE,
+}
+
+
+class _ClientWatch:
+    """The stage's upstream connection: the client (an engine, or a relay in front of one) that
+    ggml's server accepted and serves — one at a time. Seen from /proc (the worker's established
+    sockets on its port), never from ggml's output. A client counts as connected once it stayed
+    ``CLIENT_SETTLE_S`` (a runtime's probe — HELLO, device memory, close — is not an upstream);
+    ``look`` returns the event a change makes: established, lost, then recovered for the next
+    client."""
+
+    def __init__(self) -> None:
+        self.connected = False
+        self._seen_since: float | None = None
+        self._lost_once = False
+
+    def look(self, clients: int | None, now: float) -> EventId | None:
+        if clients is None:  # cannot be told here (no /proc)
+            return None
+        if clients == 0:
+            self._seen_since = None
+            if not self.connected:
+                return None
+            self.connected, self._lost_once = False, True
+            return EventId.UPSTREAM_CONNECTION_LOST
+        if self._seen_since is None:
+            self._seen_since = now
+        if self.connected or now - self._seen_since < CLIENT_SETTLE_S:
+            return None
+        self.connected = True
+        if self._lost_once:
+            return EventId.UPSTREAM_CONNECTION_RECOVERED
+        return EventId.UPSTREAM_CONNECTION_ESTABLISHED
 
 
 def _reap(process: subprocess.Popen[bytes]) -> None:

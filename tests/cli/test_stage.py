@@ -141,3 +141,35 @@ def test_help_warns_that_a_stage_runs_any_graph_and_shows_an_example() -> None:
     text = " ".join(result.stdout.split())
     assert "runs whatever graph any client that connects sends it" in text
     assert "--allow-remote" in text and "Example" in text
+
+
+def test_the_stage_reports_its_client_connecting_going_and_coming_back() -> None:
+    """The upstream connection as the stage sees it (from /proc, never ggml's output): a client
+    that stays is established, its close is lost, the next one is recovered; a client gone
+    before the settle time (a probe) is not reported."""
+    with stage_process("--port", "0", *SERVE) as stage:
+        port = stage.until("stage_ready")[-1]["summaries"]["port"]
+        with socket.create_connection(("127.0.0.1", port), timeout=10):
+            pass  # a probe's worth: connect and leave at once
+        with socket.create_connection(("127.0.0.1", port), timeout=10):
+            established = stage.next_record()
+        lost = stage.next_record()
+        with socket.create_connection(("127.0.0.1", port), timeout=10):
+            recovered = stage.next_record()
+        assert stage.next_record()["event"] == "upstream_connection_lost"
+        stage.process.send_signal(signal.SIGTERM)
+        rest = stage.rest()
+        assert stage.wait() == 0
+    assert [r["event"] for r in (established, lost, recovered)] == [
+        "upstream_connection_established",
+        "upstream_connection_lost",
+        "upstream_connection_recovered",
+    ]
+    assert [r["outcome"] for r in (established, lost, recovered)] == [
+        "success",
+        "failure",
+        "success",
+    ]
+    assert {r["stage_id"] for r in (established, lost, recovered)} == {rest[0]["stage_id"]}
+    assert [r["event"] for r in rest] == ["stage_stopping", "stage_stopped"]
+    _no_path_or_pointer([established, lost, recovered, *rest])

@@ -97,6 +97,20 @@ def test_topology_gates_availability_until_every_stage_is_ready() -> None:
     assert state.node is NodeState.ACCEPTING
 
 
+def test_a_topology_degraded_before_its_backend_completes_serves_degraded() -> None:
+    """The host's topology events can be reduced before the engine's context return: a
+    degraded topology (a slow link found at once) must not hold the model back."""
+    events = RUNNING + [_topology(EventId.TOPOLOGY_ASSEMBLING), _stage(EventId.STAGE_READY, "s0")]
+    events += [_topology(EventId.TOPOLOGY_READY), _topology(EventId.TOPOLOGY_DEGRADED)]
+    events += _load(BIG, "load-2", TOPO)  # ends with serving_backend_initialization_completed
+    state, emitted = _run(events)
+    assert state.models[BIG].state is ModelState.DEGRADED
+    ids = [e.id for e in emitted]
+    assert ids.index(EventId.MODEL_AVAILABLE) < ids.index(EventId.MODEL_DEGRADED)
+    state, emitted = _run([_topology(EventId.TOPOLOGY_READY)], state)
+    assert state.models[BIG].state is ModelState.AVAILABLE
+
+
 def test_stage_degradation_and_recovery_project_onto_the_model_and_node() -> None:
     events = RUNNING + [_topology(EventId.TOPOLOGY_ASSEMBLING), _stage(EventId.STAGE_READY, "s0")]
     events += _load(BIG, "load-2", TOPO) + [_topology(EventId.TOPOLOGY_READY)]

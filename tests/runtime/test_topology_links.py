@@ -49,7 +49,11 @@ def test_the_load_reports_each_stage_ready_and_connected_with_its_first_figures(
     assert events[3].summary_value(SummaryKey.LINK_RTT_MS) == 40.0
     events.clear()
     topology.engine_serving(True)  # figures that came before the context are judged now
-    assert _ids(events) == [(EventId.TOPOLOGY_READY, None), (EventId.STAGE_DEGRADED, 1)]
+    assert _ids(events) == [
+        (EventId.TOPOLOGY_READY, None),
+        (EventId.STAGE_DEGRADED, 1),
+        (EventId.TOPOLOGY_DEGRADED, None),
+    ]
     degraded = events[1]
     assert degraded.summary_value(SummaryKey.LINK_P95_MS) == 80.0
     assert degraded.summary_value(SummaryKey.LINK_JITTER_MS) == 1.0
@@ -65,10 +69,13 @@ def test_a_degraded_link_recovers_only_below_the_hysteresis_mark() -> None:
     topology.engine_link(_link(0, 60.0))
     topology.engine_link(_link(0, 70.0))  # still above: no repeat
     topology.engine_link(_link(0, 45.0))  # below the threshold, above 0.8 x it: still degraded
-    assert _ids(events) == [(EventId.STAGE_DEGRADED, 0)]
+    assert _ids(events) == [(EventId.STAGE_DEGRADED, 0), (EventId.TOPOLOGY_DEGRADED, None)]
+    topology.engine_link(_link(1, 90.0))  # a second slow stage: the topology is degraded already
     topology.engine_link(_link(0, 39.0))
-    assert _ids(events) == [(EventId.STAGE_DEGRADED, 0), (EventId.STAGE_READY, 0)]
+    assert _ids(events)[2:] == [(EventId.STAGE_DEGRADED, 1), (EventId.STAGE_READY, 0)]
     assert events[-1].summary_value(SummaryKey.LINK_P95_MS) == 39.0
+    topology.engine_link(_link(1, 10.0))  # the last slow stage recovers: so does the topology
+    assert _ids(events)[4:] == [(EventId.STAGE_READY, 1), (EventId.TOPOLOGY_READY, None)]
 
 
 def test_links_are_not_judged_before_the_model_serves_or_after_it_ended() -> None:
