@@ -2,7 +2,7 @@
 
     .venv/bin/python -m benchmarks.stages [--rounds 3] [--stages 1,2,3] [--tokens 64]
         [--requests 2] [--model mid|tiny] [--context-per-session 512] [--threads T]
-        [--stage-threads T] [--contenders skippy,llama-server]
+        [--stage-threads T] [--contenders skippy,llama-server] [--wire [D,J,S,P]]
 
 Contenders, for every N in --stages (N = 1: one process, no stage):
 
@@ -21,6 +21,10 @@ session, greedy, end-of-generation banned (benchmarks/loadgen.py: identical bodi
 contender, one N, one round) gets fresh stage workers and is the only client they ever have;
 everything a run started is stopped before the next starts. Each run: start, one unmeasured
 warm-up request, --requests measured streaming requests, stop.
+
+With ``--wire`` every stage sits behind a `skippyctl stage relay` (its own process) with that
+wire model — constant delay, exponential jitter, probabilistic stalls, order kept — and both
+contenders dial the relays.
 
 Measured per request: TTFT (send → first chunk with text, prefill included) and decode tokens/s
 ((tokens − 1) / (last chunk − first chunk)). Reported per contender and N: medians over every
@@ -45,6 +49,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import IO, Any, Final
@@ -70,22 +75,38 @@ DEFAULT_CONTEXT_PER_SESSION: Final = 512
 ALL_LAYERS: Final = "999"
 
 
-class StageWorker:
-    """One `skippyctl stage serve --json --port 0` this script started (its own process group),
-    ready once it reported `stage_ready` with its port."""
+@dataclass(frozen=True, slots=True)
+class Wire:
+    """The wire model of `skippyctl stage relay` put in front of every stage (issue 13's
+    default: 3 ms + exp(5 ms) jitter + 2 % × 40 ms stalls)."""
 
-    def __init__(self, threads: int, log: IO[bytes]) -> None:
-        command = [sys.executable, "-m", "skippyctl", "stage", "serve", "--json"]
-        command += ["--port", "0", "--threads", str(threads)]
+    delay_ms: float = 3.0
+    jitter_ms: float = 5.0
+    stall_ms: float = 40.0
+    stall_p: float = 0.02
+
+    def args(self) -> list[str]:
+        return [
+            "--delay-ms", str(self.delay_ms), "--jitter-ms", str(self.jitter_ms),
+            "--stall-ms", str(self.stall_ms), "--stall-p", str(self.stall_p), "--seed", "7",
+        ]  # fmt: skip
+
+
+class _Child:
+    """A `skippyctl stage …` process this script started (its own process group) and the
+    port its first matching JSON record names."""
+
+    def __init__(self, command: list[str], log: IO[bytes], ready: Callable[[Any], int | None]):
         self.process = subprocess.Popen(
-            command,
+            [sys.executable, "-m", "skippyctl", "stage", *command, "--json"],
             cwd=REPO,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=log,
             start_new_session=True,
         )
-        self.endpoint = ""
+        self.port = 0
+        self._ready_when = ready
         self._ready = threading.Event()
         self._failed = ""
         self._reader = threading.Thread(target=self._read, name="bench-stage", daemon=True)
@@ -97,21 +118,22 @@ class StageWorker:
         for line in stdout:
             with contextlib.suppress(orjson.JSONDecodeError):
                 record = orjson.loads(line)
-                if record.get("event") == "stage_ready" and not self._ready.is_set():
-                    self.endpoint = f"127.0.0.1:{record['summaries']['port']}"
+                port = self._ready_when(record)
+                if port is not None and not self._ready.is_set():
+                    self.port = port
                     self._ready.set()
-                elif record.get("event") == "stage_failed":
+                elif record.get("event") == "stage_failed" or record.get("record") == "error":
                     self._failed = str(record.get("reason_code"))
                     self._ready.set()
         self._ready.set()
 
-    def wait_ready(self) -> str:
-        if not self._ready.wait(START_TIMEOUT_S) or not self.endpoint:
-            raise RuntimeError(f"a stage worker did not get ready ({self._failed or 'no answer'})")
-        return self.endpoint
+    def wait_ready(self) -> int:
+        if not self._ready.wait(START_TIMEOUT_S) or not self.port:
+            raise RuntimeError(f"a stage process did not get ready ({self._failed or 'no answer'})")
+        return self.port
 
     def stop(self) -> None:
-        """SIGTERM to its group (`stage serve` stops and reaps its worker), SIGKILL if it stays."""
+        """SIGTERM to its group (it stops and reaps what it started), SIGKILL if it stays."""
         if self.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGTERM)
@@ -124,6 +146,44 @@ class StageWorker:
         self._reader.join(STOP_TIMEOUT_S)
 
 
+def _stage_ready(record: Any) -> int | None:
+    if record.get("event") == "stage_ready":
+        return int(record["summaries"]["port"])
+    return None
+
+
+def _relay_listening(record: Any) -> int | None:
+    if record.get("record") == "relay" and record.get("state") == "listening":
+        return int(record["port"])
+    return None
+
+
+class StageWorker:
+    """One `skippyctl stage serve --port 0` (and, with a wire model, a `stage relay` in front of
+    it): ready once the stage (and the relay) said so; ``endpoint`` is what clients dial."""
+
+    def __init__(self, threads: int, log: IO[bytes], wire: Wire | None = None) -> None:
+        self._stage = _Child(["serve", "--port", "0", "--threads", str(threads)], log, _stage_ready)
+        self._relay: _Child | None = None
+        self._wire = wire
+        self._log = log
+        self.endpoint = ""
+
+    def wait_ready(self) -> str:
+        port = self._stage.wait_ready()
+        if self._wire is not None:
+            command = ["relay", "--listen", "127.0.0.1:0", "--to", f"127.0.0.1:{port}"]
+            self._relay = _Child(command + self._wire.args(), self._log, _relay_listening)
+            port = self._relay.wait_ready()
+        self.endpoint = f"127.0.0.1:{port}"
+        return self.endpoint
+
+    def stop(self) -> None:
+        if self._relay is not None:
+            self._relay.stop()
+        self._stage.stop()
+
+
 @dataclass(frozen=True, slots=True)
 class Plan:
     contenders: tuple[str, ...]
@@ -134,6 +194,7 @@ class Plan:
     context_per_session: int
     threads: int
     stage_threads: int | None
+    wire: Wire | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +234,9 @@ def run_one(plan: Plan, contender: str, stages: int, directory: Path) -> list[Re
     log = open(directory / "stages.log", "wb")  # noqa: SIM115 - closed below
     try:
         if stages > 1:
-            workers = [StageWorker(stage_threads(plan, stages), log) for _ in range(stages)]
+            workers = [
+                StageWorker(stage_threads(plan, stages), log, plan.wire) for _ in range(stages)
+            ]
         endpoints = [w.wait_ready() for w in workers]
         spec = ServerSpec(plan.path, 1, plan.context_per_session, plan.threads)
         if contender == SKIPPY:
@@ -250,7 +313,14 @@ def _report(plan: Plan, rows: list[Row], ratios: list[Ratio]) -> None:
     out.write(
         f"\n{plan.path.name}: 1 session, {plan.work.requests} request(s) × {plan.work.tokens} "
         f"tokens per run, {plan.rounds} round(s), {plan.threads} thread(s) in the model's "
-        "process\n"
+        "process"
+        + (
+            ""
+            if plan.wire is None
+            else f"; wire model {plan.wire.delay_ms:g} ms + exp({plan.wire.jitter_ms:g} ms) + "
+            f"{plan.wire.stall_p:.0%} × {plan.wire.stall_ms:g} ms stalls"
+        )
+        + "\n"
     )
     out.write(
         f"{'contender':<14}{'stages':>11}{'reqs':>6}  {'decode tok/s (min..max)':<26}"
@@ -287,7 +357,22 @@ def main(argv: list[str] | None = None) -> int:
         "--stage-threads", type=int, help="threads of each stage worker (default cpus // (N+1))"
     )
     parser.add_argument("--contenders", default=",".join(CONTENDERS))
+    parser.add_argument(
+        "--wire",
+        nargs="?",
+        const="3,5,40,0.02",
+        metavar="DELAY,JITTER,STALL_MS,STALL_P",
+        help="a `stage relay` in front of every stage (default with the flag: 3 ms + exp(5 ms) "
+        "jitter + 2%% × 40 ms stalls)",
+    )
     args = parser.parse_args(argv)
+    wire = None
+    if args.wire is not None:
+        try:
+            delay, jitter, stall, stall_p = (float(x) for x in args.wire.split(","))
+        except ValueError:
+            parser.error("--wire takes DELAY,JITTER,STALL_MS,STALL_P")
+        wire = Wire(delay, jitter, stall, stall_p)
     stages = tuple(sorted({int(s) for s in args.stages.split(",") if s.strip()}))
     contenders = tuple(dict.fromkeys(c.strip() for c in args.contenders.split(",") if c.strip()))
     if not stages or min(stages) < 1 or args.rounds < 1 or args.requests < 1:
@@ -306,6 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         context_per_session=args.context_per_session,
         threads=args.threads,
         stage_threads=args.stage_threads,
+        wire=wire,
     )
     try:
         samples = run(plan)
@@ -324,6 +410,7 @@ def main(argv: list[str] | None = None) -> int:
         "threads": plan.threads,
         "stage_threads": {str(n): stage_threads(plan, n) for n in stages if n > 1},
         "context_per_session": plan.context_per_session,
+        "wire": None if wire is None else asdict(wire),
         "rows": [asdict(r) for r in rows],
         "ratios": [asdict(r) for r in ratios],
     }
