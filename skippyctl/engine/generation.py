@@ -251,6 +251,7 @@ class BatchEngine:
         core = self._core
         try:
             core.announce()
+            busy = False
             while not self._stopping:
                 try:
                     busy = self._iterate()
@@ -258,7 +259,7 @@ class BatchEngine:
                     core.fail_running()  # not attributable to one request; keep serving
                     continue
                 finally:
-                    self._probe_links()
+                    self._probe_links(busy)
                     self._flush()
                 if not busy:
                     with self._cond:
@@ -273,12 +274,13 @@ class BatchEngine:
     def _links_wait_s(self) -> float | None:
         return None if self._links is None else self._links.seconds_until_due()
 
-    def _probe_links(self) -> None:
-        """The link probes that are due (decode thread, between ``llama_decode`` calls)."""
+    def _probe_links(self, busy: bool) -> None:
+        """The link probes that are due (decode thread, between ``llama_decode`` calls; less
+        often while ``busy``)."""
         if self._links is None:
             return
         try:
-            messages: list[EngineMessage] = list(self._links.probe_due())
+            messages: list[EngineMessage] = list(self._links.probe_due(busy))
         except Exception:  # noqa: BLE001 - a failed probe must not stop the decode thread
             self.link_probe_failures += 1
             return

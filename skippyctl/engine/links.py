@@ -15,8 +15,9 @@ process when the stage is gone, which the host attributes to the stage (``runtim
 Contract of :class:`LinkProber` (decode thread only, not thread-safe):
 
 - ``probe_all`` takes one sample of every stage now; ``probe_due`` of every stage whose last
-  sample is at least ``interval_s`` old (so at most one probe per stage per interval, whether
-  the engine is busy or idle); ``seconds_until_due`` says how long an idle loop may sleep.
+  sample is at least ``interval_s`` old (``BUSY_INTERVAL_FACTOR`` × that while requests run: a
+  probe delays the decode by a round trip); ``seconds_until_due`` says how long an idle loop
+  may sleep.
 - Each sample yields one :class:`~skippyctl.engine.protocol.Link` with the figures over the last
   ``window`` samples of that stage (:func:`link_figures`).
 """
@@ -34,6 +35,10 @@ from skippyctl.engine.protocol import Link
 
 DEFAULT_WINDOW: Final = 16
 DEFAULT_INTERVAL_S: Final = 1.0
+BUSY_INTERVAL_FACTOR: Final = 5
+"""While requests run, a stage is probed this many times less often: a probe is a round trip
+on the decode thread, and over a slow link (3 ms + exp(5 ms) each way) one a second per stage
+cost 3-12 % of the decode rate of 2-3 stages (benchmarks/stages.py --wire)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,12 +105,15 @@ class LinkProber:
     def probe_all(self) -> list[Link]:
         return [self._sample(index) for index in range(len(self._measure))]
 
-    def probe_due(self) -> list[Link]:
+    def probe_due(self, busy: bool = False) -> list[Link]:
+        """The stages whose last sample is an interval old (``BUSY_INTERVAL_FACTOR`` intervals
+        while ``busy``: requests are running)."""
         now = self._clock()
+        interval = self._interval_s * (BUSY_INTERVAL_FACTOR if busy else 1)
         return [
             self._sample(index)
             for index in range(len(self._measure))
-            if now - self._last[index] >= self._interval_s
+            if now - self._last[index] >= interval
         ]
 
     def seconds_until_due(self) -> float:

@@ -50,6 +50,20 @@ def test_each_stage_is_probed_at_most_once_per_interval() -> None:
     assert [m.samples for m in second] == [2, 2] and calls == [0, 1, 0, 1]
 
 
+def test_while_requests_run_a_stage_is_probed_five_times_less_often() -> None:
+    calls: list[int] = []
+    clock = _Clock()
+    prober = LinkProber([lambda: calls.append(0)], interval_s=1.0, clock=clock)
+    prober.probe_due(busy=True)
+    clock.now += 1.0
+    assert prober.probe_due(busy=True) == []  # idle, it would be due now
+    clock.now += 4.0
+    assert [m.samples for m in prober.probe_due(busy=True)] == [2]
+    clock.now += 1.0
+    assert [m.samples for m in prober.probe_due(busy=False)] == [3]
+    assert calls == [0, 0, 0]
+
+
 def test_the_window_is_bounded() -> None:
     prober = LinkProber([lambda: None], interval_s=0.0, window=4)
     for _ in range(10):
