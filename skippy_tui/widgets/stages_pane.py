@@ -3,10 +3,11 @@
 One heading row per model, `model ▸ topology` with its state and its layer count (and under it
 the topology's reason, when it has one), then a row per stage. A model split across stages
 (`load --stage`/`--local-stages`) lists every stage the reducer knows for its topology, ordered
-by stage index: `#index stage-id`, its state followed by its reason code when it has one (not
-when it only restates the state: `unavailable`, not `unavailable · stage_unavailable`), its layer
+by stage index: `#index stage-id` (the id's first 8 hex digits), its state followed by its
+reason code when it has one (not when it only restates the state: `unavailable`, not
+`unavailable · stage_unavailable`), its link figures (`rtt ±jitter`, when measured), its layer
 range (`0-5`, from its `stage_loading`), its memory (the plan's share of the weights / what the
-stage offered), its link figures (`rtt ±jitter`, when measured) and its links as `↑x ↓y`
+stage offered) and its links as `↑x ↓y`
 (upstream, downstream: ✓ connected, ✗ lost, · not reported). A stage that is lost (unavailable
 or failed) is marked `✗` and drawn in the error style across its row, so it shows at a glance
 even where the pane is too narrow for its state column. A model without a topology (one engine
@@ -40,7 +41,10 @@ from skippyctl.reducer.state import (
     TopologyState,
 )
 
-COLUMNS: Final = ("Model ▸ topology / stage", "State", "Layers", "Memory", "RTT ±jitter", "Links")
+COLUMNS: Final = ("Model ▸ topology / stage", "State", "RTT ±jitter", "Layers", "Memory", "Links")
+"""The link figures come right after the state: on a large terminal the pane is 46 columns and
+what does not fit scrolls, so what changes live is what shows."""
+SHORT_ID_CHARS: Final = len("stage-") + 8
 LOST_STATES: Final = frozenset({StageState.UNAVAILABLE, StageState.FAILED})
 LOST_STYLE: Final = "bold red"
 
@@ -125,14 +129,22 @@ def _stage_rows(stages: list[StageView]) -> Iterable[tuple[str, Cells]]:
         yield (
             f"s:{stage.stage_id}",
             (
-                Text(f" {branch} {'✗ ' if lost else ''}{index}{stage.stage_id}", style=style),
+                Text(
+                    f" {branch} {'✗ ' if lost else ''}{index}{_short(stage.stage_id)}", style=style
+                ),
                 _state(stage.state, _stage_reason(stage)),
+                Text(_rtt(stage), style=style),
                 Text(_layers(stage), style=style),
                 Text(_memory(stage.planned_bytes, stage.offered_bytes), style=style),
-                Text(_rtt(stage), style=style),
                 links,
             ),
         )
+
+
+def _short(stage_id: LogicalId) -> str:
+    """`stage-` and the first 8 hex digits of its hash (unique enough on one screen; the whole
+    id is in `ps` and the state document)."""
+    return stage_id[:SHORT_ID_CHARS]
 
 
 def _heading(model: str, topology: str) -> Text:
@@ -178,7 +190,7 @@ def stage_rows(view: RuntimeView) -> list[tuple[str, Cells]]:
 
 
 _BLANK: Final = ("", "", "", "")
-"""The cells a heading row leaves empty (layers, memory, rtt, links)."""
+"""The cells a heading row leaves empty (rtt, layers, memory, links)."""
 
 
 def _topology_heading(view: RuntimeView, owner: str, topology_id: LogicalId) -> Cells:
@@ -186,7 +198,7 @@ def _topology_heading(view: RuntimeView, owner: str, topology_id: LogicalId) -> 
     if topology is None:
         return (_heading(owner, topology_id), _state(TopologyState.ASSEMBLING), *_BLANK)
     layers = "" if topology.layers is None else f"{topology.layers} layers"
-    return (_heading(owner, topology_id), _state(topology.state), layers, "", "", "")
+    return (_heading(owner, topology_id), _state(topology.state), "", layers, "", "")
 
 
 def _topology_reason(view: RuntimeView, topology_id: LogicalId) -> list[tuple[str, Cells]]:
