@@ -29,7 +29,7 @@ from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event
 from skippyctl.events.reasons import Category, ReasonCode
 from skippyctl.output.summary import reason_message, render_summary
-from skippyctl.stages.plan import MAX_STAGES, EndpointError, parse_endpoints
+from skippyctl.stages.plan import stage_options_problem
 
 TERMINALS = frozenset(
     {EventId.MODEL_AVAILABLE, EventId.MODEL_LOAD_FAILED, EventId.MODEL_LOAD_CANCELLED}
@@ -134,7 +134,7 @@ def load_command(
     """
     stderr = Console(stderr=True)
     stages = StageArgs(tuple(stage or ()), local_stages, mem, replan, stage_link_p95_ms)
-    problem = stages.problem()
+    problem = stages.problem(gpu_layers)
     if problem is not None:
         stderr.print(f"[red]✗[/] {model}: {problem}", soft_wrap=True, highlight=False)
         raise typer.Exit(int(ExitCode.INVALID_CONFIGURATION))
@@ -173,26 +173,16 @@ class StageArgs:
     replan: bool = False
     link_p95_ms: float | None = None
 
-    def problem(self) -> str | None:
+    def problem(self, gpu_layers: int = 0) -> str | None:
         """Why the options are invalid (before any runtime is reached), or None."""
-        try:
-            parse_endpoints(self.endpoints)
-        except EndpointError as error:
-            return f"--stage: {error}"
-        if not 0 <= self.local_stages <= MAX_STAGES:
-            return f"--local-stages must be 0-{MAX_STAGES}"
-        if len(self.endpoints) + self.local_stages > MAX_STAGES:
-            return f"at most {MAX_STAGES} stages in all (GGML_RPC_MAX_SERVERS)"
-        if self.mem_mib is not None and (self.local_stages == 0 or self.mem_mib < 1):
-            return "--mem must be at least 1 MiB and needs --local-stages"
-        if self.replan and not self.endpoints:
-            return "--replan needs --stage"
-        if self.link_p95_ms is not None:
-            if not self.endpoints and not self.local_stages:
-                return "--stage-link-p95-ms needs --stage or --local-stages"
-            if not 0 < self.link_p95_ms < float("inf"):
-                return "--stage-link-p95-ms must be a positive number of ms"
-        return None
+        return stage_options_problem(
+            self.endpoints,
+            self.local_stages,
+            self.mem_mib,
+            self.replan,
+            self.link_p95_ms,
+            gpu_layers,
+        )
 
 
 def _presenter(json_output: bool, label: str) -> Presenter:

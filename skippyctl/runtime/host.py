@@ -57,7 +57,7 @@ from skippyctl.runtime.topology import (
     Topology,
     TopologyRefused,
 )
-from skippyctl.stages.plan import MAX_STAGES, EndpointError, parse_endpoints
+from skippyctl.stages.plan import parse_endpoints, stage_options_problem
 
 ENGINE_HELLO_TIMEOUT_S: Final = 60.0
 
@@ -144,29 +144,14 @@ def validate_request(request: LoadRequest) -> str | None:
 
 def validate_stages(request: LoadRequest) -> str | None:
     """A message when the stage options are invalid (checked before anything starts)."""
-    try:
-        parse_endpoints(request.stages)
-    except EndpointError as error:
-        return f"--stage: {error}"
-    if not 0 <= request.local_stages <= MAX_STAGES:
-        return f"--local-stages must be 0-{MAX_STAGES}"
-    if len(request.stages) + request.local_stages > MAX_STAGES:
-        return f"at most {MAX_STAGES} stages in all (GGML_RPC_MAX_SERVERS)"
-    if request.local_stage_mem_mib is not None:
-        if request.local_stages == 0:
-            return "--mem applies to local stages only (with --local-stages)"
-        if request.local_stage_mem_mib < 1:
-            return "--mem must be at least 1 MiB"
-    if request.stage_link_p95_ms is not None:
-        if not request.split:
-            return "--stage-link-p95-ms applies to a split load only (with --stage/--local-stages)"
-        if not 0 < request.stage_link_p95_ms < float("inf"):
-            return "--stage-link-p95-ms must be a positive number of ms"
-    if request.split and request.gpu_layers != 0:
-        return "--gpu-layers does not apply to a split load (every layer goes to the stages)"
-    if request.replan and not request.stages:
-        return "--replan needs --stage"
-    return None
+    return stage_options_problem(
+        request.stages,
+        request.local_stages,
+        request.local_stage_mem_mib,
+        request.replan,
+        request.stage_link_p95_ms,
+        request.gpu_layers,
+    )
 
 
 class RuntimeHost:

@@ -169,3 +169,39 @@ def device_of_layer(split: tuple[float, ...], n_layer: int, layer: int) -> int:
         if point > fraction:
             return device
     return len(points)
+
+
+def stage_options_problem(
+    endpoints: tuple[str, ...],
+    local_stages: int,
+    local_stage_mem_mib: int | None = None,
+    replan: bool = False,
+    link_p95_ms: float | None = None,
+    gpu_layers: int = 0,
+) -> str | None:
+    """Why a load's stage options are invalid, in the CLI's flag names, or None: one rule for
+    the CLI (before any runtime is reached) and the host (before anything starts)."""
+    try:
+        parse_endpoints(endpoints)
+    except EndpointError as error:
+        return f"--stage: {error}"
+    if not 0 <= local_stages <= MAX_STAGES:
+        return f"--local-stages must be 0-{MAX_STAGES}"
+    if len(endpoints) + local_stages > MAX_STAGES:
+        return f"at most {MAX_STAGES} stages in all (GGML_RPC_MAX_SERVERS)"
+    split = bool(endpoints) or local_stages > 0
+    if local_stage_mem_mib is not None:
+        if local_stages == 0:
+            return "--mem applies to local stages only (with --local-stages)"
+        if local_stage_mem_mib < 1:
+            return "--mem must be at least 1 MiB"
+    if link_p95_ms is not None:
+        if not split:
+            return "--stage-link-p95-ms applies to a split load only (with --stage/--local-stages)"
+        if not 0 < link_p95_ms < float("inf"):
+            return "--stage-link-p95-ms must be a positive number of ms"
+    if split and gpu_layers != 0:
+        return "--gpu-layers does not apply to a split load (every layer goes to the stages)"
+    if replan and not endpoints:
+        return "--replan needs --stage"
+    return None
