@@ -5,7 +5,7 @@ the topology's reason, when it has one), then a row per stage. A model split acr
 (`load --stage`/`--local-stages`) lists every stage the reducer knows for its topology, ordered
 by stage index: `#index stage-id` (the id's first 8 hex digits), its state followed by its
 reason code when it has one (not when it only restates the state: `unavailable`, not
-`unavailable · stage_unavailable`), its link figures (`rtt ±jitter`, when measured), its layer
+`unavailable · stage_unavailable`), its link figures (`rtt ±jitter` in ms, when measured), its layer
 range (`0-5`, from its `stage_loading`), its memory (the plan's share of the weights / what the
 stage offered) and its links as `↑x ↓y`
 (upstream, downstream: ✓ connected, ✗ lost, · not reported). A stage that is lost (unavailable
@@ -41,9 +41,13 @@ from skippyctl.reducer.state import (
     TopologyState,
 )
 
-COLUMNS: Final = ("Model ▸ topology / stage", "State", "RTT ±jitter", "Layers", "Memory", "Links")
+COLUMNS: Final = ("Model ▸ topology / stage", "State", "RTT ms ±", "Layers", "Memory", "Links")
 """The link figures come right after the state: on a large terminal the pane is 46 columns and
 what does not fit scrolls, so what changes live is what shows."""
+COLUMN_WIDTHS: Final = (20, 8, 10, 6, 16, 6)
+"""Fixed, so the layout never depends on which texts a row held first (a table measured as
+its rows arrive and change drew the same state as `fail…` or `failed · …` by timing); a longer
+cell is cut with an ellipsis, and `ps` shows it whole."""
 SHORT_ID_CHARS: Final = len("stage-") + 8
 LOST_STATES: Final = frozenset({StageState.UNAVAILABLE, StageState.FAILED})
 LOST_STYLE: Final = "bold red"
@@ -101,7 +105,7 @@ def _rtt(stage: StageView) -> str:
     rtt, jitter = stage.link_rtt_ms, stage.link_jitter_ms
     if rtt is None:
         return fmt.DASH
-    return f"{rtt:.2f} ms" if jitter is None else f"{rtt:.2f} ±{jitter:.2f} ms"
+    return f"{rtt:.2f}" if jitter is None else f"{rtt:.2f} ±{jitter:.2f}"
 
 
 def _stage_reason(stage: StageView) -> str | None:
@@ -227,8 +231,8 @@ class StagesPane(Pane):
         yield self._table
 
     def on_mount(self) -> None:
-        for label in COLUMNS:
-            self._table.add_column(label, key=label)
+        for label, width in zip(COLUMNS, COLUMN_WIDTHS, strict=True):
+            self._table.add_column(label, key=label, width=width)
 
     def show(self, snapshot: DashboardSnapshot) -> None:
         view = snapshot.view

@@ -16,7 +16,7 @@ import orjson
 import pytest
 
 from skippyctl.client.discovery import Discovery
-from skippyctl.client.http import Frame, RuntimeClient
+from skippyctl.client.http import ApiError, Frame, RuntimeClient
 from tests.cli.conftest import stop_runtime
 
 ERROR_FIELDS = frozenset({"message", "type", "param", "code", "reason_code"})
@@ -34,6 +34,10 @@ def assert_openai_error(response: httpx.Response, status: int) -> dict[str, Any]
     assert isinstance(error["message"], str) and error["message"]
     assert isinstance(error["type"], str) and error["type"]
     return error
+
+
+RECONNECT_WAIT_S = 2.0
+"""The Retry-After of the event stream's 429 (skippyctl/api/app.py)."""
 
 
 @dataclass
@@ -72,18 +76,25 @@ class Server:
         raise AssertionError(f"{model_id} never settled")
 
     def frames_since_start(self, stop: Any, timeout_s: float = 30.0) -> list[Frame]:
-        """Replay the stream from its first retained frame until `stop(frame)` is true."""
-        client = self.client()
-        seen: list[Frame] = []
+        """Replay the stream from its first retained frame until `stop(frame)` is true. A
+        429 (the runtime limits how often one peer reconnects to the stream; a test that polls
+        does) is waited out as its Retry-After says, within `timeout_s`."""
         deadline = time.monotonic() + timeout_s
-        try:
-            for frame in client.frames(f"rt1:{self.discovery.process_instance_id}:0"):
-                seen.append(frame)
-                if stop(frame) or time.monotonic() > deadline:
-                    break
-        finally:
-            client.close()
-        return seen
+        while True:
+            client = self.client()
+            seen: list[Frame] = []
+            try:
+                for frame in client.frames(f"rt1:{self.discovery.process_instance_id}:0"):
+                    seen.append(frame)
+                    if stop(frame) or time.monotonic() > deadline:
+                        break
+                return seen
+            except ApiError as error:
+                if error.status != 429 or time.monotonic() + RECONNECT_WAIT_S > deadline:
+                    raise
+            finally:
+                client.close()
+            time.sleep(RECONNECT_WAIT_S)
 
     def events(self) -> list[dict[str, Any]]:
         """Every retained event object up to now: replay from the start, stop at the live edge
