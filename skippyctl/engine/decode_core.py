@@ -145,6 +145,8 @@ class DecodeCore:
         # A copy moves a whole lane's KV stream (split KV) — about the cost of prefilling
         # 1/64 of the lane's cells on a CPU here —, so it must save more than that; with a
         # unified KV it only shares cells, which costs nothing.
+        self._copied: list[Lane] = []
+        """Lanes whose KV copy waits for the next llama_decode (``Lane.copy_pending``)."""
         self._copy_min_gain = (
             1 if kv.unified else max(COPY_MIN_GAIN_TOKENS, kv.tokens_per_lane // 64)
         )
@@ -344,6 +346,7 @@ class DecodeCore:
             self._llama.llama_memory_seq_cp(self._memory, donor.seq, lane.seq, -1, -1)
             lane.tokens = donor.tokens[:]
             lane.copy_pending = True
+            self._copied.append(lane)
             keep = min(common_prefix(lane.tokens, prompt), len(prompt) - 1)
         if keep == 0:
             self._clear_lane(lane)
@@ -389,8 +392,10 @@ class DecodeCore:
                     r.max_batch = 1
 
         result = self._batch.decode(self._ctx)
-        for each_lane in self._lanes.lanes:
-            each_lane.copy_pending = False  # llama_decode performed the pending KV copies first
+        if self._copied:  # llama_decode performed the pending KV copies first
+            for copied in self._copied:
+                copied.copy_pending = False
+            self._copied.clear()
         now = time.monotonic()
         if result != 0:
             self._decode_failed(participants, aborted=result == DECODE_ABORTED)
