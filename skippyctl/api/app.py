@@ -38,6 +38,7 @@ from skippyctl.api.schemas import (
     HealthDocument,
     LoadAccepted,
     LoadBody,
+    ReceiptDocument,
     RecentEvents,
     ShutdownAccepted,
     StateDocument,
@@ -225,6 +226,27 @@ def create_app(ctx: ApiContext, on_ready: Callable[[], None] | None = None) -> F
         state = ctx.host.pipeline.state
         events = state.recent_events[-max(1, min(limit, 128)) :]
         return JsonResponse({"events": [event_record(e) for e in events]})
+
+    @app.get(
+        "/api/runtime/requests/{request_id}/receipt",
+        response_model=ReceiptDocument,
+        response_class=JsonResponse,
+        responses=errors(400, 401, 404),
+    )
+    async def request_receipt(
+        request_id: Annotated[str, PathParam(pattern=LOGICAL_ID_PATTERN)],
+    ) -> Response:
+        """The generation receipt of a request that ended (its id is the `X-Request-Id` of
+        its response). The runtime keeps the latest 1024."""
+        receipt = ctx.scheduler.receipts.get(request_id)
+        if receipt is None:
+            return error_response(
+                "no receipt for this request (unknown, still running, or evicted)",
+                404,
+                code="receipt_not_found",
+                reason=ReasonCode.MISSING_ARTIFACT,
+            )
+        return JsonResponse(receipt.document())
 
     @app.post(
         "/api/runtime/models/load",

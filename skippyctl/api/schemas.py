@@ -189,6 +189,40 @@ class CancelAccepted(BaseModel):
     cancel_requested: bool
 
 
+class SpeculativeFiguresDocument(BaseModel):
+    mode: str
+    proposed: int
+    accepted: int
+    rejected: int
+    late: int
+    discarded: int
+
+
+class ReceiptDocument(BaseModel):
+    """A request's generation receipt (runtime/receipts.py): opaque ids, counts, timings in ms
+    (null where they do not apply), stop reason and speculative figures."""
+
+    request_id: str
+    model_id: str
+    session_id: str | None
+    outcome: str
+    reason_code: str | None
+    stop_reason: str | None
+    prompt_tokens: int
+    reused_tokens: int
+    generated_tokens: int
+    queue_ms: float
+    prefill_ms: float | None
+    ttft_ms: float | None
+    decode_ms: float | None
+    total_ms: float
+    prefill_tokens_per_s: float | None
+    decode_tokens_per_s: float | None
+    shared_decode_steps: int
+    max_batch: int
+    speculative: SpeculativeFiguresDocument
+
+
 class ShutdownAccepted(BaseModel):
     stopping: bool
 

@@ -205,7 +205,8 @@ def generate_command(
         typer.Option(
             "--json",
             help='NDJSON on stdout: {"record":"output","text":…} for text, event records for '
-            "the request's lifecycle events.",
+            'the request\'s lifecycle events, then {"record":"receipt",…}: its counts, timings '
+            "and stop reason.",
         ),
     ] = False,
 ) -> None:
@@ -244,6 +245,7 @@ def generate_command(
     completion = _Completion(client, body, session)
     code, message = ExitCode.SUCCESS, ""
     wrote_text = False
+    receipt: dict[str, Any] | None = None
     try:
         with InterruptRequests() as interrupts:
             text_done_at: float | None = None
@@ -290,6 +292,9 @@ def generate_command(
                 elif kind == "broken":
                     code, message = ExitCode.RUNTIME_UNREACHABLE, str(payload)
                 text_done_at = time.monotonic()
+        receipt = _receipt(client, lifecycle)
+        if receipt is not None and json_output:
+            emit_json({"schema_version": RECORD_SCHEMA_VERSION, "record": "receipt", **receipt})
     finally:
         completion.close()
         client.close()
@@ -297,11 +302,46 @@ def generate_command(
         sys.stdout.write("\n")
         sys.stdout.flush()
     summary = lifecycle.summary()
+    if receipt is not None:
+        summary = " · ".join(part for part in (summary, _receipt_summary(receipt)) if part)
     if code is ExitCode.SUCCESS:
         err.print(f"[green]✓[/] {escape(model)}: {escape(summary or 'completed')}")
     else:
         err.print(f"[red]✗[/] {escape(model)}: {escape(message)}")
     raise typer.Exit(int(code))
+
+
+RECEIPT_WAIT_S: Final = 2.0
+"""How long to wait for the receipt of a request whose terminal this command did not see (the
+runtime records it as the request ends)."""
+
+
+def _receipt(client: RuntimeClient, lifecycle: _Lifecycle) -> dict[str, Any] | None:
+    """The request's receipt from the runtime, or None (no request id, or none in time)."""
+    from skippyctl.client.http import RuntimeUnreachable
+
+    if lifecycle.request_id is None:
+        return None
+    deadline = time.monotonic() + RECEIPT_WAIT_S
+    while True:
+        try:
+            receipt = client.receipt(lifecycle.request_id)
+        except RuntimeUnreachable:
+            return None
+        if receipt is not None or time.monotonic() >= deadline:
+            return receipt
+        time.sleep(0.05)
+
+
+def _receipt_summary(receipt: dict[str, Any]) -> str:
+    parts = []
+    queue_ms = receipt.get("queue_ms")
+    if isinstance(queue_ms, int | float):
+        parts.append(f"queued {queue_ms:.0f} ms")
+    reused = receipt.get("reused_tokens")
+    if isinstance(reused, int) and reused > 0:
+        parts.append(f"{reused} prompt tokens reused")
+    return " · ".join(parts)
 
 
 def _drain_events(stream: LiveStream, lifecycle: _Lifecycle, json_output: bool) -> None:

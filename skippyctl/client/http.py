@@ -107,6 +107,19 @@ class RuntimeClient:
         result: dict[str, Any] = self._call("POST", f"/api/runtime/models/{model_id}/unload", body)
         return result
 
+    def receipt(self, request_id: str) -> dict[str, Any] | None:
+        """The generation receipt of an ended request; None while there is none (unknown,
+        still running, evicted)."""
+        try:
+            result: dict[str, Any] = self._call(
+                "GET", f"/api/runtime/requests/{request_id}/receipt"
+            )
+        except ApiError as error:
+            if error.status in (400, 404):
+                return None
+            raise
+        return result
+
     def cancel(self, operation_id: str) -> None:
         self._call("POST", f"/api/runtime/operations/{operation_id}/cancel", {})
 

@@ -106,6 +106,7 @@ class EventId(StrEnum):
     DOWNSTREAM_CONNECTION_ESTABLISHED = "downstream_connection_established"
     DOWNSTREAM_CONNECTION_LOST = "downstream_connection_lost"
     DOWNSTREAM_CONNECTION_RECOVERED = "downstream_connection_recovered"
+    STAGE_LINK_OBSERVED = "stage_link_observed"
 
     # session
     SESSION_REQUESTED = "session_requested"
@@ -595,6 +596,12 @@ _SPECS: Final[tuple[EventSpec, ...]] = (
                 STATE,
                 _S.INFO,
                 "A stage's downstream connection recovered.",
+            ),
+            (
+                _E.STAGE_LINK_OBSERVED,
+                PROGRESS,
+                _S.INFO,
+                "A link's latest round-trip figures (the engine's periodic probes).",
             ),
         ),
     ),

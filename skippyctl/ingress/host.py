@@ -6,8 +6,9 @@ Lanes mirror the native rings' delivery classes:
   `terminal_reserve_size` extra places that state transitions cannot take. A terminal refused even
   by the reserve is remembered (bounded) so the pipeline emits a synthetic terminal with reason
   `terminal_not_delivered` for its operation: never silently lost.
-- progress: the latest value per operation; a value not greater than the last one accepted or
-  delivered for that operation is suppressed; replacing an undelivered value coalesces it.
+- progress: the latest value per operation (and per topology and stage, for link figures); a
+  value not greater than the last one accepted or delivered for that operation is suppressed;
+  replacing an undelivered value coalesces it.
 - diagnostic: a FIFO that samples (keeps one in `diagnostic_sample_every`) above half full and
   drops when full.
 - debug: accepted only when enabled.
@@ -73,6 +74,9 @@ class HostIngressStats:
 
 _CLASSES: Final = tuple(DeliveryClass)
 
+_ProgressKey = tuple[LogicalId | None, str, LogicalId | None, LogicalId | None]
+"""Operation, event id, topology, stage."""
+
 
 class _Counter:
     __slots__ = ("coalesced", "delivered", "dropped", "rejected", "submitted")
@@ -98,8 +102,8 @@ class HostIngress:
         self._lock = threading.Lock()
         self._closed = False
         self._state: deque[Event] = deque()
-        self._progress: OrderedDict[tuple[LogicalId | None, str], Event] = OrderedDict()
-        self._last_progress: OrderedDict[tuple[LogicalId | None, str], int] = OrderedDict()
+        self._progress: OrderedDict[_ProgressKey, Event] = OrderedDict()
+        self._last_progress: OrderedDict[_ProgressKey, int] = OrderedDict()
         self._diagnostic: deque[Event] = deque()
         self._debug: deque[Event] = deque()
         self._undelivered: deque[UndeliveredTerminal] = deque()
@@ -162,7 +166,9 @@ class HostIngress:
         return SubmitOutcome.DROPPED_QUEUE_FULL
 
     def _submit_progress(self, event: Event, counter: _Counter) -> SubmitOutcome:
-        key = (event.operation_id, event.id.value)
+        # A stage's link figures carry no operation once the model serves: the stage is what
+        # tells one link's latest value from another's.
+        key = (event.operation_id, event.id.value, event.scope.topology_id, event.scope.stage_id)
         value = event.progress.current if event.progress is not None else 0
         last = self._last_progress.get(key)
         if last is not None and value <= last:

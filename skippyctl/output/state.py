@@ -106,6 +106,7 @@ def _stage(view: StageView) -> dict[str, Any]:
             "link_rtt_ms": view.link_rtt_ms,
             "link_p95_ms": view.link_p95_ms,
             "link_jitter_ms": view.link_jitter_ms,
+            "link_probes": view.link_probes,
         }
     )
 

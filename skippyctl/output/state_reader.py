@@ -128,6 +128,7 @@ class StageEntry:
     link_rtt_ms: float | None = None
     link_p95_ms: float | None = None
     link_jitter_ms: float | None = None
+    link_probes: int | None = None
 
     @property
     def layers(self) -> range | None:
@@ -232,6 +233,7 @@ def _stage(entry: Mapping[str, Any]) -> StageEntry | None:
         link_rtt_ms=_float(entry.get("link_rtt_ms")),
         link_p95_ms=_float(entry.get("link_p95_ms")),
         link_jitter_ms=_float(entry.get("link_jitter_ms")),
+        link_probes=_int(entry.get("link_probes")),
     )
 
 

@@ -87,6 +87,26 @@ def _stage(event: Event) -> str:
     return f"{text} ({', '.join(details)})" if details else text
 
 
+def _link(event: Event) -> str:
+    """A link's figures (``stage_link_observed``, ``stage_degraded``): the catalog's text
+    without them."""
+    rtt = event.summary_value(SummaryKey.LINK_RTT_MS)
+    if rtt is None:
+        return spec_of(event.id).description
+    p95 = event.summary_value(SummaryKey.LINK_P95_MS)
+    jitter = event.summary_value(SummaryKey.LINK_JITTER_MS)
+    threshold = event.summary_value(SummaryKey.LINK_P95_THRESHOLD_MS)
+    text = f"link rtt {rtt:.2f} ms"
+    if p95 is not None:
+        text += f", p95 {p95:.2f} ms"
+    if jitter is not None:
+        text += f", jitter {jitter:.2f} ms"
+    if event.id is EventId.STAGE_DEGRADED:
+        limit = f" above {threshold:.1f} ms" if threshold is not None else ""
+        return f"stage degraded: {text}{limit}"
+    return text
+
+
 _STAGE_VERBS: Final = {
     EventId.STAGE_STARTING: "stage starting",
     EventId.STAGE_READY: "stage ready",
@@ -107,6 +127,8 @@ _RENDERERS: Final[dict[EventId, Callable[[Event], str]]] = {
     EventId.UPSTREAM_CONNECTION_LOST: _stage,
     EventId.UPSTREAM_CONNECTION_RECOVERED: _stage,
     EventId.STAGE_FAILED: _failed,
+    EventId.STAGE_LINK_OBSERVED: _link,
+    EventId.STAGE_DEGRADED: _link,
     EventId.MODEL_LOAD_PROGRESS: _progress,
     EventId.BACKEND_DEVICE_SELECTED: _device,
     EventId.MODEL_LOAD_FAILED: _failed,

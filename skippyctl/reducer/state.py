@@ -172,6 +172,9 @@ class StageView:
     carried (summaries ``link_rtt_ms``/``link_p95_ms``/``link_jitter_ms``)."""
     link_p95_ms: float | None = None
     link_jitter_ms: float | None = None
+    link_probes: int | None = None
+    """How many probes of this link the latest ``stage_link_observed`` counted (its progress):
+    the figures above are live while this grows."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,12 @@ models.on_topology_changed (the `topology_*` rows of models.MOVES). An accepted 
 event that carries link figures (summaries `link_rtt_ms`, `link_p95_ms`, `link_jitter_ms`)
 replaces the stage's figures with them; one without keeps the figures it had.
 
+`stage_link_observed` (progress: the count of probes of that link) is no transition: it replaces
+the figures of a stage that is known and not gone (stopped or failed) and keeps its probe count
+(forgotten when the stage shows up in another topology: each load counts afresh); a count not
+above the one kept is a counted duplicate, an unknown or gone stage a rejected one. That is what
+makes the figures in the state document, `ps` and the Stages pane live between link transitions.
+
     stage                            from → to
     stage_starting                   absent | any other → starting
     stage_loading                    absent | any other → loading
@@ -181,7 +187,12 @@ def on_stage(state: RuntimeView, event: Event) -> Step:
     if topology_id is not None and view.topology_id not in (None, topology_id):
         # The same stage in another topology (a reload): the old plan's share is not its own.
         view = evolve(
-            view, layer_start=None, layer_count=None, planned_bytes=None, offered_bytes=None
+            view,
+            layer_start=None,
+            layer_count=None,
+            planned_bytes=None,
+            offered_bytes=None,
+            link_probes=None,
         )
     view = evolve(
         view,
@@ -218,6 +229,18 @@ def on_link(state: RuntimeView, event: Event) -> Step:
     both_up = False not in (updated.upstream_connected, updated.downstream_connected)
     if isinstance(row.target, StageState) and (not connected or both_up):
         updated = evolve(updated, state=row.target)
+    stored = _store_stage(state, updated)
+    return reject(state) if stored is None else (stored, NO_TRANSITIONS)
+
+
+def on_link_observed(state: RuntimeView, event: Event) -> Step:
+    stage_id = event.scope.stage_id
+    view = None if stage_id is None else state.stages.get(stage_id)
+    if view is None or view.state in _GONE or event.progress is None:
+        return reject(state)
+    if view.link_probes is not None and event.progress.current <= view.link_probes:
+        return reject(state, duplicate=True)
+    updated = _with_link(evolve(view, link_probes=event.progress.current), event)
     stored = _store_stage(state, updated)
     return reject(state) if stored is None else (stored, NO_TRANSITIONS)
 
@@ -272,4 +295,5 @@ def on_topology(state: RuntimeView, event: Event) -> Step:
 HANDLERS: Final[dict[EventId, Handler]] = {
     **{event_id: on_link if event_id in _LINKS else on_stage for event_id in STAGE_MOVES.events},
     **{event_id: on_topology for event_id in TOPOLOGY_MOVES.events},
+    EventId.STAGE_LINK_OBSERVED: on_link_observed,
 }

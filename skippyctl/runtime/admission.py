@@ -420,6 +420,14 @@ class ModelServer:
                 message.stop_reason.value,
                 message.prompt_tokens,
                 message.completion_tokens,
+                reused_tokens=message.reused_tokens,
+                prefill_ms=message.prefill_ms,
+                ttft_ms=message.ttft_ms,
+                decode_ms=message.decode_ms,
+                prefill_tokens_per_s=message.prefill_tokens_per_s,
+                decode_tokens_per_s=message.decode_tokens_per_s,
+                shared_steps=message.shared_steps,
+                max_batch=message.max_batch,
             )
         )
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from skippyctl.engine.protocol import Generate, Sampling
@@ -110,6 +111,15 @@ class Finished:
     stop_reason: str | None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # The engine's own figures, when the engine finished the request (its GenDone).
+    reused_tokens: int = 0
+    prefill_ms: float | None = None
+    ttft_ms: float | None = None
+    decode_ms: float | None = None
+    prefill_tokens_per_s: float | None = None
+    decode_tokens_per_s: float | None = None
+    shared_steps: int = 0
+    max_batch: int = 0
 
 
 Chunk = TextChunk | Finished
@@ -131,6 +141,9 @@ class RequestHandle:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     admitted_mono_ns: int | None = None
     finished: Finished | None = None
+    on_finished: Callable[[RequestHandle, Finished], None] | None = None
+    """Called once with the terminal, before the caller can see it (the scheduler records the
+    request's receipt, so whoever read the terminal finds the receipt)."""
 
     def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
@@ -144,6 +157,8 @@ class RequestHandle:
             if isinstance(chunk, Finished):
                 self._finished = True
                 self.finished = chunk
+        if isinstance(chunk, Finished) and self.on_finished is not None:
+            self.on_finished(self, chunk)
         if self.loop is not None and self._async_queue is not None:
             try:
                 self.loop.call_soon_threadsafe(self._async_queue.put_nowait, chunk)

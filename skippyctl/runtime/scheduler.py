@@ -27,6 +27,7 @@ from skippyctl.events.reasons import Outcome, ReasonCode
 from skippyctl.runtime.admission import Liveness, ModelServer, Rejection
 from skippyctl.runtime.host import LoadHandle, LoadRequest, RuntimeHost
 from skippyctl.runtime.observations import ServingEvents
+from skippyctl.runtime.receipts import ReceiptBook, receipt_of
 from skippyctl.runtime.requests import Finished, GenerationParams, RequestHandle
 from skippyctl.runtime.sessions import SessionRegistry
 
@@ -66,6 +67,8 @@ class Scheduler:
             unresponsive_after_s=engine_unresponsive_after_s,
         )
         self.sessions = sessions or SessionRegistry()
+        self.receipts = ReceiptBook()
+        """Every request's receipt, recorded as its terminal is delivered (runtime/receipts.py)."""
         self._servers: dict[LogicalId, ModelServer] = {}
         self._lock = threading.Lock()
         self._ids = OperationIds()
@@ -155,6 +158,7 @@ class Scheduler:
             session_id=session_id,
             params=params,
             received_mono_ns=time.monotonic_ns(),
+            on_finished=self._record_receipt,
         )
         if server is None:
             # The requested name is never echoed into events: it may be anything a client sent.
@@ -171,6 +175,9 @@ class Scheduler:
             handle.deliver(Finished("rejected", rejection.reason, None))
             return handle, rejection
         return handle, None
+
+    def _record_receipt(self, handle: RequestHandle, finished: Finished) -> None:
+        self.receipts.record(receipt_of(handle, finished, time.monotonic_ns()))
 
     def enqueue(self, handle: RequestHandle) -> Rejection | None:
         """Admit a handle made by `generate` (after the caller bound its loop)."""

@@ -55,7 +55,11 @@ built by the host before any engine exists. Contract:
   one to recover ``topology_ready`` again; the reducer projects that onto the model (degraded,
   still serving — also when the topology is degraded before the engine's context return is
   reduced, since the host cannot order its events after that authoritative item). Only those
-  transitions are events: the reducer keeps the figures they carried. When
+  transitions change state. The figures themselves are reported as ``stage_link_observed``
+  (progress class: the latest value per stage is kept, older undelivered ones coalesce;
+  progress ``current`` counts the link's figures so far, unit ``items``; summaries the figures):
+  a stage's first figures at once, then at most every ``LINK_REPORT_INTERVAL_S``, which keeps
+  the state document's, ``ps``'s and the Stages pane's figures live. When
   ``engine_crashed`` finds a stage gone it emits ``downstream_connection_lost`` for it before
   ``stage_unavailable``. The engine probes idle links too (each probe is a ggml call), so a
   remote stage dying while the engine is idle ends the engine within a probe interval and is
@@ -68,6 +72,7 @@ import dataclasses
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -80,11 +85,12 @@ from skippyctl.events.envelope import (
     Event,
     LogicalId,
     NumericSummary,
+    Progress,
     Scope,
     make_event,
     summaries,
 )
-from skippyctl.events.reasons import Outcome, ReasonCode
+from skippyctl.events.reasons import Outcome, ProgressUnit, ReasonCode
 from skippyctl.runtime.artifacts import split_parts
 from skippyctl.stages import plan as stage_plan
 from skippyctl.stages import ports
@@ -109,6 +115,10 @@ DEFAULT_LINK_P95_MS: Final = 50.0
 """A stage link whose p95 round trip is above this is degraded (``--stage-link-p95-ms``)."""
 LINK_RECOVERY_RATIO: Final = 0.8
 """A degraded link is ready again once its p95 is below this fraction of the threshold."""
+LINK_REPORT_INTERVAL_S: Final = 5.0
+"""A stage's link figures become a ``stage_link_observed`` at most this often (its first ones at
+once): live enough for ``ps`` and the dashboard, while an idle runtime's one probe a second per
+stage does not fill the event replay buffer and the dashboard's log with measurements."""
 
 
 def local_stage_threads(count: int, cpus: int | None = None) -> int:
@@ -203,6 +213,10 @@ class _Stage:
     share: stage_plan.StageShare | None = None
     link: Link | None = None
     """The engine's latest figures of its connection to this stage."""
+    link_probes: int = 0
+    """How many figures the engine sent for this link (the progress of ``stage_link_observed``)."""
+    link_reported_s: float | None = None
+    """When its figures were last reported (monotonic seconds)."""
     link_degraded: bool = False
 
 
@@ -223,6 +237,7 @@ class Topology:
         replan: bool = False,
         lost_stages: set[LogicalId] | None = None,
         link_p95_threshold_ms: float = DEFAULT_LINK_P95_MS,
+        link_report_interval_s: float = LINK_REPORT_INTERVAL_S,
     ) -> None:
         self.topology_id = topology_id
         self.model_id = model_id
@@ -236,6 +251,7 @@ class Topology:
         self._lost_stages = set() if lost_stages is None else lost_stages
         """Shared with the host across loads: stages an engine lost and no load reached since."""
         self.link_p95_threshold_ms = link_p95_threshold_ms
+        self._link_report_interval_s = link_report_interval_s
         self._serving = False
         self._stages: list[_Stage] = []
         """The stages of the plan (all listed ones, less those ``replan`` left out)."""
@@ -505,7 +521,21 @@ class Topology:
         stage = self._stages[link.stage]
         stage.link = link
         with self._lock:
-            serving = self._serving and not self._ended
+            ended = self._ended
+            serving = self._serving and not ended
+        if ended:  # a late report of a topology that is gone: its stages are no longer live
+            return
+        stage.link_probes += 1
+        now = time.monotonic()
+        last = stage.link_reported_s
+        if last is None or now - last >= self._link_report_interval_s:
+            stage.link_reported_s = now
+            self._emit(
+                EventId.STAGE_LINK_OBSERVED,
+                stage,
+                progress=Progress(stage.link_probes, None, ProgressUnit.ITEMS),
+                summaries=self._link_summaries(stage),
+            )
         if serving:
             self._judge_link(stage)
 

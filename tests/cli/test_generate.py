@@ -14,7 +14,9 @@ def test_generate_streams_text_and_lifecycle(fixture_dir: Path) -> None:
     records = result.records()
     outputs = [r for r in records if r.get("record") == "output"]
     events = [r for r in records if "event" in r]
-    assert outputs and len(outputs) + len(events) == len(records)
+    receipt = records[-1]
+    assert receipt["record"] == "receipt"
+    assert outputs and len(outputs) + len(events) + 1 == len(records)
     assert all(set(r) == {"schema_version", "record", "text"} for r in outputs)
     assert all("text" not in r for r in events)
     names = [r["event"] for r in events]
@@ -23,11 +25,15 @@ def test_generate_streams_text_and_lifecycle(fixture_dir: Path) -> None:
     completed = next(r for r in events if r["event"] == "generation_completed")
     assert completed["stop_reason"] == "length"
     assert completed["summaries"]["generated_tokens"] >= 1
+    assert receipt["request_id"] == events[0]["request_id"]
+    assert receipt["generated_tokens"] == completed["summaries"]["generated_tokens"]
+    assert receipt["outcome"] == "completed" and receipt["stop_reason"] == "length"
+    assert "Once" not in str(receipt)  # counts and timings only
 
     plain = run_cli("generate", "tiny", "Hello", "--max-tokens", "4", "--seed", "1")
     assert plain.code == 0, plain.stderr
     assert plain.stdout.strip()
-    assert "ttft" in plain.stderr and "decode" in plain.stderr
+    assert "ttft" in plain.stderr and "decode" in plain.stderr and "queued" in plain.stderr
 
 
 def test_generate_for_a_model_not_loaded_fails_with_its_code() -> None:

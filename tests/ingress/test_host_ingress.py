@@ -3,7 +3,7 @@ from __future__ import annotations
 import threading
 
 from skippyctl.events.catalog import EventId
-from skippyctl.events.envelope import Event, LogicalId, Progress, make_event
+from skippyctl.events.envelope import Event, LogicalId, Progress, Scope, make_event
 from skippyctl.events.reasons import DeliveryClass, ProgressUnit
 from skippyctl.ingress.host import HostIngress, HostIngressConfig, HostIngressStats, SubmitOutcome
 
@@ -130,3 +130,28 @@ def test_concurrent_producers_conserve_exactly() -> None:
     assert sum(lane.submitted for lane in stats.lanes.values()) == threads * per_thread
     assert sum(lane.delivered for lane in stats.lanes.values()) == len(delivered)
     assert sum(lane.pending for lane in stats.lanes.values()) == 0
+
+
+def _link_observed(stage: str, probes: int, topology: str = "topology-1") -> Event:
+    return make_event(
+        EventId.STAGE_LINK_OBSERVED,
+        scope=Scope(topology_id=LogicalId(topology), stage_id=LogicalId(stage)),
+        progress=Progress(probes, None, ProgressUnit.ITEMS),
+    )
+
+
+def test_link_figures_coalesce_per_stage_and_per_topology_not_across_them() -> None:
+    ingress = HostIngress()
+    # No operation once the model serves: two stages' figures are still two latest values.
+    for probes in (1, 2, 3):
+        ingress.submit(_link_observed("stage-a", probes))
+    assert ingress.submit(_link_observed("stage-b", 1)) is SubmitOutcome.ACCEPTED
+    drained = ingress.drain()
+    assert [(e.scope.stage_id, e.progress.current) for e in drained if e.progress] == [
+        ("stage-a", 3),
+        ("stage-b", 1),
+    ]
+    assert ingress.submit(_link_observed("stage-a", 2)) is SubmitOutcome.COALESCED
+    # The same stage in the next load's topology counts afresh.
+    assert ingress.submit(_link_observed("stage-a", 1, "topology-2")) is SubmitOutcome.ACCEPTED
+    _assert_conserved(ingress.stats())

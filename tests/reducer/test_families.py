@@ -416,3 +416,59 @@ def test_a_stage_keeps_the_latest_link_figures_its_events_carried() -> None:
     # A repeat is a counted duplicate: its figures change nothing.
     again, _ = _run([_linked(EventId.STAGE_DEGRADED, "s0", link_rtt_ms=1.0)], state)
     assert again.stages[LogicalId("s0")].link_rtt_ms == 70.0
+
+
+def _observed(stage: str, probes: int, topology: LogicalId = TOPO, **figures: float) -> Event:
+    return make_event(
+        EventId.STAGE_LINK_OBSERVED,
+        scope=Scope(stage_id=LogicalId(stage), topology_id=topology, stage_index=0),
+        progress=Progress(probes, None, ProgressUnit.ITEMS),
+        summaries=summaries(**figures),
+    )
+
+
+def test_link_observations_keep_a_stage_s_figures_live_without_a_transition() -> None:
+    state, transitions = _run(
+        [_stage(EventId.STAGE_LOADING, "s0"), _stage(EventId.STAGE_READY, "s0")]
+    )
+    first = {"link_rtt_ms": 1.0, "link_p95_ms": 2.0, "link_jitter_ms": 0.1}
+    later = {"link_rtt_ms": 3.0, "link_p95_ms": 4.0, "link_jitter_ms": 0.7}
+    state, transitions = _run([_observed("s0", 1, **first), _observed("s0", 2, **later)], state)
+    view = state.stages[LogicalId("s0")]
+    assert view.state is StageState.READY and transitions == []
+    assert (view.link_rtt_ms, view.link_p95_ms, view.link_jitter_ms, view.link_probes) == (
+        3.0,
+        4.0,
+        0.7,
+        2,
+    )
+    # An older count (delivered late) is a counted duplicate and changes no figure.
+    stale, _ = _run([_observed("s0", 1, **first)], state)
+    assert stale.stages[LogicalId("s0")].link_rtt_ms == 3.0
+    assert stale.counters.duplicate_transitions == state.counters.duplicate_transitions + 1
+    # A stage nobody knows, or one that stopped, takes no figures.
+    unknown, _ = _run([_observed("nobody", 9, **first)], state)
+    assert LogicalId("nobody") not in unknown.stages
+    assert unknown.counters.rejected_transitions == state.counters.rejected_transitions + 1
+    stopped, _ = _run([_stage(EventId.STAGE_STOPPED, "s0"), _observed("s0", 3, **first)], state)
+    assert stopped.stages[LogicalId("s0")].link_rtt_ms == 3.0
+
+
+def test_a_stage_in_the_next_topology_counts_its_link_probes_afresh() -> None:
+    figures = {"link_rtt_ms": 1.0, "link_p95_ms": 2.0, "link_jitter_ms": 0.1}
+    state, _ = _run(
+        [
+            _stage(EventId.STAGE_LOADING, "s0"),
+            _stage(EventId.STAGE_READY, "s0"),
+            _observed("s0", 40, **figures),
+        ]
+    )
+    assert state.stages[LogicalId("s0")].link_probes == 40
+    other = LogicalId("topology-next")
+    reload = make_event(
+        EventId.STAGE_LOADING,
+        scope=Scope(stage_id=LogicalId("s0"), topology_id=other, stage_index=0),
+    )
+    state, _ = _run([reload, _observed("s0", 1, other, link_rtt_ms=5.0)], state)
+    view = state.stages[LogicalId("s0")]
+    assert (view.link_probes, view.link_rtt_ms, view.topology_id) == (1, 5.0, other)

@@ -192,10 +192,19 @@ def test_the_engines_terminal_ends_the_request_once_and_starts_the_next() -> Non
         h.engine, done("req-1", prompt_tokens=4, completion_tokens=2, shared_steps=1)
     )
     h.server.on_engine_message(h.engine, done("req-1"))  # a duplicate: nobody's any more
-    assert chunks(first) == [
-        TextChunk("hello"),
-        Finished(GenerationOutcome.COMPLETED, None, "eos", 4, 2),
-    ]
+    text, finished = chunks(first)
+    assert text == TextChunk("hello")
+    # The terminal carries the engine's own figures on (the request's receipt is made of them).
+    assert finished == Finished(
+        GenerationOutcome.COMPLETED,
+        None,
+        "eos",
+        4,
+        2,
+        prefill_ms=0.0,
+        decode_ms=0.0,
+        shared_steps=1,
+    )
     assert h.engine.generated() == ["req-1", "req-2"]
     assert h.terminals(first) == [EventId.REQUEST_COMPLETED]
     assert h.ids(first) == [
@@ -312,7 +321,9 @@ def test_with_serving_events_off_only_availability_is_reported() -> None:
     h.engine.silent_s = 5.0
     h.server.check_engine(SECOND_NS)
     assert [e.id for e in h.events] == [EventId.MODEL_DEGRADED]
-    assert chunks(handle) == [Finished(GenerationOutcome.COMPLETED, None, "eos", 0, 0)]
+    assert chunks(handle) == [
+        Finished(GenerationOutcome.COMPLETED, None, "eos", 0, 0, prefill_ms=0.0, decode_ms=0.0)
+    ]
 
 
 def test_observations_become_events_in_table_order_and_foreign_ones_are_ignored() -> None:

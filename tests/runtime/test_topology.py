@@ -92,12 +92,27 @@ class Runtime:
                 return "".join(text), chunk
 
     def drain(self) -> list[Event]:
-        while (item := self.watch.get(0.3)) is not None:
+        """Everything seen so far, once 0.3 s passed without a transition (the engine's link
+        figures keep coming — every 50 ms here — so quiet alone would never come)."""
+        quiet_until = time.monotonic() + 0.3
+        while (left := quiet_until - time.monotonic()) > 0:
+            item = self.watch.get(left)
+            if item is None:
+                break
             self.seen.append(item.event)
+            if item.event.id is not EventId.STAGE_LINK_OBSERVED:
+                quiet_until = time.monotonic() + 0.3
         return self.seen
 
-    def ids(self, category: Category | None = None) -> list[EventId]:
-        return [e.id for e in self.drain() if category is None or e.category is category]
+    def ids(self, category: Category | None = None, figures: bool = False) -> list[EventId]:
+        """The ids seen, in order; the engine's link figures (``stage_link_observed``, one per
+        probe) only with ``figures``."""
+        return [
+            e.id
+            for e in self.drain()
+            if (category is None or e.category is category)
+            and (figures or e.id is not EventId.STAGE_LINK_OBSERVED)
+        ]
 
     def close(self) -> None:
         self.scheduler.shutdown()
@@ -167,7 +182,9 @@ def test_local_stages_split_the_model_and_give_the_same_greedy_text(
     topology = [
         e
         for e in runtime.drain()
-        if e.category is Category.STAGE_TOPOLOGY and e.id not in CLIENT_EVENTS
+        if e.category is Category.STAGE_TOPOLOGY
+        and e.id not in CLIENT_EVENTS
+        and e.id is not EventId.STAGE_LINK_OBSERVED
     ]
     ids = [e.id for e in topology]
     assert ids.count(EventId.STAGE_STARTING) == 2 and ids.count(EventId.STAGE_LOADING) == 2
@@ -415,7 +432,11 @@ def test_replan_leaves_an_unreachable_stage_out_and_serves_on_the_stage_that_rem
         assert terminal.id is EventId.MODEL_AVAILABLE, (problem, runtime.ids())
         text, finished = runtime.generate("tiny", **GREEDY)
         assert finished.outcome == "completed" and text == reference
-        topology = [e for e in runtime.drain() if e.category is Category.STAGE_TOPOLOGY]
+        topology = [
+            e
+            for e in runtime.drain()
+            if e.category is Category.STAGE_TOPOLOGY and e.id is not EventId.STAGE_LINK_OBSERVED
+        ]
         lost = [e for e in topology if e.id is EventId.STAGE_UNAVAILABLE]
         assert [(e.scope.stage_index, e.reason_code) for e in lost] == [
             (0, ReasonCode.STAGE_UNAVAILABLE)
@@ -492,6 +513,19 @@ def _wait_for_probes(runtime: Runtime, stage: int, samples: int) -> None:
     raise AssertionError("the engine did not probe the link")
 
 
+def _link_rows(runtime: Runtime) -> dict[int, dict[str, Any]]:
+    """The state document's rows of the served topology's stages, by stage index."""
+    engine = runtime.host._engines[LogicalId("tiny")]
+    assert isinstance(engine.topology, Topology)
+    topology_id = str(engine.topology.topology_id)
+    document = state_document(runtime.host.pipeline.state)
+    return {
+        row["stage_index"]: row
+        for row in document["stages"]
+        if row.get("topology_id") == topology_id and row.get("link_probes") is not None
+    }
+
+
 def test_link_figures_reach_the_state_and_a_low_threshold_degrades_only_the_relayed_stage(
     runtime: Runtime, fixture_dir: Path
 ) -> None:
@@ -566,6 +600,21 @@ def test_a_high_link_threshold_leaves_a_relayed_stage_ready(
         _wait_for_probes(runtime, 1, samples=6)
         ids = runtime.ids(Category.STAGE_TOPOLOGY)
         assert EventId.STAGE_DEGRADED not in ids and EventId.TOPOLOGY_DEGRADED not in ids
+        assert EventId.STAGE_LINK_OBSERVED in runtime.ids(Category.STAGE_TOPOLOGY, figures=True)
+        # The state's figures are live: they follow each probe, not only link transitions.
+        before = _link_rows(runtime)
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline:
+            now = _link_rows(runtime)
+            if all(
+                i in now and now[i]["link_probes"] >= before.get(i, now[i])["link_probes"] + 2
+                for i in (0, 1)
+            ):
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError(f"the state's link figures stood still: {before} -> {now}")
+        assert now[1]["link_rtt_ms"] > now[0]["link_rtt_ms"]  # the relayed link is slower
         assert ids.count(EventId.DOWNSTREAM_CONNECTION_ESTABLISHED) == 2
         assert runtime.host.pipeline.state.models[LogicalId("tiny")].state.value == "available"
         runtime.scheduler.unload("tiny")

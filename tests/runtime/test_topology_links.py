@@ -11,7 +11,9 @@ from skippyctl.runtime import topology as topo
 from skippyctl.stages import plan as stage_plan
 
 
-def _topology(threshold_ms: float = 50.0) -> tuple[topo.Topology, list[Event]]:
+def _topology(
+    threshold_ms: float = 50.0, report_interval_s: float = topo.LINK_REPORT_INTERVAL_S
+) -> tuple[topo.Topology, list[Event]]:
     events: list[Event] = []
     topology = topo.Topology(
         LogicalId("topology-1"),
@@ -19,6 +21,7 @@ def _topology(threshold_ms: float = 50.0) -> tuple[topo.Topology, list[Event]]:
         LogicalId("load-1"),
         events.append,
         link_p95_threshold_ms=threshold_ms,
+        link_report_interval_s=report_interval_s,
     )
     for port in (1, 2):
         endpoint = stage_plan.Endpoint("127.0.0.1", port)
@@ -31,13 +34,19 @@ def _link(stage: int, p95: float) -> Link:
 
 
 def _ids(events: list[Event]) -> list[tuple[EventId, int | None]]:
-    return [(e.id, e.scope.stage_index) for e in events]
+    """The transitions among the events (every figure's own report left out)."""
+    return [(e.id, e.scope.stage_index) for e in events if e.id is not EventId.STAGE_LINK_OBSERVED]
 
 
 def test_the_load_reports_each_stage_ready_and_connected_with_its_first_figures() -> None:
     topology, events = _topology()
     topology.engine_link(_link(0, 2.0))
     topology.engine_link(_link(1, 80.0))
+    assert [(e.id, e.scope.stage_index) for e in events] == [
+        (EventId.STAGE_LINK_OBSERVED, 0),
+        (EventId.STAGE_LINK_OBSERVED, 1),
+    ]
+    events.clear()
     topology.engine_loaded(True)
     assert _ids(events) == [
         (EventId.STAGE_READY, 0),
@@ -81,13 +90,13 @@ def test_a_degraded_link_recovers_only_below_the_hysteresis_mark() -> None:
 def test_links_are_not_judged_before_the_model_serves_or_after_it_ended() -> None:
     topology, events = _topology(threshold_ms=10.0)
     topology.engine_link(_link(1, 500.0))
-    assert events == []
+    assert [e.id for e in events] == [EventId.STAGE_LINK_OBSERVED]  # reported, not judged
     assert topology.links()[1] == _link(1, 500.0)
     topology.engine_link(Link(stage=7, rtt_ms=1.0, p95_ms=1.0, jitter_ms=0.0))  # ignored
     topology.close()
     events.clear()
     topology.engine_link(_link(1, 900.0))
-    assert events == []
+    assert events == []  # ended: neither judged nor reported
 
 
 def test_a_high_threshold_never_degrades() -> None:
@@ -97,3 +106,46 @@ def test_a_high_threshold_never_degrades() -> None:
     for p95 in (1.0, 500.0, 5_000.0):
         topology.engine_link(_link(1, p95))
     assert EventId.STAGE_DEGRADED not in [e.id for e in events]
+
+
+def test_figures_are_reported_per_stage_with_a_growing_probe_count() -> None:
+    topology, events = _topology(threshold_ms=50.0, report_interval_s=0.0)
+    topology.engine_link(_link(0, 2.0))  # during the load: under its operation
+    topology.engine_loaded(True)
+    topology.engine_serving(True)
+    events.clear()
+    topology.engine_link(_link(0, 3.0))
+    topology.engine_link(_link(1, 4.0))
+    topology.engine_link(_link(0, 5.0))
+    observed = [e for e in events if e.id is EventId.STAGE_LINK_OBSERVED]
+    assert [
+        (e.scope.stage_index, e.progress.current if e.progress else None) for e in observed
+    ] == [
+        (0, 2),
+        (1, 1),
+        (0, 3),
+    ]
+    assert [e.summary_value(SummaryKey.LINK_P95_MS) for e in observed] == [3.0, 4.0, 5.0]
+    assert all(e.operation_id is None and e.scope.stage_id for e in observed)
+    assert [e.id for e in events if e.id is not EventId.STAGE_LINK_OBSERVED] == []
+
+
+def test_the_first_figures_arrive_under_the_load_s_operation() -> None:
+    topology, events = _topology()
+    topology.engine_link(_link(1, 2.0))
+    assert [(e.id, e.operation_id) for e in events] == [
+        (EventId.STAGE_LINK_OBSERVED, LogicalId("load-1"))
+    ]
+
+
+def test_a_stage_s_figures_are_reported_at_once_then_at_most_every_interval() -> None:
+    topology, events = _topology(report_interval_s=3600.0)
+    for p95 in (2.0, 3.0, 4.0):
+        topology.engine_link(_link(0, p95))
+    topology.engine_link(_link(1, 9.0))
+    observed = [e for e in events if e.id is EventId.STAGE_LINK_OBSERVED]
+    assert [(e.scope.stage_index, e.summary_value(SummaryKey.LINK_P95_MS)) for e in observed] == [
+        (0, 2.0),
+        (1, 9.0),
+    ]
+    assert topology.links()[0] == _link(0, 4.0)  # kept for judging all the same

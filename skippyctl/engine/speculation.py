@@ -1,0 +1,100 @@
+"""Speculative decoding's proposer side: what a lane may verify in its next step.
+
+Speculation is verification in the step loop (``engine/decode_core.py``): a decoding lane's
+next token goes into the step's batch followed by up to ``draft_tokens`` proposed tokens, each
+with its logits; the lane's sampler then samples position after position and commits while the
+sampled token equals the proposed one, so the committed text is exactly what decoding one token
+per step would give (the sampler sees the same logits for every committed position), and the KV
+of the first rejected proposal onwards is removed. This module holds the configuration and the
+built-in proposer.
+
+:class:`NgramProposer` is prompt lookup decoding (no extra model): the longest suffix (of
+``ngram_max`` down to ``ngram_min`` tokens) of the request's history — its prompt and what it
+generated — that occurred earlier in that history proposes the tokens that followed that earlier
+occurrence (the latest one). Cost: O(``ngram_max``) dictionary work per committed token, one
+lookup per proposal; the history and the index live only as long as the request. Token ids stay
+in the engine process; only counts leave it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Final
+
+
+class SpecMode(StrEnum):
+    """How a model's requests speculate (``load --spec``)."""
+
+    OFF = "off"
+    NGRAM = "ngram"
+
+
+DEFAULT_DRAFT_TOKENS: Final = 8
+MAX_DRAFT_TOKENS: Final = 64
+NGRAM_MIN: Final = 1
+NGRAM_MAX: Final = 4
+
+
+@dataclass(frozen=True, slots=True)
+class SpecConfig:
+    mode: SpecMode = SpecMode.OFF
+    draft_tokens: int = DEFAULT_DRAFT_TOKENS
+    """Most proposed tokens one lane verifies in a step (the window)."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.draft_tokens <= MAX_DRAFT_TOKENS:
+            raise ValueError(f"draft_tokens must be in 1..{MAX_DRAFT_TOKENS}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode is not SpecMode.OFF
+
+    @property
+    def window(self) -> int:
+        """Batch slots a lane may take in a step: its next token and its proposals."""
+        return 1 + self.draft_tokens if self.enabled else 1
+
+
+SPEC_OFF: Final = SpecConfig()
+
+
+class NgramProposer:
+    """Prompt lookup over one request's history (module docstring). Decode thread only."""
+
+    __slots__ = ("_history", "_index", "_ngram_max", "_ngram_min")
+
+    def __init__(
+        self, prompt: list[int], ngram_min: int = NGRAM_MIN, ngram_max: int = NGRAM_MAX
+    ) -> None:
+        if not 1 <= ngram_min <= ngram_max:
+            raise ValueError("need 1 <= ngram_min <= ngram_max")
+        self._ngram_min = ngram_min
+        self._ngram_max = ngram_max
+        self._history: list[int] = []
+        self._index: dict[tuple[int, ...], int] = {}
+        """n-gram → where the token after its latest occurrence is (only occurrences that
+        have a following token: the current suffix never finds itself)."""
+        for token in prompt:
+            self.commit(token)
+
+    def commit(self, token: int) -> None:
+        """``token`` joined the history (a prompt token or a committed one)."""
+        history = self._history
+        end = len(history)  # the new token's index: it follows the n-grams ending just before
+        for n in range(self._ngram_min, min(self._ngram_max, end) + 1):
+            self._index[tuple(history[end - n : end])] = end
+        history.append(token)
+
+    def propose(self, limit: int) -> list[int]:
+        """Up to ``limit`` tokens that followed the longest earlier match of the history's
+        suffix; empty when nothing matches."""
+        history = self._history
+        size = len(history)
+        if limit < 1:
+            return []
+        for n in range(min(self._ngram_max, size), self._ngram_min - 1, -1):
+            start = self._index.get(tuple(history[size - n :]))
+            if start is not None:
+                return history[start : start + limit]
+        return []
