@@ -19,7 +19,8 @@ def make_command(
         bool, typer.Option("--json", help="Print one JSON record listing the files.")
     ] = False,
 ) -> None:
-    """Write the tiny model, its 3-part split and the malformed variants into DIRECTORY.
+    """Write the tiny model, its 3-part split, the malformed variants and the tiny successor
+    model (known greedy output) into DIRECTORY.
 
     Example:
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from skippyctl.fixtures import TINY_SUCCESSOR, make_model, successor_cycles
 from tests.cli.helpers import run_cli
 
 
@@ -41,3 +42,18 @@ def test_generate_for_a_model_not_loaded_fails_with_its_code() -> None:
     assert result.code == 12, result.stderr
     (record,) = result.records()
     assert record["record"] == "error" and record["exit_code"] == 12
+
+
+def test_generate_on_the_successor_model_streams_the_known_cycle(tmp_path: Path) -> None:
+    path = make_model(tmp_path / "tiny-successor.gguf", TINY_SUCCESSOR)
+    assert run_cli("load", str(path)).code == 0
+    n = 60
+    result = run_cli(
+        "generate", "tiny-successor", "the quick brown fox", "--max-tokens", str(n),
+        "--temperature", "0",
+    )  # fmt: skip
+    assert result.code == 0, result.stderr
+    table = successor_cycles(TINY_SUCCESSOR)
+    expected = table.text(table.continuation(table.word_id("fox"), n))
+    assert result.stdout == expected + "\n"  # the CLI ends the text with a newline
+    assert "stop: length" in result.stderr  # never an end-of-generation token
