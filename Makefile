@@ -22,10 +22,11 @@ skippyctl/native/.built: $(STAMP) $(NATIVE_SRC)
 
 bootstrap: $(STAMP) skippyctl/native/.built
 
-$(FIXTURES)/tiny.gguf: bootstrap
+# One target per file that a checkout made before the file existed would lack (make is idempotent).
+$(FIXTURES)/tiny.gguf $(FIXTURES)/tiny-successor.gguf &: bootstrap
 	$(SKIPPYCTL) fixtures make $(FIXTURES)
 
-fixtures: $(FIXTURES)/tiny.gguf
+fixtures: $(FIXTURES)/tiny.gguf $(FIXTURES)/tiny-successor.gguf
 
 # The tour: runtime, the tiny model with live load progress, traffic from a few sessions, and
 # the dashboard (without a terminal, as in CI, it prints the event stream and exits).

@@ -15,7 +15,8 @@ os.environ.setdefault("GGML_NO_BACKTRACE", "1")
 @pytest.fixture(scope="session")
 def fixture_dir() -> Path:
     """The generated fixture models (`make fixtures`; generated here when missing)."""
-    if not (FIXTURES / "tiny.gguf").exists():
+    # Every file of the set: a checkout made before a fixture was added gets it too.
+    if not all((FIXTURES / name).exists() for name in ("tiny.gguf", "tiny-successor.gguf")):
         from skippyctl.fixtures import make_fixtures
 
         make_fixtures(FIXTURES)

@@ -285,6 +285,8 @@ def create_app(ctx: ApiContext, on_ready: Callable[[], None] | None = None) -> F
             local_stage_mem_mib=body.local_stage_mem_mib,
             replan=body.replan,
             stage_link_p95_ms=body.stage_link_p95_ms,
+            speculation=body.spec,
+            spec_draft_tokens=body.spec_draft_tokens,
         )
         handle = await asyncio.to_thread(ctx.scheduler.load, load_request, body.max_queue)
         return JsonResponse(

@@ -147,6 +147,19 @@ class LoadBody(_Body):
         "`stage_degraded` (ready again below 0.8 x it); absent: 50.",
     )
 
+    spec: Literal["off", "ngram"] = Field(
+        default="off",
+        description="Speculative decoding: `ngram` verifies tokens proposed by prompt lookup "
+        "(the request's prompt and generated history) in the same decode step; the committed "
+        "text is what decoding without it gives.",
+    )
+    spec_draft_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="Most proposed tokens a lane verifies in one step; absent: 8.",
+    )
+
     @field_validator("model")
     @classmethod
     def _no_nul(cls, value: str) -> str:
@@ -191,6 +204,7 @@ class CancelAccepted(BaseModel):
 
 class SpeculativeFiguresDocument(BaseModel):
     mode: str
+    windows: int
     proposed: int
     accepted: int
     rejected: int

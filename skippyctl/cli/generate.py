@@ -341,6 +341,12 @@ def _receipt_summary(receipt: dict[str, Any]) -> str:
     reused = receipt.get("reused_tokens")
     if isinstance(reused, int) and reused > 0:
         parts.append(f"{reused} prompt tokens reused")
+    spec = receipt.get("speculative")
+    if isinstance(spec, dict) and spec.get("mode") not in (None, "off"):
+        parts.append(
+            f"{spec.get('mode')}: {spec.get('accepted')}/{spec.get('proposed')} proposed tokens "
+            "accepted"
+        )
     return " · ".join(parts)
 
 

@@ -122,6 +122,24 @@ def load_command(
             "Default: 50.",
         ),
     ] = None,
+    spec: Annotated[
+        str,
+        typer.Option(
+            "--spec",
+            help="Speculative decoding: 'ngram' proposes the tokens that followed the latest "
+            "earlier occurrence of the text's last tokens (prompt lookup, no extra model) and "
+            "verifies them in the same decode step; the text is what decoding without it "
+            "gives. 'off': one token per step.",
+        ),
+    ] = "off",
+    spec_draft_tokens: Annotated[
+        int | None,
+        typer.Option(
+            "--spec-draft-tokens",
+            show_default=False,
+            help="Most proposed tokens a lane verifies in one step (1-64). Default: 8.",
+        ),
+    ] = None,
 ) -> None:
     """Load MODEL and stream its load events until it is available or has failed.
 
@@ -133,8 +151,12 @@ def load_command(
         skippyctl load fixtures/tiny.gguf --json | jq -r .event
     """
     stderr = Console(stderr=True)
-    stages = StageArgs(tuple(stage or ()), local_stages, mem, replan, stage_link_p95_ms)
-    problem = stages.problem(gpu_layers)
+    from skippyctl.runtime.host import speculation_problem
+
+    stages = ServingArgs(
+        tuple(stage or ()), local_stages, mem, replan, stage_link_p95_ms, spec, spec_draft_tokens
+    )
+    problem = speculation_problem(spec, spec_draft_tokens) or stages.problem(gpu_layers)
     if problem is not None:
         stderr.print(f"[red]✗[/] {model}: {problem}", soft_wrap=True, highlight=False)
         raise typer.Exit(int(ExitCode.INVALID_CONFIGURATION))
@@ -164,14 +186,17 @@ def load_command(
 
 
 @dataclass(frozen=True, slots=True)
-class StageArgs:
-    """The stage options of a load: ``--stage`` endpoints, ``--local-stages``, ``--mem``."""
+class ServingArgs:
+    """The engine-shaping options of a load: ``--stage`` endpoints, ``--local-stages``,
+    ``--mem``, ``--replan``, the link threshold, and ``--spec``."""
 
     endpoints: tuple[str, ...] = ()
     local_stages: int = 0
     mem_mib: int | None = None
     replan: bool = False
     link_p95_ms: float | None = None
+    speculation: str = "off"
+    spec_draft_tokens: int | None = None
 
     def problem(self, gpu_layers: int = 0) -> str | None:
         """Why the options are invalid (before any runtime is reached), or None."""
@@ -198,7 +223,7 @@ def _embedded(
     lanes: int | None,
     gpu_layers: int,
     interrupts: InterruptRequests,
-    stages: StageArgs,
+    stages: ServingArgs,
 ) -> tuple[ExitCode, str]:
     from skippyctl.runtime.host import LoadRequest, RuntimeHost
 
@@ -216,6 +241,8 @@ def _embedded(
         local_stage_mem_mib=stages.mem_mib,
         replan=stages.replan,
         stage_link_p95_ms=stages.link_p95_ms,
+        speculation=stages.speculation,
+        spec_draft_tokens=stages.spec_draft_tokens,
     )
     handle = host.load_model(request)
     if handle.already_available:  # cannot happen in a fresh host, kept for symmetry
@@ -248,7 +275,7 @@ def _attached(
     gpu_layers: int,
     wait: bool,
     interrupts: InterruptRequests,
-    stages: StageArgs,
+    stages: ServingArgs,
 ) -> tuple[ExitCode, str]:
     from skippyctl.client.http import (
         ApiError,
@@ -278,6 +305,10 @@ def _attached(
         body["replan"] = True
     if stages.link_p95_ms is not None:
         body["stage_link_p95_ms"] = stages.link_p95_ms
+    if stages.speculation != "off":
+        body["spec"] = stages.speculation
+    if stages.spec_draft_tokens is not None:
+        body["spec_draft_tokens"] = stages.spec_draft_tokens
     try:
         client = connect()
     except RuntimeConfigurationError as error:

@@ -1,8 +1,10 @@
 """The one ``llama_batch`` of an engine: filled once per decode step, decoded, reused.
 
 Decode thread only. Every slot carries exactly one sequence id (the lane's). A step holds the
-next token of every decoding lane (logits requested for each) plus prompt chunks of prefilling
-requests (logits only for a prompt's last token, and only when its chunk completes the prompt).
+next token of every decoding lane (logits requested for each), followed, when the lane
+speculates, by its proposed tokens (logits for each, to verify them), plus prompt chunks of
+prefilling requests (logits only for a prompt's last token, and only when its chunk completes the
+prompt).
 Filling writes straight into the batch's C arrays: no per-step allocation beyond the list of the
 step's participants, in ascending sequence order.
 """
@@ -65,12 +67,20 @@ class StepBatch:
                 continue
             lane = r.lane
             assert lane is not None
+            at = len(lane.tokens)
             token[n] = r.pending_token
-            pos[n] = len(lane.tokens)
+            pos[n] = at
             seq[n][0] = lane_seq
             logits[n] = 1
             r.out_index = n
             n += 1
+            for proposed in r.draft:  # speculating: verified from the rows after out_index
+                at += 1
+                token[n] = proposed
+                pos[n] = at
+                seq[n][0] = lane_seq
+                logits[n] = 1
+                n += 1
         self._batch.n_tokens = n
         return [*decoding, *(r for r, _take in chunks)] if chunks else decoding
 

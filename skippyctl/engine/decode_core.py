@@ -54,6 +54,7 @@ from skippyctl.engine.protocol import (
 )
 from skippyctl.engine.request_state import Phase, RequestBoard, RequestState
 from skippyctl.engine.sampling import build_sampler_chain
+from skippyctl.engine.speculation import SPEC_OFF, NgramProposer, SpecConfig
 from skippyctl.engine.text import (
     ChatTemplateError,
     Detokenizer,
@@ -106,6 +107,7 @@ class DecodeCore:
         n_threads: int | None = None,
         observations: bool = True,
         token_observations: bool = False,
+        speculation: SpecConfig = SPEC_OFF,
     ) -> None:
         if lanes < 1:
             raise ValueError("lanes must be >= 1")
@@ -153,8 +155,15 @@ class DecodeCore:
         n_batch = int(llama.llama_n_batch(context))
         if n_batch <= lanes:
             raise ValueError(f"the context's n_batch ({n_batch}) must exceed lanes ({lanes})")
-        # llama_decode refuses a batch over n_batch: a chunk plus one token per lane must fit.
-        self._chunk = min(prefill_chunk_tokens, n_batch - lanes)
+        # llama_decode refuses a batch over n_batch: a chunk plus every lane's window (its next
+        # token and, speculating, its proposals) must fit.
+        self._spec = speculation
+        window = speculation.window
+        if n_batch <= lanes * window:
+            raise ValueError(
+                f"the context's n_batch ({n_batch}) must exceed lanes × window ({lanes * window})"
+            )
+        self._chunk = min(prefill_chunk_tokens, n_batch - lanes * window)
         self._pressure = PressureGauge(self._cells_total, kv_pressure_high, kv_pressure_low)
         self._approaching_tokens = max(1, math.ceil(approaching_limit * self._ctx_per_lane))
 
@@ -173,8 +182,8 @@ class DecodeCore:
         # Start from an empty KV so ``lane.tokens`` mirrors it exactly.
         llama.llama_memory_clear(self._memory, False)
 
-        # One batch for the engine's lifetime: a chunk plus one token per lane.
-        self._batch = StepBatch(llama, self._chunk + lanes)
+        # One batch for the engine's lifetime: a chunk plus every lane's window.
+        self._batch = StepBatch(llama, self._chunk + lanes * window)
         self._board = RequestBoard()
         self.emit_failures = 0
 
@@ -366,6 +375,8 @@ class DecodeCore:
             r.sampler.accept(prompt[-params.repeat_last_n :])
         r.detok = Detokenizer(self._llama, self._vocab, self._pieces)
         r.stops = StopMatcher(r.spec.stop)
+        if self._spec.enabled:
+            r.proposer = NgramProposer(prompt)
         r.prefill_pos = r.reused
         r.phase = Phase.PREFILL
         now = time.monotonic()
@@ -379,6 +390,8 @@ class DecodeCore:
         board = self._board
         decoding = board.decoding
         chunks = self._prefill_chunks()
+        if self._spec.enabled:
+            self._propose(decoding)
         participants = self._batch.fill(decoding, chunks)
         n_seqs = len(participants)
         if n_seqs > 1:
@@ -465,14 +478,64 @@ class DecodeCore:
         prefill.phase = Phase.DECODE
         self._board.decoding.append(prefill)
 
-    def _on_logits(self, r: RequestState, now: float) -> None:
-        """Sample ``r``'s next token from this step's logits and stream its text."""
-        llama = self._llama
-        index = r.out_index
-        r.out_index = -1
+    def _propose(self, decoding: list[RequestState]) -> None:
+        """Each decoding lane's proposals for this step, as many as its window, its lane's
+        context and its ``max_tokens`` leave room for (every committed proposal and the token
+        sampled after the last one count)."""
+        limit = self._spec.draft_tokens
+        for r in decoding:
+            proposer = r.proposer
+            lane = r.lane
+            if proposer is None or lane is None:
+                continue
+            # pending_token goes to len(lane.tokens); proposals to the positions after it.
+            room = min(
+                limit,
+                self._ctx_per_lane - len(lane.tokens) - 1,
+                r.spec.max_tokens - r.completion_tokens - 1,
+            )
+            r.draft = proposer.propose(room) if room > 0 else []
+
+    def _sample(self, r: RequestState, index: int) -> int:
         sampler = r.sampler
         assert sampler is not None
-        token = int(llama.llama_sampler_sample(sampler.pointer, self._ctx, index))
+        return int(self._llama.llama_sampler_sample(sampler.pointer, self._ctx, index))
+
+    def _on_logits(self, r: RequestState, now: float) -> None:
+        """Sample ``r``'s next token from this step's logits and stream its text; with
+        proposals, verify them: commit position after position while the sampled token is the
+        proposed one (the sampler saw the same logits as without them), then drop the KV of the
+        proposals that were not committed."""
+        index = r.out_index
+        r.out_index = -1
+        draft = r.draft
+        if not draft:
+            self._commit(r, self._sample(r, index), now)
+            return
+        r.draft = []
+        lane = r.lane
+        assert lane is not None
+        kv_end = len(lane.tokens) + len(draft)  # the pending token is in lane.tokens already
+        accepted = 0
+        for offset in range(len(draft) + 1):
+            token = self._sample(r, index + offset)
+            if not self._commit(r, token, now):
+                break
+            if offset < len(draft) and token == draft[offset]:
+                lane.tokens.append(token)  # decoded in this step already: not pending
+                accepted += 1
+                continue
+            break
+        r.spec_windows += 1
+        r.spec_proposed += len(draft)
+        r.spec_accepted += accepted
+        if len(lane.tokens) < kv_end:
+            self._llama.llama_memory_seq_rm(self._memory, lane.seq, len(lane.tokens), -1)
+
+    def _commit(self, r: RequestState, token: int, now: float) -> bool:
+        """One sampled token of ``r``: end it (end of generation, a stop string, max_tokens,
+        a full lane) or stream its text and make it the pending token. False once ``r`` ended."""
+        llama = self._llama
         r.sampled += 1
         if self._token_observations:
             # Opt-in debug evidence: the token's ordinal and timing only, never the token.
@@ -488,8 +551,10 @@ class DecodeCore:
             eog = self._eog[token] = bool(llama.llama_vocab_is_eog(self._vocab, token))
         if eog:
             self.finish(r, _COMPLETED, StopReason.EOS)
-            return
+            return False
         r.completion_tokens += 1
+        if r.proposer is not None:
+            r.proposer.commit(token)
         detok = r.detok
         stops = r.stops
         assert detok is not None
@@ -501,19 +566,19 @@ class DecodeCore:
                 if text:
                     self.emit(GenText(r.id, text))
                 self.finish(r, _COMPLETED, StopReason.STOP_STRING)
-                return
+                return False
         # A finishing request sends this token's text together with the flushed tail (one
         # GenText per request per step).
         if r.completion_tokens >= r.spec.max_tokens:
             self.finish(r, _COMPLETED, StopReason.LENGTH, text=text)
-            return
+            return False
         lane = r.lane
         assert lane is not None
         used = len(lane.tokens)
         if used >= self._ctx_per_lane:
             # The sampled token has no cell left to be decoded into.
             self.finish(r, _COMPLETED, StopReason.LENGTH, ReasonCode.CONTEXT_EXHAUSTED, text=text)
-            return
+            return False
         if text:
             self.emit(GenText(r.id, text))
         if r.held_observations:
@@ -525,6 +590,7 @@ class DecodeCore:
         if not r.approaching_sent and used + 1 >= self._approaching_tokens:
             r.approaching_sent = True
             self.emit(Kv(KvChange.APPROACHING_LIMIT, used + 1, self._ctx_per_lane, r.id))
+        return True
 
     def _decode_failed(self, participants: list[RequestState], aborted: bool = False) -> None:
         """llama_decode refused or failed: the requests in that batch fail (or, when the native

@@ -33,7 +33,8 @@ Serving messages (sent by ``engine/decode_core.py``; with serving events off onl
   to first sampled token) are held back until the first token's text went out, and sent before
   :class:`GenDone` if the request ends first.
 - :class:`GenText`: new completion text, whole UTF-8 characters only, stop strings held back and
-  cut; at most one per request per decode step.
+  cut; at most one per committed token (one per request per decode step, unless the step
+  committed proposed tokens too).
 - :class:`GenProgress` at most every 500 ms per request; :class:`GenToken` only with debug token
   events, one per sampled token (its index and the ms since the previous one), never the token.
 - :class:`GenDone`: exactly one per submitted request (see its docstring for the counters).
@@ -134,6 +135,10 @@ class Load:
     stages: tuple[StagePlan, ...] = ()
     """A split load: the model's layers go to these RPC stages (in order, layer split, every
     layer offloaded, ``gpu_layers`` then covers them all); empty: a load in this process."""
+    speculation: str | None = None
+    """A :class:`~skippyctl.engine.speculation.SpecMode` value; None: off."""
+    spec_draft_tokens: int | None = None
+    """Most proposed tokens a lane verifies in a step; None: the default."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,7 +307,9 @@ class GenDone:
     ``shared_steps`` counts this request's steps whose batch held another request; ``max_batch``
     is the most sequences in one of its batches. A generation that fills its lane ends
     completed/length with reason ``context_exhausted``; a prompt longer than a lane fails with it
-    before any decode."""
+    before any decode. With speculation (``engine/speculation.py``) ``spec_windows`` counts the
+    steps in which it verified proposed tokens, ``spec_proposed`` those tokens and
+    ``spec_accepted`` the ones committed (each saved a decode step)."""
 
     request_id: str
     outcome: GenerationOutcome
@@ -318,6 +325,9 @@ class GenDone:
     decode_tokens_per_s: float | None
     shared_steps: int
     max_batch: int
+    spec_windows: int = 0
+    spec_proposed: int = 0
+    spec_accepted: int = 0
 
     @classmethod
     def refused(cls, request_id: str, reason: ReasonCode) -> GenDone:

@@ -23,6 +23,7 @@ from enum import StrEnum
 from skippyctl.engine.lanes import Lane
 from skippyctl.engine.protocol import GenDone, GenFirstToken, GenPrefillDone
 from skippyctl.engine.sampling import SamplerChain, SamplingParams
+from skippyctl.engine.speculation import NgramProposer
 from skippyctl.engine.text import ChatMessage, Detokenizer, StopMatcher
 from skippyctl.events.envelope import StopReason
 from skippyctl.events.reasons import GenerationOutcome, ReasonCode
@@ -99,6 +100,7 @@ class RequestState:
         "completion_tokens",
         "deadline",
         "detok",
+        "draft",
         "error",
         "held_observations",
         "id",
@@ -110,11 +112,15 @@ class RequestState:
         "prompt_count",
         "prefill_pos",
         "prompt",
+        "proposer",
         "reused",
         "sampled",
         "sampler",
         "shared_steps",
         "spec",
+        "spec_accepted",
+        "spec_proposed",
+        "spec_windows",
         "stops",
         "submitted",
         "t_first",
@@ -150,6 +156,12 @@ class RequestState:
         host to turn them into events), and before gen_done if the request ends first."""
         self.shared_steps = 0
         self.max_batch = 0
+        self.proposer: NgramProposer | None = None
+        self.draft: list[int] = []
+        """Tokens proposed to follow ``pending_token``, verified in the current step."""
+        self.spec_windows = 0
+        self.spec_proposed = 0
+        self.spec_accepted = 0
         self.approaching_sent = False
         self.t_prefill_start = 0.0
         self.t_prefill_end = 0.0
@@ -195,6 +207,9 @@ class RequestState:
             decode_tokens_per_s=round((self.sampled - 1) / decode_s, 2) if decode_s > 0 else None,
             shared_steps=self.shared_steps,
             max_batch=self.max_batch,
+            spec_windows=self.spec_windows,
+            spec_proposed=self.spec_proposed,
+            spec_accepted=self.spec_accepted,
         )
 
 

@@ -11,9 +11,10 @@ built-in proposer.
 :class:`NgramProposer` is prompt lookup decoding (no extra model): the longest suffix (of
 ``ngram_max`` down to ``ngram_min`` tokens) of the request's history — its prompt and what it
 generated — that occurred earlier in that history proposes the tokens that followed that earlier
-occurrence (the latest one). Cost: O(``ngram_max``) dictionary work per committed token, one
-lookup per proposal; the history and the index live only as long as the request. Token ids stay
-in the engine process; only counts leave it.
+occurrence (the latest one), continued cyclically when that occurrence is so recent that its
+continuation runs into the present (``a b a b`` proposes ``a b a b …``). Cost: O(``ngram_max``)
+dictionary work per committed token, one lookup per proposal; the history and the index live only
+as long as the request. Token ids stay in the engine process; only counts leave it.
 """
 
 from __future__ import annotations
@@ -95,6 +96,12 @@ class NgramProposer:
             return []
         for n in range(min(self._ngram_max, size), self._ngram_min - 1, -1):
             start = self._index.get(tuple(history[size - n :]))
-            if start is not None:
-                return history[start : start + limit]
+            if start is None:
+                continue
+            draft = history[start : start + limit]
+            # A match close to the end repeats a short cycle: continue it past the history's
+            # end the way it went so far (what followed the match is what the draft says).
+            while len(draft) < limit:
+                draft.append(draft[len(draft) - (size - start)])
+            return draft
         return []

@@ -56,6 +56,7 @@ from skippyctl.engine.protocol import (
     ProtocolError,
     Shutdown,
 )
+from skippyctl.engine.speculation import DEFAULT_DRAFT_TOKENS, SPEC_OFF, SpecConfig, SpecMode
 from skippyctl.events.reasons import ReasonCode
 
 INITIAL_LINK_SAMPLES: Final = 3
@@ -398,6 +399,7 @@ class Worker:
                 observations=self.options.serving_events,
                 token_observations=self.options.debug_token_events,
                 links=self._links,
+                speculation=speculation_of(command),
             )
             reply = ContextReturned(
                 operation_id,
@@ -455,6 +457,15 @@ def main(argv: list[str] | None = None) -> int:
         channel, args.ring_fd, args.capture_debug_log, engine_options.from_arguments(args)
     )
     return worker.serve()
+
+
+def speculation_of(command: Load) -> SpecConfig:
+    """The speculation a load asks for (the host validated it; a value it could not have sent
+    raises ValueError, which fails the context like any other context it cannot serve)."""
+    if command.speculation is None:
+        return SPEC_OFF
+    draft = DEFAULT_DRAFT_TOKENS if command.spec_draft_tokens is None else command.spec_draft_tokens
+    return SpecConfig(SpecMode(command.speculation), draft)
 
 
 if __name__ == "__main__":

@@ -117,6 +117,9 @@ class SummaryKey(StrEnum):
     LINK_P95_MS = "link_p95_ms"
     LINK_JITTER_MS = "link_jitter_ms"
     LINK_P95_THRESHOLD_MS = "link_p95_threshold_ms"
+    SPEC_WINDOWS = "spec_windows"
+    SPEC_PROPOSED_TOKENS = "spec_proposed_tokens"
+    SPEC_ACCEPTED_TOKENS = "spec_accepted_tokens"
 
 
 class StopReason(StrEnum):

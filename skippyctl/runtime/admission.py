@@ -151,6 +151,8 @@ class ModelServer:
         self.liveness = liveness
         self.owner = owner
         self.engine: EngineLink | None = None
+        self.speculation = "off"
+        """How the engine speculates for this model (its load's ``speculation``): receipts say."""
         self.accepting = True
         self._lock = threading.Lock()
         self._queued: deque[RequestHandle] = deque()
@@ -428,6 +430,10 @@ class ModelServer:
                 decode_tokens_per_s=message.decode_tokens_per_s,
                 shared_steps=message.shared_steps,
                 max_batch=message.max_batch,
+                spec_mode=self.speculation,
+                spec_windows=message.spec_windows,
+                spec_proposed=message.spec_proposed,
+                spec_accepted=message.spec_accepted,
             )
         )
 

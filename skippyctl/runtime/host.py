@@ -31,6 +31,7 @@ from typing import Any, Final
 
 from skippyctl.engine.options import EngineOptions
 from skippyctl.engine.protocol import Load
+from skippyctl.engine.speculation import MAX_DRAFT_TOKENS, SpecMode
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import (
     InvalidLogicalId,
@@ -83,6 +84,10 @@ class LoadRequest:
     stage_link_p95_ms: float | None = None
     """A stage whose link p95 round trip exceeds this is ``stage_degraded``; None: the default
     (``runtime/topology.py``, ``DEFAULT_LINK_P95_MS``)."""
+    speculation: str = SpecMode.OFF.value
+    """How its requests speculate (``engine/speculation.py``): ``off`` or ``ngram``."""
+    spec_draft_tokens: int | None = None
+    """Most proposed tokens a lane verifies in a step; None: the default."""
 
     @property
     def split(self) -> bool:
@@ -139,7 +144,23 @@ def validate_request(request: LoadRequest) -> str | None:
             LogicalId(request.alias)
         except InvalidLogicalId:
             return "--alias must be 1-64 characters of [A-Za-z0-9._:+=-]"
-    return validate_stages(request)
+    return speculation_problem(request.speculation, request.spec_draft_tokens) or (
+        validate_stages(request)
+    )
+
+
+SPEC_MODES: Final = tuple(mode.value for mode in SpecMode)
+"""The values of ``load --spec`` / ``speculation``."""
+
+
+def speculation_problem(mode: str, draft_tokens: int | None) -> str | None:
+    """Why a load's speculation options are invalid, or None (the CLI asks before any runtime
+    is reached, the host before anything starts)."""
+    if mode not in SPEC_MODES:
+        return "--spec must be one of: " + ", ".join(SPEC_MODES)
+    if draft_tokens is not None and not 1 <= draft_tokens <= MAX_DRAFT_TOKENS:
+        return f"--spec-draft-tokens must be 1-{MAX_DRAFT_TOKENS}"
+    return None
 
 
 def validate_stages(request: LoadRequest) -> str | None:
@@ -336,6 +357,10 @@ class RuntimeHost:
                     lanes=request.lanes,
                     gpu_layers=assembled.gpu_layers,
                     stages=assembled.stages,
+                    speculation=None
+                    if request.speculation == SpecMode.OFF.value
+                    else request.speculation,
+                    spec_draft_tokens=request.spec_draft_tokens,
                 ),
             )
         )

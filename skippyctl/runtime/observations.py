@@ -202,6 +202,10 @@ def done_emissions(message: GenDone, has_session: bool, duration_ms: float) -> t
         decode_tokens_per_s=message.decode_tokens_per_s,
         shared_decode_steps=message.shared_steps,
         batch_size=message.max_batch,
+        # Only a request that verified proposals says so (absent, not 0, without speculation).
+        spec_windows=message.spec_windows or None,
+        spec_proposed_tokens=message.spec_proposed if message.spec_windows else None,
+        spec_accepted_tokens=message.spec_accepted if message.spec_windows else None,
     )
     batching = BatchingMode.CONTINUOUS if message.shared_steps > 0 else BatchingMode.SINGLE
     found.append(

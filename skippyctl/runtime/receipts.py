@@ -18,8 +18,11 @@ Contract of a receipt (its ``document`` is the JSON of the API and of ``generate
 - timings in ms: ``queue_ms`` (received → handed to the engine; a request that never got there
   spent its whole life queued), ``prefill_ms``, ``ttft_ms``, ``decode_ms`` (first to last
   sampled token), ``total_ms`` (received → terminal); a figure that does not apply is null;
-- ``speculative``: the proposal figures (``mode`` ``off`` while no proposer is attached: then
-  every count is 0).
+- ``speculative``: the proposal figures: ``mode`` (``off``: every count is 0; ``ngram``),
+  ``windows`` (steps that verified proposals), ``proposed``, ``accepted`` (committed, each a
+  decode step saved), ``rejected`` (proposed − accepted: their KV was dropped), ``late`` and
+  ``discarded`` (proposals after their deadline, and run-ahead tokens dropped unexecuted: 0
+  with the built-in n-gram proposer, which answers within the step and does not run ahead).
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ DEFAULT_RECEIPTS: Final = 1024
 @dataclass(frozen=True, slots=True)
 class SpeculativeFigures:
     mode: str = "off"
+    windows: int = 0
+    """Decode steps in which the request verified proposed tokens."""
     proposed: int = 0
     accepted: int = 0
     rejected: int = 0
@@ -94,6 +99,7 @@ class Receipt:
             "max_batch": self.max_batch,
             "speculative": {
                 "mode": spec.mode,
+                "windows": spec.windows,
                 "proposed": spec.proposed,
                 "accepted": spec.accepted,
                 "rejected": spec.rejected,
@@ -129,6 +135,13 @@ def receipt_of(handle: RequestHandle, finished: Finished, ended_mono_ns: int) ->
         decode_tokens_per_s=finished.decode_tokens_per_s,
         shared_decode_steps=finished.shared_steps,
         max_batch=finished.max_batch,
+        speculative=SpeculativeFigures(
+            mode=finished.spec_mode,
+            windows=finished.spec_windows,
+            proposed=finished.spec_proposed,
+            accepted=finished.spec_accepted,
+            rejected=finished.spec_proposed - finished.spec_accepted,
+        ),
     )
 
 

@@ -120,6 +120,10 @@ class Finished:
     decode_tokens_per_s: float | None = None
     shared_steps: int = 0
     max_batch: int = 0
+    spec_mode: str = "off"
+    spec_windows: int = 0
+    spec_proposed: int = 0
+    spec_accepted: int = 0
 
 
 Chunk = TextChunk | Finished

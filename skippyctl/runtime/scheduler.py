@@ -110,6 +110,7 @@ class Scheduler:
             self.liveness,
             self,
         )
+        server.speculation = request.speculation
         handle = self.host.load_model(request, listener=server)
         if handle.model_id is None or handle.problem is not None or handle.already_available:
             return handle

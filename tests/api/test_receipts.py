@@ -42,6 +42,7 @@ def test_a_completed_request_has_a_receipt_with_its_counts_and_timings(server: S
     assert receipt["prefill_ms"] is not None and receipt["decode_ms"] is not None
     assert receipt["speculative"] == {
         "mode": "off",
+        "windows": 0,
         "proposed": 0,
         "accepted": 0,
         "rejected": 0,

@@ -57,3 +57,41 @@ def test_generate_on_the_successor_model_streams_the_known_cycle(tmp_path: Path)
     expected = table.text(table.continuation(table.word_id("fox"), n))
     assert result.stdout == expected + "\n"  # the CLI ends the text with a newline
     assert "stop: length" in result.stderr  # never an end-of-generation token
+
+
+def test_speculation_gives_the_same_cycle_and_its_receipt_counts_the_accepted_tokens(
+    fixture_dir: Path,
+) -> None:
+    path = fixture_dir / "tiny-successor.gguf"
+    loaded = run_cli("load", str(path), "--alias", "succ-ngram", "--spec", "ngram", "--json")
+    assert loaded.code == 0, loaded.stderr
+    n = 120
+    result = run_cli(
+        "generate", "succ-ngram", "the quick brown fox", "--max-tokens", str(n),
+        "--temperature", "0", "--json",
+    )  # fmt: skip
+    assert result.code == 0, result.stderr
+    records = result.records()
+    table = successor_cycles(TINY_SUCCESSOR)
+    text = "".join(r["text"] for r in records if r.get("record") == "output")
+    assert text == table.text(table.continuation(table.word_id("fox"), n))
+    receipt = records[-1]
+    assert receipt["record"] == "receipt"
+    spec = receipt["speculative"]
+    # Nothing to look up during the first cycle (48 words); after it, most tokens were proposed.
+    assert spec["mode"] == "ngram" and spec["accepted"] > (n - 48) // 2
+    assert spec["rejected"] == spec["proposed"] - spec["accepted"]
+    completed = next(r for r in records if r.get("event") == "generation_completed")
+    assert completed["summaries"]["spec_accepted_tokens"] == spec["accepted"]
+    plain = run_cli("generate", "succ-ngram", "the quick brown fox", "--max-tokens", "8")
+    assert "ngram:" in plain.stderr and "proposed tokens accepted" in plain.stderr
+
+
+def test_an_unknown_speculation_mode_is_refused_before_any_runtime_is_reached(
+    fixture_dir: Path,
+) -> None:
+    result = run_cli("load", str(fixture_dir / "tiny.gguf"), "--spec", "magic", "--json")
+    assert result.code == 10, result.stderr
+    assert "--spec must be one of: off, ngram" in result.stderr
+    too_many = run_cli("load", str(fixture_dir / "tiny.gguf"), "--spec-draft-tokens", "65")
+    assert too_many.code == 10 and "1-64" in too_many.stderr

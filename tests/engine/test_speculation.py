@@ -1,0 +1,54 @@
+"""The n-gram proposer (engine/speculation.py): what it proposes from a request's history."""
+
+from __future__ import annotations
+
+import pytest
+
+from skippyctl.engine.speculation import (
+    MAX_DRAFT_TOKENS,
+    NgramProposer,
+    SpecConfig,
+    SpecMode,
+)
+
+
+def test_the_longest_earlier_match_of_the_suffix_proposes_what_followed_it() -> None:
+    # ... 1 2 3 9 ... 7 2 3 4 ... 2 3: the 2-gram "2 3" last occurred before 4.
+    proposer = NgramProposer([1, 2, 3, 9, 5, 7, 2, 3, 4, 6, 8])
+    for token in (2, 3):
+        proposer.commit(token)
+    assert proposer.propose(3) == [4, 6, 8]
+    # A longer match wins over a more recent shorter one: "7 2 3" occurred once, before 4.
+    long = NgramProposer([7, 2, 3, 4, 5, 2, 3, 9, 9, 7, 2, 3])
+    assert long.propose(2) == [4, 5]
+
+
+def test_nothing_is_proposed_without_an_earlier_occurrence() -> None:
+    proposer = NgramProposer([1, 2, 3, 4])
+    assert proposer.propose(4) == []
+    assert proposer.propose(0) == []
+    assert NgramProposer([]).propose(4) == []
+
+
+def test_a_recent_match_continues_its_cycle_past_the_end_of_the_history() -> None:
+    assert NgramProposer([5, 6, 5, 6]).propose(5) == [5, 6, 5, 6, 5]
+    assert NgramProposer([8, 8, 8]).propose(3) == [8, 8, 8]
+    cycle = [10, 11, 12]
+    proposer = NgramProposer(cycle * 2)
+    assert proposer.propose(7) == [10, 11, 12, 10, 11, 12, 10]
+
+
+def test_the_limit_caps_the_draft() -> None:
+    proposer = NgramProposer([1, 2, 3, 4, 5, 1, 2])
+    assert proposer.propose(2) == [3, 4]
+    assert len(proposer.propose(50)) == 50
+
+
+def test_config_bounds_and_the_window_it_takes_in_a_batch() -> None:
+    assert SpecConfig().window == 1 and not SpecConfig().enabled
+    assert SpecConfig(SpecMode.NGRAM, 4).window == 5
+    for bad in (0, MAX_DRAFT_TOKENS + 1):
+        with pytest.raises(ValueError, match="draft_tokens"):
+            SpecConfig(SpecMode.NGRAM, bad)
+    with pytest.raises(ValueError, match="ngram"):
+        NgramProposer([], ngram_min=3, ngram_max=2)

@@ -1,0 +1,143 @@
+"""Speculative decoding in the engine's step loop on the successor model (real llama.cpp).
+
+The successor fixture's greedy output is a known cycle of 48 words with a logit margin of 20,
+so it cannot flip with the batch shape: speculated and plain text must be byte-identical to
+the known continuation, and once a cycle went by, the n-gram proposer finds every next token.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import llama_cpp
+import pytest
+
+from skippyctl.engine.generation import BatchEngine, GenerateRequest, SamplingParams
+from skippyctl.engine.protocol import EngineMessage, GenDone, GenText
+from skippyctl.engine.speculation import SpecConfig, SpecMode
+from skippyctl.fixtures import TINY_SUCCESSOR, successor_cycles
+
+WAIT_S = 60.0
+WORDS = ("fox", "the", "good", "about")  # prompts end on different words of the cycle
+NGRAM = SpecConfig(SpecMode.NGRAM, draft_tokens=8)
+
+
+@pytest.fixture(scope="module")
+def model(fixture_dir: Path) -> Iterator[Any]:
+    llama_cpp.llama_backend_init()
+    loaded = llama_cpp.llama_model_load_from_file(
+        os.fsencode(fixture_dir / "tiny-successor.gguf"), llama_cpp.llama_model_default_params()
+    )
+    assert loaded
+    yield loaded
+    llama_cpp.llama_model_free(loaded)
+
+
+class Run:
+    """What one engine said: text and terminal per request."""
+
+    def __init__(self) -> None:
+        self.text: dict[str, str] = {}
+        self.done: dict[str, GenDone] = {}
+        self._cond = threading.Condition()
+
+    def __call__(self, message: EngineMessage) -> None:
+        with self._cond:
+            if isinstance(message, GenText):
+                self.text[message.request_id] = self.text.get(message.request_id, "") + message.text
+            elif isinstance(message, GenDone):
+                self.done[message.request_id] = message
+                self._cond.notify_all()
+
+    def wait(self, count: int) -> None:
+        with self._cond:
+            assert self._cond.wait_for(lambda: len(self.done) >= count, WAIT_S)
+
+
+def _generate(
+    model: Any, spec: SpecConfig, requests: list[GenerateRequest], lanes: int, sequential: bool
+) -> Run:
+    params = llama_cpp.llama_context_default_params()
+    params.n_ctx = 512 * lanes
+    params.n_seq_max = lanes
+    context = llama_cpp.llama_init_from_model(model, params)
+    assert context
+    run = Run()
+    engine = BatchEngine(
+        llama_cpp, model, context, lanes=lanes, emit=run, n_threads=1, speculation=spec
+    )
+    engine.start()
+    try:
+        for count, request in enumerate(requests, 1):
+            engine.submit(request)
+            if sequential:
+                run.wait(count)
+        run.wait(len(requests))
+    finally:
+        engine.stop()
+        llama_cpp.llama_free(context)
+    return run
+
+
+def _request(
+    request_id: str, word: str, max_tokens: int, session: str | None = None
+) -> GenerateRequest:
+    return GenerateRequest(
+        request_id,
+        prompt=f"the quick brown {word}",
+        session=session,
+        max_tokens=max_tokens,
+        sampling=SamplingParams(temperature=0.0),
+    )
+
+
+@pytest.mark.parametrize("lanes", [1, 4])
+def test_speculated_text_is_the_known_cycle_and_most_tokens_come_from_proposals(
+    model: Any, lanes: int
+) -> None:
+    table = successor_cycles(TINY_SUCCESSOR)
+    n = 150
+    requests = [_request(f"r{i}", word, n) for i, word in enumerate(WORDS[:lanes])]
+    plain = _generate(model, SpecConfig(), requests, lanes, sequential=False)
+    speculated = _generate(model, NGRAM, requests, lanes, sequential=False)
+    for request, word in zip(requests, WORDS, strict=False):
+        expected = table.text(table.continuation(table.word_id(word), n))
+        assert plain.text[request.request_id] == expected
+        assert speculated.text[request.request_id] == expected
+        done = speculated.done[request.request_id]
+        assert done.completion_tokens == n and done.stop_reason.value == "length"
+        # The first cycle (48 words) has no earlier occurrence to propose from; after it every
+        # proposal is right until max_tokens cuts the window.
+        assert done.spec_accepted >= n - 48 - 8 - done.spec_windows // 2
+        assert done.spec_accepted <= done.spec_proposed
+        assert done.spec_windows < n - 48  # fewer verify steps than tokens: steps were saved
+        assert plain.done[request.request_id].spec_windows == 0
+
+
+def test_a_session_continues_from_speculated_kv(model: Any) -> None:
+    """The lane's KV after speculation (rejected proposals removed) serves the session's next
+    request exactly like KV decoded one token a step."""
+    table = successor_cycles(TINY_SUCCESSOR)
+    first = _request("a", "fox", 70, session="s")
+    plain = _generate(model, SpecConfig(), [first], 1, sequential=True)
+    follow_text = "the quick brown fox" + plain.text["a"]
+    second = GenerateRequest(
+        "b",
+        prompt=follow_text,
+        session="s",
+        max_tokens=60,
+        sampling=SamplingParams(temperature=0.0),
+    )
+    runs = [
+        _generate(model, spec, [first, second], 1, sequential=True)
+        for spec in (SpecConfig(), NGRAM)
+    ]
+    assert runs[0].text == runs[1].text
+    last_word = table.continuation(table.word_id("fox"), 70)[-1]
+    assert runs[1].text["b"] == table.text(table.continuation(last_word, 60))
+    assert runs[1].done["b"].reused_tokens == runs[0].done["b"].reused_tokens > 0
+    assert runs[1].done["b"].spec_accepted > 40  # the prompt held whole cycles already
