@@ -11,6 +11,7 @@ from skippyctl.cli.fixtures import fixtures_app
 from skippyctl.cli.generate import generate_command
 from skippyctl.cli.load import load_command
 from skippyctl.cli.ps import ps_command
+from skippyctl.cli.pull import pull_command
 from skippyctl.cli.runtime import runtime_app
 from skippyctl.cli.stage import stage_app
 from skippyctl.cli.tui import tui_command
@@ -23,6 +24,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
+app.command("pull")(pull_command)
 app.command("load")(load_command)
 app.command("unload")(unload_command)
 app.command("ps")(ps_command)

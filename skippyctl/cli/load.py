@@ -24,11 +24,19 @@ from skippyctl.cli.common import (
     SubscriptionFeed,
 )
 from skippyctl.cli.exit_codes import ExitCode, exit_code_for, exit_code_for_text
-from skippyctl.cli.presenters import LoadProgressPresenter, NdjsonPresenter, Presenter
+from skippyctl.cli.presenters import (
+    LoadProgressPresenter,
+    NdjsonPresenter,
+    Presenter,
+    PullProgressPresenter,
+)
+from skippyctl.cli.pull import PullResult, pull_ref
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event
 from skippyctl.events.reasons import Category, ReasonCode
 from skippyctl.output.summary import reason_message, render_summary
+from skippyctl.runtime.acquisition import is_remote_ref
+from skippyctl.runtime.artifacts import split_parts
 from skippyctl.stages.plan import stage_options_problem
 
 TERMINALS = frozenset(
@@ -41,7 +49,14 @@ _LOAD_CATEGORIES = frozenset(
 
 
 def load_command(
-    model: Annotated[str, typer.Argument(help="Path to a GGUF file (first part of a split set).")],
+    model: Annotated[
+        str,
+        typer.Argument(
+            help="Path to a GGUF file (first part of a split set), hf://ORG/REPO/FILE.gguf or "
+            "ORG/REPO:QUANT (pulled first, as `skippyctl pull` does).",
+            show_default=False,
+        ),
+    ],
     json_output: Annotated[
         bool, typer.Option("--json", help="NDJSON events on stdout, one per line; nothing else.")
     ] = False,
@@ -160,6 +175,27 @@ def load_command(
     if problem is not None:
         stderr.print(f"[red]✗[/] {model}: {problem}", soft_wrap=True, highlight=False)
         raise typer.Exit(int(ExitCode.INVALID_CONFIGURATION))
+    shown = model
+    if is_remote_ref(model):
+        # Resolve and download first (this process, as `pull`), then load the local file by
+        # the id of the file's name (its cache path is a hash).
+        pulled = _pull_first(model, json_output)
+        if pulled.prepared is None:
+            stderr.print(f"[red]✗[/] {model}: {pulled.message}", soft_wrap=True, highlight=False)
+            raise typer.Exit(int(pulled.code))
+        if split_parts(pulled.prepared.path) is not None:
+            # The host loads the resolved path, and the cache's links resolve to blobs named by
+            # hash, where llama.cpp cannot find a split set's other parts by name.
+            stderr.print(
+                f"[red]✗[/] {model}: loading a split set from the Hugging Face cache is not "
+                "supported yet; it is pulled: copy (or hard-link) its parts into one directory "
+                "and load the first part",
+                soft_wrap=True,
+                highlight=False,
+            )
+            raise typer.Exit(int(ExitCode.UNSUPPORTED_CAPABILITY))
+        alias = alias or str(pulled.prepared.model_id)
+        model = str(pulled.prepared.path)
     with InterruptRequests() as interrupts:
         if embedded:
             code, message = _embedded(
@@ -181,8 +217,16 @@ def load_command(
     if code is ExitCode.SUCCESS:
         stderr.print(f"[green]✓[/] {message}", soft_wrap=True, highlight=False)
     else:
-        stderr.print(f"[red]✗[/] {model}: {message}", soft_wrap=True, highlight=False)
+        stderr.print(f"[red]✗[/] {shown}: {message}", soft_wrap=True, highlight=False)
     raise typer.Exit(int(code))
+
+
+def _pull_first(ref: str, json_output: bool) -> PullResult:
+    presenter: Presenter = NdjsonPresenter() if json_output else PullProgressPresenter(ref)
+    try:
+        return pull_ref(ref, presenter)
+    finally:
+        presenter.close()
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,17 +10,25 @@ import sys
 from typing import BinaryIO, Final, Protocol
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TransferSpeedColumn,
+)
 
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event
-from skippyctl.events.reasons import Severity
+from skippyctl.events.reasons import Category, Severity
 from skippyctl.output.codec import dumps_line, event_record
 from skippyctl.output.summary import render_summary
 
 
 class Presenter(Protocol):
-    def show(self, event: Event, seq: int) -> None: ...
+    def show(self, event: Event, seq: int | None) -> None: ...
     def close(self) -> None: ...
 
 
@@ -30,7 +38,7 @@ class NdjsonPresenter:
     def __init__(self, stream: BinaryIO | None = None) -> None:
         self._stream = stream or sys.stdout.buffer
 
-    def show(self, event: Event, seq: int) -> None:
+    def show(self, event: Event, seq: int | None) -> None:
         self._stream.write(dumps_line(event_record(event, seq)))
         self._stream.flush()
 
@@ -71,7 +79,7 @@ class LoadProgressPresenter:
         )
         self._progress.start()
 
-    def show(self, event: Event, seq: int) -> None:
+    def show(self, event: Event, seq: int | None) -> None:
         phase = _PHASES.get(event.id)
         if phase is not None:
             self._progress.update(self._task, phase=phase)
@@ -84,6 +92,62 @@ class LoadProgressPresenter:
             EventId.MODEL_LOAD_FAILED,
             EventId.MODEL_LOAD_CANCELLED,
         ):
+            self._progress.console.print(f"[yellow]{event.id.value}[/]: {render_summary(event)}")
+
+    def close(self) -> None:
+        self._progress.stop()
+
+
+_PULL_PHASES: Final[dict[EventId, str]] = {
+    EventId.MODEL_QUEUED: "queued",
+    EventId.MODEL_RESOLUTION_STARTED: "resolving",
+    EventId.MODEL_RESOLUTION_COMPLETED: "resolved",
+    EventId.MODEL_DOWNLOAD_STARTED: "downloading",
+    EventId.MODEL_DOWNLOAD_COMPLETED: "downloaded",
+    EventId.MODEL_PREPARATION_STARTED: "verifying",
+}
+_PULL_TERMINALS: Final = frozenset(
+    {
+        EventId.MODEL_RESOLUTION_FAILED,
+        EventId.MODEL_DOWNLOAD_FAILED,
+        EventId.MODEL_DOWNLOAD_CANCELLED,
+        EventId.MODEL_PREPARATION_FAILED,
+        EventId.MODEL_PREPARATION_CANCELLED,
+    }
+)
+
+
+class PullProgressPresenter:
+    """A live download bar (bytes, rate) with the pull's phase on stderr; warnings above it.
+
+    The pull's own failure is the command's closing message, so it is not printed here."""
+
+    def __init__(self, label: str, console: Console | None = None) -> None:
+        self.console = console or Console(stderr=True)
+        self._progress = Progress(
+            TextColumn("[bold]{task.fields[model]}[/]"),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TextColumn("{task.fields[phase]}"),
+            TimeElapsedColumn(),
+            console=self.console,
+            transient=True,
+        )
+        self._task: TaskID = self._progress.add_task("pull", total=None, model=label, phase="")
+        self._progress.start()
+
+    def show(self, event: Event, seq: int | None) -> None:
+        phase = _PULL_PHASES.get(event.id)
+        if phase is not None:
+            self._progress.update(self._task, phase=phase)
+        if event.scope.model_id is not None:
+            self._progress.update(self._task, model=str(event.scope.model_id))
+        if event.progress is not None and event.category is Category.MODEL_PREPARATION:
+            self._progress.update(
+                self._task, completed=event.progress.current, total=event.progress.total
+            )
+        if event.severity in _WARNINGS and event.id not in _PULL_TERMINALS:
             self._progress.console.print(f"[yellow]{event.id.value}[/]: {render_summary(event)}")
 
     def close(self) -> None:

@@ -27,6 +27,22 @@ def _progress(event: Event) -> str:
     return f"loading {percent:.1f}%"
 
 
+def _download(event: Event) -> str:
+    """A download's bytes (`model_download_*`); the catalog's text without a progress."""
+    progress = event.progress
+    if progress is None:
+        return spec_of(event.id).description
+    done, total = progress.current, progress.total
+    if event.id is EventId.MODEL_DOWNLOAD_STARTED:
+        return f"download started ({_bytes(total)})" if total else "download started"
+    if event.id is EventId.MODEL_DOWNLOAD_COMPLETED:
+        took = f" in {event.duration_ms:.0f} ms" if event.duration_ms is not None else ""
+        return f"downloaded {_bytes(done)}{took}"
+    if total:
+        return f"downloading {100.0 * done / total:.1f}% ({_bytes(done)} of {_bytes(total)})"
+    return f"downloading ({_bytes(done)})"
+
+
 def _device(event: Event) -> str:
     free = event.summary_value(SummaryKey.MEMORY_FREE_BYTES)
     total = event.summary_value(SummaryKey.MEMORY_TOTAL_BYTES)
@@ -130,6 +146,14 @@ _RENDERERS: Final[dict[EventId, Callable[[Event], str]]] = {
     EventId.STAGE_LINK_OBSERVED: _link,
     EventId.STAGE_DEGRADED: _link,
     EventId.MODEL_LOAD_PROGRESS: _progress,
+    EventId.MODEL_DOWNLOAD_STARTED: _download,
+    EventId.MODEL_DOWNLOAD_PROGRESS: _download,
+    EventId.MODEL_DOWNLOAD_COMPLETED: _download,
+    EventId.MODEL_RESOLUTION_FAILED: _failed,
+    EventId.MODEL_DOWNLOAD_FAILED: _failed,
+    EventId.MODEL_DOWNLOAD_CANCELLED: _failed,
+    EventId.MODEL_PREPARATION_FAILED: _failed,
+    EventId.MODEL_PREPARATION_CANCELLED: _failed,
     EventId.BACKEND_DEVICE_SELECTED: _device,
     EventId.MODEL_LOAD_FAILED: _failed,
     EventId.MODEL_LOAD_CANCELLED: _failed,

@@ -7,6 +7,7 @@ import pytest
 from tests.cli.helpers import run_cli
 
 COMMANDS = [
+    ("pull",),
     ("load",),
     ("unload",),
     ("ps",),

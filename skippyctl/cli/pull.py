@@ -1,0 +1,176 @@
+"""`skippyctl pull REF`: fetch a model into the local cache and check it, told as events.
+
+The pull runs in this process (runtime/acquisition.py, a core module that only emits events):
+a download needs no llama.cpp and no runtime, and a runtime route would need an operation API,
+cancellation over HTTP and a second progress path for the same bytes. Its events go through
+the same presenters and wire codec as `load`'s. They are not from a runtime's stream, so their
+records carry no `seq`/`cursor`.
+
+Ctrl-C: the first one stops the transfer at once (a KeyboardInterrupt in the download's socket
+read, or at the next chunk when it lands while a record is being written — a record is never
+cut in half) and the pull ends `model_download_cancelled` + `model_preparation_cancelled`, exit
+130; later ones only wait for that cleanup.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from skippyctl.cli.exit_codes import ExitCode, exit_code_for
+from skippyctl.cli.presenters import NdjsonPresenter, Presenter, PullProgressPresenter
+from skippyctl.events.catalog import EventId
+from skippyctl.events.envelope import Event
+from skippyctl.runtime.acquisition import (
+    Acquisition,
+    HubSettings,
+    PreparationCancelled,
+    PreparationError,
+    Prepared,
+)
+
+_PULL_ENDS = frozenset(
+    {
+        EventId.MODEL_PREPARATION_COMPLETED,
+        EventId.MODEL_PREPARATION_CACHE_REUSED,
+        EventId.MODEL_PREPARATION_FAILED,
+        EventId.MODEL_PREPARATION_CANCELLED,
+    }
+)
+"""The pull's own terminals: a Ctrl-C during their write changes nothing any more."""
+
+REF_HELP = (
+    "A local GGUF path, hf://ORG/REPO/FILE.gguf, or ORG/REPO:QUANT (the repo's one GGUF file "
+    "whose name contains QUANT, e.g. Q4_K_M; a split set counts as one file)."
+)
+
+
+class _InterruptGate:
+    """SIGINT during a pull: raise KeyboardInterrupt at once (it breaks a blocking socket
+    read), except while a record is written — then right after that record (unless it was the
+    pull's last). The acquisition is also asked to stop at its next chunk. After the first one,
+    further signals are counted, never raised."""
+
+    def __init__(self, presenter: Presenter) -> None:
+        self.presenter = presenter
+        self.acquisition: Acquisition | None = None
+        self.count = 0
+        self.writing = False
+        self.pending = False
+        self._previous: Any = None
+
+    def show(self, event: Event) -> None:
+        self.writing = True
+        try:
+            self.presenter.show(event, None)
+        finally:
+            self.writing = False
+        if self.pending and event.id not in _PULL_ENDS:
+            self.pending = False
+            raise KeyboardInterrupt  # the Ctrl-C that came during the write, now it is whole
+
+    def __enter__(self) -> _InterruptGate:
+        self._previous = signal.signal(signal.SIGINT, self._on_signal)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        signal.signal(signal.SIGINT, self._previous)
+
+    def _on_signal(self, _signum: int, _frame: object) -> None:
+        self.count += 1
+        if self.acquisition is not None:
+            self.acquisition.cancel()
+        if self.count > 1:
+            return
+        if self.writing:
+            self.pending = True
+        else:
+            raise KeyboardInterrupt
+
+
+@dataclass(frozen=True, slots=True)
+class PullResult:
+    code: ExitCode
+    message: str
+    prepared: Prepared | None = None
+
+
+def pull_ref(ref: str, presenter: Presenter, hub: HubSettings | None = None) -> PullResult:
+    """Run one pull, showing its events on `presenter`; never raises for a failed pull."""
+    # The hub library's own warnings (a retried transfer) quote URLs, signed CDN ones among
+    # them; the events and the closing message say what happened without them. (Importing it
+    # first: its import sets its logger's level from HF_HUB_VERBOSITY, which still wins.)
+    if "HF_HUB_VERBOSITY" not in os.environ:
+        import huggingface_hub.utils.logging  # noqa: F401 - sets the level we then override
+
+        logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
+    gate = _InterruptGate(presenter)
+    acquisition = Acquisition(gate.show, hub)
+    gate.acquisition = acquisition
+    try:
+        with gate:
+            prepared = acquisition.prepare(ref)
+    except PreparationCancelled:
+        return PullResult(ExitCode.CANCELLED, "cancelled")
+    except PreparationError as error:
+        return PullResult(exit_code_for(error.reason), f"{error.reason.value}: {error.message}")
+    except KeyboardInterrupt:  # a Ctrl-C that landed outside the acquisition's handlers
+        return PullResult(ExitCode.CANCELLED, "cancelled (forced)")
+    if prepared.reused:
+        what = "reused from the cache"
+    elif prepared.verified and "none" not in prepared.verified:
+        what = "downloaded and verified"
+    elif prepared.verified:
+        what = "downloaded and checked (the hub gave no checksum)"
+    else:
+        what = "checked"
+    return PullResult(ExitCode.SUCCESS, f"{prepared.model_id}: {what}", prepared)
+
+
+def pull_command(
+    ref: Annotated[str, typer.Argument(help=REF_HELP, show_default=False)],
+    json_output: Annotated[
+        bool, typer.Option("--json", help="NDJSON events on stdout, one per line; nothing else.")
+    ] = False,
+    revision: Annotated[
+        str, typer.Option("--revision", help="Branch, tag or commit of a Hugging Face repo.")
+    ] = "main",
+) -> None:
+    """Fetch REF into the local model cache and check it, streaming model_preparation events.
+
+    Hugging Face files go through huggingface_hub and its cache (HF_HUB_CACHE, or HF_HOME/hub;
+    default ~/.cache/huggingface/hub). HF_ENDPOINT picks the hub (a mirror, or a local one);
+    the token, for private or gated repos, comes from HF_TOKEN or `hf auth login` and is never
+    printed. A second pull of the same file reuses the cache without downloading. A downloaded
+    file is checked against its sha256 (git sha1 for small files), its GGUF header and, for a
+    split set, that every part is there.
+
+    Exit code 0 once the file is ready; otherwise the code of the failure's reason (see the
+    README's exit code table). Ctrl-C cancels the download (exit 130); nothing partial is left
+    where it could be taken as complete.
+
+    Example:
+
+        skippyctl pull hf://ggml-org/models/tinyllamas/stories15M-q4_0.gguf --json | jq -r .event
+    """
+    stderr = Console(stderr=True)
+    presenter: Presenter = NdjsonPresenter() if json_output else PullProgressPresenter(ref)
+    try:
+        result = pull_ref(ref, presenter, HubSettings(revision=revision))
+    finally:
+        presenter.close()
+    if result.code is ExitCode.SUCCESS:
+        assert result.prepared is not None
+        stderr.print(f"[green]✓[/] {result.message}", soft_wrap=True, highlight=False)
+        if not json_output:
+            # For people only (never in an event): where the file is, to load or inspect it.
+            stderr.print(f"  {result.prepared.path}", soft_wrap=True, highlight=False)
+    else:
+        stderr.print(f"[red]✗[/] {ref}: {result.message}", soft_wrap=True, highlight=False)
+    raise typer.Exit(int(result.code))
