@@ -189,6 +189,11 @@ class CancelAccepted(BaseModel):
     cancel_requested: bool
 
 
+class SessionSaveAccepted(BaseModel):
+    session_id: str
+    save_requested: bool
+
+
 class ShutdownAccepted(BaseModel):
     stopping: bool
 

@@ -117,6 +117,8 @@ class SummaryKey(StrEnum):
     LINK_P95_MS = "link_p95_ms"
     LINK_JITTER_MS = "link_jitter_ms"
     LINK_P95_THRESHOLD_MS = "link_p95_threshold_ms"
+    STATE_BYTES = "state_bytes"
+    """Bytes of a session's KV state file (cache_state_export_* / cache_state_import_*)."""
 
 
 class StopReason(StrEnum):
