@@ -40,6 +40,7 @@ from skippyctl.api.schemas import (
     LoadBody,
     ReceiptDocument,
     RecentEvents,
+    SessionSaveAccepted,
     ShutdownAccepted,
     StateDocument,
     UnloadAccepted,
@@ -346,6 +347,28 @@ def create_app(ctx: ApiContext, on_ready: Callable[[], None] | None = None) -> F
         return JsonResponse(
             {"operation_id": operation_id, "cancel_requested": True}, status_code=202
         )
+
+    @app.post(
+        "/api/runtime/sessions/{session_id}/save",
+        status_code=202,
+        response_model=SessionSaveAccepted,
+        response_class=JsonResponse,
+        responses=errors(400, 401, 404),
+    )
+    async def save_session(
+        session_id: Annotated[str, PathParam(pattern=LOGICAL_ID_PATTERN)],
+    ) -> Response:
+        """Save a live session's KV state now (it is saved at an unload anyway): the outcome
+        is `cache_state_export_completed` / `_failed`; a file saved so survives an engine
+        crash too (the next load restores it)."""
+        if not ctx.scheduler.save_session(session_id):
+            return error_response(
+                "no such live session, or session persistence is off",
+                404,
+                code="session_not_found",
+                reason=ReasonCode.MISSING_ARTIFACT,
+            )
+        return JsonResponse({"session_id": session_id, "save_requested": True}, status_code=202)
 
     @app.post(
         "/api/runtime/shutdown",

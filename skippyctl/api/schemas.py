@@ -237,6 +237,11 @@ class ReceiptDocument(BaseModel):
     speculative: SpeculativeFiguresDocument
 
 
+class SessionSaveAccepted(BaseModel):
+    session_id: str
+    save_requested: bool
+
+
 class ShutdownAccepted(BaseModel):
     stopping: bool
 

@@ -20,6 +20,7 @@ import signal
 import socket
 import threading
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from skippyctl import __version__
 from skippyctl.client.discovery import (
@@ -31,6 +32,9 @@ from skippyctl.client.discovery import (
     write_discovery,
 )
 from skippyctl.client.launch import LOOPBACK_HOSTS, ServeError, ServeOptions
+
+if TYPE_CHECKING:
+    from skippyctl.runtime.session_state import SessionStateStore
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -47,6 +51,36 @@ def _bind(host: str, port: int) -> socket.socket:
     sock.listen(128)
     sock.set_inheritable(True)
     return sock
+
+
+SESSION_STATE_MAX_MIB_ENV = "SKIPPY_SESSION_STATE_MAX_MIB"
+"""Cap of the session KV state files an unload keeps for the next load (MiB; 0 turns session
+persistence off; default 256)."""
+
+
+def _session_state_store() -> SessionStateStore | None:
+    """The runtime's session state directory (``<runtime dir>/sessions``, mode 0700), or None
+    when persistence is off or the directory cannot be used (sessions then prefill again after
+    a reload, as before)."""
+    from skippyctl.client.discovery import runtime_dir
+    from skippyctl.runtime.session_state import (
+        DEFAULT_MAX_BYTES,
+        DIRECTORY_NAME,
+        SessionStateStore,
+        StateDirectoryUnusable,
+    )
+
+    raw = os.environ.get(SESSION_STATE_MAX_MIB_ENV, "").strip()
+    try:
+        max_bytes = int(raw) * 1024 * 1024 if raw else DEFAULT_MAX_BYTES
+    except ValueError:
+        max_bytes = DEFAULT_MAX_BYTES
+    if max_bytes <= 0:
+        return None
+    try:
+        return SessionStateStore(runtime_dir() / DIRECTORY_NAME, max_bytes)
+    except (OSError, StateDirectoryUnusable):
+        return None
 
 
 def serve(options: ServeOptions) -> None:
@@ -119,7 +153,10 @@ def serve(options: ServeOptions) -> None:
         engine_options,
     ).start()
     scheduler = Scheduler(
-        host, max_queue=options.max_queue, sessions=SessionRegistry(ttl_s=options.session_ttl_s)
+        host,
+        max_queue=options.max_queue,
+        sessions=SessionRegistry(ttl_s=options.session_ttl_s),
+        session_state=_session_state_store(),
     ).start()
     metrics = MetricsCollector()
     metrics.attach(host.pipeline.dispatcher)

@@ -13,6 +13,11 @@ stalls running generations and generations never starve prefill. Logits are requ
 for each decoding lane's token and for the last prompt token of a prefill that completes in the
 step (the batch itself is ``engine/batch.py``).
 
+Session state files: :meth:`DecodeCore.export_sessions` writes idle sessions' KV sequences
+(``llama_state_seq_get_data``) and :meth:`DecodeCore.restore_sessions` reads them back into free
+lanes (``llama_state_seq_set_data``; llama.cpp refuses another lane count: one KV stream per
+lane) — the file format and its checks are ``engine/kv_state.py``.
+
 The memory API is ``llama_get_memory`` + ``llama_memory_seq_rm``/``_clear`` (the older
 ``llama_kv_self_*`` functions no longer exist in the bundled llama.cpp).
 """
@@ -24,10 +29,11 @@ import ctypes
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Any, Final
 
+from skippyctl.engine import kv_state
 from skippyctl.engine.batch import StepBatch
 from skippyctl.engine.lanes import (
     KvGeometry,
@@ -51,6 +57,8 @@ from skippyctl.engine.protocol import (
     KvChange,
     SessionChange,
     SessionChanged,
+    StateExported,
+    StateImported,
 )
 from skippyctl.engine.request_state import Phase, RequestBoard, RequestState
 from skippyctl.engine.sampling import build_sampler_chain
@@ -76,7 +84,7 @@ prefill tokens (more for long lanes, see ``DecodeCore.__init__``)."""
 DECODE_ABORTED: Final = 2
 """llama_decode's return value when the abort callback stopped it (llama.h)."""
 
-_ESSENTIAL_MESSAGES: Final = frozenset({GenText, GenDone})
+_ESSENTIAL_MESSAGES: Final = frozenset({GenText, GenDone, StateExported, StateImported})
 """What the host needs to serve a request; with ``observations=False`` nothing else is sent."""
 _COMPLETED: Final = GenerationOutcome.COMPLETED
 _FAILED: Final = GenerationOutcome.FAILED
@@ -125,7 +133,8 @@ class DecodeCore:
         self._ctx = context
         self._emit_fn = emit
         self._released = released
-        # Benchmark baseline (serving events off): only text and terminals are sent.
+        # Benchmark baseline (serving events off): only text, terminals and session state
+        # outcomes are sent.
         self._observations = observations
         self._token_observations = observations and token_observations
         self._lanes = LaneTable(lanes)
@@ -301,6 +310,123 @@ class DecodeCore:
             self.refuse(r, ReasonCode.INVALID_CONFIGURATION)
             return
         self._board.queue.append(r)
+
+    # ---------------------------------------------------------------- session state files
+
+    def _state_geometry(self) -> kv_state.Geometry:
+        return kv_state.Geometry(len(self._lanes), self._ctx_per_lane)
+
+    def export_sessions(
+        self,
+        files: Mapping[str, str],
+        budget_bytes: int,
+        fingerprint: bytes,
+        report_missing: bool = False,
+    ) -> None:
+        """Write the KV state of each idle session named in ``files`` (session → path), most
+        recently used first, while the files fit in ``budget_bytes``; one ``StateExported``
+        each. A session over the budget is not written (``reservation_exhausted``). With
+        ``report_missing`` a named session without an idle lane holding KV gets a failed one
+        (``invalid_configuration``); else it is left out (an unload names every session)."""
+        llama = self._llama
+        left = budget_bytes
+        if report_missing:
+            idle = {lane.session for lane in self._lanes.idle_sessions_mru()}
+            for named in files:
+                if named not in idle:
+                    self._exported(
+                        named, time.perf_counter(), 0, 0, ReasonCode.INVALID_CONFIGURATION
+                    )
+        for lane in self._lanes.idle_sessions_mru():
+            session = lane.session
+            if session is None or session not in files or lane.copy_pending:
+                continue
+            started = time.perf_counter()
+            tokens = len(lane.tokens)
+            size = int(llama.llama_state_seq_get_size(self._ctx, lane.seq))
+            estimate = kv_state.file_bytes(tokens, size)
+            if size <= 0:
+                self._exported(session, started, tokens, 0, ReasonCode.INTERNAL_RUNTIME_FAILURE)
+                continue
+            if estimate > left:
+                self._exported(session, started, tokens, estimate, ReasonCode.RESERVATION_EXHAUSTED)
+                continue
+            buffer = (ctypes.c_uint8 * size)()
+            got = int(llama.llama_state_seq_get_data(self._ctx, buffer, size, lane.seq))
+            if got <= 0 or got > size:
+                self._exported(session, started, tokens, 0, ReasonCode.INTERNAL_RUNTIME_FAILURE)
+                continue
+            try:
+                written = kv_state.write_state(
+                    files[session],
+                    fingerprint,
+                    self._state_geometry(),
+                    lane.tokens,
+                    memoryview(buffer)[:got],
+                )
+            except OSError:
+                self._exported(session, started, tokens, 0, ReasonCode.ARTIFACT_IO_FAILURE)
+                continue
+            left -= written
+            self._exported(session, started, tokens, written, None)
+
+    def _exported(
+        self, session: str, started: float, tokens: int, size: int, reason: ReasonCode | None
+    ) -> None:
+        ms = round((time.perf_counter() - started) * 1000.0, 3)
+        self.emit(StateExported(session, reason is None, tokens, size, ms, reason))
+
+    def restore_sessions(
+        self, files: Sequence[tuple[str, str]], max_bytes: int, fingerprint: bytes
+    ) -> None:
+        """Read each ``(session, path)`` back into a free lane (before any request): the
+        session's next request reuses its tokens like any warm session's. One
+        ``StateImported`` each, and ``session`` restored for each that worked; a refused file
+        leaves its lane empty (that session just prefills again)."""
+        llama = self._llama
+        geometry = self._state_geometry()
+        for session, path in files:
+            started = time.perf_counter()
+            if self._lanes.has_session(session):
+                continue  # named twice: the first one won
+            lane = self._lanes.restore_lane()
+            if lane is None:
+                self._imported(session, started, 0, 0, ReasonCode.RESERVATION_EXHAUSTED)
+                continue
+            try:
+                saved = kv_state.read_state(path, fingerprint, self._ctx_per_lane, max_bytes)
+            except kv_state.StateRefused as refused:
+                self._imported(session, started, 0, 0, refused.reason)
+                continue
+            size = kv_state.file_bytes(len(saved.tokens), len(saved.state))
+            if saved.geometry.lanes != geometry.lanes or any(
+                t < 0 or t >= self._n_vocab for t in saved.tokens
+            ):
+                # Another lane layout (llama.cpp keeps one KV stream per lane) or another
+                # vocabulary: not this context's state.
+                self._imported(
+                    session, started, 0, size, ReasonCode.INCOMPATIBLE_ABI_OR_FEATURE_SET
+                )
+                continue
+            state = (ctypes.c_uint8 * len(saved.state)).from_buffer_copy(saved.state)
+            read = int(llama.llama_state_seq_set_data(self._ctx, state, len(saved.state), lane.seq))
+            if read != len(saved.state):
+                with contextlib.suppress(Exception):
+                    llama.llama_memory_seq_rm(self._memory, lane.seq, -1, -1)
+                self._imported(
+                    session, started, 0, size, ReasonCode.INCOMPATIBLE_ABI_OR_FEATURE_SET
+                )
+                continue
+            self._lanes.bind_restored(lane, session, saved.tokens, time.monotonic())
+            self._imported(session, started, len(saved.tokens), size, None)
+            self._emit_session(lane, session, SessionChange.RESTORED)
+        self._check_pressure()
+
+    def _imported(
+        self, session: str, started: float, tokens: int, size: int, reason: ReasonCode | None
+    ) -> None:
+        ms = round((time.perf_counter() - started) * 1000.0, 3)
+        self.emit(StateImported(session, reason is None, tokens, size, ms, reason))
 
     def drop(self, session: str, reason: str) -> None:
         lane = self._lanes.drop(session)

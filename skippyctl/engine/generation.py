@@ -11,7 +11,12 @@ loop. The work of each step — batching, sampling, text, terminals — is ``eng
 keeps is decided by ``engine/lanes.py``; a request's phase, counters and deadline live in
 ``engine/request_state.py``; the messages it sends are the types of ``engine/protocol.py`` (their
 meaning is documented there). With ``observations=False`` (the events-off benchmark baseline)
-only ``GenText`` and ``GenDone`` go.
+only ``GenText``, ``GenDone`` and the session state outcomes (``StateExported``/``StateImported``,
+which the host needs to find the files again) go.
+
+Session state files (``engine/kv_state.py``): :meth:`BatchEngine.restore_sessions` (queued before
+:meth:`start`, so ahead of every request) and :meth:`BatchEngine.save_sessions` (at shutdown;
+waits) run on the decode thread like everything else that touches the context.
 
 Invariants (decode thread):
 
@@ -211,6 +216,35 @@ class BatchEngine:
             self._inbox.append(("drop", session, reason))
             self._cond.notify()
 
+    def restore_sessions(
+        self, files: list[tuple[str, str]], max_bytes: int, fingerprint: bytes
+    ) -> None:
+        """Read session state files back into lanes (``engine/kv_state.py``) on the decode
+        thread, ahead of every request submitted after this call."""
+        with self._cond:
+            self._inbox.append(("restore", (files, max_bytes, fingerprint), None))
+            self._cond.notify()
+
+    def save_sessions(
+        self,
+        files: dict[str, str],
+        budget_bytes: int,
+        fingerprint: bytes,
+        timeout_s: float,
+        report_missing: bool = False,
+    ) -> bool:
+        """Write the named idle sessions' state files on the decode thread; waits until they are
+        written (False when that took longer than ``timeout_s`` — 0: do not wait — or the
+        thread is not running). ``report_missing``: see ``DecodeCore.export_sessions``."""
+        written = threading.Event()
+        with self._cond:
+            if self._thread is None or self._stopping:
+                return False
+            work = (files, budget_bytes, fingerprint, report_missing)
+            self._inbox.append(("save", work, written))
+            self._cond.notify()
+        return written.wait(timeout_s)
+
     def stop(self, timeout_s: float = 5.0) -> None:
         """End every pending request with ``cancelled`` and join the decode thread. Idempotent."""
         with self._cond:
@@ -313,6 +347,14 @@ class BatchEngine:
                     core.accept(first)
                 elif kind == "cancel":
                     core.cancel(first)
+                elif kind == "restore":
+                    core.restore_sessions(*first)
+                elif kind == "save":
+                    try:
+                        core.export_sessions(*first)
+                    finally:
+                        self._flush()  # the outcomes go out before the waiting caller ends
+                        second.set()
                 else:
                     core.drop(first, second)
             except Exception:  # noqa: BLE001 - one request's failure must not stop the engine

@@ -239,6 +239,35 @@ class LaneTable:
         lane.session = None
         return session
 
+    def restore_lane(self) -> Lane | None:
+        """An idle lane with no session and an empty KV, for a session read back from its
+        state file (lowest sequence first); None when every lane is taken."""
+        for lane in self.lanes:
+            if lane.request_id is None and lane.session is None and not lane.tokens:
+                return lane
+        return None
+
+    def bind_restored(self, lane: Lane, session: str, tokens: Sequence[int], now: float) -> None:
+        """``lane``'s KV now holds ``tokens`` of ``session`` (restored): the session's next
+        request finds its own lane and reuses them as any warm session's."""
+        if session in self._sessions:
+            raise ValueError("the session already has a lane")
+        lane.tokens = list(tokens)
+        lane.session = session
+        lane.last_used = now
+        self._sessions[session] = lane
+
+    def idle_sessions_mru(self) -> list[Lane]:
+        """Idle lanes holding a session and KV, most recently used first (the save order)."""
+        return sorted(
+            (
+                lane
+                for lane in self.lanes
+                if lane.request_id is None and lane.session is not None and lane.tokens
+            ),
+            key=lambda lane: -lane.last_used,
+        )
+
     def idle_sessions_lru(self) -> list[Lane]:
         """Idle lanes holding a session, least recently used first (pressure relief order)."""
         return sorted(

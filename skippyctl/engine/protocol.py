@@ -3,7 +3,8 @@
 Two tagged unions, one per direction:
 
 - :data:`Command` (host → engine, tag key ``op``): :class:`Load`, :class:`Generate`,
-  :class:`Cancel`, :class:`DropSession`, :class:`Ping`, :class:`Shutdown`.
+  :class:`Cancel`, :class:`DropSession`, :class:`Ping`, :class:`Shutdown`,
+  :class:`SaveSessions`.
 - :data:`EngineMessage` (engine → host, tag key ``msg``): :class:`Hello`, :class:`Pong`,
   :class:`ProtocolError`, the load replies (:class:`LoadBegun`, :class:`LoadReturned`,
   :class:`ContextBegun`, :class:`ContextReturned`) and the serving messages
@@ -41,7 +42,10 @@ Serving messages (sent by ``engine/decode_core.py``; with serving events off onl
 - :class:`Kv`: ``initialized`` once; ``pressure_crossed``/``pressure_cleared`` with hysteresis
   over the cells the lanes can use; ``approaching_limit`` once per request with its lane's numbers.
 - :class:`SessionChanged`: ``created`` (tokens 0), ``reused``/``trimmed`` (tokens kept),
-  ``evicted`` (tokens it held; reason ``lane_needed``, ``pressure`` or the host's drop reason).
+  ``evicted`` (tokens it held; reason ``lane_needed``, ``pressure`` or the host's drop reason),
+  ``restored`` (tokens read back from the session's state file).
+- :class:`StateImported` / :class:`StateExported`: one per session file of ``Load.restore`` /
+  ``Shutdown.save`` (``engine/kv_state.py``); counts, bytes and a duration, never a path.
 
 A split model's engine also sends :class:`Link` (``engine/links.py``): the round-trip figures of
 its connection to one stage, after each probe of it (a few right after the model loaded, before
@@ -118,6 +122,16 @@ class StagePlan:
 
 
 @dataclass(frozen=True, slots=True)
+class SessionFile:
+    """A session's KV state file (``engine/kv_state.py``): the session's opaque id and where its
+    file is. The path is internal to the host and its engine (like a model path), never an
+    event; the file name carries the opaque id only."""
+
+    session: str
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
 class Load:
     """Load a model and create its serving context (replies: load_begun, load_returned, then
     context_begun, context_returned when the model loaded)."""
@@ -139,6 +153,11 @@ class Load:
     """A :class:`~skippyctl.engine.speculation.SpecMode` value; None: off."""
     spec_draft_tokens: int | None = None
     """Most proposed tokens a lane verifies in a step; None: the default."""
+    restore: tuple[SessionFile, ...] = ()
+    """Session states to restore into lanes once the context exists, before any request
+    (most recently used first; one :class:`StateImported` each)."""
+    state_max_bytes: int = 0
+    """The largest state file the engine reads (the host's cap); 0 with nothing to restore."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,10 +195,25 @@ class Ping:
 
 @dataclass(frozen=True, slots=True)
 class Shutdown:
-    pass
+    """End the engine. With ``save``, first write the KV state of each named session that holds
+    a lane (most recently used first, while they fit in ``save_budget_bytes``; one
+    :class:`StateExported` each), then exit."""
+
+    save: tuple[SessionFile, ...] = ()
+    save_budget_bytes: int = 0
 
 
-Command = Load | Generate | Cancel | DropSession | Ping | Shutdown
+@dataclass(frozen=True, slots=True)
+class SaveSessions:
+    """Write the KV state of each named session while the model keeps serving (on request): as
+    ``Shutdown.save``, one :class:`StateExported` per named session (``reason``
+    ``invalid_configuration`` for one that holds no idle lane: busy, or no KV)."""
+
+    save: tuple[SessionFile, ...]
+    budget_bytes: int
+
+
+Command = Load | Generate | Cancel | DropSession | Ping | Shutdown | SaveSessions
 
 
 # ------------------------------------------------------------------------- engine → host
@@ -198,6 +232,8 @@ class SessionChange(StrEnum):
     TRIMMED = "trimmed"
     """Cached tokens beyond the common prefix were cut, or the lane was reset after a failure."""
     EVICTED = "evicted"
+    RESTORED = "restored"
+    """The session's KV was read back from its state file into the lane (tokens restored)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -385,6 +421,36 @@ class Link:
     """The probe that sent this message."""
 
 
+@dataclass(frozen=True, slots=True)
+class StateExported:
+    """The outcome of writing one session's KV state file (``Shutdown.save``). ``tokens`` and
+    ``size_bytes`` are what was written (or would have been); ``reason`` only when not ``ok``:
+    ``reservation_exhausted`` (over the budget), ``artifact_io_failure`` (the write failed),
+    ``internal_runtime_failure`` (llama.cpp gave no state)."""
+
+    session: str
+    ok: bool
+    tokens: int
+    size_bytes: int
+    ms: float
+    reason: ReasonCode | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StateImported:
+    """The outcome of restoring one session's KV state file (``Load.restore``); ``reason`` only
+    when not ``ok``: ``incompatible_abi_or_feature_set`` (another model or geometry, or
+    llama.cpp refused it), ``artifact_io_failure`` (unreadable, truncated, altered),
+    ``reservation_exhausted`` (no free lane)."""
+
+    session: str
+    ok: bool
+    tokens: int
+    size_bytes: int
+    ms: float
+    reason: ReasonCode | None = None
+
+
 RequestObservation = (
     GenStarted
     | GenText
@@ -395,7 +461,7 @@ RequestObservation = (
     | GenToken
 )
 """What the engine says about one running request before its :class:`GenDone`."""
-ServingMessage = RequestObservation | GenDone | Kv | SessionChanged
+ServingMessage = RequestObservation | GenDone | Kv | SessionChanged | StateExported | StateImported
 """Everything the supervisor hands to the engine's listener (the scheduler)."""
 EngineMessage = (
     Hello
@@ -558,6 +624,7 @@ _COMMANDS: Final = {
         _spec("op", "drop_session", DropSession),
         _spec("op", "ping", Ping),
         _spec("op", "shutdown", Shutdown),
+        _spec("op", "save_sessions", SaveSessions),
     )
 }
 _ENGINE_MESSAGES: Final = {
@@ -581,6 +648,8 @@ _ENGINE_MESSAGES: Final = {
         _spec("msg", "kv", Kv),
         _spec("msg", "session", SessionChanged),
         _spec("msg", "link", Link),
+        _spec("msg", "state_exported", StateExported),
+        _spec("msg", "state_imported", StateImported),
     )
 }
 _BY_TYPE: Final[dict[type, _Spec]] = {

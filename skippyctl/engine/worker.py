@@ -54,13 +54,17 @@ from skippyctl.engine.protocol import (
     Ping,
     Pong,
     ProtocolError,
+    SaveSessions,
     Shutdown,
+    StateExported,
 )
 from skippyctl.engine.speculation import DEFAULT_DRAFT_TOKENS, SPEC_OFF, SpecConfig, SpecMode
 from skippyctl.events.reasons import ReasonCode
 
 INITIAL_LINK_SAMPLES: Final = 3
 """Round trips to each stage right after a split model loaded (engine/links.py)."""
+SAVE_TIMEOUT_S: Final = 60.0
+"""The most a ``Shutdown`` waits for the decode thread to write session state files."""
 
 
 @dataclass(slots=True)
@@ -68,6 +72,8 @@ class _Loaded:
     model: Any
     context: Any | None = None
     generation: Any | None = None  # BatchEngine once the context exists
+    fingerprint: bytes | None = None
+    """The model file's (engine/kv_state.py); None when it could not be read."""
 
 
 class Worker:
@@ -162,7 +168,13 @@ class Worker:
             case DropSession():
                 if self._batch is not None:
                     self._batch.drop_session(command.session, command.reason)
+            case SaveSessions():
+                self._save_now(command)
             case Shutdown():
+                try:
+                    self._save_sessions(command)
+                except Exception:  # noqa: BLE001 - a failed save must not keep the engine up
+                    self.protocol_errors += 1
                 return False
             case _:
                 assert_never(command)
@@ -279,7 +291,7 @@ class Worker:
                 scope_open = False
                 self._end_load_scope(ok)
             if ok:
-                self.loaded = _Loaded(model)
+                self.loaded = _Loaded(model, fingerprint=_fingerprint(command.path))
                 if command.stages:
                     self._start_link_probes()
                 reply = LoadReturned(
@@ -410,8 +422,42 @@ class Worker:
             )
         self._send(reply)
         if self.loaded.generation is not None:
+            if command.restore:
+                # Queued ahead of every request: restored before the first one is admitted.
+                self.loaded.generation.restore_sessions(
+                    [(f.session, f.path) for f in command.restore],
+                    command.state_max_bytes,
+                    self.loaded.fingerprint or b"",
+                )
             # Started after the reply, so the host sees the context before any kv message.
             self.loaded.generation.start()
+
+    def _save_now(self, command: SaveSessions) -> None:
+        """On request, while serving: queued on the decode thread, not waited for (this thread
+        goes on answering pings); each named session gets its ``StateExported``."""
+        batch = self._batch
+        fingerprint = None if self.loaded is None else self.loaded.fingerprint
+        files = {f.session: f.path for f in command.save}
+        if batch is None or fingerprint is None:
+            for session in files:
+                self._send(
+                    StateExported(session, False, 0, 0, 0.0, ReasonCode.INTERNAL_RUNTIME_FAILURE)
+                )
+            return
+        batch.save_sessions(files, command.budget_bytes, fingerprint, 0.0, report_missing=True)
+
+    def _save_sessions(self, command: Shutdown) -> None:
+        """Before the engine ends: the named sessions' KV state files (engine/kv_state.py).
+        Without a fingerprint of the model nothing could be matched on restore: nothing is
+        written."""
+        batch = self._batch
+        if not command.save or batch is None or self.loaded is None:
+            return
+        fingerprint = self.loaded.fingerprint
+        if fingerprint is None:
+            return
+        files = {f.session: f.path for f in command.save}
+        batch.save_sessions(files, command.save_budget_bytes, fingerprint, SAVE_TIMEOUT_S)
 
     def _free(self) -> None:
         if self.loaded is None:
@@ -438,6 +484,15 @@ class _SlowDecode:
     def llama_decode(self, *args: Any) -> Any:
         time.sleep(self._delay_s)
         return self._llama.llama_decode(*args)
+
+
+def _fingerprint(path: str) -> bytes | None:
+    from skippyctl.engine.kv_state import model_fingerprint
+
+    try:
+        return model_fingerprint(path)
+    except OSError:
+        return None
 
 
 def _with_test_decode_delay(llama: Any) -> Any:

@@ -120,6 +120,8 @@ class SummaryKey(StrEnum):
     SPEC_WINDOWS = "spec_windows"
     SPEC_PROPOSED_TOKENS = "spec_proposed_tokens"
     SPEC_ACCEPTED_TOKENS = "spec_accepted_tokens"
+    STATE_BYTES = "state_bytes"
+    """Bytes of a session's KV state file (cache_state_export_* / cache_state_import_*)."""
 
 
 class StopReason(StrEnum):

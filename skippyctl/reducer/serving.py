@@ -11,9 +11,10 @@ handlers look each event up there and make the field updates. A request only mov
     session_idle       absent | any other → idle — lane, context tokens
     session_active     absent | any other → active
     session_draining   absent | any other → draining
+    session_restored   absent | any → idle — lane, context tokens recorded (its KV read back from a
+                         state file after a reload)
     session_trimmed    any → same — trims counted
       session_reset
-      session_restored
     session_closed     any → removed
       session_failed
       session_abandoned
@@ -86,9 +87,17 @@ SESSION_MOVES: Final[MoveTable[SessionState]] = MoveTable(
         Move(entering(_SS.IDLE), _E.SESSION_IDLE, _SS.IDLE, note="lane, context tokens"),
         Move(entering(_SS.ACTIVE), _E.SESSION_ACTIVE, _SS.ACTIVE),
         Move(entering(_SS.DRAINING), _E.SESSION_DRAINING, _SS.DRAINING),
+        Move(
+            frozenset({ABSENT, *_ANY_SESSION}),
+            _E.SESSION_RESTORED,
+            _SS.IDLE,
+            note=(
+                "lane, context tokens recorded (its KV read back from a state file after a reload)"
+            ),
+        ),
         *moves(
             _ANY_SESSION,
-            (_E.SESSION_TRIMMED, _E.SESSION_RESET, _E.SESSION_RESTORED),
+            (_E.SESSION_TRIMMED, _E.SESSION_RESET),
             SAME,
             note="trims counted",
         ),

@@ -40,7 +40,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Final, Protocol, assert_never
 
@@ -64,6 +64,8 @@ from skippyctl.engine.protocol import (
     Kv,
     ServingMessage,
     SessionChanged,
+    StateExported,
+    StateImported,
 )
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import LogicalId, Scope, StopReason, make_event, summaries
@@ -162,6 +164,8 @@ class ModelServer:
         self.idle = threading.Condition(self._lock)
         self.unresponsive = False
         self._unresponsive_since_ns = 0
+        self.on_state: Callable[[ModelServer, StateExported | StateImported], None] | None = None
+        """Told each session state file outcome before its event (the scheduler's state store)."""
 
     def _emit(self, handle: RequestHandle, *emissions: Emission | Iterable[Emission]) -> None:
         flat: list[Emission] = []
@@ -376,6 +380,8 @@ class ModelServer:
                 self._on_kv(message)
             case SessionChanged():
                 self._on_session(message)
+            case StateExported() | StateImported():
+                self._on_state(message)
             case GenDone():
                 with self._lock:
                     # Claimed here: whoever pops the request emits its terminal (exactly once).
@@ -456,6 +462,35 @@ class ModelServer:
             event_id,
             Scope(model_id=self.model_id, session_id=LogicalId(message.session)),
             summaries(lanes=message.lane, context_tokens=message.tokens),
+        )
+
+    def _on_state(self, message: StateExported | StateImported) -> None:
+        # The owner's store first: whoever sees the event finds the file kept or removed.
+        if self.on_state is not None:
+            self.on_state(self, message)
+        exported = isinstance(message, StateExported)
+        if message.ok:
+            event_id = (
+                EventId.CACHE_STATE_EXPORT_COMPLETED
+                if exported
+                else EventId.CACHE_STATE_IMPORT_COMPLETED
+            )
+        else:
+            event_id = (
+                EventId.CACHE_STATE_EXPORT_FAILED if exported else EventId.CACHE_STATE_IMPORT_FAILED
+            )
+        self.events.event(
+            make_event(
+                event_id,
+                scope=Scope(
+                    model_id=self.model_id,
+                    session_id=LogicalId(message.session) if message.session else None,
+                ),
+                outcome=Outcome.SUCCESS if message.ok else Outcome.FAILURE,
+                reason_code=message.reason,
+                duration_ms=message.ms,
+                summaries=summaries(context_tokens=message.tokens, state_bytes=message.size_bytes),
+            )
         )
 
     def on_engine_exit(

@@ -25,12 +25,13 @@ Invariants:
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 from skippyctl.engine.options import EngineOptions
-from skippyctl.engine.protocol import Load
+from skippyctl.engine.protocol import Load, SessionFile, Shutdown
 from skippyctl.engine.speculation import MAX_DRAFT_TOKENS, SpecMode
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import (
@@ -61,6 +62,11 @@ from skippyctl.runtime.topology import (
 from skippyctl.stages.plan import parse_endpoints, stage_options_problem
 
 ENGINE_HELLO_TIMEOUT_S: Final = 60.0
+SAVE_STOP_TIMEOUT_S: Final = 90.0
+"""How long an unload that saves session state waits for its engine to exit (the engine gives
+the save 60 s, engine/worker.py)."""
+RestorePlan = Callable[[LogicalId], tuple[tuple[SessionFile, ...], int]]
+"""Model id → the session state files its load restores and the largest file size to read."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,10 +231,14 @@ class RuntimeHost:
 
     # -- loading --------------------------------------------------------------------------------
     def load_model(
-        self, request: LoadRequest, listener: EngineListener | None = None
+        self,
+        request: LoadRequest,
+        listener: EngineListener | None = None,
+        restore: RestorePlan | None = None,
     ) -> LoadHandle:
         """Start loading; the outcome arrives as events ending in one terminal for the
-        returned operation. `listener` receives the engine's serving messages from the start."""
+        returned operation. `listener` receives the engine's serving messages from the start;
+        `restore` names the session state files the engine restores once it serves."""
         operation_id, native_operation = self._ids.next("load")
         topology_id = LogicalId(f"topology-{native_operation}") if request.split else None
         model_id: LogicalId | None = None
@@ -281,7 +291,14 @@ class RuntimeHost:
         )
         try:
             return self._start_load(
-                request, listener, operation_id, native_operation, model_id, started, topology
+                request,
+                listener,
+                operation_id,
+                native_operation,
+                model_id,
+                started,
+                topology,
+                restore,
             )
         except Exception as error:  # noqa: BLE001 - whatever raised, the operation must settle
             # A ValueError/TypeError here is the request's doing (e.g. a path the OS refuses);
@@ -307,6 +324,7 @@ class RuntimeHost:
         model_id: LogicalId,
         started: list[EngineProcess],
         topology: Topology | None = None,
+        restore: RestorePlan | None = None,
     ) -> LoadHandle:
         path = Path(request.artifact).expanduser()
         artifact_problem = check_artifact(path)
@@ -345,6 +363,7 @@ class RuntimeHost:
             if previous.topology is not None:
                 previous.topology.close()
         _, serving_operation = self._ids.next("serve")
+        files, max_bytes = restore(model_id) if restore is not None else ((), 0)
         engine.load(
             LoadCommand(
                 model_id,
@@ -361,6 +380,8 @@ class RuntimeHost:
                     if request.speculation == SpecMode.OFF.value
                     else request.speculation,
                     spec_draft_tokens=request.spec_draft_tokens,
+                    restore=files,
+                    state_max_bytes=max_bytes if files else 0,
                 ),
             )
         )
@@ -440,12 +461,19 @@ class RuntimeHost:
             )
         )
 
-    def stop_engine(self, model_id: LogicalId) -> None:
-        """Stop a model's engine in an orderly way (unload); no-op when there is none."""
+    def stop_engine(
+        self, model_id: LogicalId, save: tuple[SessionFile, ...] = (), save_budget_bytes: int = 0
+    ) -> None:
+        """Stop a model's engine in an orderly way (unload); no-op when there is none. With
+        ``save`` the engine first writes those sessions' KV state files (its outcomes arrive
+        at its listener before it exits)."""
         with self._lock:
             engine = self._engines.pop(model_id, None)
         if engine is not None:
-            engine.stop()
+            if save:
+                engine.stop(SAVE_STOP_TIMEOUT_S, Shutdown(save, save_budget_bytes))
+            else:
+                engine.stop()
             engine.close_ring()
             if engine.topology is not None:
                 engine.topology.close()

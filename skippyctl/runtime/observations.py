@@ -106,6 +106,7 @@ SESSION_EVENTS: Final[Mapping[SessionChange, EventId]] = {
     SessionChange.CREATED: EventId.SESSION_CREATED,
     SessionChange.TRIMMED: EventId.SESSION_TRIMMED,
     SessionChange.EVICTED: EventId.SESSION_RESET,
+    SessionChange.RESTORED: EventId.SESSION_RESTORED,
 }
 """A ``reused`` session is reported by its request's cache event instead."""
 _STOP_CONDITIONS: Final = frozenset({StopReason.EOS, StopReason.STOP_STRING, StopReason.LENGTH})

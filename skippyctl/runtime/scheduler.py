@@ -10,6 +10,13 @@ then stop the engine) and the `skippy-scheduler` housekeeping thread, which expi
 Serving events are on unless the host's :class:`~skippyctl.engine.options.EngineOptions` (or
 ``serving_events``) say otherwise — the engine and the scheduler are told the same value once,
 by the composition root. Model lifecycle events flow either way.
+
+Session persistence (with a :class:`~skippyctl.runtime.session_state.SessionStateStore`): an
+unload parks the model's sessions (``runtime/sessions.py``) and asks the engine to write their KV
+state files before it exits; the next load of the same model id names the files in its ``Load``,
+the engine restores them into lanes, and each restored session is live again under its id, so
+its next request reuses the restored tokens instead of prefilling them. Without a store (the
+default) an unload forgets its sessions' KV.
 """
 
 from __future__ import annotations
@@ -19,7 +26,13 @@ import threading
 import time
 from typing import Final
 
-from skippyctl.engine.protocol import DropSession
+from skippyctl.engine.protocol import (
+    DropSession,
+    SaveSessions,
+    SessionFile,
+    StateExported,
+    StateImported,
+)
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import LogicalId, Scope, make_event, summaries
 from skippyctl.events.identity import OperationIds
@@ -29,6 +42,7 @@ from skippyctl.runtime.host import LoadHandle, LoadRequest, RuntimeHost
 from skippyctl.runtime.observations import ServingEvents
 from skippyctl.runtime.receipts import ReceiptBook, receipt_of
 from skippyctl.runtime.requests import Finished, GenerationParams, RequestHandle
+from skippyctl.runtime.session_state import SessionStateStore
 from skippyctl.runtime.sessions import SessionRegistry
 
 __all__ = ["ModelServer", "Rejection", "Scheduler"]
@@ -53,8 +67,11 @@ class Scheduler:
         sessions: SessionRegistry | None = None,
         engine_unresponsive_after_s: float | None = None,
         serving_events: bool | None = None,
+        session_state: SessionStateStore | None = None,
     ) -> None:
         self.host = host
+        self.session_state = session_state
+        """Where unloads save sessions' KV state for the next load (None: they do not)."""
         self.max_queue = max_queue
         if engine_unresponsive_after_s is None:
             engine_unresponsive_after_s = _env_seconds(
@@ -111,7 +128,12 @@ class Scheduler:
             self,
         )
         server.speculation = request.speculation
-        handle = self.host.load_model(request, listener=server)
+        server.on_state = self._on_state
+        handle = self.host.load_model(
+            request,
+            listener=server,
+            restore=None if self.session_state is None else self._restore_plan,
+        )
         if handle.model_id is None or handle.problem is not None or handle.already_available:
             return handle
         server.model_id = handle.model_id
@@ -123,6 +145,30 @@ class Scheduler:
             previous.accepting = False
         return handle
 
+    def _restore_plan(self, model_id: LogicalId) -> tuple[tuple[SessionFile, ...], int]:
+        assert self.session_state is not None
+        return self.session_state.restore_plan(model_id)
+
+    def _on_state(self, server: ModelServer, message: StateExported | StateImported) -> None:
+        """A session state file's outcome (engine reader thread): keep the store and the
+        parked sessions in step."""
+        store = self.session_state
+        if store is None:
+            return
+        session_id = LogicalId(message.session)
+        if isinstance(message, StateExported):
+            store.exported(server.model_id, message)
+            if not message.ok:
+                self.sessions.unpark(server.model_id, session_id)
+            return
+        store.imported(message)
+        if message.ok:
+            # Not parked any more (more unloaded sessions than the registry keeps): its lane
+            # stays warm until a request needs it (lane_needed) or KV pressure evicts it.
+            self.sessions.revive(server.model_id, session_id)
+        else:
+            self.sessions.unpark(server.model_id, session_id)
+
     def server(self, model_id: str) -> ModelServer | None:
         with self._lock:
             return self._servers.get(LogicalId(model_id)) if _valid(model_id) else None
@@ -132,8 +178,27 @@ class Scheduler:
             return list(self._servers.values())
 
     def server_exited(self, server: ModelServer) -> None:
-        for entry in self.sessions.drop_model(server.model_id):
-            del entry  # the engine (and its KV) is gone; sessions start afresh next time
+        """The engine is gone (and its KV): sessions start afresh next time — except those with
+        a state file saved on request, which stay parked for the next load to restore."""
+        stored = (
+            set()
+            if self.session_state is None
+            else set(self.session_state.stored_sessions(server.model_id))
+        )
+        for entry in self.sessions.drop_model(server.model_id, park=bool(stored)):
+            if str(entry.session_id) not in stored:
+                self.sessions.unpark(server.model_id, entry.session_id)
+
+    def save_session(self, session_id: str) -> bool:
+        """Ask the engine of a live session to save its KV state now (on request); the outcome
+        arrives as an event. False: no such live session, or persistence is off."""
+        store = self.session_state
+        model_id = self.sessions.model_of(session_id)
+        server = None if model_id is None else self.server(model_id)
+        if store is None or server is None or server.engine is None:
+            return False
+        files, budget = store.save_plan([LogicalId(session_id)])
+        return server.engine.send(SaveSessions(files, budget))
 
     # -- generation -----------------------------------------------------------------------------
     def generate(
@@ -258,17 +323,23 @@ class Scheduler:
         submit(
             make_event(EventId.SESSION_DRAINING_COMPLETED, operation_id=operation_id, scope=scope)
         )
-        for entry in self.sessions.drop_model(server.model_id):
+        store = self.session_state
+        closed = self.sessions.drop_model(server.model_id, park=store is not None)
+        for entry in closed:
             submit(
                 make_event(
                     EventId.SESSION_CLOSED,
                     scope=Scope(model_id=server.model_id, session_id=entry.session_id),
                 )
             )
+        save: tuple[SessionFile, ...] = ()
+        budget = 0
+        if store is not None and closed:
+            save, budget = store.save_plan([entry.session_id for entry in closed])
         engine = server.engine
         try:
             if engine is not None:
-                self.host.stop_engine(server.model_id)
+                self.host.stop_engine(server.model_id, save, budget)
         except Exception:  # noqa: BLE001 - any failure to stop is reported, never raised
             submit(
                 make_event(

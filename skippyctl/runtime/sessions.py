@@ -4,6 +4,11 @@ A session is named by the client (the OpenAI `user` field or an `X-Session-Id` h
 name may be anything — an email, a prompt fragment — so it never leaves this registry: every
 event and state carries the logical id (`s-<n>`) instead. Bounded (least recently used evicted),
 with an idle TTL after which a session is abandoned.
+
+Sessions whose KV state was saved at an unload (``runtime/session_state.py``) are *parked*: the
+client key keeps its logical id while the model is away (bounded like the live entries, least
+recently parked dropped first), and a session the next load restored is revived with that id —
+so the client's next request with the same key lands in the restored lane.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ class SessionRegistry:
         self.max_sessions = max_sessions
         self.ttl_s = ttl_s
         self._entries: OrderedDict[tuple[LogicalId, str], SessionEntry] = OrderedDict()
+        self._parked: OrderedDict[tuple[LogicalId, str], LogicalId] = OrderedDict()
         self._counter = itertools.count(1)
         self._lock = threading.Lock()
 
@@ -58,7 +64,9 @@ class SessionRegistry:
                     if old.active_requests == 0:
                         evicted = self._entries.pop(old_key)
                         break
-            entry = SessionEntry(LogicalId(f"s-{next(self._counter)}"), model_id, now)
+            # A parked key takes its id back (its restored lane may be waiting for it).
+            session_id = self._parked.pop(key, None) or LogicalId(f"s-{next(self._counter)}")
+            entry = SessionEntry(session_id, model_id, now)
             self._entries[key] = entry
             return entry, True, evicted
 
@@ -86,10 +94,47 @@ class SessionRegistry:
         with self._lock:
             return sum(1 for key in self._entries if key[0] == model_id)
 
-    def drop_model(self, model_id: LogicalId) -> list[SessionEntry]:
+    def drop_model(self, model_id: LogicalId, park: bool = False) -> list[SessionEntry]:
+        """Remove the model's sessions; with ``park`` their client keys keep their ids for a
+        later :meth:`revive` (an unload that saves the sessions' KV state)."""
         with self._lock:
             keys = [k for k in self._entries if k[0] == model_id]
-            return [self._entries.pop(k) for k in keys]
+            dropped = [self._entries.pop(k) for k in keys]
+            if park:
+                for key, entry in zip(keys, dropped, strict=True):
+                    self._parked[key] = entry.session_id
+                    self._parked.move_to_end(key)
+                while len(self._parked) > self.max_sessions:
+                    self._parked.popitem(last=False)
+            return dropped
+
+    def revive(self, model_id: LogicalId, session_id: LogicalId) -> bool:
+        """A parked session of ``model_id`` was restored: live again under its id (idle, its TTL
+        starting now). False when it is not parked (never was, or dropped since)."""
+        with self._lock:
+            key = next(
+                (k for k, s in self._parked.items() if k[0] == model_id and s == session_id), None
+            )
+            if key is None or key in self._entries:
+                return False
+            del self._parked[key]
+            self._entries[key] = SessionEntry(session_id, model_id, time.monotonic())
+            return True
+
+    def model_of(self, session_id: str) -> LogicalId | None:
+        """The model of the live session ``session_id`` (None: no such live session)."""
+        with self._lock:
+            for entry in self._entries.values():
+                if entry.session_id == session_id:
+                    return entry.model_id
+        return None
+
+    def unpark(self, model_id: LogicalId, session_id: LogicalId) -> None:
+        """Forget a parked session (its state was not saved or could not be restored)."""
+        with self._lock:
+            for key, parked in list(self._parked.items()):
+                if key[0] == model_id and parked == session_id:
+                    del self._parked[key]
 
     def __len__(self) -> int:
         with self._lock:

@@ -78,6 +78,8 @@ from skippyctl.engine.protocol import (
     ServingMessage,
     SessionChanged,
     Shutdown,
+    StateExported,
+    StateImported,
 )
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event, LogicalId, Scope, make_event, summaries
@@ -428,11 +430,12 @@ class EngineProcess:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.process.pid, signal.SIGKILL)
 
-    def stop(self, timeout_s: float = STOP_GRACE_S) -> None:
-        """Orderly stop: ask, wait, then kill (a stopped or stuck engine too). Idempotent;
-        returns once the process is reaped."""
+    def stop(self, timeout_s: float = STOP_GRACE_S, shutdown: Shutdown | None = None) -> None:
+        """Orderly stop: ask (``shutdown``: the command, e.g. one that saves session state
+        first), wait, then kill (a stopped or stuck engine too). Idempotent; returns once the
+        process is reaped."""
         self._stopping.set()
-        self.send(Shutdown())
+        self.send(shutdown or Shutdown())
         try:
             self.process.wait(timeout_s)
         except subprocess.TimeoutExpired:
@@ -543,6 +546,8 @@ class EngineProcess:
                 | GenDone()
                 | Kv()
                 | SessionChanged()
+                | StateExported()
+                | StateImported()
             ):
                 if self.listener is not None:
                     self.listener.on_engine_message(self, message)
