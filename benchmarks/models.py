@@ -11,22 +11,31 @@ REPO: Final = Path(__file__).resolve().parents[1]
 TINY: Final = REPO / "fixtures" / "tiny.gguf"
 MID: Final = Path("/tmp/skippy-bench/bench-mid.gguf")
 MID_SUCCESSOR: Final = Path("/tmp/skippy-bench/bench-mid-successor.gguf")
-MODEL_NAMES: Final = ("tiny", "mid", "mid-successor")
+MID_F16: Final = Path("/tmp/skippy-bench/bench-mid-f16.gguf")
+MID_F16_SUCCESSOR: Final = Path("/tmp/skippy-bench/bench-mid-f16-successor.gguf")
+MODEL_NAMES: Final = ("tiny", "mid", "mid-successor", "mid-f16", "mid-f16-successor")
 
 
 def model_path(name: str) -> Path:
-    """`tiny`, `mid` or `mid-successor`.
+    """One of MODEL_NAMES.
 
     `mid` is generated once with BENCH_MID and reused while its spec matches; `mid-successor`
     likewise with BENCH_MID_SUCCESSOR (same shapes and compute per token, but greedy output
-    follows fixed word cycles, so a draft model or a batch shape cannot change it).
+    follows fixed word cycles, so a draft model or a batch shape cannot change it); `mid-f16`
+    and `mid-f16-successor` are the 8-layer F16 pair (BENCH_MID_F16*).
     """
     if name == "tiny":
         return TINY
-    if name in ("mid", "mid-successor"):
-        from skippyctl.fixtures.generate import BENCH_MID, BENCH_MID_SUCCESSOR, ensure_model
+    if name in MODEL_NAMES[1:]:
+        from skippyctl.fixtures import generate
 
-        path, spec = (MID, BENCH_MID) if name == "mid" else (MID_SUCCESSOR, BENCH_MID_SUCCESSOR)
+        path, spec = {
+            "mid": (MID, generate.BENCH_MID),
+            "mid-successor": (MID_SUCCESSOR, generate.BENCH_MID_SUCCESSOR),
+            "mid-f16": (MID_F16, generate.BENCH_MID_F16),
+            "mid-f16-successor": (MID_F16_SUCCESSOR, generate.BENCH_MID_F16_SUCCESSOR),
+        }[name]
+        ensure_model = generate.ensure_model
         started = time.monotonic()
         ensure_model(path, spec)
         sys.stderr.write(f"{name} model ready at {path} ({time.monotonic() - started:.1f} s)\n")

@@ -157,7 +157,8 @@ class LoadBody(_Body):
         default=None,
         ge=1,
         le=64,
-        description="Most proposed tokens a lane verifies in one step; absent: 8.",
+        description="Most proposed tokens a lane verifies in one step (it starts at 4 and "
+        "doubles while all are accepted); absent: 16.",
     )
 
     @field_validator("model")

@@ -152,7 +152,8 @@ def load_command(
         typer.Option(
             "--spec-draft-tokens",
             show_default=False,
-            help="Most proposed tokens a lane verifies in one step (1-64). Default: 8.",
+            help="Most proposed tokens a lane verifies in one step (1-64; a lane starts at 4 "
+            "and doubles while every proposal is accepted). Default: 16.",
         ),
     ] = None,
 ) -> None:

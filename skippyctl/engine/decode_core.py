@@ -617,6 +617,7 @@ class DecodeCore:
             # pending_token goes to len(lane.tokens); proposals to the positions after it.
             room = min(
                 limit,
+                proposer.window,
                 self._ctx_per_lane - len(lane.tokens) - 1,
                 r.spec.max_tokens - r.completion_tokens - 1,
             )
@@ -655,6 +656,8 @@ class DecodeCore:
         r.spec_windows += 1
         r.spec_proposed += len(draft)
         r.spec_accepted += accepted
+        if r.proposer is not None:
+            r.proposer.verified(len(draft), accepted, self._spec.draft_tokens)
         if len(lane.tokens) < kv_end:
             self._llama.llama_memory_seq_rm(self._memory, lane.seq, len(lane.tokens), -1)
 

@@ -31,9 +31,13 @@ class SpecMode(StrEnum):
     NGRAM = "ngram"
 
 
-DEFAULT_DRAFT_TOKENS: Final = 8
+DEFAULT_DRAFT_TOKENS: Final = 16
 MAX_DRAFT_TOKENS: Final = 64
-NGRAM_MIN: Final = 1
+FIRST_WINDOW: Final = 4
+"""Proposals a request verifies in its first window; each window fully accepted doubles it (up
+to ``draft_tokens``), a rejection shrinks it to what was accepted plus one."""
+NGRAM_MIN: Final = 2
+"""A one-token match is mostly chance: a proposal needs the last two tokens seen before."""
 NGRAM_MAX: Final = 4
 
 
@@ -63,13 +67,19 @@ SPEC_OFF: Final = SpecConfig()
 class NgramProposer:
     """Prompt lookup over one request's history (module docstring). Decode thread only."""
 
-    __slots__ = ("_history", "_index", "_ngram_max", "_ngram_min")
+    __slots__ = ("_history", "_index", "_ngram_max", "_ngram_min", "window")
 
     def __init__(
-        self, prompt: list[int], ngram_min: int = NGRAM_MIN, ngram_max: int = NGRAM_MAX
+        self,
+        prompt: list[int],
+        ngram_min: int = NGRAM_MIN,
+        ngram_max: int = NGRAM_MAX,
+        first_window: int = FIRST_WINDOW,
     ) -> None:
         if not 1 <= ngram_min <= ngram_max:
             raise ValueError("need 1 <= ngram_min <= ngram_max")
+        self.window = max(1, first_window)
+        """How many tokens the next proposal may have (see :meth:`verified`)."""
         self._ngram_min = ngram_min
         self._ngram_max = ngram_max
         self._history: list[int] = []
@@ -86,6 +96,15 @@ class NgramProposer:
         for n in range(self._ngram_min, min(self._ngram_max, end) + 1):
             self._index[tuple(history[end - n : end])] = end
         history.append(token)
+
+    def verified(self, proposed: int, accepted: int, most: int) -> None:
+        """A window's outcome: all ``proposed`` accepted doubles the next window (up to
+        ``most``); a rejection makes it ``accepted + 1`` — proposals that failed here cost a
+        batch slot each, so the next ones are only as many as just proved right, plus one."""
+        if accepted >= proposed:
+            self.window = min(most, self.window * 2)
+        else:
+            self.window = max(1, min(most, accepted + 1))
 
     def propose(self, limit: int) -> list[int]:
         """Up to ``limit`` tokens that followed the longest earlier match of the history's

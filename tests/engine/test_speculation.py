@@ -5,11 +5,18 @@ from __future__ import annotations
 import pytest
 
 from skippyctl.engine.speculation import (
+    FIRST_WINDOW,
     MAX_DRAFT_TOKENS,
     NgramProposer,
     SpecConfig,
     SpecMode,
 )
+
+
+def test_a_single_token_match_is_not_enough() -> None:
+    # "5" occurred before (followed by 6), but the 2-gram "9 5" did not.
+    assert NgramProposer([5, 6, 7, 9, 5]).propose(3) == []
+    assert NgramProposer([5, 6, 7, 9, 5], ngram_min=1).propose(2) == [6, 7]
 
 
 def test_the_longest_earlier_match_of_the_suffix_proposes_what_followed_it() -> None:
@@ -52,3 +59,19 @@ def test_config_bounds_and_the_window_it_takes_in_a_batch() -> None:
             SpecConfig(SpecMode.NGRAM, bad)
     with pytest.raises(ValueError, match="ngram"):
         NgramProposer([], ngram_min=3, ngram_max=2)
+
+
+def test_the_window_doubles_while_all_is_accepted_and_shrinks_to_what_held() -> None:
+    proposer = NgramProposer([])
+    assert proposer.window == FIRST_WINDOW == 4
+    proposer.verified(4, 4, most=16)
+    proposer.verified(8, 8, most=16)
+    assert proposer.window == 16
+    proposer.verified(16, 16, most=16)
+    assert proposer.window == 16  # capped by the load's --spec-draft-tokens
+    proposer.verified(16, 5, most=16)
+    assert proposer.window == 6  # what proved right, plus one
+    proposer.verified(6, 0, most=16)
+    assert proposer.window == 1  # a miss: one proposal next time, never none
+    proposer.verified(1, 1, most=16)
+    assert proposer.window == 2

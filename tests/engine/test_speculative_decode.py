@@ -111,10 +111,10 @@ def test_speculated_text_is_the_known_cycle_and_most_tokens_come_from_proposals(
         done = speculated.done[request.request_id]
         assert done.completion_tokens == n and done.stop_reason.value == "length"
         # The first cycle (48 words) has no earlier occurrence to propose from; after it every
-        # proposal is right until max_tokens cuts the window.
-        assert done.spec_accepted >= n - 48 - 8 - done.spec_windows // 2
-        assert done.spec_accepted <= done.spec_proposed
-        assert done.spec_windows < n - 48  # fewer verify steps than tokens: steps were saved
+        # proposal is right (the window grows from 4 to 8), so most tokens came from proposals.
+        assert done.spec_accepted == done.spec_proposed
+        assert done.spec_accepted >= (n - 48) * 3 // 4
+        assert done.spec_windows < (n - 48) // 4  # far fewer steps than tokens
         assert plain.done[request.request_id].spec_windows == 0
 
 
