@@ -1,4 +1,5 @@
-"""Pane 3, Sessions: sessions (state, lane, context) and in-flight requests.
+"""Pane 3, Sessions: sessions (state, lane, context, trims, speculative acceptance) and in-flight
+requests.
 
 A request shows its lane (its session's lane), state (queued, admitted, prefill, decode), prompt and
 generated token counts, time to first token and queue wait. At most `MAX_ROWS` of each are drawn
@@ -21,7 +22,7 @@ from skippy_tui.widgets.pane import Pane
 from skippyctl.reducer.state import RequestView, RuntimeView, SessionView
 
 MAX_ROWS: Final = 200
-SESSION_COLUMNS: Final = ("Session", "Model", "State", "Lane", "Context", "Trims")
+SESSION_COLUMNS: Final = ("Session", "Model", "State", "Lane", "Context", "Trims", "Spec acc")
 REQUEST_COLUMNS: Final = (
     "Request",
     "Model",
@@ -39,6 +40,15 @@ def _lane(value: int | None) -> str:
     return fmt.DASH if value is None else str(value)
 
 
+def _acceptance(session: SessionView) -> str:
+    """Speculative decoding's acceptance over the session's ended requests: the share of
+    proposed tokens that were committed (blank without proposals)."""
+    if not session.spec_proposed_tokens:
+        return ""
+    share = 100.0 * session.spec_accepted_tokens / session.spec_proposed_tokens
+    return f"{share:.0f}% of {fmt.count(session.spec_proposed_tokens)}"
+
+
 def session_row(session: SessionView) -> Cells:
     return (
         Text(str(session.session_id), style="bold"),
@@ -47,6 +57,7 @@ def session_row(session: SessionView) -> Cells:
         _lane(session.lane),
         fmt.count(session.context_tokens),
         str(session.trimmed) if session.trimmed else "",
+        _acceptance(session),
     )
 
 

@@ -69,6 +69,8 @@ def model_document(state: RuntimeView, view: ModelView) -> dict[str, Any]:
             "completed_requests": view.completed_requests,
             "generated_tokens": view.generated_tokens,
             "decode_tokens_per_s": view.decode_tokens_per_s,
+            "spec_proposed_tokens": view.spec_proposed_tokens,
+            "spec_accepted_tokens": view.spec_accepted_tokens,
         }
     )
 
@@ -151,6 +153,8 @@ def state_document(
                     "model_id": None if s.model_id is None else str(s.model_id),
                     "lane": s.lane,
                     "trimmed": s.trimmed,
+                    "spec_proposed_tokens": s.spec_proposed_tokens,
+                    "spec_accepted_tokens": s.spec_accepted_tokens,
                 }
             )
             for s in state.sessions.values()

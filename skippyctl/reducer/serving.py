@@ -280,12 +280,26 @@ def on_generation_completed(state: RuntimeView, event: Event) -> Step:
         return state, NO_TRANSITIONS
     rate = event.summary_value(SummaryKey.DECODE_TOKENS_PER_S)
     tokens = _int(event, SummaryKey.GENERATED_TOKENS) or 0
+    proposed = _int(event, SummaryKey.SPEC_PROPOSED_TOKENS) or 0
+    accepted = _int(event, SummaryKey.SPEC_ACCEPTED_TOKENS) or 0
     updated = evolve(
         model,
         generated_tokens=model.generated_tokens + tokens,
         decode_tokens_per_s=float(rate) if rate is not None else model.decode_tokens_per_s,
+        spec_proposed_tokens=model.spec_proposed_tokens + proposed,
+        spec_accepted_tokens=model.spec_accepted_tokens + accepted,
     )
-    return evolve(state, models=put(state.models, model_id, updated)), NO_TRANSITIONS
+    state = evolve(state, models=put(state.models, model_id, updated))
+    session_id = event.scope.session_id
+    session = None if session_id is None else state.sessions.get(session_id)
+    if proposed and session is not None and session_id is not None:
+        session = evolve(
+            session,
+            spec_proposed_tokens=session.spec_proposed_tokens + proposed,
+            spec_accepted_tokens=session.spec_accepted_tokens + accepted,
+        )
+        state = evolve(state, sessions=put(state.sessions, session_id, session))
+    return state, NO_TRANSITIONS
 
 
 def on_request_end(state: RuntimeView, event: Event) -> Step:

@@ -147,6 +147,10 @@ class ModelView:
     completed_requests: int = 0
     generated_tokens: int = 0
     decode_tokens_per_s: float | None = None
+    spec_proposed_tokens: int = 0
+    """Speculative decoding: tokens proposed and committed, over its ended requests
+    (``generation_completed`` summaries)."""
+    spec_accepted_tokens: int = 0
     updated_mono_ns: int = 0
 
 
@@ -200,6 +204,9 @@ class SessionView:
     context_tokens: int | None = None
     trimmed: int = 0
     updated_mono_ns: int = 0
+    spec_proposed_tokens: int = 0
+    """Speculative decoding over the session's ended requests: proposed and committed tokens."""
+    spec_accepted_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

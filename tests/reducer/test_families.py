@@ -472,3 +472,33 @@ def test_a_stage_in_the_next_topology_counts_its_link_probes_afresh() -> None:
     state, _ = _run([reload, _observed("s0", 1, other, link_rtt_ms=5.0)], state)
     view = state.stages[LogicalId("s0")]
     assert (view.link_probes, view.link_rtt_ms, view.topology_id) == (1, 5.0, other)
+
+
+def _completed(session: str | None, **numbers: float) -> Event:
+    return make_event(
+        EventId.GENERATION_COMPLETED,
+        scope=Scope(
+            model_id=TINY,
+            session_id=None if session is None else LogicalId(session),
+            request_id=LogicalId("req-1"),
+        ),
+        summaries=summaries(generated_tokens=10, **numbers),
+    )
+
+
+def test_speculative_acceptance_adds_up_per_model_and_per_session() -> None:
+    state, _ = _run([*RUNNING, *_load(TINY, "op-1"), _session(EventId.SESSION_CREATED, "s-1")])
+    state, _ = _run(
+        [
+            _completed("s-1", spec_windows=3, spec_proposed_tokens=20, spec_accepted_tokens=15),
+            _completed("s-1", spec_windows=1, spec_proposed_tokens=4, spec_accepted_tokens=1),
+            _completed(None, spec_windows=1, spec_proposed_tokens=8, spec_accepted_tokens=8),
+            _completed("s-1"),  # a request without proposals changes nothing
+        ],
+        state,
+    )
+    model = state.models[TINY]
+    assert (model.spec_proposed_tokens, model.spec_accepted_tokens) == (32, 24)
+    assert model.generated_tokens == 40
+    session = state.sessions[LogicalId("s-1")]
+    assert (session.spec_proposed_tokens, session.spec_accepted_tokens) == (24, 16)
