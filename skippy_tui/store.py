@@ -100,11 +100,15 @@ _PHASES: Final[dict[EventId, str]] = {
 
 def phase_of(event: Event) -> str | None:
     """The load phase an event announces, if it is a loading fact. Native kinds share
-    `model_load_phase_changed`; the native kind table names the phase of each."""
+    `model_load_phase_changed`; the native kind table names the phase of each, and a phase the
+    engine observed between its llama.cpp calls is the event's state (`weights loaded`,
+    `allocating ctx`, `context ready`)."""
     label = _PHASES.get(event.id)
     if event.id is EventId.MODEL_LOAD_PHASE_CHANGED:
         kind = event.summary_value(SummaryKey.NATIVE_KIND)
         label = (load_phase(int(kind)) if kind is not None else None) or label
+        if kind is None and event.state is not None and len(event.state.current) <= 15:
+            label = event.state.current
     return label
 
 

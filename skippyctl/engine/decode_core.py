@@ -44,6 +44,7 @@ from skippyctl.engine.lanes import (
     common_prefix,
 )
 from skippyctl.engine.protocol import (
+    ComputeFailed,
     EngineMessage,
     GenDone,
     GenFirstToken,
@@ -84,7 +85,18 @@ prefill tokens (more for long lanes, see ``DecodeCore.__init__``)."""
 DECODE_ABORTED: Final = 2
 """llama_decode's return value when the abort callback stopped it (llama.h)."""
 
-_ESSENTIAL_MESSAGES: Final = frozenset({GenText, GenDone, StateExported, StateImported})
+DECODE_RETURN_REASONS: Final[dict[int, ReasonCode]] = {
+    1: ReasonCode.CONTEXT_EXHAUSTED,  # no KV slot for the batch
+    -1: ReasonCode.INVALID_CONFIGURATION,  # invalid input batch
+    -2: ReasonCode.RESOURCE_ALLOCATION_FAILURE,  # a buffer (graph, KV update) failed to allocate
+    -3: ReasonCode.INTERNAL_RUNTIME_FAILURE,  # the backend's compute failed
+}
+"""What a failed llama_decode's return value means (llama.h and llama-context.cpp of 0.3.36);
+any other value is ``unknown_failure``."""
+
+_ESSENTIAL_MESSAGES: Final = frozenset(
+    {GenText, GenDone, StateExported, StateImported, ComputeFailed}
+)
 """What the host needs to serve a request; with ``observations=False`` nothing else is sent."""
 _COMPLETED: Final = GenerationOutcome.COMPLETED
 _FAILED: Final = GenerationOutcome.FAILED
@@ -537,7 +549,7 @@ class DecodeCore:
             self._copied.clear()
         now = time.monotonic()
         if result != 0:
-            self._decode_failed(participants, aborted=result == DECODE_ABORTED)
+            self._decode_failed(participants, aborted=result == DECODE_ABORTED, result=result)
             return
 
         # The batch is in the KV now: mirror it.
@@ -721,9 +733,15 @@ class DecodeCore:
             self.emit(Kv(KvChange.APPROACHING_LIMIT, used + 1, self._ctx_per_lane, r.id))
         return True
 
-    def _decode_failed(self, participants: list[RequestState], aborted: bool = False) -> None:
+    def _decode_failed(
+        self, participants: list[RequestState], aborted: bool = False, result: int | None = None
+    ) -> None:
         """llama_decode refused or failed: the requests in that batch fail (or, when the native
-        abort callback stopped it, are cancelled); the engine goes on."""
+        abort callback stopped it, are cancelled); the engine goes on. A failure (not an abort)
+        is reported first as ``ComputeFailed`` with its return value's reason."""
+        if not aborted and result is not None:
+            reason = DECODE_RETURN_REASONS.get(result, ReasonCode.UNKNOWN_FAILURE)
+            self.emit(ComputeFailed(result, reason, len(participants)))
         for r in list(participants):
             self.fail(r, aborted)
 

@@ -51,6 +51,15 @@ A split model's engine also sends :class:`Link` (``engine/links.py``): the round
 its connection to one stage, after each probe of it (a few right after the model loaded, before
 ``load_returned``; then at most one per stage per probe interval). It goes to the model's
 topology on the host, not to the serving listener, and is sent with serving events off too.
+
+Resource messages (:data:`ResourceMessage`, sent with serving events off too, never to the
+serving listener): during a load :class:`Backends` (ggml's registry and devices) first, then
+:class:`CpuFallback` when GPU layers were asked for and there is no GPU, :class:`LoadPhase` at
+each phase the engine sees between its llama.cpp calls, :class:`AllocationRefused` when the
+context cannot get its memory and :class:`MemoryAllocated` once it has — each before the
+``load_returned`` / ``context_returned`` it precedes. While serving, :class:`ComputeFailed` for a
+``llama_decode`` that failed. Device names are short registry names (``CPU``), never
+descriptions or handles.
 """
 
 from __future__ import annotations
@@ -282,6 +291,10 @@ class ContextReturned:
     context_tokens: int | None = None
     lanes: int | None = None
     context_tokens_per_lane: int | None = None
+    reason: ReasonCode | None = None
+    """Only when not ``ok`` and the engine knows why: ``out_of_memory`` (the KV cache it would
+    need does not fit the memory available), ``resource_allocation_failure`` (llama.cpp
+    returned no context)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -451,6 +464,111 @@ class StateImported:
     reason: ReasonCode | None = None
 
 
+class LoadPhaseName(StrEnum):
+    """The load phases the engine observes between its llama.cpp calls (at most 15 characters:
+    the dashboard's phase column)."""
+
+    WEIGHTS_LOADED = "weights loaded"
+    """``llama_model_load_from_file`` returned a model."""
+    ALLOCATING = "allocating ctx"
+    """``llama_init_from_model`` is creating the context: KV cache and compute buffers."""
+    CONTEXT_READY = "context ready"
+    """The context exists, its buffers are allocated and its lanes are set up."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoadPhase:
+    """The load of ``operation_id`` entered ``phase``."""
+
+    operation_id: str
+    phase: LoadPhaseName
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceReport:
+    """One compute device of the engine's ggml registry: its short registry name (``CPU``),
+    kind (``cpu``, ``gpu`` …) and what it reports about its memory; ``selected`` when the load
+    places work on it."""
+
+    name: str
+    kind: str
+    memory_free_bytes: int
+    memory_total_bytes: int
+    selected: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Backends:
+    """ggml's backends as the engine found them when a load began (``llama_backend_init`` ran
+    at engine start): ``backends`` registries, the devices it can use (RPC stages excluded:
+    their topology reports them). ``ok`` is False when no device could be found."""
+
+    operation_id: str
+    ok: bool
+    backends: int
+    devices: tuple[DeviceReport, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class BufferReport:
+    """Bytes held on one device once the context exists: weights, KV cache, compute."""
+
+    device: str
+    weights_bytes: int
+    kv_bytes: int
+    compute_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryAllocated:
+    """Where a loaded model's memory went, per device. ``exact``: llama.cpp's own per-buffer
+    figures (``native/backends.py``); otherwise weights are ``llama_model_size`` and KV the
+    geometry's estimate, compute unknown (0), all on the model's device."""
+
+    operation_id: str
+    exact: bool
+    buffers: tuple[BufferReport, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AllocationRefused:
+    """A load's context could not get its memory: the engine's own pre-check (``requested``
+    KV bytes over ``available``: ``out_of_memory``) or llama.cpp returning no context
+    (``resource_allocation_failure``)."""
+
+    operation_id: str
+    device: str
+    requested_bytes: int
+    available_bytes: int | None
+    reason: ReasonCode
+
+
+@dataclass(frozen=True, slots=True)
+class CpuFallback:
+    """The load asked for ``gpu_layers`` offloaded layers and no GPU device exists: the model
+    runs on the CPU."""
+
+    operation_id: str
+    gpu_layers: int
+    device: str
+
+
+@dataclass(frozen=True, slots=True)
+class ComputeFailed:
+    """``llama_decode`` returned ``return_code`` (not 0, not an abort) for a batch of
+    ``requests`` requests; ``reason`` maps the code (``engine/decode_core.py``)."""
+
+    return_code: int
+    reason: ReasonCode
+    requests: int
+
+
+ResourceMessage = (
+    LoadPhase | Backends | MemoryAllocated | AllocationRefused | CpuFallback | ComputeFailed
+)
+"""What the engine observed about its load and its resources; the supervisor turns each into
+events (``runtime/resource_events.py``), in order with the load's return values."""
+
 RequestObservation = (
     GenStarted
     | GenText
@@ -473,6 +591,7 @@ EngineMessage = (
     | ContextReturned
     | Link
     | ServingMessage
+    | ResourceMessage
 )
 Message = Command | EngineMessage
 
@@ -650,6 +769,12 @@ _ENGINE_MESSAGES: Final = {
         _spec("msg", "link", Link),
         _spec("msg", "state_exported", StateExported),
         _spec("msg", "state_imported", StateImported),
+        _spec("msg", "load_phase", LoadPhase),
+        _spec("msg", "backends", Backends),
+        _spec("msg", "memory_allocated", MemoryAllocated),
+        _spec("msg", "allocation_refused", AllocationRefused),
+        _spec("msg", "cpu_fallback", CpuFallback),
+        _spec("msg", "compute_failed", ComputeFailed),
     )
 }
 _BY_TYPE: Final[dict[type, _Spec]] = {

@@ -4,10 +4,11 @@ Run by the host's supervisor (``skippyctl/runtime/supervisor.py``) as
 `python -m skippyctl.engine.worker --control-fd N [--ring-fd M] [--capture-debug-log]
 --serving-events on|off --debug-token-events on|off` (``engine/options.py``): everything the host
 decided about this engine arrives as arguments; the worker reads no configuration from its
-environment (only the test fault injections SKIPPY_TEST_PROGRESS_DELAY_US and
-SKIPPY_TEST_DECODE_DELAY_MS, which are inherited, never set by the code). With a ring,
-llama.cpp's progress and log callbacks point straight at C functions of the native library (no
-Python on the callback path), and the worker brackets each load in a native operation scope.
+environment (only the test fault injections SKIPPY_TEST_PROGRESS_DELAY_US,
+SKIPPY_TEST_DECODE_DELAY_MS and SKIPPY_TEST_ENGINE_AS_LIMIT_MB, which are inherited, never set by
+the code). With a ring, llama.cpp's progress and log callbacks point straight at C functions of
+the native library (no Python on the callback path), and the worker brackets each load in a
+native operation scope.
 Without one (legacy mode) it only reports return values. Either way the authoritative result of
 every llama.cpp call is sent on the control channel after the native scope has ended, so the host
 drains every native fact of the operation before it sees the return.
@@ -22,6 +23,15 @@ and any exception while handling a command ends that command only: a `Generate` 
 `GenDone` (failed, with a reason code), a `Load` with a failed `LoadReturned`/`ContextReturned`.
 The main thread reads the channel and answers `Ping` with `Pong` without touching the decode
 thread, so the host can tell a stuck process from a busy one.
+
+Resources (``engine/protocol.py`` resource messages): a load reports ggml's backends and devices
+first (`Backends`, with `CpuFallback` when GPU layers were asked for and no GPU exists), each
+phase it passes (`LoadPhase`: weights loaded, allocating ctx, context ready), and where the
+memory went (`MemoryAllocated`: llama.cpp's per-device weights/KV/compute figures, or totals).
+A context whose KV cache (the geometry's estimate) goes in host memory and exceeds the memory
+available — MemAvailable, capped by an RLIMIT_AS — is refused before llama.cpp is asked
+(`AllocationRefused` and `ContextReturned` with `out_of_memory`); a NULL context is
+`resource_allocation_failure`.
 """
 
 from __future__ import annotations
@@ -39,10 +49,15 @@ from skippyctl.engine.channel import ControlChannel, MalformedMessage, engine_si
 from skippyctl.engine.geometry import available_memory_bytes, kv_bytes_per_token, plan_context
 from skippyctl.engine.options import EngineOptions
 from skippyctl.engine.protocol import (
+    AllocationRefused,
+    Backends,
+    BufferReport,
     Cancel,
     Command,
     ContextBegun,
     ContextReturned,
+    CpuFallback,
+    DeviceReport,
     DropSession,
     EngineMessage,
     GenDone,
@@ -50,7 +65,10 @@ from skippyctl.engine.protocol import (
     Hello,
     Load,
     LoadBegun,
+    LoadPhase,
+    LoadPhaseName,
     LoadReturned,
+    MemoryAllocated,
     Ping,
     Pong,
     ProtocolError,
@@ -65,6 +83,10 @@ INITIAL_LINK_SAMPLES: Final = 3
 """Round trips to each stage right after a split model loaded (engine/links.py)."""
 SAVE_TIMEOUT_S: Final = 60.0
 """The most a ``Shutdown`` waits for the decode thread to write session state files."""
+CPU_DEVICE: Final = "CPU"
+_GPU_KINDS: Final = frozenset({"gpu", "igpu"})
+MAX_CONTEXT_TOKENS: Final = 2**32 - 1
+"""``llama_context_params.n_ctx`` is a uint32_t."""
 
 
 @dataclass(slots=True)
@@ -94,6 +116,10 @@ class Worker:
         self._stage_arrays: tuple[Any, ...] = ()
         self._stage_devices: list[int] = []
         self._links: Any | None = None  # LinkProber of a split model (engine/links.py)
+        self._backends: Any | None = None  # GgmlBackends (native/backends.py), once looked up
+        self._backends_looked_up = False
+        self._device = CPU_DEVICE
+        """The device the current load places its model on (a short registry name)."""
         import llama_cpp
 
         self.llama = llama_cpp
@@ -281,6 +307,7 @@ class Worker:
                 )
                 params.progress_callback_user_data = adapter.user_data
             self._send(LoadBegun(operation_id))
+            self._report_backends(command)
             if adapter is not None:
                 adapter.report_device(gpu_layers)
             started = time.perf_counter()
@@ -294,6 +321,7 @@ class Worker:
                 self.loaded = _Loaded(model, fingerprint=_fingerprint(command.path))
                 if command.stages:
                     self._start_link_probes()
+                self._send(LoadPhase(operation_id, LoadPhaseName.WEIGHTS_LOADED))
                 reply = LoadReturned(
                     operation_id,
                     ok=True,
@@ -313,6 +341,50 @@ class Worker:
                 self._end_load_scope(False)
             if owed is not None:
                 self._send(owed(operation_id, ok=False))
+
+    def _ggml(self) -> Any | None:
+        """ggml's registry (native/backends.py), None where it cannot be read."""
+        if not self._backends_looked_up:
+            self._backends_looked_up = True
+            from skippyctl.native.backends import BackendsUnavailable, GgmlBackends
+
+            try:
+                self._backends = GgmlBackends()
+            except BackendsUnavailable:
+                self._backends = None
+        return self._backends
+
+    def _report_backends(self, command: Load) -> None:
+        """``Backends``: the registry and its devices (llama_backend_init ran at start), the one
+        the model goes on selected; ``CpuFallback`` when GPU layers were asked for and there is
+        no GPU. A split load's layers go to RPC stages, which their topology reports."""
+        ggml = self._ggml()
+        if ggml is None:
+            return
+        devices = ggml.devices()
+        gpus = [d for d in devices if d.kind in _GPU_KINDS]
+        wants_gpu = command.gpu_layers != 0 and not command.stages
+        chosen = gpus[0].name if wants_gpu and gpus else CPU_DEVICE
+        self._device = chosen
+        self._send(
+            Backends(
+                command.operation_id,
+                ok=bool(devices),
+                backends=len(ggml.backends()),
+                devices=tuple(
+                    DeviceReport(
+                        d.name,
+                        d.kind,
+                        d.memory_free_bytes,
+                        d.memory_total_bytes,
+                        selected=d.name == chosen,
+                    )
+                    for d in devices
+                ),
+            )
+        )
+        if wants_gpu and not gpus:
+            self._send(CpuFallback(command.operation_id, command.gpu_layers, CPU_DEVICE))
 
     def _split_across_stages(self, params: Any, command: Load) -> None:
         """Point the model's layers at the RPC stages: one ``add_server`` per stage (ggml
@@ -375,24 +447,46 @@ class Worker:
         assert self.loaded is not None
         operation_id = command.operation_id
         self._send(ContextBegun(operation_id))
+        per_token = kv_bytes_per_token(
+            layers=int(llama.llama_model_n_layer(model)),
+            embedding=int(llama.llama_model_n_embd(model)),
+            heads=int(llama.llama_model_n_head(model)),
+            kv_heads=int(llama.llama_model_n_head_kv(model)),
+        )
+        available = _available_bytes()
         plan = plan_context(
             lanes=command.lanes,
             context_tokens=command.context_tokens,
             train_tokens=int(llama.llama_model_n_ctx_train(model)),
-            kv_bytes_per_token=kv_bytes_per_token(
-                layers=int(llama.llama_model_n_layer(model)),
-                embedding=int(llama.llama_model_n_embd(model)),
-                heads=int(llama.llama_model_n_head(model)),
-                kv_heads=int(llama.llama_model_n_head_kv(model)),
-            ),
-            free_memory_bytes=available_memory_bytes(),
+            kv_bytes_per_token=per_token,
+            free_memory_bytes=available,
         )
+        kv_bytes = per_token * plan.context_tokens
+        on_host = not command.stages and self._device == CPU_DEVICE
+        if on_host and available is not None and kv_bytes > available:
+            # Refused before llama.cpp is asked: it would try to allocate the whole KV cache
+            # (and may be killed by the kernel for it rather than return NULL). Only for a KV
+            # cache in host memory: a GPU's or a stage's is not what MemAvailable measures.
+            self._send(
+                AllocationRefused(
+                    operation_id, self._device, kv_bytes, available, ReasonCode.OUT_OF_MEMORY
+                )
+            )
+            self._send(ContextReturned(operation_id, ok=False, reason=ReasonCode.OUT_OF_MEMORY))
+            return
+        if plan.context_tokens > MAX_CONTEXT_TOKENS:
+            raise ValueError("a context beyond llama.cpp's n_ctx range")
         context_params = llama.llama_context_default_params()
         context_params.n_ctx = plan.context_tokens
         context_params.n_seq_max = plan.lanes
         context_params.n_threads = context_params.n_threads_batch = max(1, os.cpu_count() or 1)
+        self._send(LoadPhase(operation_id, LoadPhaseName.ALLOCATING))
         context = llama.llama_init_from_model(model, context_params)
         reply = ContextReturned(operation_id, ok=False)
+        if not context:
+            failed = ReasonCode.RESOURCE_ALLOCATION_FAILURE
+            self._send(AllocationRefused(operation_id, self._device, kv_bytes, available, failed))
+            reply = ContextReturned(operation_id, ok=False, reason=failed)
         if context:
             from skippyctl.engine.generation import BatchEngine
 
@@ -413,6 +507,8 @@ class Worker:
                 links=self._links,
                 speculation=speculation_of(command),
             )
+            self._send(self._memory_allocated(operation_id, model, context, kv_bytes))
+            self._send(LoadPhase(operation_id, LoadPhaseName.CONTEXT_READY))
             reply = ContextReturned(
                 operation_id,
                 ok=True,
@@ -431,6 +527,26 @@ class Worker:
                 )
             # Started after the reply, so the host sees the context before any kv message.
             self.loaded.generation.start()
+
+    def _memory_allocated(
+        self, operation_id: str, model: Any, context: Any, kv_estimate_bytes: int
+    ) -> MemoryAllocated:
+        """llama.cpp's per-device figures where they can be read (native/backends.py), else
+        the weights' size and the KV estimate on the model's device, compute unknown."""
+        ggml = self._ggml()
+        try:
+            breakdown = None if ggml is None else ggml.memory_breakdown(context)
+        except Exception:  # noqa: BLE001 - figures are optional; the load must not fail for them
+            breakdown = None
+        if breakdown:
+            buffers = tuple(
+                BufferReport(b.device, b.weights_bytes, b.kv_bytes, b.compute_bytes)
+                for b in breakdown
+            )
+            return MemoryAllocated(operation_id, exact=True, buffers=buffers)
+        weights = int(self.llama.llama_model_size(model))
+        estimate = BufferReport(self._device, weights, kv_estimate_bytes, 0)
+        return MemoryAllocated(operation_id, exact=False, buffers=(estimate,))
 
     def _save_now(self, command: SaveSessions) -> None:
         """On request, while serving: queued on the decode thread, not waited for (this thread
@@ -486,6 +602,31 @@ class _SlowDecode:
         return self._llama.llama_decode(*args)
 
 
+def _available_bytes() -> int | None:
+    """Memory a context may take: the kernel's MemAvailable, capped by what an address-space
+    limit (RLIMIT_AS) still leaves this process; None when neither can be read."""
+    import resource
+
+    available = available_memory_bytes()
+    try:
+        soft, _hard = resource.getrlimit(resource.RLIMIT_AS)
+    except (OSError, ValueError):
+        return available
+    if soft == resource.RLIM_INFINITY:
+        return available
+    headroom = max(0, soft - _address_space_bytes())
+    return headroom if available is None else min(available, headroom)
+
+
+def _address_space_bytes() -> int:
+    """This process's virtual size (/proc/self/statm, first field in pages); 0 if unreadable."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def _fingerprint(path: str) -> bytes | None:
     from skippyctl.engine.kv_state import model_fingerprint
 
@@ -511,7 +652,21 @@ def main(argv: list[str] | None = None) -> int:
     worker = Worker(
         channel, args.ring_fd, args.capture_debug_log, engine_options.from_arguments(args)
     )
+    _test_address_space_limit()  # after llama.cpp and the native library are mapped
     return worker.serve()
+
+
+def _test_address_space_limit() -> None:
+    """Test fault injection (SKIPPY_TEST_ENGINE_AS_LIMIT_MB): run this engine under an
+    address-space limit (RLIMIT_AS) of that many MiB above what it maps once llama.cpp is
+    loaded, so a context that fits the machine but not the limit is refused for memory."""
+    raw = os.environ.get("SKIPPY_TEST_ENGINE_AS_LIMIT_MB", "").strip()
+    if not raw:
+        return
+    import resource
+
+    limit = _address_space_bytes() + int(raw) * 1024 * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (limit, resource.RLIM_INFINITY))
 
 
 def speculation_of(command: Load) -> SpecConfig:

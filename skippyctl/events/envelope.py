@@ -122,6 +122,16 @@ class SummaryKey(StrEnum):
     SPEC_ACCEPTED_TOKENS = "spec_accepted_tokens"
     STATE_BYTES = "state_bytes"
     """Bytes of a session's KV state file (cache_state_export_* / cache_state_import_*)."""
+    WEIGHTS_BYTES = "weights_bytes"
+    """Model weights held on one device (model_memory_allocation_summary)."""
+    KV_BYTES = "kv_bytes"
+    """KV cache held on one device, or the KV cache a refused context would have needed."""
+    COMPUTE_BYTES = "compute_bytes"
+    """Compute (scratch) buffers held on one device."""
+    REQUESTED_BYTES = "requested_bytes"
+    """What a failed allocation asked for (resource_allocation_failed, out_of_memory_condition)."""
+    RETURN_CODE = "return_code"
+    """A llama.cpp call's return code (compute_failure: llama_decode's)."""
 
 
 class StopReason(StrEnum):

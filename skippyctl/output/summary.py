@@ -79,6 +79,58 @@ def _native_completed(event: Event) -> str:
     return ", ".join(parts)
 
 
+def _phase(event: Event) -> str:
+    """A load phase the engine observed (its name is the event's state); a native phase kind
+    keeps the catalog's text."""
+    if event.state is None:
+        return spec_of(event.id).description
+    return f"load phase: {event.state.current}"
+
+
+def _allocation(event: Event) -> str:
+    """Bytes held on one device (model_memory_allocation_summary, resource_allocation_*)."""
+    weights = event.summary_value(SummaryKey.WEIGHTS_BYTES)
+    kv = event.summary_value(SummaryKey.KV_BYTES)
+    requested = event.summary_value(SummaryKey.REQUESTED_BYTES)
+    device = event.scope.device_id or "unknown device"
+    if requested is not None:
+        available = event.summary_value(SummaryKey.MEMORY_FREE_BYTES)
+        reason = event.reason_code.value if event.reason_code else "unknown_failure"
+        text = f"{device}: {_bytes(requested)} requested"
+        if available is not None:
+            text += f", {_bytes(available)} available"
+        return f"{text} ({reason})"
+    if weights is None and kv is None:
+        return spec_of(event.id).description
+    parts = [f"weights {_bytes(weights)}", f"KV {_bytes(kv)}"]
+    compute = event.summary_value(SummaryKey.COMPUTE_BYTES)
+    parts.append(f"compute {_bytes(compute)}" if compute is not None else "compute unknown")
+    return f"{device}: " + ", ".join(parts)
+
+
+def _pressure(event: Event) -> str:
+    free = event.summary_value(SummaryKey.MEMORY_FREE_BYTES)
+    total = event.summary_value(SummaryKey.MEMORY_TOTAL_BYTES)
+    device = event.scope.device_id or "unknown device"
+    verb = "under memory pressure" if event.id is EventId.MEMORY_PRESSURE_CROSSED else "recovered"
+    if total:
+        return f"{device} {verb}: {_bytes(free)} available of {_bytes(total)}"
+    return f"{device} {verb}"
+
+
+def _fallback(event: Event) -> str:
+    layers = event.summary_value(SummaryKey.GPU_LAYERS)
+    asked = f" ({int(layers)} GPU layers asked for)" if layers is not None else ""
+    return f"no GPU: running on the CPU{asked}"
+
+
+def _compute(event: Event) -> str:
+    code = event.summary_value(SummaryKey.RETURN_CODE)
+    reason = event.reason_code.value if event.reason_code else "unknown_failure"
+    returned = f" (llama_decode returned {int(code)})" if code is not None else ""
+    return f"a compute step failed: {reason}{returned}"
+
+
 def _stage(event: Event) -> str:
     """A stage worker's lifecycle (`stage serve`); events without a port (a stage of a
     topology) keep the catalog's text."""
@@ -160,6 +212,17 @@ _RENDERERS: Final[dict[EventId, Callable[[Event], str]]] = {
     EventId.SERVING_BACKEND_INITIALIZATION_FAILED: _failed,
     EventId.MODEL_AVAILABLE: _available,
     EventId.NATIVE_MODEL_LOAD_COMPLETED: _native_completed,
+    EventId.MODEL_LOAD_PHASE_CHANGED: _phase,
+    EventId.MODEL_MEMORY_ALLOCATION_SUMMARY: _allocation,
+    EventId.RESOURCE_ALLOCATION_COMPLETED: _allocation,
+    EventId.RESOURCE_ALLOCATION_FAILED: _allocation,
+    EventId.OUT_OF_MEMORY_CONDITION: _allocation,
+    EventId.MEMORY_PRESSURE_CROSSED: _pressure,
+    EventId.MEMORY_PRESSURE_CLEARED: _pressure,
+    EventId.CPU_FALLBACK_ACTIVATED: _fallback,
+    EventId.FALLBACK_APPLIED: _fallback,
+    EventId.COMPUTE_FAILURE: _compute,
+    EventId.BACKEND_INITIALIZATION_FAILED: _failed,
 }
 
 
@@ -182,6 +245,10 @@ _REASON_MESSAGES: Final[dict[str, str]] = {
     "cancellation": "cancelled",
     "terminal_not_delivered": "the outcome was lost under pressure",
     "incompatible_abi_or_feature_set": "the native library is incompatible",
+    "out_of_memory": "not enough memory (the KV cache for this context does not fit; "
+    "try a smaller --ctx)",
+    "resource_allocation_failure": "llama.cpp could not allocate the context's buffers",
+    "device_unavailable": "no usable compute device",
 }
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from skippyctl.events.envelope import LogicalId
+from skippyctl.events.envelope import Event, LogicalId
 from skippyctl.events.reasons import ReasonCode
 
 
@@ -86,6 +86,15 @@ class EngineExited:
     model is gone); None: ``process_crash``."""
 
 
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """An event the engine observed (a load phase, a device, an allocation), queued with the
+    engine's return values so it is reduced in order with them and after its ring's facts: a
+    phase sent before ``load_returned`` is reduced while the model still loads."""
+
+    event: Event
+
+
 Authoritative = (
     OperationBound
     | LoadBegun
@@ -95,4 +104,5 @@ Authoritative = (
     | CancelRequested
     | OperationRejected
     | EngineExited
+    | Observed
 )

@@ -11,6 +11,8 @@ Rules (spec "Authority"):
   `process_crash` (or the timeout/cancellation the host had asked for, or the reason the host
   attributed the crash to: `stage_unavailable` when a stage of its split model is gone).
 - Terminals after the first for an operation are dropped and counted (`duplicate_terminals`).
+- An engine's observed events (`Observed`: load phases, devices, allocations) pass through in
+  order, except those of an operation that already has its terminal.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from skippyctl.pipeline.authority import (
     EngineExited,
     LoadBegun,
     LoadReturned,
+    Observed,
     OperationBound,
     OperationRejected,
 )
@@ -127,6 +130,11 @@ class Reconciler:
                 return self._terminal(track, self._failure_event(track, item.reason, None))
             case EngineExited():
                 return self._engine_exited(item)
+            case Observed():
+                # Passed on in order; nothing of an operation is dispatched after its terminal.
+                operation = item.event.operation_id
+                track = self._operations.get(operation) if operation is not None else None
+                return [] if track is not None and track.terminal_emitted else [item.event]
 
     def _load_begun(self, item: LoadBegun) -> list[Event]:
         track = self._operations.get(item.operation_id)

@@ -11,6 +11,8 @@ refused, except a crash or an unload (they concern the model whatever loaded it)
       model_load_progress
       backend_device_selected
       model_memory_allocation_summary
+    model_load_phase_changed                  initializing → same — context phases and buffers
+      model_memory_allocation_summary
     native_model_load_completed               loading → initializing, announces native_model_loaded
     serving_backend_initialization_started    initializing → same
     serving_backend_initialization_completed  initializing → available, announces model_available —
@@ -89,6 +91,12 @@ MOVES: Final[MoveTable[ModelState]] = MoveTable(
                 _E.MODEL_MEMORY_ALLOCATION_SUMMARY,
             ),
             SAME,
+        ),
+        *moves(
+            {_M.INITIALIZING},
+            (_E.MODEL_LOAD_PHASE_CHANGED, _E.MODEL_MEMORY_ALLOCATION_SUMMARY),
+            SAME,
+            note="context phases and buffers",
         ),
         Move(
             frozenset({_M.LOADING}),

@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Final
 
 from skippyctl.engine.protocol import (
@@ -39,6 +40,12 @@ from skippyctl.events.identity import OperationIds
 from skippyctl.events.reasons import Outcome, ReasonCode
 from skippyctl.runtime.admission import Liveness, ModelServer, Rejection
 from skippyctl.runtime.host import LoadHandle, LoadRequest, RuntimeHost
+from skippyctl.runtime.memory_pressure import (
+    HostMemory,
+    MemoryPressure,
+    PressureChange,
+    host_memory,
+)
 from skippyctl.runtime.observations import ServingEvents
 from skippyctl.runtime.receipts import ReceiptBook, receipt_of
 from skippyctl.runtime.requests import Finished, GenerationParams, RequestHandle
@@ -95,6 +102,9 @@ class Scheduler:
         )
         if serving_events is None:
             serving_events = host.options.serving_events  # what the host's engines are told
+        self.memory_pressure = MemoryPressure()
+        """Host memory pressure (runtime/memory_pressure.py), fed every observation."""
+        self.read_host_memory: Callable[[], HostMemory | None] = host_memory
         self.events = ServingEvents(host.pipeline.submit, serving_events)
         """Serving events only while on (off: the events-off benchmark baseline); model
         lifecycle events go through `events.always` either way."""
@@ -381,6 +391,28 @@ class Scheduler:
                 EventId.MEMORY_OBSERVED,
                 scope=Scope(device_id=LogicalId("host")),
                 summaries=summaries(memory_free_bytes=free, memory_total_bytes=total),
+            )
+        )
+        self._check_memory_pressure()
+
+    def _check_memory_pressure(self) -> None:
+        """``memory_pressure_crossed`` / ``_cleared`` for the host, with hysteresis over the
+        memory available (MemAvailable, runtime/memory_pressure.py)."""
+        reading = self.read_host_memory()
+        if reading is None:
+            return
+        change = self.memory_pressure.observe(reading.available_bytes, reading.total_bytes)
+        if change is None:
+            return
+        crossed = change is PressureChange.CROSSED
+        self.events.always(
+            make_event(
+                EventId.MEMORY_PRESSURE_CROSSED if crossed else EventId.MEMORY_PRESSURE_CLEARED,
+                scope=Scope(device_id=LogicalId("host")),
+                summaries=summaries(
+                    memory_free_bytes=reading.available_bytes,
+                    memory_total_bytes=reading.total_bytes,
+                ),
             )
         )
 

@@ -13,7 +13,9 @@ end-of-stream on that channel means the engine exited, and the exit status says 
 asked to (`crashed` otherwise). An engine whose model is split across stages has an
 :class:`EngineTopology`: it hears the load and context returns, and when the engine crashed it
 says why (a lost stage: `stage_unavailable`) before the exit is reported; the engine's link
-figures (`link` messages) go to it too.
+figures (`link` messages) go to it too. Resource messages (load phases, devices, allocations,
+compute failures) become events (``runtime/resource_events.py``) queued as ``Observed`` items,
+in order with the return values around them.
 
 Commands go out from the caller's thread when the socket takes them at once and nothing waits
 ahead of them; otherwise through one writer thread per engine (`skippy-engine-writer-…`), in
@@ -54,9 +56,13 @@ from typing import Final, Protocol, assert_never
 from skippyctl.engine.channel import MalformedMessage, encode_frame, host_side
 from skippyctl.engine.options import EngineOptions
 from skippyctl.engine.protocol import (
+    AllocationRefused,
+    Backends,
     Command,
+    ComputeFailed,
     ContextBegun,
     ContextReturned,
+    CpuFallback,
     EngineMessage,
     GenDone,
     GenFirstToken,
@@ -71,7 +77,9 @@ from skippyctl.engine.protocol import (
     Link,
     Load,
     LoadBegun,
+    LoadPhase,
     LoadReturned,
+    MemoryAllocated,
     Ping,
     Pong,
     ProtocolError,
@@ -93,6 +101,7 @@ from skippyctl.pipeline.authority import (
     Authoritative,
     CancelRequested,
     EngineExited,
+    Observed,
     OperationBound,
 )
 from skippyctl.pipeline.authority import (
@@ -107,6 +116,7 @@ from skippyctl.pipeline.authority import (
 from skippyctl.pipeline.authority import (
     LoadReturned as LoadReturnedItem,
 )
+from skippyctl.runtime.resource_events import resource_events
 
 STOP_GRACE_S: Final = 3.0
 WRITER_JOIN_S: Final = 1.0
@@ -536,6 +546,16 @@ class EngineProcess:
                 if self.topology is not None:
                     self.topology.engine_link(message)
             case (
+                LoadPhase()
+                | Backends()
+                | MemoryAllocated()
+                | AllocationRefused()
+                | CpuFallback()
+                | ComputeFailed()
+            ):
+                for event in resource_events(message, self.model_id):
+                    self._authority(Observed(event))
+            case (
                 GenStarted()
                 | GenText()
                 | GenPrefillProgress()
@@ -584,6 +604,7 @@ class EngineProcess:
                     context_tokens=message.context_tokens,
                     lanes=message.lanes,
                     context_tokens_per_lane=message.context_tokens_per_lane,
+                    reason=message.reason,
                 )
             )
             self._serving = message.ok and not cancelled

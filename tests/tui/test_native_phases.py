@@ -8,7 +8,7 @@ from pathlib import Path
 
 from skippy_tui.store import phase_of
 from skippyctl.events.catalog import EventId
-from skippyctl.events.envelope import Scope, make_event, summaries
+from skippyctl.events.envelope import Scope, StateChange, make_event, summaries
 from skippyctl.events.native_kinds import NATIVE_KINDS, NativeKind
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,3 +45,11 @@ def test_a_phase_change_without_a_known_kind_is_plain_loading() -> None:
 def test_the_store_keeps_no_native_kind_table_of_its_own() -> None:
     source = (ROOT / "skippy_tui" / "store.py").read_text(encoding="utf-8")
     assert re.search(r"\b(10[0-4])\s*:", source) is None
+
+
+def test_a_phase_the_engine_observed_is_shown_by_its_name() -> None:
+    for phase in ("weights loaded", "allocating ctx", "context ready"):
+        observed = make_event(
+            EventId.MODEL_LOAD_PHASE_CHANGED, scope=Scope(), state=StateChange(None, phase)
+        )
+        assert phase_of(observed) == phase
