@@ -72,6 +72,7 @@ from skippyctl.events.envelope import LogicalId, Scope, StopReason, make_event, 
 from skippyctl.events.reasons import GenerationOutcome, Outcome, ReasonCode
 from skippyctl.runtime.observations import (
     KV_EVENTS,
+    KV_TRIMMING_CHANGES,
     SESSION_EVENTS,
     Emission,
     ServingEvents,
@@ -458,11 +459,11 @@ class ModelServer:
         event_id = SESSION_EVENTS.get(message.event)
         if event_id is None or not message.session:
             return
-        self.events.fact(
-            event_id,
-            Scope(model_id=self.model_id, session_id=LogicalId(message.session)),
-            summaries(lanes=message.lane, context_tokens=message.tokens),
-        )
+        scope = Scope(model_id=self.model_id, session_id=LogicalId(message.session))
+        numbers = summaries(lanes=message.lane, context_tokens=message.tokens)
+        self.events.fact(event_id, scope, numbers)
+        if message.event in KV_TRIMMING_CHANGES:
+            self.events.fact(EventId.CACHE_TRIMMED, scope, numbers)
 
     def _on_state(self, message: StateExported | StateImported) -> None:
         # The owner's store first: whoever sees the event finds the file kept or removed.

@@ -117,6 +117,17 @@ class NativeStatus:
     detail: str | None
 
 
+def llama_cpp_importable() -> bool:
+    """Whether the engine's llama.cpp binding can be found (without importing it here: the host
+    process never loads llama.cpp)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("llama_cpp") is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def resolve_native() -> NativeStatus:
     from skippyctl.native.library import (
         NativeAbiIncompatible,
@@ -200,7 +211,22 @@ class RuntimeHost:
 
     def start(self) -> RuntimeHost:
         self.pipeline.start()
+        self.pipeline.submit(make_event(EventId.RUNTIME_RESOLUTION_STARTED))
+        llama_found = llama_cpp_importable()
         self.native = resolve_native()
+        if llama_found:
+            # llama.cpp is what serves; the native event library is optional (legacy without).
+            self.pipeline.submit(
+                make_event(EventId.RUNTIME_RESOLUTION_COMPLETED, outcome=Outcome.SUCCESS)
+            )
+        else:
+            self.pipeline.submit(
+                make_event(
+                    EventId.RUNTIME_RESOLUTION_FAILED,
+                    outcome=Outcome.FAILURE,
+                    reason_code=ReasonCode.MISSING_ARTIFACT,
+                )
+            )
         if self.native.library is not None:
             features = int(self.native.library.features)
             abi = int(self.native.library.abi_version)
@@ -218,11 +244,20 @@ class RuntimeHost:
                 )
             )
         elif self.native.problem_event is not None:
+            incompatible = self.native.problem_event is EventId.ABI_FEATURE_COMPATIBILITY_FAILED
             reason = (
                 ReasonCode.INCOMPATIBLE_ABI_OR_FEATURE_SET
-                if self.native.problem_event is EventId.ABI_FEATURE_COMPATIBILITY_FAILED
+                if incompatible
                 else ReasonCode.UNSUPPORTED_CAPABILITY
             )
+            if incompatible:  # found, but refused: the host runs without it (legacy mode)
+                self.pipeline.submit(
+                    make_event(
+                        EventId.NATIVE_LIBRARY_REJECTED,
+                        outcome=Outcome.FAILURE,
+                        reason_code=reason,
+                    )
+                )
             self.pipeline.submit(
                 make_event(self.native.problem_event, outcome=Outcome.FAILURE, reason_code=reason)
             )

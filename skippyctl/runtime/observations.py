@@ -109,6 +109,8 @@ SESSION_EVENTS: Final[Mapping[SessionChange, EventId]] = {
     SessionChange.RESTORED: EventId.SESSION_RESTORED,
 }
 """A ``reused`` session is reported by its request's cache event instead."""
+KV_TRIMMING_CHANGES: Final = frozenset({SessionChange.TRIMMED, SessionChange.EVICTED})
+"""Session changes that also dropped KV cells: ``cache_trimmed`` says so for the KV."""
 _STOP_CONDITIONS: Final = frozenset({StopReason.EOS, StopReason.STOP_STRING, StopReason.LENGTH})
 
 
@@ -118,6 +120,10 @@ def _started(message: GenStarted, has_session: bool) -> tuple[Emission, ...]:
         Emission(EventId.PROMPT_PROCESSING_STARTED),
         Emission(EventId.TOKENIZATION_COMPLETED, summaries(prompt_tokens=prompt)),
     ]
+    # Every request looks for its prompt's prefix in the lanes' KV (its session's, or what an
+    # earlier request left): hit when it reused any token. The session-level outcome follows.
+    lookup = EventId.CACHE_LOOKUP_HIT if reused > 0 else EventId.CACHE_LOOKUP_MISS
+    found.append(Emission(lookup, summaries(reused_tokens=reused, prompt_tokens=prompt)))
     cache_event = CACHE_EVENTS.get(message.cache)
     if cache_event is not None:
         found.append(Emission(cache_event, summaries(reused_tokens=reused, prompt_tokens=prompt)))

@@ -62,6 +62,13 @@ def test_a_session_s_second_request_shows_the_prompt_tokens_it_reused(server: Se
     assert one["session_id"] is not None and one["session_id"] == two["session_id"]
     assert one["session_id"] != "receipt-session"  # an opaque id, not the client's key
     assert two["reused_tokens"] > 0 and two["reused_tokens"] <= two["prompt_tokens"]
+    # Each request's KV lookup is an event of its own: the second one hit.
+    lookups = {
+        e["scope"]["request_id"]: e["kind"]
+        for e in server.events()
+        if e["kind"] in ("cache_lookup_hit", "cache_lookup_miss")
+    }
+    assert lookups[two["request_id"]] == "cache_lookup_hit"
 
 
 def test_a_rejected_request_has_a_receipt_too(server: Server) -> None:

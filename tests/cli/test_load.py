@@ -336,3 +336,42 @@ def test_embedded_load_across_local_stages_is_available_and_reports_its_topology
     assert "topology_ready" in events
     for record in result.records():
         assert "127.0.0.1" not in str(record)
+
+
+def test_a_host_says_how_it_resolved_its_runtime_before_it_is_initialized(
+    fixture_dir: Path,
+) -> None:
+    result = run_cli("load", str(fixture_dir / "tiny.gguf"), "--json", "--embedded")
+    assert result.code == 0, result.stderr
+    events = result.events()
+    started = events.index("runtime_resolution_started")
+    assert started < events.index("runtime_resolution_completed")
+    assert events.index("runtime_resolution_completed") < events.index("runtime_initialized")
+    assert "runtime_resolution_failed" not in events
+
+
+def test_a_foreign_native_library_is_rejected_and_the_host_serves_without_it(
+    fixture_dir: Path,
+) -> None:
+    """A real shared library that is not skippy's (llama.cpp's own ggml) in place of the native
+    event library: found, refused for its ABI, and the host loads in legacy mode."""
+    import llama_cpp
+
+    foreign = next(Path(llama_cpp.__file__).parent.glob("lib/libggml-base.so*"))
+    result = run_cli(
+        "load",
+        str(fixture_dir / "tiny.gguf"),
+        "--json",
+        "--embedded",
+        env={"SKIPPY_NATIVE_LIBRARY": str(foreign)},
+    )
+    assert result.code == 0, result.stderr
+    records = result.records()
+    rejected = [r for r in records if r["event"] == "native_library_rejected"]
+    assert [r["reason_code"] for r in rejected] == ["incompatible_abi_or_feature_set"]
+    events = result.events()
+    assert events.index("native_library_rejected") < events.index(
+        "abi_feature_compatibility_failed"
+    )
+    assert "native_library_loaded" not in events and events.count("model_available") == 1
+    assert str(foreign) not in result.stdout  # no path in any record

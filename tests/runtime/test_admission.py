@@ -332,9 +332,10 @@ def test_observations_become_events_in_table_order_and_foreign_ones_are_ignored(
     h.server.submit(handle)
     h.server.on_engine_message(h.engine, GenStarted("req-1", 0, "s-1", 9, 8, CacheResult.HIT))
     h.server.on_engine_message(h.engine, GenStarted("req-99", 0, None, 9, 0, CacheResult.NONE))
-    assert h.ids(handle)[-5:] == [
+    assert h.ids(handle)[-6:] == [
         EventId.PROMPT_PROCESSING_STARTED,
         EventId.TOKENIZATION_COMPLETED,
+        EventId.CACHE_LOOKUP_HIT,
         EventId.PROMPT_CACHE_RESTORE_HIT,
         EventId.SESSION_ACTIVE,
         EventId.PREFILL_STARTED,
@@ -346,7 +347,8 @@ def test_observations_become_events_in_table_order_and_foreign_ones_are_ignored(
     )
     h.server.on_engine_message(h.engine, SessionChanged("s-1", SessionChange.REUSED, 0, 12))
     facts = [e.id for e in h.events if e.scope.request_id is None]
-    assert facts == [EventId.CACHE_PRESSURE_CROSSED, EventId.SESSION_RESET]
+    # An eviction drops the session's cells: the session is reset and the KV trimmed.
+    assert facts == [EventId.CACHE_PRESSURE_CROSSED, EventId.SESSION_RESET, EventId.CACHE_TRIMMED]
 
 
 def test_a_forced_drain_cancels_queued_here_and_running_in_the_engine() -> None:

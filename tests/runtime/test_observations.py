@@ -65,6 +65,7 @@ def test_the_tables_cover_every_value_they_translate() -> None:
             (
                 Emission(EventId.PROMPT_PROCESSING_STARTED),
                 Emission(EventId.TOKENIZATION_COMPLETED, summaries(prompt_tokens=10)),
+                Emission(EventId.CACHE_LOOKUP_HIT, summaries(reused_tokens=4, prompt_tokens=10)),
                 Emission(
                     EventId.PROMPT_CACHE_RESTORE_PARTIAL,
                     summaries(reused_tokens=4, prompt_tokens=10),
@@ -79,6 +80,7 @@ def test_the_tables_cover_every_value_they_translate() -> None:
             (
                 Emission(EventId.PROMPT_PROCESSING_STARTED),
                 Emission(EventId.TOKENIZATION_COMPLETED, summaries(prompt_tokens=10)),
+                Emission(EventId.CACHE_LOOKUP_MISS, summaries(reused_tokens=0, prompt_tokens=10)),
                 Emission(EventId.PREFILL_STARTED, summaries(prompt_tokens=10)),
             ),
         ),
