@@ -31,8 +31,9 @@ Invariants:
   admission (`context_exhausted`; `invalid_configuration` for a value JSON cannot carry, such as
   a seed beyond 64 bits): no request can break the channel.
 - An engine that sends nothing (not even a `Pong`) for `unresponsive_after_s` while its model
-  serves is reported once with `model_degraded` (reason `timeout`), and with
-  `model_recovery_completed` when it is heard again.
+  serves is reported once with `model_degraded` (reason `timeout`) and `model_recovery_started`
+  (the heartbeat goes on), then with `model_recovery_completed` when it is heard again, or
+  `model_recovery_failed` (with the exit's reason) when it exits first.
 """
 
 from __future__ import annotations
@@ -361,6 +362,8 @@ class ModelServer:
             )
         # Model availability, not a serving event: it flows with serving events off too.
         self.events.always(event)
+        if unresponsive:  # the heartbeat goes on: recovery is under way from now
+            self.events.always(make_event(EventId.MODEL_RECOVERY_STARTED, scope=scope))
 
     def counts(self) -> tuple[int, int]:
         """(running, queued)."""
@@ -509,6 +512,16 @@ class ModelServer:
         # reason; an unattributed one with process_crash.
         if reason is None:
             reason = ReasonCode.PROCESS_CRASH if crashed else ReasonCode.STAGE_UNAVAILABLE
+        if self.unresponsive:  # it went silent and never came back: the recovery failed
+            self.unresponsive = False
+            self.events.always(
+                make_event(
+                    EventId.MODEL_RECOVERY_FAILED,
+                    scope=Scope(model_id=self.model_id),
+                    outcome=Outcome.FAILURE,
+                    reason_code=reason,
+                )
+            )
         failed = GenerationOutcome.FAILED
         for handle in running:
             self._emit(

@@ -309,17 +309,25 @@ class Scheduler:
         submit(make_event(EventId.UNLOAD_REQUESTED, operation_id=operation_id, scope=scope))
         submit(make_event(EventId.UNLOAD_STARTED, operation_id=operation_id, scope=scope))
         running, queued = server.counts()
-        sessions = self.sessions.count_for_model(server.model_id)
+        draining = self.sessions.sessions_of(server.model_id)
         submit(
             make_event(
                 EventId.SESSION_DRAINING_STARTED,
                 operation_id=operation_id,
                 scope=scope,
                 summaries=summaries(
-                    active_sessions=running, draining_sessions=sessions, queue_depth=queued
+                    active_sessions=running, draining_sessions=len(draining), queue_depth=queued
                 ),
             )
         )
+        for session_id in draining:  # each one closes once the drain is over (below)
+            submit(
+                make_event(
+                    EventId.SESSION_DRAINING,
+                    operation_id=operation_id,
+                    scope=Scope(model_id=server.model_id, session_id=session_id),
+                )
+            )
         cancelled = server.drain(force, drain_timeout_s)
         if force or cancelled:
             submit(

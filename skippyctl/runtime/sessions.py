@@ -94,6 +94,11 @@ class SessionRegistry:
         with self._lock:
             return sum(1 for key in self._entries if key[0] == model_id)
 
+    def sessions_of(self, model_id: LogicalId) -> list[LogicalId]:
+        """The model's session ids (a snapshot)."""
+        with self._lock:
+            return [entry.session_id for key, entry in self._entries.items() if key[0] == model_id]
+
     def drop_model(self, model_id: LogicalId, park: bool = False) -> list[SessionEntry]:
         """Remove the model's sessions; with ``park`` their client keys keep their ids for a
         later :meth:`revive` (an unload that saves the sessions' KV state)."""

@@ -103,7 +103,9 @@ def test_full_queue_is_a_429_with_retry_after(ops: Server) -> None:
 def test_unload_drains_running_requests_first(ops: Server, fixture_dir: Path) -> None:
     assert ops.load(fixture_dir / "tiny.gguf", alias="drain", lanes=2)["state"] == "available"
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        running = pool.submit(_generate, ops, "drain", max_tokens=400, logit_bias={"2": -100})
+        running = pool.submit(
+            _generate, ops, "drain", max_tokens=400, logit_bias={"2": -100}, user="drain-chat"
+        )
         _wait_until_model(ops, "drain", lambda m: m["lanes_in_use"] == 1)
         with ops.http() as http:
             answer = http.post("/api/runtime/models/drain/unload", json={"drain_timeout_s": 30})
@@ -125,6 +127,12 @@ def test_unload_drains_running_requests_first(ops: Server, fixture_dir: Path) ->
     ):
         assert expected in kinds
     assert "forced_unload" not in kinds
+    # Its one session drains with the model, then closes.
+    session = [e for e in events if e["kind"] in ("session_draining", "session_closed")]
+    assert [e["kind"] for e in session if e["scope"].get("model_id") == "drain"] == [
+        "session_draining",
+        "session_closed",
+    ]
     with ops.http() as http:
         assert http.post("/api/runtime/models/drain/unload", json={}).status_code == 404
 

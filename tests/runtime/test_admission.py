@@ -308,9 +308,32 @@ def test_a_silent_engine_is_pinged_then_degraded_once_then_recovered() -> None:
     h.engine.silent_s = 0.0
     h.server.check_engine(4 * SECOND_NS)
     episodes = [e for e in h.events if e.scope.request_id is None]
-    assert [e.id for e in episodes] == [EventId.MODEL_DEGRADED, EventId.MODEL_RECOVERY_COMPLETED]
+    assert [e.id for e in episodes] == [
+        EventId.MODEL_DEGRADED,
+        EventId.MODEL_RECOVERY_STARTED,
+        EventId.MODEL_RECOVERY_COMPLETED,
+    ]
     assert episodes[0].reason_code is ReasonCode.TIMEOUT
-    assert episodes[1].duration_ms == 2000.0
+    assert episodes[2].duration_ms == 2000.0
+
+
+def test_an_engine_that_exits_while_silent_ends_its_recovery_as_failed() -> None:
+    h = harness()
+    h.engine.silent_s = 1.5
+    h.server.check_engine(2 * SECOND_NS)
+    h.server.on_engine_exit(h.engine, crashed=True)
+    episodes = [e.id for e in h.events if e.scope.request_id is None]
+    assert episodes[:3] == [
+        EventId.MODEL_DEGRADED,
+        EventId.MODEL_RECOVERY_STARTED,
+        EventId.MODEL_RECOVERY_FAILED,
+    ]
+    failed = next(e for e in h.events if e.id is EventId.MODEL_RECOVERY_FAILED)
+    assert failed.reason_code is ReasonCode.PROCESS_CRASH
+    # An engine that exits while it answers has nothing to recover from.
+    calm = harness()
+    calm.server.on_engine_exit(calm.engine, crashed=True)
+    assert EventId.MODEL_RECOVERY_FAILED not in [e.id for e in calm.events]
 
 
 def test_with_serving_events_off_only_availability_is_reported() -> None:
@@ -320,7 +343,7 @@ def test_with_serving_events_off_only_availability_is_reported() -> None:
     h.server.on_engine_message(h.engine, done("req-1"))
     h.engine.silent_s = 5.0
     h.server.check_engine(SECOND_NS)
-    assert [e.id for e in h.events] == [EventId.MODEL_DEGRADED]
+    assert [e.id for e in h.events] == [EventId.MODEL_DEGRADED, EventId.MODEL_RECOVERY_STARTED]
     assert chunks(handle) == [
         Finished(GenerationOutcome.COMPLETED, None, "eos", 0, 0, prefill_ms=0.0, decode_ms=0.0)
     ]
