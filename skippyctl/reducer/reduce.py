@@ -8,8 +8,11 @@ and states them at the top of its module: models (availability, readiness gating
 (stages, topologies), serving (sessions, requests), resources (KV, devices), health (runtime,
 event system); node (derived) states its derivation.
 
-After every event the node's availability and the set of available models are derived again; a
-change is announced as a reducer transition (`node_*`, `available_model_set_changed`).
+After every event the node's availability, the set of available models, the node's capacity (the
+lanes of the models that serve) and its resource pressure (a serving model's KV or a device's
+memory under pressure) are derived again; a change is announced as a reducer transition
+(`node_*`, `available_model_set_changed`, `node_capacity_changed`,
+`node_resource_pressure_changed`).
 Transitions are projections: they are dispatched, never reduced again.
 """
 
@@ -27,6 +30,7 @@ from skippyctl.reducer.immutable import evolve
 from skippyctl.reducer.node import derive_node
 from skippyctl.reducer.state import (
     MAX_RECENT_EVENTS,
+    SERVING_MODEL_STATES,
     ModelState,
     NodeState,
     RuntimeView,
@@ -112,7 +116,38 @@ def _derive(
             transition(NODE_EVENTS[node], cause, state.node.value, node.value, scope=Scope())
         )
         state = evolve(state, node=node)
+    serving = [m for m in state.models.values() if m.state in SERVING_MODEL_STATES]
+    lanes = sum(m.lanes or 0 for m in serving)
+    if lanes != state.node_lanes:
+        out.append(
+            transition(
+                EventId.NODE_CAPACITY_CHANGED,
+                cause,
+                f"{state.node_lanes} lanes",
+                f"{lanes} lanes",
+                scope=Scope(),
+                extra=summaries(lanes=lanes, count=len(serving)),
+            )
+        )
+        state = evolve(state, node_lanes=lanes)
+    pressure = any(m.kv.pressure for m in serving) or any(
+        d.memory_pressure for d in state.devices.values()
+    )
+    if pressure is not state.node_pressure:
+        out.append(
+            transition(
+                EventId.NODE_RESOURCE_PRESSURE_CHANGED,
+                cause,
+                _PRESSURE[state.node_pressure],
+                _PRESSURE[pressure],
+                scope=Scope(),
+            )
+        )
+        state = evolve(state, node_pressure=pressure)
     return state, tuple(out)
+
+
+_PRESSURE: Final = {False: "normal", True: "pressure"}
 
 
 def _remember(state: RuntimeView, events: tuple[Event, ...]) -> RuntimeView:

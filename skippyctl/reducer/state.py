@@ -290,6 +290,11 @@ class RuntimeView:
     native_mode: NativeMode = NativeMode.UNKNOWN
     native_features: int | None = None
     node: NodeState = NodeState.STARTING
+    node_lanes: int = 0
+    """Lanes of the models that serve (the node's request capacity; ``node_capacity_changed``)."""
+    node_pressure: bool = False
+    """A serving model's KV or a device's memory is under pressure
+    (``node_resource_pressure_changed``)."""
     models: Mapping[LogicalId, ModelView] = field(default_factory=_frozen)
     stages: Mapping[LogicalId, StageView] = field(default_factory=_frozen)
     topologies: Mapping[LogicalId, TopologyView] = field(default_factory=_frozen)

@@ -260,3 +260,35 @@ def test_metrics_expose_counters_without_private_labels(ops: Server) -> None:
     assert "skippy_generated_tokens_total" in text
     assert "skippy_queue_depth" in text and "skippy_events_dropped_total" in text
     assert "skippy_metrics_collector_up 1.0" in text
+
+
+def test_the_node_announces_its_capacity_as_models_come_and_go(
+    ops: Server, fixture_dir: Path
+) -> None:
+    def lanes_announced() -> list[int]:
+        return [
+            int(summary["value"])
+            for e in ops.events()
+            if e["kind"] == "node_capacity_changed"
+            for summary in e.get("numeric_summaries", [])
+            if summary.get("key") == "lanes"
+        ]
+
+    before = lanes_announced()
+    assert ops.load(fixture_dir / "tiny.gguf", alias="cap", lanes=2)["state"] == "available"
+    grown = _wait_for_value(lanes_announced, lambda seen: len(seen) > len(before))
+    with ops.http() as http:
+        assert http.post("/api/runtime/models/cap/unload", json={}).status_code == 202
+    shrunk = _wait_for_value(lanes_announced, lambda seen: len(seen) > len(grown))
+    assert grown[-1] - (before[-1] if before else 0) == 2
+    assert shrunk[-1] == grown[-1] - 2
+
+
+def _wait_for_value(read: Any, done: Any, timeout_s: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = read()
+        if done(value):
+            return value
+        time.sleep(0.2)
+    raise AssertionError("timed out")

@@ -7,7 +7,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from skippyctl.events.catalog import EventId
-from skippyctl.events.envelope import Event, LogicalId, Progress, Scope, make_event, summaries
+from skippyctl.events.envelope import (
+    Event,
+    LogicalId,
+    Progress,
+    Scope,
+    SummaryKey,
+    make_event,
+    summaries,
+)
 from skippyctl.events.reasons import ProgressUnit, ReasonCode
 from skippyctl.reducer.common import reject
 from skippyctl.reducer.node import derive_node
@@ -502,3 +510,41 @@ def test_speculative_acceptance_adds_up_per_model_and_per_session() -> None:
     assert model.generated_tokens == 40
     session = state.sessions[LogicalId("s-1")]
     assert (session.spec_proposed_tokens, session.spec_accepted_tokens) == (24, 16)
+
+
+def _serving(model: LogicalId, op: str, lanes: int) -> list[Event]:
+    events = _load(model, op)
+    events[-1] = make_event(
+        EventId.SERVING_BACKEND_INITIALIZATION_COMPLETED,
+        operation_id=LogicalId(op),
+        scope=Scope(model_id=model),
+        summaries=summaries(lanes=lanes, context_tokens=1024 * lanes),
+    )
+    return events
+
+
+def test_the_node_s_capacity_and_resource_pressure_are_derived_and_announced() -> None:
+    state, out = _run([*RUNNING, *_serving(TINY, "op-1", 4), *_serving(BIG, "op-2", 2)])
+    capacity = [e for e in out if e.id is EventId.NODE_CAPACITY_CHANGED]
+    assert [(e.state.previous, e.state.current) for e in capacity if e.state] == [
+        ("0 lanes", "4 lanes"),
+        ("4 lanes", "6 lanes"),
+    ]
+    assert capacity[-1].summary_value(SummaryKey.LANES) == 6
+    assert state.node_lanes == 6
+    crossed = make_event(EventId.CACHE_PRESSURE_CROSSED, scope=Scope(model_id=TINY))
+    cleared = make_event(EventId.CACHE_PRESSURE_CLEARED, scope=Scope(model_id=TINY))
+    state, out = _run([crossed, crossed, cleared], state)
+    pressure = [e for e in out if e.id is EventId.NODE_RESOURCE_PRESSURE_CHANGED]
+    assert [(e.state.previous, e.state.current) for e in pressure if e.state] == [
+        ("normal", "pressure"),
+        ("pressure", "normal"),
+    ]
+    unloaded = [
+        make_event(EventId.UNLOAD_REQUESTED, scope=Scope(model_id=BIG)),
+        make_event(EventId.UNLOAD_COMPLETED, scope=Scope(model_id=BIG)),
+    ]
+    state, out = _run(unloaded, state)
+    assert [e.state.current for e in out if e.id is EventId.NODE_CAPACITY_CHANGED and e.state] == [
+        "4 lanes"
+    ]
