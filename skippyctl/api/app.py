@@ -51,7 +51,8 @@ from skippyctl.api.schemas import (
     read_body,
     sse_event,
 )
-from skippyctl.events.envelope import InvalidLogicalId, LogicalId
+from skippyctl.events.catalog import EventId
+from skippyctl.events.envelope import InvalidLogicalId, LogicalId, make_event, summaries
 from skippyctl.events.reasons import ReasonCode
 from skippyctl.output.codec import event_frame, event_record, frame
 from skippyctl.output.state import state_document
@@ -525,7 +526,7 @@ async def _event_stream(
             else:
                 items, gap = dispatcher.replay_since(parsed[1])
                 if gap:
-                    yield _gap(ctx, "evicted")
+                    yield _gap(ctx, "evicted", parsed[1])
                 for replayed in items:
                     yield _event_frame(ctx, replayed)
                     sent = replayed.sequence
@@ -581,9 +582,20 @@ def _event_frame(ctx: ApiContext, item: Dispatched) -> bytes:
     )
 
 
-def _gap(ctx: ApiContext, reason: str) -> bytes:
+def _gap(ctx: ApiContext, reason: str, asked: int | None = None) -> bytes:
+    """The gap frame for a subscriber that resumed past what is retained; the runtime's own
+    event system hears of it too (``runtime_replay_gap``: counted in the state's health)."""
     dispatcher = ctx.host.pipeline.dispatcher
     oldest, latest = dispatcher.retained_range()
+    ctx.host.pipeline.submit(
+        make_event(
+            EventId.RUNTIME_REPLAY_GAP,
+            summaries=summaries(
+                expected_sequence=None if asked is None else asked + 1,
+                received_sequence=oldest,
+            ),
+        )
+    )
     return frame(
         "runtime_replay_gap",
         {

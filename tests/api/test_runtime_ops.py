@@ -199,6 +199,13 @@ def test_sse_resumes_from_a_cursor_and_reports_gaps(ops: Server) -> None:
             if len(frames) == 2:
                 break
         assert frames[1].data["gap"]["reason"] == "stale_instance"
+
+        # The runtime heard of both gaps: they are events, counted in its health.
+        def gaps_counted() -> int:
+            with ops.http() as http:
+                return int(http.get("/api/runtime/state").json()["event_system"]["replay_gaps"])
+
+        assert _wait_for_value(gaps_counted, lambda n: n >= 2) >= 2
         # A retained cursor resumes exactly after it.
         retained = [
             e
