@@ -272,23 +272,24 @@ def test_metrics_expose_counters_without_private_labels(ops: Server) -> None:
 def test_the_node_announces_its_capacity_as_models_come_and_go(
     ops: Server, fixture_dir: Path
 ) -> None:
-    def lanes_announced() -> list[int]:
+    def changes() -> list[tuple[int, int]]:
+        """(previous, current) lanes of every retained node_capacity_changed."""
         return [
-            int(summary["value"])
+            (int(e["state"]["previous"].split()[0]), int(e["state"]["current"].split()[0]))
             for e in ops.events()
             if e["kind"] == "node_capacity_changed"
-            for summary in e.get("numeric_summaries", [])
-            if summary.get("key") == "lanes"
         ]
 
-    before = lanes_announced()
+    def shrank_after_growing(seen: list[tuple[int, int]]) -> bool:
+        grew = [i for i, (a, b) in enumerate(seen) if b - a == 2]
+        return bool(grew) and any(a - b == 2 for a, b in seen[grew[-1] + 1 :])
+
     assert ops.load(fixture_dir / "tiny.gguf", alias="cap", lanes=2)["state"] == "available"
-    grown = _wait_for_value(lanes_announced, lambda seen: len(seen) > len(before))
+    _wait_for_value(changes, lambda seen: any(b - a == 2 for a, b in seen))
     with ops.http() as http:
         assert http.post("/api/runtime/models/cap/unload", json={}).status_code == 202
-    shrunk = _wait_for_value(lanes_announced, lambda seen: len(seen) > len(grown))
-    assert grown[-1] - (before[-1] if before else 0) == 2
-    assert shrunk[-1] == grown[-1] - 2
+    # Its two lanes go again: a change of -2 after the +2.
+    assert shrank_after_growing(_wait_for_value(changes, shrank_after_growing))
 
 
 def _wait_for_value(read: Any, done: Any, timeout_s: float = 30.0) -> Any:
