@@ -55,6 +55,7 @@ from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import InvalidLogicalId, LogicalId, make_event, summaries
 from skippyctl.events.reasons import ReasonCode
 from skippyctl.output.codec import event_frame, event_record, frame
+from skippyctl.output.redact import redact
 from skippyctl.output.state import state_document
 from skippyctl.pipeline.dispatch import Dispatched, SubscriptionClosed
 from skippyctl.reducer.state import LOADING_MODEL_STATES, NodeState
@@ -215,6 +216,33 @@ def create_app(ctx: ApiContext, on_ready: Callable[[], None] | None = None) -> F
             {"model_id": model_id, "pid": pid} for model_id, pid in ctx.host.engine_pids().items()
         ]
         return JsonResponse(document)
+
+    @app.get(
+        "/api/runtime/diagnostics/native-log",
+        response_class=JsonResponse,
+        responses=errors(400, 401),
+    )
+    async def native_log(
+        limit: Annotated[
+            int, Query(description="At most this many lines per engine (1-4096)")
+        ] = 2000,
+    ) -> Response:
+        """Drain the engines' opt-in native debug log (SKIPPY_CAPTURE_NATIVE_LOG=1 at serve):
+        raw llama.cpp lines with absolute paths redacted, for diagnostics only (nothing reads
+        them for state). Without capture the list is empty."""
+        drained = ctx.host.pipeline.native_debug_log(max(1, min(limit, 4096)))
+        return JsonResponse(
+            {
+                "engines": [
+                    {
+                        "model_id": None if model_id is None else str(model_id),
+                        "lines": [redact(line)[0] for line in lines],
+                        "cut": cut,
+                    }
+                    for model_id, lines, cut in drained
+                ]
+            }
+        )
 
     @app.get(
         "/api/runtime/events/recent",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from skippyctl import __version__
+from skippyctl.cli.diagnostics import diagnostics_app
 from skippyctl.cli.doctor import doctor_command
 from skippyctl.cli.events import events_app
 from skippyctl.cli.fixtures import fixtures_app
@@ -38,6 +39,7 @@ app.add_typer(fixtures_app, name="fixtures")
 app.add_typer(events_app, name="events")
 app.add_typer(runtime_app, name="runtime")
 app.add_typer(stage_app, name="stage")
+app.add_typer(diagnostics_app, name="diagnostics")
 
 
 def _version(value: bool) -> None:

@@ -221,6 +221,35 @@ def _runtime() -> tuple[list[Finding], bool]:
     return findings, True
 
 
+def run_checks() -> tuple[list[Finding], ExitCode]:
+    """Every check, and the exit code `doctor` would end with."""
+    native, library = _native()
+    findings = [*native, _llama_cpp(), *_devices(library)]
+    runtime, reachable = _runtime()
+    findings.extend(runtime)
+    if any(f.status == "error" for f in findings):
+        code = ExitCode.FAILURE
+    elif not reachable:
+        code = ExitCode.RUNTIME_UNREACHABLE
+    else:
+        code = ExitCode.SUCCESS
+    return findings, code
+
+
+def doctor_records(findings: list[Finding], code: ExitCode) -> list[dict[str, Any]]:
+    """What `doctor --json` prints: one record per finding, then the summary."""
+    return [
+        *(finding.record() for finding in findings),
+        {
+            "schema_version": RECORD_SCHEMA_VERSION,
+            "record": "doctor_summary",
+            "errors": sum(f.status == "error" for f in findings),
+            "warnings": sum(f.status == "warning" for f in findings),
+            "exit_code": int(code),
+        },
+    ]
+
+
 def doctor_command(
     json_output: Annotated[
         bool, typer.Option("--json", help="One finding per line: {check,status,detail,fix}.")
@@ -239,30 +268,12 @@ def doctor_command(
 
         skippyctl doctor --json | jq -r 'select(.status != "ok") | "\\(.check): \\(.fix)"'
     """
-    native, library = _native()
-    findings = [*native, _llama_cpp(), *_devices(library)]
-    runtime, reachable = _runtime()
-    findings.extend(runtime)
+    findings, code = run_checks()
     errors = sum(f.status == "error" for f in findings)
     warnings = sum(f.status == "warning" for f in findings)
-    if errors:
-        code = ExitCode.FAILURE
-    elif not reachable:
-        code = ExitCode.RUNTIME_UNREACHABLE
-    else:
-        code = ExitCode.SUCCESS
     if json_output:
-        for finding in findings:
-            emit_json(finding.record())
-        emit_json(
-            {
-                "schema_version": RECORD_SCHEMA_VERSION,
-                "record": "doctor_summary",
-                "errors": errors,
-                "warnings": warnings,
-                "exit_code": int(code),
-            }
-        )
+        for record in doctor_records(findings, code):
+            emit_json(record)
     else:
         table = Table("check", "status", "detail", "fix", box=None, header_style="bold")
         for finding in findings:

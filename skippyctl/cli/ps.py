@@ -216,6 +216,16 @@ def health_line(state: StateDocumentView) -> str:
     )
 
 
+def warnings_line(state: StateDocumentView) -> str:
+    """The active structured warnings and degraded modes, one line."""
+    parts = []
+    for warning in state.warnings:
+        details = ", ".join(d for d in (warning.about, warning.reason_code) if d)
+        parts.append(f"{warning.code} ({details})" if details else warning.code)
+    parts += [f"degraded: {mode}" for mode in state.degraded_modes]
+    return "[yellow]warnings[/]: " + escape(", ".join(parts))
+
+
 def ps_command(
     json_output: Annotated[
         bool,
@@ -264,3 +274,5 @@ def ps_command(
     else:
         out.print("[dim]no models loaded (skippyctl load FILE.gguf)[/]")
     out.print(health_line(state))
+    if state.warnings or state.degraded_modes:
+        out.print(warnings_line(state))

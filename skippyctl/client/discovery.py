@@ -523,6 +523,68 @@ def read_discovery() -> Discovery | None:
     return discovery
 
 
+def crashed_host() -> Discovery | None:
+    """The discovery of a host that died without removing its file (its pid is gone, or now
+    another process's), else None: no file, a live host, or a file that is corrupt, untrusted
+    or in an unusable directory (those say nothing about a crash). An orderly exit removes the
+    file, so a file left behind by a dead pid means the host ended abnormally."""
+    try:
+        check_runtime_dir()
+        raw = _read_bytes(discovery_path())
+        if raw is None:
+            return None
+        discovery = parse_discovery(raw)
+    except DiscoveryProblem:
+        return None
+    if verify_runtime(discovery) in (Verdict.GONE, Verdict.FOREIGN):
+        return discovery
+    return None
+
+
+CRASH_NOTE_NAME: Final = "runtime.crashed.json"
+"""What is left of a crashed host's discovery file once a command removed it: its process
+instance id only (no token, url or pid), for the next host to report (`take_crashed_host`)."""
+
+
+def note_crashed_host() -> None:
+    """Before a stale file is removed: if it names a host that died, keep a note of it for the
+    next host. Best effort, never raises (the removal matters more)."""
+    crashed = crashed_host()
+    if crashed is None:
+        return
+    path = discovery_path().with_name(CRASH_NOTE_NAME)
+    try:
+        fd, temp = tempfile.mkstemp(dir=path.parent, prefix=".crashed-", suffix=".json")
+        try:
+            os.fchmod(fd, 0o600)
+            os.write(fd, orjson.dumps({"process_instance_id": crashed.process_instance_id}))
+        finally:
+            os.close(fd)
+        os.replace(temp, path)
+    except OSError:
+        return
+
+
+def take_crashed_host() -> str | None:
+    """The process instance id of a host that died without removing its discovery file — still
+    in place, or noted by the command that removed it — consuming the note, so one crash is
+    reported once. None when there is nothing to report."""
+    crashed = crashed_host()
+    note = discovery_path().with_name(CRASH_NOTE_NAME)
+    noted: str | None = None
+    try:
+        raw = note.read_bytes() if not note.is_symlink() else b""
+        note.unlink()
+        data = orjson.loads(raw) if raw else None
+        value = data.get("process_instance_id") if isinstance(data, dict) else None
+        noted = value if isinstance(value, str) else None
+    except (OSError, orjson.JSONDecodeError):
+        noted = None
+    if crashed is not None:
+        return crashed.process_instance_id
+    return noted
+
+
 def remove_discovery(expected_pid: int | None = None) -> None:
     """Delete the file (only if it still belongs to `expected_pid`, when given). Never raises
     for a file or directory that is gone or cannot be changed (it runs on shutdown paths)."""
@@ -547,6 +609,7 @@ def remove_if_stale() -> bool:
     except DiscoveryProblem as problem:
         if problem.reason == UNUSABLE_DIRECTORY:
             return False
+        note_crashed_host()
         try:
             discovery_path().unlink()
         except FileNotFoundError:

@@ -96,6 +96,20 @@ class RuntimeClient:
         result: dict[str, Any] = self._call("GET", f"/api/runtime/state?recent={recent}")
         return result
 
+    def recent_events(self, limit: int = 128) -> list[dict[str, Any]]:
+        """The lifecycle and warning events the reducer retained (at most 128 NDJSON records)."""
+        result: dict[str, Any] = self._call("GET", f"/api/runtime/events/recent?limit={limit}")
+        events = result.get("events")
+        return [e for e in events if isinstance(e, dict)] if isinstance(events, list) else []
+
+    def native_log(self, limit: int = 2000) -> list[dict[str, Any]]:
+        """Drain the engines' opt-in native debug log (empty without capture)."""
+        result: dict[str, Any] = self._call(
+            "GET", f"/api/runtime/diagnostics/native-log?limit={limit}"
+        )
+        engines = result.get("engines")
+        return [e for e in engines if isinstance(e, dict)] if isinstance(engines, list) else []
+
     def load(self, body: dict[str, Any]) -> dict[str, Any]:
         result: dict[str, Any] = self._call("POST", "/api/runtime/models/load", body)
         return result

@@ -28,6 +28,7 @@ from skippyctl.client.discovery import (
     DiscoveryProblem,
     discovery_path,
     ensure_runtime_dir,
+    note_crashed_host,
     read_discovery,
     remove_if_stale,
     runtime_dir,
@@ -88,6 +89,7 @@ def _remove_stale(problem: DiscoveryProblem) -> None:
     """Delete a stale/corrupt/untrusted discovery file so a new runtime can take its place."""
     if problem.reason == UNUSABLE_DIRECTORY:
         raise RuntimeUnreachable(str(problem))
+    note_crashed_host()  # the next host reports the crash the file was evidence of
     try:
         discovery_path().unlink(missing_ok=True)
     except OSError as error:

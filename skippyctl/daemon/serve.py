@@ -19,6 +19,7 @@ import secrets
 import signal
 import socket
 import threading
+from collections.abc import Callable
 from types import FrameType
 from typing import TYPE_CHECKING
 
@@ -29,9 +30,13 @@ from skippyctl.client.discovery import (
     read_discovery,
     remove_discovery,
     remove_if_stale,
+    take_crashed_host,
     write_discovery,
 )
 from skippyctl.client.launch import LOOPBACK_HOSTS, ServeError, ServeOptions
+from skippyctl.events.catalog import EventId
+from skippyctl.events.envelope import Event, InvalidLogicalId, LogicalId, make_event
+from skippyctl.events.reasons import Outcome, Producer, ReasonCode
 
 if TYPE_CHECKING:
     from skippyctl.runtime.session_state import SessionStateStore
@@ -126,6 +131,9 @@ def serve(options: ServeOptions) -> None:
             "already_running",
             f"a runtime is already running at {existing.url} (pid {existing.pid})",
         )
+    # A stale file was just removed (and noted), or a command removed one before: report the
+    # host it was evidence of, once (the note is consumed).
+    crashed = take_crashed_host()
     sock = _bind(options.host, options.port)
     port = sock.getsockname()[1]
     shown_host = f"[{options.host}]" if ":" in options.host else options.host
@@ -152,6 +160,8 @@ def serve(options: ServeOptions) -> None:
         Pipeline(ingress_config=ingress, max_replay_records=options.replay_records),
         engine_options,
     ).start()
+    if crashed is not None:
+        report_crashed_host(host.pipeline.submit, crashed)
     scheduler = Scheduler(
         host,
         max_queue=options.max_queue,
@@ -238,6 +248,29 @@ def serve(options: ServeOptions) -> None:
         if otlp is not None:
             otlp.shutdown()  # likewise: bounded, idempotent
         sock.close()
+
+
+def report_crashed_host(submit: Callable[[Event], object], instance_id: str) -> None:
+    """`runtime_crashed` (reason `process_crash`) for the host that left its discovery file
+    behind, emitted once by the host that replaces it (the file, or the note a command kept
+    when it removed the file, is consumed at this start: `take_crashed_host`).
+
+    Reconciled, not observed: the reducer keeps it in the recent events without moving this
+    runtime's own state. Its operation id is the dead host's process instance id when that is a
+    valid identity (the file's token, url and pid stay out)."""
+    try:
+        operation_id: LogicalId | None = LogicalId(instance_id)
+    except InvalidLogicalId:
+        operation_id = None
+    submit(
+        make_event(
+            EventId.RUNTIME_CRASHED,
+            Producer.RECONCILED,
+            operation_id=operation_id,
+            outcome=Outcome.FAILURE,
+            reason_code=ReasonCode.PROCESS_CRASH,
+        )
+    )
 
 
 def _exit_on_sigterm(_signum: int, _frame: FrameType | None) -> None:

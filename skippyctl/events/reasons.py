@@ -124,3 +124,37 @@ class ProgressUnit(StrEnum):
     TENSORS = "tensors"
     STEPS = "steps"
     TOKENS = "tokens"
+
+
+class WarningCode(StrEnum):
+    """What a structured warning is about: the `state.current` of `warning_raised` and the
+    `state.previous` of its `warning_cleared` (the reason code says why; this says which
+    condition, so a raise and its clear pair up by code and scope)."""
+
+    KV_NEAR_FULL = "kv_near_full"
+    """A model's KV cache crossed its pressure mark (`cache_pressure_crossed`)."""
+    QUEUE_SATURATED = "queue_saturated"
+    """A model's admission queue is full: requests are refused with 429 until it drains."""
+    SUBSCRIBER_LAGGING = "subscriber_lagging"
+    """An event subscriber (an SSE client, an exporter's intake) is behind half its bound."""
+    EXPORTER_FAILING = "exporter_failing"
+    """A telemetry exporter cannot deliver (dead endpoint, timeouts, HTTP errors)."""
+    STAGE_LINK_DEGRADED = "stage_link_degraded"
+    """A stage's link p95 is above `--stage-link-p95-ms` (`stage_degraded`)."""
+
+
+class DegradedMode(StrEnum):
+    """How the runtime runs degraded: the `state.current` of `degraded_operation_entered` and
+    the `state.previous` of its `degraded_operation_exited`."""
+
+    LEGACY_INGRESS = "legacy_ingress"
+    """No usable native event library: engines run without a shared-memory ring (state from
+    return values and Python producers only)."""
+    TELEMETRY_EXPORT_DOWN = "telemetry_export_down"
+    """The configured telemetry exporter cannot deliver; local state is unaffected."""
+
+
+CLEARED_STATE = "cleared"
+"""The `state.current` of `warning_cleared`."""
+NORMAL_STATE = "normal"
+"""The `state.current` of `degraded_operation_exited`."""

@@ -11,6 +11,7 @@ from typing import Any, Final
 
 from skippyctl.events.envelope import Event, Progress
 from skippyctl.output.codec import event_record
+from skippyctl.output.codec.encode import rfc3339
 from skippyctl.reducer.state import (
     ModelView,
     RequestView,
@@ -175,6 +176,20 @@ def state_document(
         "event_system": {
             key: getattr(state.event_system, key) for key in state.event_system.__dataclass_fields__
         },
+        "warnings": [
+            _clean(
+                {
+                    "warning_id": str(w.warning_id),
+                    "code": w.code,
+                    "reason_code": None if w.reason_code is None else w.reason_code.value,
+                    "model_id": None if w.model_id is None else str(w.model_id),
+                    "stage_id": None if w.stage_id is None else str(w.stage_id),
+                    "raised_ts": rfc3339(w.raised_wall_ns),
+                }
+            )
+            for w in state.warnings.values()
+        ],
+        "degraded_modes": sorted(state.degraded_modes),
         "reducer": {
             key: getattr(state.counters, key) for key in state.counters.__dataclass_fields__
         },

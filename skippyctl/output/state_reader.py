@@ -149,6 +149,33 @@ class TopologyEntry:
 
 
 @dataclass(frozen=True, slots=True)
+class WarningEntry:
+    """One active warning of the document: its code, reason and what it is about."""
+
+    code: str
+    reason_code: str | None = None
+    about: str | None = None
+
+
+def _warnings(document: Mapping[str, Any]) -> tuple[WarningEntry, ...]:
+    out = []
+    for entry in _entries(document, "warnings"):
+        code = entry.get("code")
+        if not isinstance(code, str):
+            continue
+        reason = entry.get("reason_code")
+        about = entry.get("model_id") or entry.get("stage_id")
+        out.append(
+            WarningEntry(
+                code,
+                reason if isinstance(reason, str) else None,
+                about if isinstance(about, str) else None,
+            )
+        )
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
 class StateDocumentView:
     """The typed reading of one state document."""
 
@@ -161,6 +188,9 @@ class StateDocumentView:
     event_system: EventSystemView = field(default_factory=EventSystemView)
     subscribers_lagging: int | None = None
     """From the document's `health` (the API's live counter), when it carries one."""
+    warnings: tuple[WarningEntry, ...] = ()
+    """The active structured warnings (`warnings`; absent in older documents)."""
+    degraded_modes: tuple[str, ...] = ()
 
     def model(self, model_id: str) -> ModelEntry | None:
         return next((m for m in self.models if m.model_id == model_id), None)
@@ -287,4 +317,8 @@ def read_state_document(document: Mapping[str, Any]) -> StateDocumentView:
         subscribers_lagging=_int(health.get("subscribers_lagging"))
         if isinstance(health, dict)
         else None,
+        warnings=_warnings(document),
+        degraded_modes=tuple(m for m in document.get("degraded_modes") or () if isinstance(m, str))
+        if isinstance(document.get("degraded_modes"), list)
+        else (),
     )

@@ -7,6 +7,7 @@ from typing import Final
 
 from skippyctl.events.catalog import EventId, spec_of
 from skippyctl.events.envelope import Event, SummaryKey
+from skippyctl.events.reasons import DegradedMode, WarningCode
 
 
 def _bytes(value: float | None) -> str:
@@ -175,6 +176,57 @@ def _link(event: Event) -> str:
     return text
 
 
+_WARNING_CODES: Final = frozenset(code.value for code in WarningCode)
+_MODES: Final = frozenset(mode.value for mode in DegradedMode)
+
+
+def _warning(event: Event) -> str:
+    """A structured warning: its code, what it is about and its figures."""
+    change = event.state
+    raised = event.id is EventId.WARNING_RAISED
+    code = (change.current if raised else change.previous) if change is not None else None
+    # Identities stay out of summaries (they are in the scope); only known codes are named.
+    if code not in _WARNING_CODES:
+        return spec_of(event.id).description
+    text = f"warning {code}" + ("" if raised else " cleared")
+    used = event.summary_value(SummaryKey.KV_CELLS_USED)
+    total = event.summary_value(SummaryKey.KV_CELLS_TOTAL)
+    depth = event.summary_value(SummaryKey.QUEUE_DEPTH)
+    capacity = event.summary_value(SummaryKey.QUEUE_CAPACITY)
+    p95 = event.summary_value(SummaryKey.LINK_P95_MS)
+    lagging = event.summary_value(SummaryKey.LAGGING_SUBSCRIBERS)
+    if used is not None and total:
+        text += f": KV {100.0 * used / total:.0f}% used ({int(used)} of {int(total)} cells)"
+    elif depth is not None and capacity is not None:
+        text += f": queue {int(depth)} of {int(capacity)}, new requests get 429"
+    elif depth is not None:
+        text += f": queue {int(depth)}"
+    elif p95 is not None:
+        text += f": link p95 {p95:.1f} ms"
+    elif lagging is not None:
+        text += f": {int(lagging)} subscriber(s) lagging"
+    return text
+
+
+def _degraded(event: Event) -> str:
+    change = event.state
+    if change is None or (change.current not in _MODES and change.previous not in _MODES):
+        return spec_of(event.id).description
+    if event.id is EventId.DEGRADED_OPERATION_ENTERED:
+        return f"running degraded: {change.current}"
+    return f"degraded operation ended: {change.previous}"
+
+
+def _log_summary(event: Event) -> str:
+    total = event.summary_value(SummaryKey.COUNT)
+    warn = event.summary_value(SummaryKey.LOG_MESSAGES_WARN)
+    error = event.summary_value(SummaryKey.LOG_MESSAGES_ERROR)
+    return (
+        f"llama.cpp logged {int(total or 0)} messages"
+        f" ({int(warn or 0)} warnings, {int(error or 0)} errors)"
+    )
+
+
 _STAGE_VERBS: Final = {
     EventId.STAGE_STARTING: "stage starting",
     EventId.STAGE_READY: "stage ready",
@@ -187,6 +239,11 @@ _STAGE_VERBS: Final = {
 
 
 _RENDERERS: Final[dict[EventId, Callable[[Event], str]]] = {
+    EventId.WARNING_RAISED: _warning,
+    EventId.WARNING_CLEARED: _warning,
+    EventId.DEGRADED_OPERATION_ENTERED: _degraded,
+    EventId.DEGRADED_OPERATION_EXITED: _degraded,
+    EventId.NATIVE_LOG_SUMMARY: _log_summary,
     EventId.STAGE_STARTING: _stage,
     EventId.STAGE_READY: _stage,
     EventId.STAGE_STOPPING: _stage,

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Final, Protocol
 
 from skippyctl.events.catalog import EventId
-from skippyctl.events.envelope import Event, make_event, summaries
+from skippyctl.events.envelope import Event, LogicalId, Scope, make_event, summaries
 from skippyctl.events.reasons import Category, DeliveryClass, Outcome, Producer, ReasonCode
 from skippyctl.ingress.host import HostIngress, HostIngressConfig, HostIngressStats, SubmitOutcome
 from skippyctl.pipeline.authority import Authoritative, OperationBound
@@ -36,12 +36,19 @@ from skippyctl.pipeline.dispatch import (
 )
 from skippyctl.pipeline.native_adapter import AdapterCounters, FactColumns, NativeAdapter
 from skippyctl.pipeline.reconcile import Reconciler, ReconcilerCounters
+from skippyctl.pipeline.warnings import WarningCounters, WarningDeriver
 from skippyctl.reducer.reduce import reduce
 from skippyctl.reducer.state import RuntimeView
 
 MAX_INBOX_BATCHES: Final = 64
 DRAIN_BATCH_RECORDS: Final = 512
 HEALTH_INTERVAL_S: Final = 0.5
+LOG_SUMMARY_INTERVAL_S: Final = 5.0
+"""The window of `native_log_summary`: at most one per engine per window (and one when an
+engine detaches, for what its last window counted)."""
+# ggml_log_level indexes of `log_messages_by_level` (NONE, DEBUG, INFO, WARN, ERROR, CONT).
+_LOG_WARN: Final = 3
+_LOG_ERROR: Final = 4
 
 # The failure terminal that stands in for an undelivered terminal of each family.
 SYNTHETIC_TERMINALS: Final[dict[Category, EventId]] = {
@@ -81,6 +88,8 @@ class RingStats(Protocol):
     def unknown_kind(self) -> int: ...
     @property
     def total_rejected(self) -> int: ...
+    @property
+    def log_messages_by_level(self) -> tuple[int, ...]: ...
 
 
 class NativeRing(Protocol):
@@ -114,6 +123,7 @@ class EventSystemHealth:
     inbox_batches: int
     health_events_emitted: int
     native_facts_processed: int
+    warnings: WarningCounters = field(default_factory=WarningCounters)
 
 
 class EngineChannel:
@@ -123,6 +133,11 @@ class EngineChannel:
         self.key = key
         self.ring = ring
         self._pipeline = pipeline
+        self.model_id: LogicalId | None = None
+        """What the channel's summaries are about (set by the host once it knows)."""
+        self.logged: tuple[int, ...] = ()
+        """`log_messages_by_level` at the last `native_log_summary`."""
+        self.next_log_summary = 0.0
         self._drain_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"skippy-drain-{key}", daemon=True)
@@ -173,6 +188,7 @@ class _HealthMarks:
     sampled: int = 0
     unknown: int = 0
     reducer_rejected: int = 0
+    native_rejected: int = 0
     status_changes: deque[tuple[str, SubscriberStatus]] = field(default_factory=deque)
     emitted: int = 0
 
@@ -189,6 +205,8 @@ class Pipeline:
         self.dispatcher.on_status_change = self._on_subscriber_status
         self.adapter = NativeAdapter()
         self.reconciler = Reconciler()
+        self.warnings = WarningDeriver()
+        """Structured warnings derived from source events (pipeline thread only)."""
         self._state = RuntimeView()
         self._state_lock = threading.Lock()
         self._state_changed = threading.Condition(self._state_lock)
@@ -198,6 +216,8 @@ class Pipeline:
         self._inbox_room.set()
         self._doorbell = self.ingress.doorbell
         self._engines: dict[str, EngineChannel] = {}
+        self._debug_lock = threading.Lock()
+        """One reader at a time for the engines' debug-log rings."""
         self._stopping = threading.Event()
         self._health_interval_s = health_interval_s
         self._health = _HealthMarks()
@@ -242,8 +262,11 @@ class Pipeline:
         """Queue an authoritative item that belongs to no engine ring (host decisions)."""
         self._inbox_put(item)
 
-    def attach_engine(self, key: str, ring: NativeRing) -> EngineChannel:
+    def attach_engine(
+        self, key: str, ring: NativeRing, model_id: LogicalId | None = None
+    ) -> EngineChannel:
         channel = EngineChannel(self, key, ring)
+        channel.model_id = model_id
         self._engines[key] = channel
         return channel
 
@@ -251,6 +274,10 @@ class Pipeline:
         channel = self._engines.pop(key, None)
         if channel is not None:
             channel.close()
+            # The engine's last window of llama.cpp log counts (a load's, when it never served).
+            summary = self._log_summary(channel, force=True)
+            if summary is not None:
+                self.submit(summary)
 
     def subscribe(
         self, name: str, max_queue_size: int = 1024, replay: bool = False
@@ -275,6 +302,25 @@ class Pipeline:
                     return None
                 self._state_changed.wait(remaining)
             return self._state
+
+    def native_debug_log(self, max_lines: int) -> list[tuple[LogicalId | None, list[str], int]]:
+        """Drain each engine's opt-in debug-log ring (raw llama.cpp lines; present only with
+        `--capture-debug-log`): per engine its model id, its last `max_lines` lines and how many
+        earlier ones were cut. Rings without a debug reader are skipped. Raw text: callers
+        redact it before it leaves the host."""
+        out: list[tuple[LogicalId | None, list[str], int]] = []
+        with self._debug_lock:
+            for channel in list(self._engines.values()):
+                reader = getattr(channel.ring, "read_debug_log", None)
+                if reader is None:
+                    continue
+                try:
+                    lines = list(reader())
+                except Exception:  # noqa: BLE001 - a closed ring has nothing to give
+                    continue
+                cut = max(0, len(lines) - max_lines)
+                out.append((channel.model_id, lines[cut:], cut))
+        return out
 
     def health(self) -> EventSystemHealth:
         dropped = coalesced = rejected = unknown = 0
@@ -302,6 +348,7 @@ class Pipeline:
             inbox_batches=self._inbox_size(),
             health_events_emitted=self._health.emitted,
             native_facts_processed=self._native_facts_processed,
+            warnings=self.warnings.counters,
         )
 
     # -- inbox ----------------------------------------------------------------------------------
@@ -390,9 +437,26 @@ class Pipeline:
         self._state = new_state
         self._outbox.append(event)
         self._outbox.extend(transitions)
+        try:
+            derived = self.warnings.derive(event, new_state)
+        except Exception:  # noqa: BLE001 - diagnostics never cost the event that caused them
+            self._internal_errors += 1
+            derived = []
+        for warning in derived:
+            self._reduce_derived(warning)
         if notify:
             self._notify_state()
             self._publish_outbox()
+
+    def _reduce_derived(self, event: Event) -> None:
+        """Reduce and queue a derived diagnostic (a warning): never derived from again."""
+        try:
+            self._state, transitions = reduce(self._state, event)
+        except Exception:  # noqa: BLE001 - the reducer is total by contract; count, never die
+            self._reducer_errors += 1
+            transitions = ()
+        self._outbox.append(event)
+        self._outbox.extend(transitions)
 
     def _publish_outbox(self) -> None:
         if self._outbox:
@@ -492,6 +556,61 @@ class Pipeline:
             reports.append(
                 make_event(EventId.SUBSCRIBER_DISCONNECTED, summaries=summaries(count=disconnected))
             )
+        if health.native_rejected > marks.native_rejected:
+            # The native ring refused records as malformed (ABI version, struct size, detail,
+            # discriminant): a producer broke the protocol. Counted there; reported here.
+            reports.append(
+                make_event(
+                    EventId.INVARIANT_PROTOCOL_VIOLATION,
+                    outcome=Outcome.FAILURE,
+                    reason_code=ReasonCode.INCOMPATIBLE_ABI_OR_FEATURE_SET,
+                    summaries=summaries(
+                        count=health.native_rejected - marks.native_rejected,
+                        rejected=health.native_rejected,
+                    ),
+                )
+            )
+            marks.native_rejected = health.native_rejected
+        for channel in list(self._engines.values()):
+            summary = self._log_summary(channel)
+            if summary is not None:
+                reports.append(summary)
+        now_ns = time.monotonic_ns()
         for report in reports:
             marks.emitted += 1
             self._process(report)
+        # Lagging is a level, not an edge: the dispatcher's count now (readers recover on their
+        # own threads); the deriver raises once and clears when none lags.
+        for warning in self.warnings.observe_lagging(health.dispatcher.lagging, now_ns):
+            marks.emitted += 1
+            self._reduce_derived(warning)
+        self._notify_state()
+        self._publish_outbox()
+
+    def _log_summary(self, channel: EngineChannel, force: bool = False) -> Event | None:
+        """`native_log_summary` for one engine: llama.cpp log messages counted by level since
+        the last one (counts only; the text is never read). At most one per
+        `LOG_SUMMARY_INTERVAL_S`, none for a quiet window."""
+        now = time.monotonic()
+        if not force and now < channel.next_log_summary:
+            return None
+        try:
+            counts = tuple(channel.ring.stats().log_messages_by_level)
+        except Exception:  # noqa: BLE001 - a ring without log counters reports nothing
+            return None
+        before = channel.logged or (0,) * len(counts)
+        delta = [now_count - then for now_count, then in zip(counts, before, strict=False)]
+        if not any(value > 0 for value in delta):
+            return None
+        channel.logged = counts
+        channel.next_log_summary = now + LOG_SUMMARY_INTERVAL_S
+        return make_event(
+            EventId.NATIVE_LOG_SUMMARY,
+            scope=Scope(model_id=channel.model_id),
+            duration_ms=None,
+            summaries=summaries(
+                count=sum(delta),
+                log_messages_warn=delta[_LOG_WARN] if len(delta) > _LOG_WARN else 0,
+                log_messages_error=delta[_LOG_ERROR] if len(delta) > _LOG_ERROR else 0,
+            ),
+        )

@@ -21,6 +21,13 @@ The allowed moves are the rows of `RUNTIME_MOVES`, `NATIVE_MODE_MOVES` and `EXPO
 Event-system totals (counted, no state moves): events_dropped_by_class, events_coalesced,
 events_sampled, unknown_native_event_received, native_sequence_gap_detected, subscriber_lagging,
 subscriber_disconnected, reducer_error, runtime_replay_gap.
+
+Kept sets (no state moves; pipeline.warnings derives and rate-limits them): `warning_raised`
+adds the warning under its operation id (at most `MAX_WARNINGS`; beyond, counted as rejected),
+`warning_cleared` removes it; `degraded_operation_entered` adds its mode (`state.current`),
+`degraded_operation_exited` removes it (`state.previous`). One without an id or mode is only
+remembered. A reconciled `runtime_crashed` with reason `process_crash` is an earlier host's
+(found dead at this host's start, daemon/serve.py): remembered, this runtime does not move.
 """
 
 from __future__ import annotations
@@ -30,10 +37,18 @@ from typing import Final
 
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event, SummaryKey
-from skippyctl.reducer.common import NO_TRANSITIONS, Handler, Step, reject
+from skippyctl.events.reasons import Producer, ReasonCode
+from skippyctl.reducer.common import NO_TRANSITIONS, Handler, Step, drop, put, reject
 from skippyctl.reducer.immutable import evolve
 from skippyctl.reducer.moves import Move, MoveTable, moves
-from skippyctl.reducer.state import EventSystemView, NativeMode, RuntimeState, RuntimeView
+from skippyctl.reducer.state import (
+    MAX_WARNINGS,
+    EventSystemView,
+    NativeMode,
+    RuntimeState,
+    RuntimeView,
+    WarningView,
+)
 
 _E = EventId
 _RS = RuntimeState
@@ -117,6 +132,12 @@ def on_native_mode(state: RuntimeView, event: Event) -> Step:
 
 
 def on_runtime(state: RuntimeView, event: Event) -> Step:
+    if (
+        event.id is EventId.RUNTIME_CRASHED
+        and event.producer is Producer.RECONCILED
+        and event.reason_code is ReasonCode.PROCESS_CRASH
+    ):
+        return state, NO_TRANSITIONS  # an earlier host's crash, found at start: only remembered
     row = RUNTIME_MOVES.find(event.id, state.runtime)
     if row is None or not isinstance(row.target, RuntimeState):
         return reject(state, duplicate=RUNTIME_MOVES.repeats(event.id, state.runtime))
@@ -169,7 +190,45 @@ def on_health(state: RuntimeView, event: Event) -> Step:
     return evolve(state, event_system=view), NO_TRANSITIONS
 
 
+def on_warning(state: RuntimeView, event: Event) -> Step:
+    warning_id = event.operation_id
+    if warning_id is None or event.state is None:
+        return state, NO_TRANSITIONS
+    if event.id is EventId.WARNING_CLEARED:
+        if warning_id not in state.warnings:
+            return state, NO_TRANSITIONS
+        return evolve(state, warnings=drop(state.warnings, warning_id)), NO_TRANSITIONS
+    if warning_id not in state.warnings and len(state.warnings) >= MAX_WARNINGS:
+        return reject(state)
+    view = WarningView(
+        warning_id=warning_id,
+        code=event.state.current,
+        reason_code=event.reason_code,
+        model_id=event.scope.model_id,
+        stage_id=event.scope.stage_id,
+        raised_wall_ns=event.wall_ns,
+    )
+    return evolve(state, warnings=put(state.warnings, warning_id, view)), NO_TRANSITIONS
+
+
+def on_degraded(state: RuntimeView, event: Event) -> Step:
+    change = event.state
+    if change is None:
+        return state, NO_TRANSITIONS
+    if event.id is EventId.DEGRADED_OPERATION_ENTERED:
+        modes = state.degraded_modes | {change.current}
+    else:
+        modes = state.degraded_modes - {change.previous or ""}
+    if modes == state.degraded_modes:
+        return state, NO_TRANSITIONS
+    return evolve(state, degraded_modes=frozenset(modes)), NO_TRANSITIONS
+
+
 HANDLERS: Final[dict[EventId, Handler]] = {
+    EventId.WARNING_RAISED: on_warning,
+    EventId.WARNING_CLEARED: on_warning,
+    EventId.DEGRADED_OPERATION_ENTERED: on_degraded,
+    EventId.DEGRADED_OPERATION_EXITED: on_degraded,
     **{event_id: on_native_mode for event_id in NATIVE_MODE_MOVES.events},
     **{event_id: on_runtime for event_id in RUNTIME_MOVES.events},
     **{

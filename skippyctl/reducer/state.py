@@ -1,7 +1,8 @@
 """Reduced current state: immutable, bounded views built only by the reducer.
 
 Bounds (the reducer evicts, and counts, beyond them): models 64, stages 64, topologies 16,
-sessions 512, in-flight requests 1024, devices 32, recent requests 64, recent events 128.
+sessions 512, in-flight requests 1024, devices 32, recent requests 64, recent events 128,
+active warnings 64.
 Derived quantities (queue depth, lanes in use, node availability) are computed from these views by
 the functions at the bottom, never stored twice.
 """
@@ -25,6 +26,7 @@ MAX_REQUESTS: Final = 1024
 MAX_DEVICES: Final = 32
 MAX_RECENT_REQUESTS: Final = 64
 MAX_RECENT_EVENTS: Final = 128
+MAX_WARNINGS: Final = 64
 
 
 class ModelState(StrEnum):
@@ -267,6 +269,19 @@ class EventSystemView:
 
 
 @dataclass(frozen=True, slots=True)
+class WarningView:
+    """An active structured warning (`warning_raised` not yet cleared), keyed by its id."""
+
+    warning_id: LogicalId
+    code: str
+    """A `WarningCode` value (kept as the wire string: unknown future codes are kept too)."""
+    reason_code: ReasonCode | None
+    model_id: LogicalId | None = None
+    stage_id: LogicalId | None = None
+    raised_wall_ns: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class ReducerCounters:
     rejected_transitions: int = 0
     duplicate_transitions: int = 0
@@ -304,6 +319,9 @@ class RuntimeView:
     recent_requests: tuple[RequestOutcome, ...] = ()
     recent_events: tuple[Event, ...] = ()
     event_system: EventSystemView = field(default_factory=EventSystemView)
+    warnings: Mapping[LogicalId, WarningView] = field(default_factory=_frozen)
+    degraded_modes: frozenset[str] = frozenset()
+    """`DegradedMode` values entered and not exited."""
     counters: ReducerCounters = field(default_factory=ReducerCounters)
 
 

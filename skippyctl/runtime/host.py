@@ -42,10 +42,11 @@ from skippyctl.events.envelope import (
     summaries,
 )
 from skippyctl.events.identity import OperationIds, model_id_for
-from skippyctl.events.reasons import Outcome, ReasonCode
+from skippyctl.events.reasons import DegradedMode, Outcome, ReasonCode
 from skippyctl.pipeline.authority import OperationBound, OperationRejected
 from skippyctl.pipeline.pipeline import Pipeline
 from skippyctl.pipeline.reconcile import HOST_ENGINE_KEY
+from skippyctl.pipeline.warnings import degraded_operation
 from skippyctl.reducer.state import (
     LOADING_MODEL_STATES,
     SERVING_MODEL_STATES,
@@ -261,6 +262,8 @@ class RuntimeHost:
             self.pipeline.submit(
                 make_event(self.native.problem_event, outcome=Outcome.FAILURE, reason_code=reason)
             )
+            # Engines run without a shared-memory ring for this process's life: say so once.
+            self.pipeline.submit(degraded_operation(True, DegradedMode.LEGACY_INGRESS, reason))
         self.pipeline.submit(make_event(EventId.RUNTIME_INITIALIZED, outcome=Outcome.SUCCESS))
         return self
 

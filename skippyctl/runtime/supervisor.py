@@ -133,7 +133,9 @@ class EnginePipeline(AuthoritySink, Protocol):
     its ring drained in order before its authoritative items, and a place for its events."""
 
     def submit(self, event: Event) -> object: ...
-    def attach_engine(self, key: str, ring: SharedIngress) -> AuthoritySink: ...
+    def attach_engine(
+        self, key: str, ring: SharedIngress, model_id: LogicalId | None = None
+    ) -> AuthoritySink: ...
     def detach_engine(self, key: str) -> None: ...
 
 
@@ -278,7 +280,9 @@ class EngineProcess:
         try:
             self._channel = host_side(host_sock)
             self._engine_channel = (
-                pipeline.attach_engine(key, self._ring) if self._ring is not None else None
+                pipeline.attach_engine(key, self._ring, model_id)
+                if self._ring is not None
+                else None
             )
             self._reader = threading.Thread(
                 target=self._read_loop, name=f"skippy-engine-{key}", daemon=True

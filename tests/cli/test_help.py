@@ -21,6 +21,7 @@ COMMANDS = [
     ("top",),
     ("stage", "serve"),
     ("stage", "relay"),
+    ("diagnostics", "record"),
 ]
 
 

@@ -144,3 +144,41 @@ def test_an_empty_document_reads_as_nothing_known() -> None:
     assert reading.models == () and reading.sessions == ()
     assert reading.node.member is None and reading.runtime.member is None
     assert reading.event_system == EventSystemView()
+
+
+def test_active_warnings_and_degraded_modes_are_read_from_the_document() -> None:
+    """The reducer keeps what the deriver raised; the document lists it; the reader and `ps`
+    show it (and drop it once cleared)."""
+    from skippyctl.cli.ps import warnings_line
+    from skippyctl.events.catalog import EventId
+    from skippyctl.events.envelope import LogicalId, Scope, make_event, summaries
+    from skippyctl.events.reasons import DegradedMode, ReasonCode
+    from skippyctl.output.state import state_document
+    from skippyctl.output.state_reader import read_state_document
+    from skippyctl.pipeline.warnings import WarningDeriver, degraded_operation
+    from skippyctl.reducer.reduce import reduce
+    from skippyctl.reducer.state import RuntimeView
+
+    deriver = WarningDeriver()
+    state = RuntimeView()
+    crossed = make_event(
+        EventId.CACHE_PRESSURE_CROSSED,
+        scope=Scope(model_id=LogicalId("tiny")),
+        summaries=summaries(kv_cells_used=220, kv_cells_total=256),
+    )
+    for event in (
+        *deriver.derive(crossed, state),
+        degraded_operation(True, DegradedMode.LEGACY_INGRESS, ReasonCode.UNSUPPORTED_CAPABILITY),
+    ):
+        state, _ = reduce(state, event)
+    view = read_state_document(state_document(state))
+    assert [(w.code, w.reason_code, w.about) for w in view.warnings] == [
+        ("kv_near_full", "context_exhausted", "tiny")
+    ]
+    assert view.degraded_modes == ("legacy_ingress",)
+    line = warnings_line(view)
+    assert "kv_near_full (tiny, context_exhausted)" in line and "legacy_ingress" in line
+    cleared = make_event(EventId.CACHE_PRESSURE_CLEARED, scope=Scope(model_id=LogicalId("tiny")))
+    for event in deriver.derive(cleared, state):
+        state, _ = reduce(state, event)
+    assert read_state_document(state_document(state)).warnings == ()

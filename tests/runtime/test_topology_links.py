@@ -149,3 +149,42 @@ def test_a_stage_s_figures_are_reported_at_once_then_at_most_every_interval() ->
         (1, 9.0),
     ]
     assert topology.links()[0] == _link(0, 4.0)  # kept for judging all the same
+
+
+def test_a_degraded_link_is_a_structured_warning_until_the_stage_is_ready_again() -> None:
+    """The topology's judgement through a real pipeline: `stage_degraded` raises
+    `stage_link_degraded` about that stage, its `stage_ready` clears it. (The engine's `link`
+    figures are given, as in the tests above: a real slow link is `stage relay`'s business.)"""
+    from skippyctl.pipeline.pipeline import Pipeline
+
+    pipeline = Pipeline(health_interval_s=0.05).start()
+    watcher = pipeline.subscribe("watcher", max_queue_size=1 << 12)
+    try:
+        topology = topo.Topology(
+            LogicalId("topology-1"),
+            LogicalId("tiny"),
+            LogicalId("load-1"),
+            pipeline.submit,
+            link_p95_threshold_ms=50.0,
+        )
+        endpoint = stage_plan.Endpoint("127.0.0.1", 1)
+        topology._stages.append(topo._Stage(endpoint, LogicalId("stage-1"), 0))
+        topology.engine_loaded(True)
+        topology.engine_serving(True)
+        topology.engine_link(_link(0, 80.0))
+        topology.engine_link(_link(0, 10.0))
+        seen: list[Event] = []
+        while len([e for e in seen if e.id is EventId.WARNING_CLEARED]) < 1:
+            item = watcher.get(5.0)
+            assert item is not None, [e.id for e in seen]
+            seen.append(item.event)
+        raised, cleared = (
+            e for e in seen if e.id in (EventId.WARNING_RAISED, EventId.WARNING_CLEARED)
+        )
+        assert raised.state is not None and raised.state.current == "stage_link_degraded"
+        assert raised.scope.stage_id == LogicalId("stage-1")
+        assert raised.summary_value(SummaryKey.LINK_P95_MS) == 80.0
+        assert raised.reason_code is not None and raised.reason_code.value == "timeout"
+        assert cleared.operation_id == raised.operation_id
+    finally:
+        pipeline.shutdown()

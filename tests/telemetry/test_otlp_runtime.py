@@ -239,9 +239,17 @@ def test_dead_or_stalled_receiver_never_stops_loading_or_serving(
         assert len(degraded) == 1, kinds
         assert degraded[0]["reason_code"] == reason
         assert "telemetry_exporter_recovered" not in kinds
+        # The same condition as a structured warning and a degraded mode, once each.
+        warnings = [e for e in events if e["kind"] == "warning_raised"]
+        assert [w["state"]["current"] for w in warnings] == ["exporter_failing"], kinds
+        assert warnings[0]["reason_code"] == reason
+        entered = [e for e in events if e["kind"] == "degraded_operation_entered"]
+        assert [e["state"]["current"] for e in entered] == ["telemetry_export_down"]
         with server.http() as http:
             metrics = http.get("/metrics").text
             state = http.get("/api/runtime/state").json()
+        assert [w["code"] for w in state["warnings"]] == ["exporter_failing"]
+        assert state["degraded_modes"] == ["telemetry_export_down"]
         assert 'skippy_otlp_export_failures_total{signal="logs",kind="' + kind + '"}' in metrics
         assert "skippy_otlp_exporter_degraded 1.0" in metrics
         assert state["event_system"]["exporter_degraded"] is True
@@ -265,9 +273,15 @@ def test_failing_receiver_degrades_then_recovers_once_it_answers(
         counters = _wait_counters(server, lambda c: not c["degraded"])
         assert _conserved(counters)
         receiver.wait_for(lambda r: "telemetry_exporter_recovered" in log_bodies(r))
-        kinds = [e["kind"] for e in server.events()]
+        events = server.events()
+        kinds = [e["kind"] for e in events]
         assert kinds.count("telemetry_exporter_degraded") == 1
         assert kinds.count("telemetry_exporter_recovered") == 1
+        pair = [e for e in events if e["kind"] in ("warning_raised", "warning_cleared")]
+        assert [e["kind"] for e in pair] == ["warning_raised", "warning_cleared"], kinds
+        assert pair[0]["operation"]["root"] == pair[1]["operation"]["root"]
+        assert kinds.count("degraded_operation_entered") == 1
+        assert kinds.count("degraded_operation_exited") == 1
         records = {r.body.string_value: r for r in receiver.log_records()}
         assert records["telemetry_exporter_recovered"].severity_number == 9  # INFO
         # The degraded record itself travels like any event: exported if a later batch got
