@@ -158,7 +158,8 @@ class LoadBody(_Body):
         ge=1,
         le=64,
         description="Most proposed tokens a lane verifies in one step (it starts at 4 and "
-        "doubles while all are accepted); absent: 16.",
+        "doubles while all are accepted; a step verifies at most 64 over all lanes); absent: "
+        "64.",
     )
 
     @field_validator("model")

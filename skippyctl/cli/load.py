@@ -153,7 +153,8 @@ def load_command(
             "--spec-draft-tokens",
             show_default=False,
             help="Most proposed tokens a lane verifies in one step (1-64; a lane starts at 4 "
-            "and doubles while every proposal is accepted). Default: 16.",
+            "and doubles while every proposal is accepted; a step verifies at most 64 over "
+            "all lanes). Default: 64.",
         ),
     ] = None,
 ) -> None:

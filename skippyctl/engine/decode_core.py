@@ -176,15 +176,15 @@ class DecodeCore:
         n_batch = int(llama.llama_n_batch(context))
         if n_batch <= lanes:
             raise ValueError(f"the context's n_batch ({n_batch}) must exceed lanes ({lanes})")
-        # llama_decode refuses a batch over n_batch: a chunk plus every lane's window (its next
-        # token and, speculating, its proposals) must fit.
+        # llama_decode refuses a batch over n_batch: a chunk plus every lane's next token and,
+        # speculating, the step's proposals must fit.
         self._spec = speculation
-        window = speculation.window
-        if n_batch <= lanes * window:
+        slots = speculation.step_slots(lanes)
+        if n_batch <= slots:
             raise ValueError(
-                f"the context's n_batch ({n_batch}) must exceed lanes × window ({lanes * window})"
+                f"the context's n_batch ({n_batch}) must exceed the decoding slots ({slots})"
             )
-        self._chunk = min(prefill_chunk_tokens, n_batch - lanes * window)
+        self._chunk = min(prefill_chunk_tokens, n_batch - slots)
         self._pressure = PressureGauge(self._cells_total, kv_pressure_high, kv_pressure_low)
         self._approaching_tokens = max(1, math.ceil(approaching_limit * self._ctx_per_lane))
 
@@ -203,8 +203,8 @@ class DecodeCore:
         # Start from an empty KV so ``lane.tokens`` mirrors it exactly.
         llama.llama_memory_clear(self._memory, False)
 
-        # One batch for the engine's lifetime: a chunk plus every lane's window.
-        self._batch = StepBatch(llama, self._chunk + lanes * window)
+        # One batch for the engine's lifetime: a chunk plus the decoding slots.
+        self._batch = StepBatch(llama, self._chunk + slots)
         self._board = RequestBoard()
         self.emit_failures = 0
 
@@ -620,7 +620,7 @@ class DecodeCore:
         """Each decoding lane's proposals for this step, as many as its window, its lane's
         context and its ``max_tokens`` leave room for (every committed proposal and the token
         sampled after the last one count)."""
-        limit = self._spec.draft_tokens
+        limit = self._spec.lane_limit(len(decoding))
         for r in decoding:
             proposer = r.proposer
             lane = r.lane
@@ -634,6 +634,15 @@ class DecodeCore:
                 r.spec.max_tokens - r.completion_tokens - 1,
             )
             r.draft = proposer.propose(room) if room > 0 else []
+        if not self._unified and len(decoding) > 1:
+            # With one KV stream per lane llama.cpp cuts a batch into micro-batches that take
+            # the same number of tokens from each sequence (split_equal): lanes with longer
+            # windows than others would cost whole extra forward passes. So every lane
+            # verifies as many proposals as the one with the fewest (none if one has none).
+            shortest = min(len(r.draft) for r in decoding)
+            for r in decoding:
+                if len(r.draft) > shortest:
+                    r.draft = r.draft[:shortest]
 
     def _sample(self, r: RequestState, index: int) -> int:
         sampler = r.sampler

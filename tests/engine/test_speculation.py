@@ -7,6 +7,7 @@ import pytest
 from skippyctl.engine.speculation import (
     FIRST_WINDOW,
     MAX_DRAFT_TOKENS,
+    STEP_PROPOSALS,
     NgramProposer,
     SpecConfig,
     SpecMode,
@@ -51,9 +52,14 @@ def test_the_limit_caps_the_draft() -> None:
     assert len(proposer.propose(50)) == 50
 
 
-def test_config_bounds_and_the_window_it_takes_in_a_batch() -> None:
-    assert SpecConfig().window == 1 and not SpecConfig().enabled
-    assert SpecConfig(SpecMode.NGRAM, 4).window == 5
+def test_config_bounds_and_the_slots_it_takes_in_a_batch() -> None:
+    assert SpecConfig().step_slots(4) == 4 and not SpecConfig().enabled
+    assert SpecConfig(SpecMode.NGRAM, 4).step_slots(2) == 2 + 8
+    assert SpecConfig(SpecMode.NGRAM, 64).step_slots(8) == 8 + STEP_PROPOSALS
+    # One lane may verify its whole window; many share the step's proposals.
+    spec = SpecConfig(SpecMode.NGRAM, 64)
+    assert [spec.lane_limit(n) for n in (1, 2, 4, 8, 64, 65)] == [64, 32, 16, 8, 1, 0]
+    assert SpecConfig(SpecMode.NGRAM, 8).lane_limit(1) == 8
     for bad in (0, MAX_DRAFT_TOKENS + 1):
         with pytest.raises(ValueError, match="draft_tokens"):
             SpecConfig(SpecMode.NGRAM, bad)
