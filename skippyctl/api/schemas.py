@@ -76,6 +76,7 @@ StageEndpoint = Annotated[
 ]
 StageCount = Annotated[int, Field(ge=0, le=MAX_STAGES), BeforeValidator(_integral)]
 Mebibytes = Annotated[int, Field(ge=1, le=INT32_MAX), BeforeValidator(_integral)]
+DraftTokens = Annotated[int, Field(ge=1, le=64), BeforeValidator(_integral)]
 
 
 class _Body(BaseModel):
@@ -153,10 +154,8 @@ class LoadBody(_Body):
         "(the request's prompt and generated history) in the same decode step; the committed "
         "text is what decoding without it gives.",
     )
-    spec_draft_tokens: int | None = Field(
+    spec_draft_tokens: DraftTokens | None = Field(
         default=None,
-        ge=1,
-        le=64,
         description="Most proposed tokens a lane verifies in one step (it starts at 4 and "
         "doubles while all are accepted; a step verifies at most 64 over all lanes); absent: "
         "64.",

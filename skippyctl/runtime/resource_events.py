@@ -40,7 +40,7 @@ from skippyctl.engine.protocol import (
 )
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event, LogicalId, Scope, StateChange, make_event, summaries
-from skippyctl.events.reasons import Outcome, ReasonCode
+from skippyctl.events.reasons import Category, Outcome, ReasonCode
 
 _KIND_CODES: Final = {"cpu": 0, "gpu": 1, "igpu": 2, "accel": 3, "meta": 4}
 """``enum ggml_backend_dev_type`` (the ``device_type`` summary of backend_device_selected)."""
@@ -53,8 +53,18 @@ def _device_id(name: str) -> LogicalId | None:
         return None  # a name that is not a safe logical id is left out rather than reported
 
 
-def resource_events(message: ResourceMessage, model_id: LogicalId) -> list[Event]:
-    """The events one resource message stands for (see the module docstring)."""
+def resource_events(
+    message: ResourceMessage, model_id: LogicalId, kv_events: bool = True
+) -> list[Event]:
+    """The events one resource message stands for (see the module docstring); without
+    ``kv_events`` (serving events off) the ``kv_cache_*`` ones are left out."""
+    events = _events_of(message, model_id)
+    if kv_events:
+        return events
+    return [e for e in events if e.category is not Category.KV_RUNTIME_STATE]
+
+
+def _events_of(message: ResourceMessage, model_id: LogicalId) -> list[Event]:
     match message:
         case LoadPhase():
             operation = LogicalId(message.operation_id)

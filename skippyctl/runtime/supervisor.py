@@ -212,6 +212,9 @@ class EngineProcess:
         self.key = key
         self.topology = topology
         self.model_id = model_id
+        self._kv_events = (options or EngineOptions()).serving_events
+        """KV events are serving events: with serving events off (the benchmark baseline) the
+        resource messages' KV events are left out like the engine's own ``kv`` messages."""
         self._pipeline = pipeline
         self._ring: SharedIngress | None = None
         self._serving_operation = 0
@@ -557,7 +560,7 @@ class EngineProcess:
                 | CpuFallback()
                 | ComputeFailed()
             ):
-                for event in resource_events(message, self.model_id):
+                for event in resource_events(message, self.model_id, self._kv_events):
                     self._authority(Observed(event))
             case (
                 GenStarted()

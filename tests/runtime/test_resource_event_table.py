@@ -113,3 +113,14 @@ def test_an_engine_phase_is_the_events_state(
     assert [e.id for e in more] == (kv_started if phase is LoadPhaseName.ALLOCATING else [])
     assert event.state is not None and event.state.current == phase.value
     assert render_summary(event) == f"load phase: {phase.value}"
+
+
+def test_with_serving_events_off_the_kv_events_are_left_out() -> None:
+    allocating = LoadPhase("load-1", LoadPhaseName.ALLOCATING)
+    assert [e.id for e in resource_events(allocating, MODEL, kv_events=False)] == [
+        EventId.MODEL_LOAD_PHASE_CHANGED
+    ]
+    refused = AllocationRefused("load-1", "CPU", 2 << 30, 1 << 30, ReasonCode.OUT_OF_MEMORY)
+    ids = [e.id for e in resource_events(refused, MODEL, kv_events=False)]
+    assert EventId.KV_CACHE_INITIALIZATION_FAILED not in ids
+    assert EventId.RESOURCE_ALLOCATION_FAILED in ids  # the load's own story stays whole
