@@ -36,6 +36,7 @@ from skippyctl.pipeline.dispatch import (
 )
 from skippyctl.pipeline.native_adapter import AdapterCounters, FactColumns, NativeAdapter
 from skippyctl.pipeline.reconcile import Reconciler, ReconcilerCounters
+from skippyctl.pipeline.warnings import SOURCE_EVENTS as WARNING_SOURCES
 from skippyctl.pipeline.warnings import WarningCounters, WarningDeriver
 from skippyctl.reducer.reduce import reduce
 from skippyctl.reducer.state import RuntimeView
@@ -437,13 +438,14 @@ class Pipeline:
         self._state = new_state
         self._outbox.append(event)
         self._outbox.extend(transitions)
-        try:
-            derived = self.warnings.derive(event, new_state)
-        except Exception:  # noqa: BLE001 - diagnostics never cost the event that caused them
-            self._internal_errors += 1
-            derived = []
-        for warning in derived:
-            self._reduce_derived(warning)
+        if event.id in WARNING_SOURCES:
+            try:
+                derived = self.warnings.derive(event, new_state)
+            except Exception:  # noqa: BLE001 - diagnostics never cost the event that caused them
+                self._internal_errors += 1
+                derived = []
+            for warning in derived:
+                self._reduce_derived(warning)
         if notify:
             self._notify_state()
             self._publish_outbox()

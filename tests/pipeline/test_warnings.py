@@ -20,7 +20,7 @@ from skippyctl.native.ingress import EngineAdapter, IngressConfig, SharedIngress
 from skippyctl.native.library import native_library
 from skippyctl.pipeline.dispatch import Subscription
 from skippyctl.pipeline.pipeline import Pipeline
-from skippyctl.pipeline.warnings import RAISE_MIN_INTERVAL_S, WarningDeriver
+from skippyctl.pipeline.warnings import RAISE_MIN_INTERVAL_S, SOURCE_EVENTS, WarningDeriver
 from skippyctl.reducer.state import RuntimeView
 from tests.native.helpers import emit
 from tests.native.helpers import make_event as raw_event
@@ -161,3 +161,18 @@ def test_the_pipeline_keeps_active_warnings_and_degraded_modes_in_state() -> Non
         assert cleared is not None
     finally:
         pipeline.shutdown()
+
+
+def test_only_the_source_events_can_raise_or_clear_anything() -> None:
+    """The pipeline calls the deriver for SOURCE_EVENTS only: every other id must derive
+    nothing, whatever the state, or a warning would be lost."""
+    deriver = WarningDeriver()
+    state = RuntimeView()
+    scope = Scope(model_id=LogicalId("tiny"), stage_id=LogicalId("stage-1"))
+    for event_id in EventId:
+        if event_id in SOURCE_EVENTS:
+            continue
+        event = make_event(event_id, scope=scope, summaries=summaries(link_p95_ms=90.0))
+        assert deriver.derive(event, state) == [], event_id
+    crossed = make_event(EventId.CACHE_PRESSURE_CROSSED, scope=scope)
+    assert deriver.derive(crossed, state)  # a source does raise: the check above can fail
