@@ -88,7 +88,6 @@ _HF_URI: Final = re.compile(rf"^hf://(?P<repo>{_REPO})/(?P<file>[^\s\\]+)$")
 _QUANT_REF: Final = re.compile(rf"^(?P<repo>{_REPO}):(?P<quant>[A-Za-z0-9][A-Za-z0-9_.-]*)$")
 _SHA256: Final = re.compile(r"^[0-9a-f]{64}$")
 _GIT_SHA1: Final = re.compile(r"^[0-9a-f]{40}$")
-_SPLIT_NAME: Final = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
 
 class RefKind(StrEnum):
@@ -380,12 +379,9 @@ def _hash_kind(blob_name: str) -> str | None:
 
 
 def _split_group(name: str) -> str:
-    """The artifact a file belongs to: a split set's parts share one key."""
-    match = _SPLIT_NAME.match(PurePosixPath(name).name)
-    if match is None:
-        return name
-    parent = str(PurePosixPath(name).parent)
-    return f"{parent}/{match['prefix']}-of-{match['count']}"
+    """The artifact a file belongs to: a split set's parts share one key (its first part)."""
+    parts = _part_names(name)
+    return parts[0]
 
 
 def _first_part(names: Sequence[str]) -> str:
