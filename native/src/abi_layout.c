@@ -112,8 +112,13 @@ SKIPPY_API uint32_t skippy_native_abi_version(void) { return SKIPPY_RUNTIME_EVEN
 SKIPPY_API uint32_t skippy_ingress_abi_version(void) { return SKIPPY_INGRESS_ABI_VERSION; }
 
 SKIPPY_API uint64_t skippy_native_features(void) {
-    /* What this library emits today: the per-call model-open reporter family. */
-    return SKIPPY_FEATURE_RUNTIME_EVENTS;
+    /* The families this library implements: the per-call model-open reporter (load begin,
+     * progress, device, end), the process-global reporter (skippy_adapter_reporter), the ggml
+     * device registry (resolve, devices, backends) and llama.cpp log counting (the log
+     * callback). The binding disables a family alone when one of its symbols is missing. KV and
+     * unload facts are not native here (the engine reports them from return values). */
+    return SKIPPY_FEATURE_RUNTIME_EVENTS | SKIPPY_FEATURE_RUNTIME_EVENT_REPORTER |
+           SKIPPY_FEATURE_DEVICE_EVENTS | SKIPPY_FEATURE_DIAGNOSTIC_EVENTS;
 }
 
 SKIPPY_API const skippy_abi_field_v1 *skippy_abi_fields(size_t *count) {

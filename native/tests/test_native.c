@@ -131,7 +131,9 @@ static void test_init_attach(void) {
     CHECK(skippy_ingress_required_size(NULL) > 0);
     CHECK_EQ(skippy_native_abi_version(), 1);
     CHECK_EQ(skippy_ingress_abi_version(), 1);
-    CHECK_EQ(skippy_native_features(), SKIPPY_FEATURE_RUNTIME_EVENTS);
+    CHECK_EQ(skippy_native_features(),
+             SKIPPY_FEATURE_RUNTIME_EVENTS | SKIPPY_FEATURE_RUNTIME_EVENT_REPORTER |
+                 SKIPPY_FEATURE_DEVICE_EVENTS | SKIPPY_FEATURE_DIAGNOSTIC_EVENTS);
     size_t count = 0;
     const skippy_abi_field_v1 *fields = skippy_abi_fields(&count);
     CHECK(count > 50);

@@ -78,7 +78,18 @@ def _native() -> tuple[list[Finding], Any]:
     )
     if capabilities.unknown_bits:
         detail += f", unknown bits {list(capabilities.unknown_bits)}"
-    return [Finding("native_library", "ok", detail)], library
+    findings = [Finding("native_library", "ok", detail)]
+    for family, symbols in library.disabled_families.items():
+        findings.append(
+            Finding(
+                "native_feature",
+                "warning",
+                f"{family.name.lower()} is off: the library lacks {', '.join(symbols)} "
+                "(the other families serve)",
+                "rebuild the native library from this checkout (pip install -e .)",
+            )
+        )
+    return findings, library
 
 
 def _llama_cpp() -> Finding:

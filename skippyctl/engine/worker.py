@@ -111,6 +111,9 @@ class Worker:
         self.adapter: Any | None = None
         self.native_problem: str | None = None
         self.features = 0
+        """The native families this engine uses (the library's usable feature mask)."""
+        self._load_events = False
+        """The per-call model-open family is there: loads report through the native hooks."""
         self.loaded: _Loaded | None = None
         self.protocol_errors = 0
         self._stage_arrays: tuple[Any, ...] = ()
@@ -131,6 +134,7 @@ class Worker:
         try:
             # Only the engine-side modules: this runs in every engine start, inside the time
             # to model_available (the host's fact decoding in native.ingress is not needed here).
+            from skippyctl.native.abi import FeatureBit
             from skippyctl.native.devices import resolve_ggml
             from skippyctl.native.library import (
                 NativeAbiIncompatible,
@@ -143,7 +147,9 @@ class Worker:
             ring = IngressRegion.attach(ring_fd, library=library)
             self.adapter = EngineAdapter(ring, capture_debug_log=capture_debug_log)
             self.features = library.features
-            resolve_ggml(library)
+            self._load_events = library.has(FeatureBit.RUNTIME_EVENTS)
+            resolve_ggml(library)  # UNSUPPORTED, not an error, without the device family
+            log_counting = library.has(FeatureBit.DIAGNOSTIC_EVENTS)
         except (NativeLibraryUnavailable, NativeAbiIncompatible, OSError) as error:
             self.adapter = None
             self.native_problem = type(error).__name__
@@ -151,9 +157,10 @@ class Worker:
         delay = int(os.environ.get("SKIPPY_TEST_PROGRESS_DELAY_US", "0") or 0)
         if delay > 0:
             self.adapter.set_test_progress_delay_us(delay)
-        log_callback = self.llama.llama_log_callback(self.adapter.log_callback_address)
-        self._log_callback = log_callback  # keep the function pointer object alive
-        self.llama.llama_log_set(log_callback, self.adapter.user_data)
+        if log_counting:
+            log_callback = self.llama.llama_log_callback(self.adapter.log_callback_address)
+            self._log_callback = log_callback  # keep the function pointer object alive
+            self.llama.llama_log_set(log_callback, self.adapter.user_data)
 
     def hello(self) -> None:
         self._send(Hello(os.getpid(), self.adapter is not None, self.native_problem, self.features))
@@ -298,7 +305,7 @@ class Worker:
             params.n_gpu_layers = gpu_layers
             if command.stages:
                 self._split_across_stages(params, command)
-            adapter = self.adapter
+            adapter = self.adapter if self._load_events else None
             if adapter is not None:
                 adapter.model_load_begin(native_operation, native_operation)
                 scope_open = True

@@ -4,7 +4,8 @@ Contract: ``resolve_ggml`` points the native library at the ggml libraries llama
 loaded (``Path(llama_cpp.__file__).parent / "lib"``); the native side takes every symbol it needs
 with dlsym, so there is no link-time dependency on libggml. Device names and memory figures are
 safe to report; descriptions may carry a hardware model string and belong in diagnostics only.
-This is the only module of the binding that imports llama_cpp.
+A library whose device family is disabled (a missing symbol, ``NativeLibrary.has``) resolves
+nothing and lists nothing. This is the only module of the binding that imports llama_cpp.
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ def llama_cpp_lib_dir() -> Path:
 def resolve_ggml(lib: NativeLibrary | None = None, lib_dir: Path | None = None) -> abi.Status:
     """Resolves the ggml symbols from llama_cpp's libraries. OK or UNSUPPORTED."""
     library = lib if lib is not None else native_library()
+    if not library.has(abi.FeatureBit.DEVICE_EVENTS):
+        return abi.Status.UNSUPPORTED
     directory = lib_dir if lib_dir is not None else llama_cpp_lib_dir()
     paths = [directory / name for name in _GGML_LIBRARY_NAMES if (directory / name).exists()]
     if not paths:
@@ -64,6 +67,8 @@ def resolve_ggml(lib: NativeLibrary | None = None, lib_dir: Path | None = None) 
 def list_devices(lib: NativeLibrary | None = None) -> list[DeviceInfo]:
     """ggml devices (empty when ggml is not resolved)."""
     library = lib if lib is not None else native_library()
+    if not library.has(abi.FeatureBit.DEVICE_EVENTS):
+        return []
     buffer = (abi.skippy_device_info_v1 * _MAX_ENTRIES)()
     count = ctypes.c_size_t(0)
     status = int(library.cdll.skippy_devices_list(buffer, _MAX_ENTRIES, ctypes.byref(count)))
@@ -84,6 +89,8 @@ def list_devices(lib: NativeLibrary | None = None) -> list[DeviceInfo]:
 def list_backends(lib: NativeLibrary | None = None) -> list[str]:
     """ggml backend registry names, e.g. ["CPU", "RPC"] (empty when unresolved)."""
     library = lib if lib is not None else native_library()
+    if not library.has(abi.FeatureBit.DEVICE_EVENTS):
+        return []
     names = (ctypes.c_char * (_NAME_BYTES * _MAX_ENTRIES))()
     count = ctypes.c_size_t(0)
     status = int(library.cdll.skippy_backends_list(names, _MAX_ENTRIES, ctypes.byref(count)))

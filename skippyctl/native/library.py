@@ -6,9 +6,15 @@ Contract:
   ``importlib.machinery.EXTENSION_SUFFIXES``), or the file named by ``SKIPPY_NATIVE_LIBRARY``, or
   an explicit path; ``SKIPPY_NATIVE_DISABLE=1`` forces legacy mode.
 - It raises ``NativeLibraryUnavailable`` when the library is absent, disabled or cannot be
-  opened, and ``NativeAbiIncompatible`` when the event/ingress ABI versions, a symbol, or ANY
-  struct size or field offset/size reported by ``skippy_abi_fields()`` disagrees with the ctypes
-  mirrors in ``abi.py``. A library that passed is safe to call with those mirrors.
+  opened, and ``NativeAbiIncompatible`` when the event/ingress ABI versions, a core symbol, or
+  ANY struct size or field offset/size reported by ``skippy_abi_fields()`` disagrees with the
+  ctypes mirrors in ``abi.py``. A library that passed is safe to call with those mirrors.
+- Optional families degrade alone: a family the library announces in
+  ``skippy_native_features()`` whose symbols are missing (``FAMILY_SYMBOLS``) is turned off by
+  itself — its bit is cleared from ``features`` and listed in ``disabled_families`` — and the
+  rest of the native path stays on. Callers ask ``has(bit)`` before they use a family; the host
+  reports each disabled family once. The test hooks (``TEST_SYMBOLS``) belong to no family: a
+  library built without them serves, only the tests that drive them cannot run.
 - Every exported function gets argtypes/restype here. ``ctypes.CDLL`` releases the GIL around
   each call; only ``skippy_test_hold_gil_until_producers_done`` is also bound through
   ``ctypes.PyDLL`` (keeps the GIL held, for the test that proves producers never need it).
@@ -178,20 +184,79 @@ _PROTOTYPES: Final[dict[str, tuple[Any, list[Any]]]] = {
 }
 
 
+FAMILY_SYMBOLS: Final[dict[abi.FeatureBit, tuple[str, ...]]] = {
+    abi.FeatureBit.RUNTIME_EVENTS: (
+        "skippy_model_load_begin",
+        "skippy_llama_progress_callback",
+        "skippy_model_load_report_device",
+        "skippy_model_load_end",
+    ),
+    abi.FeatureBit.RUNTIME_EVENT_REPORTER: ("skippy_adapter_reporter",),
+    abi.FeatureBit.DEVICE_EVENTS: (
+        "skippy_ggml_resolve",
+        "skippy_devices_list",
+        "skippy_backends_list",
+    ),
+    abi.FeatureBit.DIAGNOSTIC_EVENTS: ("skippy_llama_log_callback",),
+}
+"""The symbols each optional family needs; a symbol in no family (and not a test hook) is core."""
+
+TEST_SYMBOLS: Final = frozenset(
+    {
+        "skippy_adapter_set_test_progress_delay_us",
+        "skippy_test_emit_raw",
+        "skippy_test_producers_start",
+        "skippy_test_producers_done",
+        "skippy_test_producers_attempts",
+        "skippy_test_producers_stop",
+        "skippy_test_producers_join",
+        "skippy_test_hold_gil_until_producers_done",
+    }
+)
+
+
 class NativeLibrary:
     """A loaded, layout-checked native library.
 
     ``cdll`` exposes every function with its prototype declared (GIL released during calls);
-    ``hold_gil_until_producers_done`` is the PyDLL-bound test helper.
+    ``hold_gil_until_producers_done`` is the PyDLL-bound test helper. ``features`` is what can
+    be used: the announced mask less the families in ``disabled_families`` (family → its
+    missing symbols).
     """
 
-    def __init__(self, path: Path, cdll: ctypes.CDLL, pydll: ctypes.PyDLL) -> None:
+    def __init__(
+        self,
+        path: Path,
+        cdll: ctypes.CDLL,
+        pydll: ctypes.PyDLL,
+        missing: frozenset[str] = frozenset(),
+    ) -> None:
         self.path = path
         self.cdll = cdll
         self._pydll = pydll
         self.abi_version = int(cdll.skippy_native_abi_version())
         self.ingress_abi_version = int(cdll.skippy_ingress_abi_version())
-        self.features = int(cdll.skippy_native_features())
+        self.announced_features = int(cdll.skippy_native_features())
+        self.disabled_families: dict[abi.FeatureBit, tuple[str, ...]] = {
+            bit: tuple(name for name in symbols if name in missing)
+            for bit, symbols in FAMILY_SYMBOLS.items()
+            if self.announced_features & bit and any(name in missing for name in symbols)
+        }
+        self.features = self.announced_features
+        for bit in self.disabled_families:
+            self.features &= ~int(bit)
+
+    def has(self, family: abi.FeatureBit) -> bool:
+        """Whether ``family`` is announced and all its symbols are there."""
+        return bool(self.features & family)
+
+    @property
+    def disabled_mask(self) -> int:
+        """The announced families turned off for a missing symbol, as a feature mask."""
+        mask = 0
+        for bit in self.disabled_families:
+            mask |= int(bit)
+        return mask
 
     def capabilities(self) -> Capabilities:
         return Capabilities.from_mask(self.features)
@@ -246,18 +311,30 @@ def find_native_library() -> Path:
     )
 
 
-def _declare(cdll: ctypes.CDLL, pydll: ctypes.PyDLL) -> None:
+_OPTIONAL_SYMBOLS: Final = TEST_SYMBOLS | {
+    name for symbols in FAMILY_SYMBOLS.values() for name in symbols
+}
+
+
+def _declare(cdll: ctypes.CDLL, pydll: ctypes.PyDLL) -> frozenset[str]:
+    """Declares every prototype the library has; returns the optional symbols it lacks."""
+    missing: set[str] = set()
     for name, (restype, argtypes) in _PROTOTYPES.items():
         try:
             function = getattr(cdll, name)
         except AttributeError as exc:
+            if name in _OPTIONAL_SYMBOLS:
+                missing.add(name)
+                continue
             raise NativeAbiIncompatible(f"native library lacks symbol {name}") from exc
         function.restype = restype
         function.argtypes = argtypes
-    hold = pydll.skippy_test_hold_gil_until_producers_done
-    restype, argtypes = _PROTOTYPES["skippy_test_hold_gil_until_producers_done"]
-    hold.restype = restype
-    hold.argtypes = argtypes
+    if "skippy_test_hold_gil_until_producers_done" not in missing:
+        hold = pydll.skippy_test_hold_gil_until_producers_done
+        restype, argtypes = _PROTOTYPES["skippy_test_hold_gil_until_producers_done"]
+        hold.restype = restype
+        hold.argtypes = argtypes
+    return frozenset(missing)
 
 
 def check_layout(library: NativeLibrary) -> None:
@@ -308,8 +385,8 @@ def load_native_library(path: Path | None = None) -> NativeLibrary:
         # Details name the file, never its absolute path (it may end up in an event).
         reason = str(exc).replace(str(resolved), resolved.name)
         raise NativeLibraryUnavailable(f"cannot open {resolved.name}: {reason}") from exc
-    _declare(cdll, pydll)
-    library = NativeLibrary(resolved, cdll, pydll)
+    missing = _declare(cdll, pydll)
+    library = NativeLibrary(resolved, cdll, pydll, missing)
     check_layout(library)
     return library
 

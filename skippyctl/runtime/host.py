@@ -2,9 +2,11 @@
 
 `RuntimeHost.start()` resolves the native event library once and says what it found as events
 (`native_library_loaded` + `abi_feature_compatibility_established`, or `native_library_unavailable`
-/ `abi_feature_compatibility_failed` — legacy mode, state from return values only). `load_model`
-validates the request, pre-checks the artifact and starts an engine through the supervisor
-(``runtime/supervisor.py``), telling it the host's
+/ `abi_feature_compatibility_failed` — legacy mode, state from return values only; and one
+`abi_feature_compatibility_failed` with that family's `feature_bits` for each announced family
+whose symbols are missing, which is off alone while the rest of the native path serves).
+`load_model` validates the request, pre-checks the artifact and starts an engine through the
+supervisor (``runtime/supervisor.py``), telling it the host's
 :class:`~skippyctl.engine.options.EngineOptions` as spawn arguments; every outcome arrives as
 events through the pipeline, ending in exactly one terminal for the operation.
 
@@ -244,6 +246,16 @@ class RuntimeHost:
                     summaries=summaries(abi_version=abi, feature_bits=features),
                 )
             )
+            for family in self.native.library.disabled_families:
+                # An announced family with a missing symbol is off alone; the rest serves.
+                self.pipeline.submit(
+                    make_event(
+                        EventId.ABI_FEATURE_COMPATIBILITY_FAILED,
+                        outcome=Outcome.FAILURE,
+                        reason_code=ReasonCode.INCOMPATIBLE_ABI_OR_FEATURE_SET,
+                        summaries=summaries(abi_version=abi, feature_bits=int(family)),
+                    )
+                )
         elif self.native.problem_event is not None:
             incompatible = self.native.problem_event is EventId.ABI_FEATURE_COMPATIBILITY_FAILED
             reason = (

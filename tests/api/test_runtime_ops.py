@@ -44,16 +44,33 @@ def _long(server: Server, model: str) -> httpx.Response:
     return _generate(server, model, max_tokens=1500, logit_bias={"2": -100}, timeout=60)
 
 
-def _wait_until_model(server: Server, model: str, predicate: Any, timeout_s: float = 30.0) -> None:
-    """Poll the reduced state until the model's document satisfies `predicate`."""
+def _wait_until_model(
+    server: Server,
+    model: str,
+    predicate: Any,
+    timeout_s: float = 30.0,
+    running: concurrent.futures.Future[httpx.Response] | None = None,
+) -> None:
+    """Poll the reduced state until the model's document satisfies `predicate`. With
+    `running` (the request the state should show), a request that ended first fails at once
+    with its answer, instead of a timeout that says nothing."""
     deadline = time.monotonic() + timeout_s
+    last: list[dict[str, Any]] = []
     with server.http() as http:
         while time.monotonic() < deadline:
-            models = http.get("/api/runtime/state").json()["models"]
-            if any(m["model_id"] == model and predicate(m) for m in models):
+            last = list(http.get("/api/runtime/state").json()["models"])
+            if any(m["model_id"] == model and predicate(m) for m in last):
                 return
+            if running is not None and running.done():
+                answer = running.result()
+                raise AssertionError(
+                    f"the request ended ({answer.status_code}: {answer.text[:300]}) before "
+                    f"{model}'s state showed it: {[m for m in last if m['model_id'] == model]}"
+                )
             time.sleep(0.05)
-    raise AssertionError(f"{model} never reached the expected state")
+    raise AssertionError(
+        f"{model} never reached the expected state: {[m for m in last if m['model_id'] == model]}"
+    )
 
 
 def _wait_for(server: Server, predicate: Any, timeout_s: float = 30.0) -> list[dict[str, Any]]:
@@ -79,7 +96,7 @@ def test_health_says_idle_then_ready(ops: Server, fixture_dir: Path) -> None:
 def test_full_queue_is_a_429_with_retry_after(ops: Server) -> None:
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
         running = pool.submit(_long, ops, "queue")
-        _wait_until_model(ops, "queue", lambda m: m["lanes_in_use"] == 1)
+        _wait_until_model(ops, "queue", lambda m: m["lanes_in_use"] == 1, running=running)
         queued = pool.submit(_long, ops, "queue")
         _wait_until_model(ops, "queue", lambda m: m["queue_depth"] == 1)
         rejected = _generate(ops, "queue", max_tokens=2)
@@ -104,9 +121,9 @@ def test_unload_drains_running_requests_first(ops: Server, fixture_dir: Path) ->
     assert ops.load(fixture_dir / "tiny.gguf", alias="drain", lanes=2)["state"] == "available"
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         running = pool.submit(
-            _generate, ops, "drain", max_tokens=400, logit_bias={"2": -100}, user="drain-chat"
+            _generate, ops, "drain", max_tokens=1000, logit_bias={"2": -100}, user="drain-chat"
         )
-        _wait_until_model(ops, "drain", lambda m: m["lanes_in_use"] == 1)
+        _wait_until_model(ops, "drain", lambda m: m["lanes_in_use"] == 1, running=running)
         with ops.http() as http:
             answer = http.post("/api/runtime/models/drain/unload", json={"drain_timeout_s": 30})
             assert answer.status_code == 202
@@ -144,7 +161,7 @@ def test_killed_engine_fails_its_requests_and_others_keep_serving(
     assert ops.load(fixture_dir / "tiny.gguf", alias="bystander")["state"] == "available"
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         streaming = pool.submit(_long, ops, "victim")
-        _wait_until_model(ops, "victim", lambda m: m["lanes_in_use"] == 1)
+        _wait_until_model(ops, "victim", lambda m: m["lanes_in_use"] == 1, running=streaming)
         with ops.http() as http:
             engines = http.get("/api/runtime/state").json()["engines"]
         victim = next(e["pid"] for e in engines if e["model_id"] == "victim")

@@ -187,10 +187,17 @@ def test_feature_and_flag_defines_mirror_the_c_header() -> None:
 def test_versions_and_features(lib: NativeLibrary) -> None:
     assert lib.abi_version == abi.RUNTIME_EVENT_ABI_VERSION == 1
     assert lib.ingress_abi_version == abi.INGRESS_ABI_VERSION == 1
-    assert lib.features == abi.FeatureBit.RUNTIME_EVENTS
+    implemented = (
+        abi.FeatureBit.RUNTIME_EVENTS
+        | abi.FeatureBit.RUNTIME_EVENT_REPORTER
+        | abi.FeatureBit.DEVICE_EVENTS
+        | abi.FeatureBit.DIAGNOSTIC_EVENTS
+    )
+    assert lib.features == lib.announced_features == implemented
     caps = lib.capabilities()
-    assert caps.runtime_events
-    assert not (caps.kv_events or caps.device_events or caps.runtime_event_reporter)
+    assert caps.runtime_events and caps.runtime_event_reporter
+    assert caps.device_events and caps.diagnostic_events
+    assert not (caps.kv_events or caps.model_load_events_v2 or caps.unload_events)
     assert caps.unknown_bits == ()
 
 
