@@ -317,6 +317,8 @@ def create_app(ctx: ApiContext, on_ready: Callable[[], None] | None = None) -> F
             stage_link_p95_ms=body.stage_link_p95_ms,
             speculation=body.spec,
             spec_draft_tokens=body.spec_draft_tokens,
+            plugins=tuple(body.plugins or ()),
+            spec_deadline_ms=body.spec_deadline_ms,
         )
         handle = await asyncio.to_thread(ctx.scheduler.load, load_request, body.max_queue)
         return JsonResponse(

@@ -148,17 +148,33 @@ class LoadBody(_Body):
         "`stage_degraded` (ready again below 0.8 x it); absent: 50.",
     )
 
-    spec: Literal["off", "ngram"] = Field(
+    spec: Literal["off", "ngram", "plugin"] = Field(
         default="off",
         description="Speculative decoding: `ngram` verifies tokens proposed by prompt lookup "
-        "(the request's prompt and generated history) in the same decode step; the committed "
-        "text is what decoding without it gives.",
+        "(the request's prompt and generated history) in the same decode step; `plugin` "
+        "verifies the serving plugins' proposals (`plugins`, or the runtime's own); the "
+        "committed text is what decoding without it gives.",
     )
     spec_draft_tokens: DraftTokens | None = Field(
         default=None,
         description="Most proposed tokens a lane verifies in one step (it starts at 4 and "
         "doubles while all are accepted; a step verifies at most 64 over all lanes); absent: "
         "64.",
+    )
+    plugins: list[Annotated[str, Field(min_length=1, max_length=4096)]] | None = Field(
+        default=None,
+        max_length=16,
+        description="Serving plugins for this model, after the runtime's own: a C plugin's "
+        "absolute .so path on the runtime's machine, or a Python plugin's entry-point name "
+        "(group `skippyctl.plugins`). Each runs in its own process beside the engine; one that "
+        "fails is reported (`serving_plugin_*`) and disabled, never fails a request.",
+    )
+    spec_deadline_ms: float | None = Field(
+        default=None,
+        ge=0.1,
+        le=1000.0,
+        description="How long a decode step waits for the plugins' proposals; a later answer "
+        "is dropped and counted as late. Absent: 8.",
     )
 
     @field_validator("model")

@@ -145,7 +145,7 @@ def event_line(event: Event, console: Console) -> None:
     style = _SEVERITY_STYLES[event.severity]
     scope = " ".join(
         f"{key.removesuffix('_id')}={record[key]}"
-        for key in ("model_id", "session_id", "request_id", "device_id", "stage_id")
+        for key in ("model_id", "session_id", "request_id", "device_id", "stage_id", "plugin_id")
         if key in record
     )
     console.print(

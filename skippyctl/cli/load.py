@@ -143,8 +143,9 @@ def load_command(
             "--spec",
             help="Speculative decoding: 'ngram' proposes the tokens that followed the latest "
             "earlier occurrence of the text's last tokens (prompt lookup, no extra model) and "
-            "verifies them in the same decode step; the text is what decoding without it "
-            "gives. 'off': one token per step.",
+            "verifies them in the same decode step; 'plugin' asks the --plugin plugins for "
+            "proposals, under --spec-deadline-ms; the text is what decoding without it gives "
+            "either way. 'off': one token per step.",
         ),
     ] = "off",
     spec_draft_tokens: Annotated[
@@ -155,6 +156,27 @@ def load_command(
             help="Most proposed tokens a lane verifies in one step (1-64; a lane starts at 4 "
             "and doubles while every proposal is accepted; a step verifies at most 64 over "
             "all lanes). Default: 64.",
+        ),
+    ] = None,
+    plugin: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--plugin",
+            show_default=False,
+            help="A serving plugin for this model (repeatable): a C plugin's .so file or a "
+            "Python plugin's entry-point name (group skippyctl.plugins). Each runs in its own "
+            "process beside the engine, sees every request's lifecycle and committed tokens, "
+            "and with --spec plugin proposes; a failing plugin is reported and disabled, "
+            "never fails a request. See examples/plugins.",
+        ),
+    ] = None,
+    spec_deadline_ms: Annotated[
+        float | None,
+        typer.Option(
+            "--spec-deadline-ms",
+            show_default=False,
+            help="How long a decode step waits for the plugins' proposals (0.1-1000 ms); a "
+            "later answer is dropped and counted as late. Default: 8.",
         ),
     ] = None,
 ) -> None:
@@ -170,10 +192,24 @@ def load_command(
     stderr = Console(stderr=True)
     from skippyctl.runtime.host import speculation_problem
 
-    stages = ServingArgs(
-        tuple(stage or ()), local_stages, mem, replan, stage_link_p95_ms, spec, spec_draft_tokens
+    plugins = tuple(
+        str(Path(p).resolve()) if p.endswith(".so") and Path(p).expanduser().exists() else p
+        for p in plugin or ()
     )
-    problem = speculation_problem(spec, spec_draft_tokens) or stages.problem(gpu_layers)
+    stages = ServingArgs(
+        tuple(stage or ()),
+        local_stages,
+        mem,
+        replan,
+        stage_link_p95_ms,
+        spec,
+        spec_draft_tokens,
+        plugins,
+        spec_deadline_ms,
+    )
+    problem = speculation_problem(
+        spec, spec_draft_tokens, plugins, spec_deadline_ms
+    ) or stages.problem(gpu_layers)
     if problem is not None:
         stderr.print(f"[red]✗[/] {model}: {problem}", soft_wrap=True, highlight=False)
         raise typer.Exit(int(ExitCode.INVALID_CONFIGURATION))
@@ -243,6 +279,8 @@ class ServingArgs:
     link_p95_ms: float | None = None
     speculation: str = "off"
     spec_draft_tokens: int | None = None
+    plugins: tuple[str, ...] = ()
+    spec_deadline_ms: float | None = None
 
     def problem(self, gpu_layers: int = 0) -> str | None:
         """Why the options are invalid (before any runtime is reached), or None."""
@@ -289,6 +327,8 @@ def _embedded(
         stage_link_p95_ms=stages.link_p95_ms,
         speculation=stages.speculation,
         spec_draft_tokens=stages.spec_draft_tokens,
+        plugins=stages.plugins,
+        spec_deadline_ms=stages.spec_deadline_ms,
     )
     handle = host.load_model(request)
     if handle.already_available:  # cannot happen in a fresh host, kept for symmetry
@@ -355,6 +395,10 @@ def _attached(
         body["spec"] = stages.speculation
     if stages.spec_draft_tokens is not None:
         body["spec_draft_tokens"] = stages.spec_draft_tokens
+    if stages.plugins:
+        body["plugins"] = list(stages.plugins)
+    if stages.spec_deadline_ms is not None:
+        body["spec_deadline_ms"] = stages.spec_deadline_ms
     try:
         client = connect()
     except RuntimeConfigurationError as error:

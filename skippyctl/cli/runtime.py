@@ -119,6 +119,41 @@ DebugTokenOption = Annotated[
 ]
 
 
+PluginOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--plugin",
+        show_default=False,
+        help=(
+            "A serving plugin every model gets (repeatable; before a load's own --plugin): a C"
+            " plugin's .so file or a Python plugin's entry-point name (group skippyctl.plugins)."
+            " Each runs in its own process beside the engine. See examples/plugins."
+        ),
+    ),
+]
+
+
+def _plugins(values: list[str] | None, command: str, json_output: bool = False) -> tuple[str, ...]:
+    """``--plugin`` values, a .so file made absolute; an unusable one exits 10."""
+    from skippyctl.runtime.host import plugin_problem
+
+    plugins = tuple(
+        str(Path(v).resolve()) if v.endswith(".so") and Path(v).expanduser().exists() else v
+        for v in values or ()
+    )
+    for plugin in plugins:
+        problem = plugin_problem(plugin)
+        if problem is not None:
+            fail(
+                command,
+                ExitCode.INVALID_CONFIGURATION,
+                problem,
+                json_output,
+                reason="invalid_configuration",
+            )
+    return plugins
+
+
 def _echo_json(record: dict[str, Any]) -> None:
     typer.echo(orjson.dumps(record).decode())
 
@@ -169,6 +204,7 @@ def serve_command(
     ] = 4096,
     debug_token_events: DebugTokenOption = False,
     telemetry_endpoint: TelemetryOption = None,
+    plugin: PluginOption = None,
 ) -> None:
     """Run the runtime host in the foreground (Ctrl-C stops it) and advertise it to other commands.
 
@@ -181,6 +217,7 @@ def serve_command(
         raise typer.Exit(int(ExitCode.INVALID_CONFIGURATION))
     listen_port = _port(port, "runtime serve")
     telemetry_endpoint = _telemetry_endpoint(telemetry_endpoint, "runtime serve")
+    plugins = _plugins(plugin, "runtime serve")
     try:
         ensure_runtime_dir()
     except DiscoveryProblem as problem:
@@ -202,6 +239,7 @@ def serve_command(
         replay_records,
         debug_token_events=debug_token_events,
         telemetry_endpoint=telemetry_endpoint,
+        plugins=plugins,
     )
     from skippyctl.daemon.serve import serve
 
@@ -228,6 +266,7 @@ def start_command(
     allow_remote: RemoteOption = False,
     debug_token_events: DebugTokenOption = False,
     telemetry_endpoint: TelemetryOption = None,
+    plugin: PluginOption = None,
     json_output: Annotated[
         bool, typer.Option("--json", help="Print the runtime's status as one JSON object.")
     ] = False,
@@ -248,6 +287,7 @@ def start_command(
 
     listen_port = _port(port, "runtime start", json_output)
     telemetry_endpoint = _telemetry_endpoint(telemetry_endpoint, "runtime start", json_output)
+    plugins = _plugins(plugin, "runtime start", json_output)
     try:
         existing = read_discovery()
     except DiscoveryProblem as problem:
@@ -270,6 +310,7 @@ def start_command(
             allow_remote=allow_remote,
             debug_token_events=debug_token_events,
             telemetry_endpoint=telemetry_endpoint,
+            plugins=plugins,
         )
         try:
             existing = launch(options)

@@ -65,6 +65,9 @@ class ServeOptions:
     telemetry_endpoint: str | None = None
     """Push event records as NDJSON to this http(s) URL (telemetry/exporter.py); None: no
     exporter at all. May carry credentials: never logged, printed or put on a command line."""
+    plugins: tuple[str, ...] = ()
+    """Serving plugins every model gets (``--plugin``: a C plugin's path or an entry-point
+    name)."""
 
 
 def port_from_environment() -> int | None:
@@ -173,6 +176,8 @@ def start_background(options: ServeOptions) -> Discovery:
         args.append("--allow-remote")
     if options.debug_token_events:
         args.append("--debug-token-events")
+    for plugin in options.plugins:
+        args += ["--plugin", plugin]
     env = dict(os.environ)
     if options.api_key:
         env["SKIPPY_API_KEY"] = options.api_key

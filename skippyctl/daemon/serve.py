@@ -159,7 +159,9 @@ def serve(options: ServeOptions) -> None:
     host = RuntimeHost(
         Pipeline(ingress_config=ingress, max_replay_records=options.replay_records),
         engine_options,
-    ).start()
+    )
+    host.default_plugins = options.plugins
+    host.start()
     if crashed is not None:
         report_crashed_host(host.pipeline.submit, crashed)
     scheduler = Scheduler(

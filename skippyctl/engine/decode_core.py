@@ -63,7 +63,14 @@ from skippyctl.engine.protocol import (
 )
 from skippyctl.engine.request_state import Phase, RequestBoard, RequestState
 from skippyctl.engine.sampling import build_sampler_chain
-from skippyctl.engine.speculation import SPEC_OFF, NgramProposer, SpecConfig
+from skippyctl.engine.speculation import (
+    SPEC_OFF,
+    AdaptiveWindow,
+    NgramProposer,
+    ServingPlugins,
+    SpecConfig,
+    SpecMode,
+)
 from skippyctl.engine.text import (
     ChatTemplateError,
     Detokenizer,
@@ -128,6 +135,7 @@ class DecodeCore:
         observations: bool = True,
         token_observations: bool = False,
         speculation: SpecConfig = SPEC_OFF,
+        plugins: ServingPlugins | None = None,
     ) -> None:
         if lanes < 1:
             raise ValueError("lanes must be >= 1")
@@ -179,6 +187,11 @@ class DecodeCore:
         # llama_decode refuses a batch over n_batch: a chunk plus every lane's next token and,
         # speculating, the step's proposals must fit.
         self._spec = speculation
+        self._plugins = plugins
+        """The model's serving plugins: they see each request's lifecycle and committed tokens
+        and, with ``--spec plugin``, propose; a failing plugin never fails a request."""
+        self.plugin_failures = 0
+        """Calls into the plugins' link that raised (counted; the request carries on)."""
         slots = speculation.step_slots(lanes)
         if n_batch <= slots:
             raise ValueError(
@@ -513,8 +526,13 @@ class DecodeCore:
             r.sampler.accept(prompt[-params.repeat_last_n :])
         r.detok = Detokenizer(self._llama, self._vocab, self._pieces)
         r.stops = StopMatcher(r.spec.stop)
-        if self._spec.enabled:
+        if self._spec.mode is SpecMode.NGRAM:
             r.proposer = NgramProposer(prompt)
+        elif self._spec.mode is SpecMode.PLUGIN and self._plugins is not None:
+            r.proposer = AdaptiveWindow()
+        if self._plugins is not None:
+            r.plugin_commits = []
+            self._to_plugins(self._plugins.begin, r.id, session, prompt, r.reused)
         r.prefill_pos = r.reused
         r.phase = Phase.PREFILL
         now = time.monotonic()
@@ -567,7 +585,24 @@ class DecodeCore:
                 self._on_logits(r, now)
             except Exception:  # noqa: BLE001 - one request's failure must not stop the engine
                 self.fail(r)
+        if self._plugins is not None:
+            for r in decoding:  # the ones still running: an ended one handed its tokens over
+                self._hand_commits(r)
         self._check_pressure()
+
+    def _to_plugins(self, call: Callable[..., object], *args: object) -> None:
+        """One call into the plugins' link; its failure is counted, never the request's."""
+        try:
+            call(*args)
+        except Exception:  # noqa: BLE001 - a plugin can lose only its own observations
+            self.plugin_failures += 1
+
+    def _hand_commits(self, r: RequestState) -> None:
+        """The tokens ``r`` committed since the last hand-over, as one delta."""
+        pending = r.plugin_commits
+        if pending and self._plugins is not None:
+            r.plugin_commits = []
+            self._to_plugins(self._plugins.commit, r.id, pending)
 
     def _prefill_chunks(self) -> list[tuple[RequestState, int]]:
         """This step's prompt chunks: up to ``prefill_chunk_tokens`` tokens in all, taken
@@ -621,6 +656,7 @@ class DecodeCore:
         context and its ``max_tokens`` leave room for (every committed proposal and the token
         sampled after the last one count)."""
         limit = self._spec.lane_limit(len(decoding))
+        plugin_wants: dict[str, int] | None = {} if self._spec.mode is SpecMode.PLUGIN else None
         for r in decoding:
             proposer = r.proposer
             lane = r.lane
@@ -634,6 +670,10 @@ class DecodeCore:
                 r.spec.max_tokens - r.completion_tokens - 1,
             )
             r.draft = proposer.propose(room) if room > 0 else []
+            if room > 0 and plugin_wants is not None:
+                plugin_wants[r.id] = room
+        if plugin_wants:
+            self._ask_plugins(decoding, plugin_wants)
         if not self._unified and len(decoding) > 1:
             # With one KV stream per lane llama.cpp cuts a batch into micro-batches that take
             # the same number of tokens from each sequence (split_equal): lanes with longer
@@ -643,6 +683,25 @@ class DecodeCore:
             for r in decoding:
                 if len(r.draft) > shortest:
                     r.draft = r.draft[:shortest]
+
+    def _ask_plugins(self, decoding: list[RequestState], wants: dict[str, int]) -> None:
+        """The plugins' proposals for this step's lanes, waited for at most their deadline; a
+        late answer proposes nothing (and is counted on the request)."""
+        plugins = self._plugins
+        assert plugins is not None
+        try:
+            answers = plugins.propose(wants)
+            late = plugins.late()
+        except Exception:  # noqa: BLE001 - no proposal is the worst a plugin can do
+            self.plugin_failures += 1
+            return
+        for r in decoding:
+            room = wants.get(r.id)
+            if room is None:
+                continue
+            if r.id in late:
+                r.spec_late += 1
+            r.draft = answers.get(r.id, [])[:room]
 
     def _sample(self, r: RequestState, index: int) -> int:
         sampler = r.sampler
@@ -679,6 +738,8 @@ class DecodeCore:
         r.spec_accepted += accepted
         if r.proposer is not None:
             r.proposer.verified(len(draft), accepted, self._spec.draft_tokens)
+        if self._plugins is not None and self._spec.mode is SpecMode.PLUGIN:
+            self._to_plugins(self._plugins.outcome, r.id, len(draft), accepted)
         if len(lane.tokens) < kv_end:
             self._llama.llama_memory_seq_rm(self._memory, lane.seq, len(lane.tokens), -1)
 
@@ -705,6 +766,8 @@ class DecodeCore:
         r.completion_tokens += 1
         if r.proposer is not None:
             r.proposer.commit(token)
+        if r.plugin_commits is not None:
+            r.plugin_commits.append(token)
         detok = r.detok
         stops = r.stops
         assert detok is not None
@@ -826,8 +889,42 @@ class DecodeCore:
                 lane.tokens.clear()
         board.untrack(r)
         message = r.done_message(outcome, stop_reason, reason)
+        if r.plugin_commits is not None:
+            self._plugins_end(r, message)
         self._released(r)
         self.emit(message)
+
+    def _plugins_end(self, r: RequestState, done: GenDone) -> None:
+        """The plugins' last word on ``r``: its receipt when it completed (the final committed
+        suffix goes with it), else an abort with the reason."""
+        plugins = self._plugins
+        if plugins is None:
+            return
+        self._hand_commits(r)
+        r.plugin_commits = None
+        if done.outcome is not _COMPLETED:
+            # The plugin ABI's abort reasons are the stop reasons cancelled/timeout/error.
+            stop = done.stop_reason
+            reason = stop.value if stop in (StopReason.CANCELLED, StopReason.TIMEOUT) else "error"
+            self._to_plugins(plugins.abort, r.id, reason)
+            return
+        queue_ms = (r.t_prefill_start - r.submitted) * 1000.0 if r.t_prefill_start else 0.0
+        receipt: dict[str, object] = {
+            "prompt_tokens": done.prompt_tokens,
+            "reused_tokens": done.reused_tokens,
+            "generated_tokens": done.completion_tokens,
+            "queue_ms": round(max(0.0, queue_ms), 3),
+            "prefill_ms": done.prefill_ms,
+            "ttft_ms": done.ttft_ms,
+            "decode_ms": done.decode_ms,
+            "stop_reason": done.stop_reason.value,
+            "spec_proposed": done.spec_proposed,
+            "spec_accepted": done.spec_accepted,
+            "spec_rejected": done.spec_proposed - done.spec_accepted,
+            "spec_late": done.spec_late,
+            "spec_discarded": 0,
+        }
+        self._to_plugins(plugins.finish, r.id, receipt)
 
     def _clear_lane(self, lane: Lane) -> None:
         if lane.tokens:

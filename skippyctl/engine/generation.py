@@ -62,7 +62,7 @@ from skippyctl.engine.links import LinkProber
 from skippyctl.engine.protocol import EngineMessage
 from skippyctl.engine.request_state import GenerateRequest, Phase, RequestState, validation_error
 from skippyctl.engine.sampling import SamplingParams
-from skippyctl.engine.speculation import SPEC_OFF, SpecConfig
+from skippyctl.engine.speculation import SPEC_OFF, ServingPlugins, SpecConfig
 from skippyctl.engine.text import ChatMessage
 from skippyctl.events.envelope import StopReason
 from skippyctl.events.reasons import GenerationOutcome, ReasonCode
@@ -104,6 +104,7 @@ class BatchEngine:
         token_observations: bool = False,
         links: LinkProber | None = None,
         speculation: SpecConfig = SPEC_OFF,
+        plugins: ServingPlugins | None = None,
     ) -> None:
         self._links = links if links is not None and links.stages else None
         self.link_probe_failures = 0
@@ -127,6 +128,7 @@ class BatchEngine:
             observations=observations,
             token_observations=token_observations,
             speculation=speculation,
+            plugins=plugins,
         )
         self._cond = threading.Condition(threading.Lock())
         self._inbox: collections.deque[tuple[str, Any, Any]] = collections.deque()

@@ -162,6 +162,11 @@ class Load:
     """A :class:`~skippyctl.engine.speculation.SpecMode` value; None: off."""
     spec_draft_tokens: int | None = None
     """Most proposed tokens a lane verifies in a step; None: the default."""
+    plugins: tuple[str, ...] = ()
+    """Serving plugins for this model (``skippyctl.plugins``: a C plugin's path, or a Python
+    plugin's entry-point name), each run in its own process beside the engine."""
+    spec_deadline_ms: float | None = None
+    """How long a step waits for the plugins' proposals; None: the default."""
     restore: tuple[SessionFile, ...] = ()
     """Session states to restore into lanes once the context exists, before any request
     (most recently used first; one :class:`StateImported` each)."""
@@ -358,7 +363,8 @@ class GenDone:
     completed/length with reason ``context_exhausted``; a prompt longer than a lane fails with it
     before any decode. With speculation (``engine/speculation.py``) ``spec_windows`` counts the
     steps in which it verified proposed tokens, ``spec_proposed`` those tokens and
-    ``spec_accepted`` the ones committed (each saved a decode step)."""
+    ``spec_accepted`` the ones committed (each saved a decode step), ``spec_late`` the
+    plugin proposal queries that missed their deadline."""
 
     request_id: str
     outcome: GenerationOutcome
@@ -377,6 +383,8 @@ class GenDone:
     spec_windows: int = 0
     spec_proposed: int = 0
     spec_accepted: int = 0
+    spec_late: int = 0
+    """Proposal queries (serving plugins) answered after their deadline: dropped unused."""
 
     @classmethod
     def refused(cls, request_id: str, reason: ReasonCode) -> GenDone:
@@ -563,6 +571,19 @@ class ComputeFailed:
     requests: int
 
 
+@dataclass(frozen=True, slots=True)
+class PluginReported:
+    """A serving plugin's health changed (``skippyctl.plugins.link.PluginReport``): ``kind``
+    ``loaded`` / ``load_failed`` / ``failed`` / ``restarted`` / ``disabled``; ``reason`` a short
+    word (``timeout``, ``crashed``, ``raised``, ``invalid_tokens`` …); ``plugin`` its short name
+    (a basename or an entry-point name, never a path)."""
+
+    plugin: str
+    kind: str
+    reason: str
+    failures: int
+
+
 ResourceMessage = (
     LoadPhase | Backends | MemoryAllocated | AllocationRefused | CpuFallback | ComputeFailed
 )
@@ -590,6 +611,7 @@ EngineMessage = (
     | ContextBegun
     | ContextReturned
     | Link
+    | PluginReported
     | ServingMessage
     | ResourceMessage
 )
@@ -775,6 +797,7 @@ _ENGINE_MESSAGES: Final = {
         _spec("msg", "allocation_refused", AllocationRefused),
         _spec("msg", "cpu_fallback", CpuFallback),
         _spec("msg", "compute_failed", ComputeFailed),
+        _spec("msg", "plugin_reported", PluginReported),
     )
 }
 _BY_TYPE: Final[dict[type, _Spec]] = {

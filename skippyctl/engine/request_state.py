@@ -23,7 +23,7 @@ from enum import StrEnum
 from skippyctl.engine.lanes import Lane
 from skippyctl.engine.protocol import GenDone, GenFirstToken, GenPrefillDone
 from skippyctl.engine.sampling import SamplerChain, SamplingParams
-from skippyctl.engine.speculation import NgramProposer
+from skippyctl.engine.speculation import AdaptiveWindow
 from skippyctl.engine.text import ChatMessage, Detokenizer, StopMatcher
 from skippyctl.events.envelope import StopReason
 from skippyctl.events.reasons import GenerationOutcome, ReasonCode
@@ -109,6 +109,7 @@ class RequestState:
         "out_index",
         "pending_token",
         "phase",
+        "plugin_commits",
         "prompt_count",
         "prefill_pos",
         "prompt",
@@ -119,6 +120,7 @@ class RequestState:
         "shared_steps",
         "spec",
         "spec_accepted",
+        "spec_late",
         "spec_proposed",
         "spec_windows",
         "stops",
@@ -156,12 +158,16 @@ class RequestState:
         host to turn them into events), and before gen_done if the request ends first."""
         self.shared_steps = 0
         self.max_batch = 0
-        self.proposer: NgramProposer | None = None
+        self.proposer: AdaptiveWindow | None = None
         self.draft: list[int] = []
         """Tokens proposed to follow ``pending_token``, verified in the current step."""
         self.spec_windows = 0
         self.spec_proposed = 0
         self.spec_accepted = 0
+        self.spec_late = 0
+        """Proposal queries of this request whose answer came after the deadline (dropped)."""
+        self.plugin_commits: list[int] | None = None
+        """With serving plugins: committed tokens not yet handed to them (one delta a step)."""
         self.approaching_sent = False
         self.t_prefill_start = 0.0
         self.t_prefill_end = 0.0
@@ -210,6 +216,7 @@ class RequestState:
             spec_windows=self.spec_windows,
             spec_proposed=self.spec_proposed,
             spec_accepted=self.spec_accepted,
+            spec_late=self.spec_late,
         )
 
 

@@ -19,9 +19,10 @@ as long as the request. Token ids stay in the engine process; only counts leave 
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Final
+from typing import Final, Protocol
 
 
 class SpecMode(StrEnum):
@@ -29,6 +30,8 @@ class SpecMode(StrEnum):
 
     OFF = "off"
     NGRAM = "ngram"
+    PLUGIN = "plugin"
+    """Proposals come from the model's serving plugins (``load --plugin``), under a deadline."""
 
 
 DEFAULT_DRAFT_TOKENS: Final = 64
@@ -40,6 +43,10 @@ four lanes with windows of 16 — beyond that a step is compute-bound and reject
 FIRST_WINDOW: Final = 4
 """Proposals a request verifies in its first window; each window fully accepted doubles it (up
 to ``draft_tokens``), a rejection shrinks it to what was accepted plus one."""
+DEFAULT_PROPOSAL_DEADLINE_MS: Final = 8.0
+"""How long a step waits for serving plugins' proposals (``load --spec-deadline-ms``; the
+reference's deadline): a later answer is dropped and counted as late."""
+MAX_PROPOSAL_DEADLINE_MS: Final = 1000.0
 NGRAM_MIN: Final = 2
 """A one-token match is mostly chance: a proposal needs the last two tokens seen before."""
 NGRAM_MAX: Final = 4
@@ -75,10 +82,67 @@ class SpecConfig:
 SPEC_OFF: Final = SpecConfig()
 
 
-class NgramProposer:
+class ServingPlugins(Protocol):
+    """What the decode thread tells a model's serving plugins and asks them (the engine side
+    of ``skippyctl.plugins``: delivery never blocks, ``propose`` waits at most its deadline).
+    Token ids go to the plugins' own process and nowhere else."""
+
+    def begin(self, request: str, session: str | None, prompt: Sequence[int], reused: int) -> None:
+        """A request starts generating from ``prompt`` (``reused`` of it came from its KV)."""
+
+    def commit(self, request: str, tokens: Sequence[int]) -> None:
+        """Canonical tokens committed since the previous call, in order."""
+
+    def propose(self, wants: Mapping[str, int]) -> dict[str, list[int]]:
+        """Proposals for each request id in ``wants`` (at most its value), valid token ids;
+        requests the plugins had nothing for (or answered too late) are absent."""
+
+    def late(self) -> frozenset[str]:
+        """The requests of the last :meth:`propose` whose answer missed the deadline."""
+
+    def outcome(self, request: str, proposed: int, accepted: int) -> None:
+        """How a window of the plugins' proposals verified."""
+
+    def finish(self, request: str, receipt: Mapping[str, object]) -> None:
+        """The request completed (its final committed suffix travels with this)."""
+
+    def abort(self, request: str, reason: str) -> None:
+        """The request ended without completing (cancelled, timed out, failed)."""
+
+
+class AdaptiveWindow:
+    """How many proposals a request verifies next: each window fully accepted doubles it (up to
+    the configured most), a rejection makes it what was accepted plus one. Proposes nothing
+    itself: with plugins the proposals come from them (:class:`ServingPlugins`). Decode
+    thread only."""
+
+    __slots__ = ("window",)
+
+    def __init__(self, first_window: int = FIRST_WINDOW) -> None:
+        self.window = max(1, first_window)
+        """How many tokens the next proposal may have (see :meth:`verified`)."""
+
+    def commit(self, token: int) -> None:
+        """``token`` was committed (a proposer that keeps history records it)."""
+
+    def verified(self, proposed: int, accepted: int, most: int) -> None:
+        """A window's outcome: all ``proposed`` accepted doubles the next window (up to
+        ``most``); a rejection makes it ``accepted + 1`` — proposals that failed here cost a
+        batch slot each, so the next ones are only as many as just proved right, plus one."""
+        if accepted >= proposed:
+            self.window = min(most, self.window * 2)
+        else:
+            self.window = max(1, min(most, accepted + 1))
+
+    def propose(self, limit: int) -> list[int]:
+        """Up to ``limit`` proposed tokens; none here."""
+        return []
+
+
+class NgramProposer(AdaptiveWindow):
     """Prompt lookup over one request's history (module docstring). Decode thread only."""
 
-    __slots__ = ("_history", "_index", "_ngram_max", "_ngram_min", "window")
+    __slots__ = ("_history", "_index", "_ngram_max", "_ngram_min")
 
     def __init__(
         self,
@@ -89,8 +153,7 @@ class NgramProposer:
     ) -> None:
         if not 1 <= ngram_min <= ngram_max:
             raise ValueError("need 1 <= ngram_min <= ngram_max")
-        self.window = max(1, first_window)
-        """How many tokens the next proposal may have (see :meth:`verified`)."""
+        super().__init__(first_window)
         self._ngram_min = ngram_min
         self._ngram_max = ngram_max
         self._history: list[int] = []
@@ -107,15 +170,6 @@ class NgramProposer:
         for n in range(self._ngram_min, min(self._ngram_max, end) + 1):
             self._index[tuple(history[end - n : end])] = end
         history.append(token)
-
-    def verified(self, proposed: int, accepted: int, most: int) -> None:
-        """A window's outcome: all ``proposed`` accepted doubles the next window (up to
-        ``most``); a rejection makes it ``accepted + 1`` — proposals that failed here cost a
-        batch slot each, so the next ones are only as many as just proved right, plus one."""
-        if accepted >= proposed:
-            self.window = min(most, self.window * 2)
-        else:
-            self.window = max(1, min(most, accepted + 1))
 
     def propose(self, limit: int) -> list[int]:
         """Up to ``limit`` tokens that followed the longest earlier match of the history's

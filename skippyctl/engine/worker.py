@@ -70,13 +70,20 @@ from skippyctl.engine.protocol import (
     LoadReturned,
     MemoryAllocated,
     Ping,
+    PluginReported,
     Pong,
     ProtocolError,
     SaveSessions,
     Shutdown,
     StateExported,
 )
-from skippyctl.engine.speculation import DEFAULT_DRAFT_TOKENS, SPEC_OFF, SpecConfig, SpecMode
+from skippyctl.engine.speculation import (
+    DEFAULT_DRAFT_TOKENS,
+    DEFAULT_PROPOSAL_DEADLINE_MS,
+    SPEC_OFF,
+    SpecConfig,
+    SpecMode,
+)
 from skippyctl.events.reasons import ReasonCode
 
 INITIAL_LINK_SAMPLES: Final = 3
@@ -94,6 +101,7 @@ class _Loaded:
     model: Any
     context: Any | None = None
     generation: Any | None = None  # BatchEngine once the context exists
+    plugins: Any | None = None  # PluginLink (skippyctl.plugins.link) of its serving plugins
     fingerprint: bytes | None = None
     """The model file's (engine/kv_state.py); None when it could not be read."""
 
@@ -502,6 +510,8 @@ class Worker:
             lanes = int(llama.llama_n_seq_max(context))
             # Raises for a context it cannot serve (e.g. more lanes than its batch): the load
             # then fails with ContextReturned ok=false (see _load).
+            speculation = speculation_of(command)
+            self.loaded.plugins = self._start_plugins(command, model)
             self.loaded.generation = BatchEngine(
                 _with_test_decode_delay(llama),
                 model,
@@ -512,7 +522,8 @@ class Worker:
                 observations=self.options.serving_events,
                 token_observations=self.options.debug_token_events,
                 links=self._links,
-                speculation=speculation_of(command),
+                speculation=speculation,
+                plugins=self.loaded.plugins,
             )
             self._send(self._memory_allocated(operation_id, model, context, kv_bytes))
             self._send(LoadPhase(operation_id, LoadPhaseName.CONTEXT_READY))
@@ -582,11 +593,36 @@ class Worker:
         files = {f.session: f.path for f in command.save}
         batch.save_sessions(files, command.save_budget_bytes, fingerprint, SAVE_TIMEOUT_S)
 
+    def _start_plugins(self, command: Load, model: Any) -> Any | None:
+        """The model's serving plugins, each in its own process (``skippyctl.plugins``); None
+        without any. A plugin that cannot load is reported and left out: it never fails the
+        load."""
+        if not command.plugins:
+            return None
+        from skippyctl.plugins.link import PluginLink
+
+        llama = self.llama
+        n_vocab = int(llama.llama_vocab_n_tokens(llama.llama_model_get_vocab(model)))
+        deadline = (
+            DEFAULT_PROPOSAL_DEADLINE_MS
+            if command.spec_deadline_ms is None
+            else command.spec_deadline_ms
+        )
+        return PluginLink.start(
+            command.plugins, n_vocab=n_vocab, deadline_ms=deadline, on_report=self._plugin_report
+        )
+
+    def _plugin_report(self, report: Any) -> None:
+        # Called from the plugins' threads too: the channel's send is thread-safe.
+        self._send(PluginReported(report.plugin, report.kind, report.reason, report.failures))
+
     def _free(self) -> None:
         if self.loaded is None:
             return
         if self.loaded.generation is not None:
             self.loaded.generation.stop()
+        if self.loaded.plugins is not None:
+            self.loaded.plugins.close()  # after the decode thread: it calls into the link
         if self.loaded.context:
             self.llama.llama_free(self.loaded.context)
         self.llama.llama_model_free(self.loaded.model)

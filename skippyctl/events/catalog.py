@@ -236,6 +236,14 @@ class EventId(StrEnum):
     NATIVE_SEQUENCE_GAP_DETECTED = "native_sequence_gap_detected"
     RUNTIME_REPLAY_GAP = "runtime_replay_gap"
 
+    # speculation (serving plugins and speculative decoding)
+    SERVING_PLUGIN_LOADED = "serving_plugin_loaded"
+    SERVING_PLUGIN_LOAD_FAILED = "serving_plugin_load_failed"
+    SERVING_PLUGIN_FAILED = "serving_plugin_failed"
+    SERVING_PLUGIN_RESTARTED = "serving_plugin_restarted"
+    SERVING_PLUGIN_DISABLED = "serving_plugin_disabled"
+    SPECULATION_SUMMARIZED = "speculation_summarized"
+
 
 @dataclass(frozen=True, slots=True)
 class EventSpec:
@@ -1008,6 +1016,51 @@ _SPECS: Final[tuple[EventSpec, ...]] = (
                 DIAG,
                 _S.WARNING,
                 "A consumer resumed past the retained replay window.",
+            ),
+        ),
+    ),
+    *_family(
+        Category.SPECULATION,
+        (
+            (
+                _E.SERVING_PLUGIN_LOADED,
+                STATE,
+                _S.INFO,
+                "A serving plugin started beside a model's engine (in its own process).",
+            ),
+            (
+                _E.SERVING_PLUGIN_LOAD_FAILED,
+                DIAG,
+                _S.WARNING,
+                "A serving plugin could not be loaded (not found, ABI mismatch): the model"
+                " serves without it.",
+            ),
+            (
+                _E.SERVING_PLUGIN_FAILED,
+                DIAG,
+                _S.WARNING,
+                "A serving plugin failed (crashed, raised, invalid tokens, late): counted;"
+                " generation went on.",
+            ),
+            (
+                _E.SERVING_PLUGIN_RESTARTED,
+                DIAG,
+                _S.INFO,
+                "A serving plugin's process was started again after it died.",
+            ),
+            (
+                _E.SERVING_PLUGIN_DISABLED,
+                STATE,
+                _S.WARNING,
+                "A serving plugin was disabled after repeated failures; the model serves"
+                " without it.",
+            ),
+            (
+                _E.SPECULATION_SUMMARIZED,
+                DIAG,
+                _S.INFO,
+                "A speculating request's figures: windows, proposed, accepted, rejected, late,"
+                " discarded tokens.",
             ),
         ),
     ),

@@ -131,6 +131,9 @@ class SummaryKey(StrEnum):
     REQUESTED_BYTES = "requested_bytes"
     """What a failed allocation asked for (resource_allocation_failed, out_of_memory_condition)."""
     RETURN_CODE = "return_code"
+    SPEC_REJECTED_TOKENS = "spec_rejected_tokens"
+    SPEC_LATE_QUERIES = "spec_late_queries"
+    SPEC_DISCARDED_TOKENS = "spec_discarded_tokens"
     """A llama.cpp call's return code (compute_failure: llama_decode's)."""
 
 
@@ -198,6 +201,8 @@ class Scope:
     session_id: LogicalId | None = None
     request_id: LogicalId | None = None
     device_id: LogicalId | None = None
+    plugin_id: LogicalId | None = None
+    """A serving plugin of the model: its short name (a basename or an entry-point name)."""
 
 
 NO_SCOPE: Final = Scope()

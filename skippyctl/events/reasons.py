@@ -27,6 +27,7 @@ class Category(StrEnum):
     DIAGNOSTIC = "diagnostic"
     NODE_AVAILABILITY = "node_availability"
     EVENT_SYSTEM_HEALTH = "event_system_health"
+    SPECULATION = "speculation"
 
 
 class DeliveryClass(StrEnum):

@@ -245,6 +245,7 @@ class PluginLink:
         self._next_query = 1
         self._session_key = secrets.token_bytes(16)
         self._closed = False
+        self._last_late: frozenset[str] = frozenset()
         self._plugins: list[_Plugin] = []
         names: set[str] = set()
         for spec in specs:
@@ -604,11 +605,19 @@ class PluginLink:
                 if left_s <= 0:
                     break
                 self._answered.wait(left_s)
+            late: set[str] = set()
             for qid in mine:
                 wait = self._waiting.pop(qid)
+                if wait.answer is None and not wait.gone and wait.plugin.state != "disabled":
+                    late.add(wait.request)
                 reports += self._take(wait, result)
+            self._last_late = frozenset(late)
         self._emit(reports)
         return result
+
+    def late(self) -> frozenset[str]:
+        """The requests of the last :meth:`propose` that a plugin did not answer in time."""
+        return self._last_late
 
     def _take(self, wait: _Wait, result: dict[str, list[int]]) -> list[PluginReport]:
         p = wait.plugin

@@ -444,6 +444,7 @@ class ModelServer:
                 spec_windows=message.spec_windows,
                 spec_proposed=message.spec_proposed,
                 spec_accepted=message.spec_accepted,
+                spec_late=message.spec_late,
             )
         )
 

@@ -26,6 +26,8 @@ Invariants:
 
 from __future__ import annotations
 
+import math
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,7 +36,7 @@ from typing import Any, Final
 
 from skippyctl.engine.options import EngineOptions
 from skippyctl.engine.protocol import Load, SessionFile, Shutdown
-from skippyctl.engine.speculation import MAX_DRAFT_TOKENS, SpecMode
+from skippyctl.engine.speculation import MAX_DRAFT_TOKENS, MAX_PROPOSAL_DEADLINE_MS, SpecMode
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import (
     InvalidLogicalId,
@@ -97,6 +99,11 @@ class LoadRequest:
     """How its requests speculate (``engine/speculation.py``): ``off`` or ``ngram``."""
     spec_draft_tokens: int | None = None
     """Most proposed tokens a lane verifies in a step; None: the default."""
+    plugins: tuple[str, ...] = ()
+    """Serving plugins for this model (a C plugin's path or a Python entry-point name), after
+    the host's own (``runtime serve --plugin``)."""
+    spec_deadline_ms: float | None = None
+    """How long a step waits for the plugins' proposals; None: the default."""
 
     @property
     def split(self) -> bool:
@@ -164,22 +171,55 @@ def validate_request(request: LoadRequest) -> str | None:
             LogicalId(request.alias)
         except InvalidLogicalId:
             return "--alias must be 1-64 characters of [A-Za-z0-9._:+=-]"
-    return speculation_problem(request.speculation, request.spec_draft_tokens) or (
-        validate_stages(request)
-    )
+    return speculation_problem(
+        request.speculation, request.spec_draft_tokens, request.plugins, request.spec_deadline_ms
+    ) or (validate_stages(request))
 
 
 SPEC_MODES: Final = tuple(mode.value for mode in SpecMode)
+PLUGIN_NAME: Final = re.compile(r"[A-Za-z0-9._-]{1,64}")
+"""A Python plugin's entry-point name (``skippyctl.plugins`` group)."""
 """The values of ``load --spec`` / ``speculation``."""
 
 
-def speculation_problem(mode: str, draft_tokens: int | None) -> str | None:
-    """Why a load's speculation options are invalid, or None (the CLI asks before any runtime
-    is reached, the host before anything starts)."""
+def speculation_problem(
+    mode: str,
+    draft_tokens: int | None,
+    plugins: tuple[str, ...] = (),
+    deadline_ms: float | None = None,
+) -> str | None:
+    """Why a load's speculation and plugin options are invalid, or None (the CLI asks before
+    any runtime is reached, the host before anything starts). ``--spec plugin`` without a
+    plugin is the host's to refuse: it may have its own (``runtime serve --plugin``)."""
     if mode not in SPEC_MODES:
         return "--spec must be one of: " + ", ".join(SPEC_MODES)
     if draft_tokens is not None and not 1 <= draft_tokens <= MAX_DRAFT_TOKENS:
         return f"--spec-draft-tokens must be 1-{MAX_DRAFT_TOKENS}"
+    if deadline_ms is not None and not (
+        math.isfinite(deadline_ms) and 0.1 <= deadline_ms <= MAX_PROPOSAL_DEADLINE_MS
+    ):
+        return f"--spec-deadline-ms must be 0.1-{MAX_PROPOSAL_DEADLINE_MS:g}"
+    for plugin in plugins:
+        problem = plugin_problem(plugin)
+        if problem is not None:
+            return problem
+    return None
+
+
+def plugin_problem(spec: str) -> str | None:
+    """Why a ``--plugin`` value cannot name a plugin, or None. The message names a file by its
+    basename only."""
+    if not spec or len(spec) > 4096 or "\x00" in spec:
+        return "--plugin must be a plugin's .so file or an entry-point name"
+    if spec.endswith(".so"):
+        path = Path(spec)
+        if not path.is_absolute():
+            return f"--plugin {path.name}: give the plugin's file as an absolute path"
+        if not path.is_file():
+            return f"--plugin {path.name}: no such file"
+        return None
+    if not PLUGIN_NAME.fullmatch(spec):
+        return "--plugin: an entry-point name is 1-64 characters of [A-Za-z0-9._-]"
     return None
 
 
@@ -201,6 +241,8 @@ class RuntimeHost:
     ) -> None:
         self.pipeline = pipeline or Pipeline()
         self.options = options or EngineOptions()
+        self.default_plugins: tuple[str, ...] = ()
+        """Serving plugins every model gets before its own (``runtime serve --plugin``)."""
         """What every engine this host starts is told (spawn arguments, decided once)."""
         self.native = NativeStatus(None, None, None)
         self._ids = OperationIds()
@@ -294,6 +336,9 @@ class RuntimeHost:
         model_id: LogicalId | None = None
         try:
             problem = validate_request(request)
+            plugin_less = not (self.default_plugins or request.plugins)
+            if problem is None and request.speculation == SpecMode.PLUGIN.value and plugin_less:
+                problem = "--spec plugin needs a serving plugin (--plugin)"
             if problem is None:
                 model_id = model_id_for(request.artifact, request.alias)
         except Exception as error:  # noqa: BLE001 - refused below, with its own terminal
@@ -430,6 +475,8 @@ class RuntimeHost:
                     if request.speculation == SpecMode.OFF.value
                     else request.speculation,
                     spec_draft_tokens=request.spec_draft_tokens,
+                    plugins=(*self.default_plugins, *request.plugins),
+                    spec_deadline_ms=request.spec_deadline_ms,
                     restore=files,
                     state_max_bytes=max_bytes if files else 0,
                 ),

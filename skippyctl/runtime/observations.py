@@ -214,6 +214,20 @@ def done_emissions(message: GenDone, has_session: bool, duration_ms: float) -> t
         spec_proposed_tokens=message.spec_proposed if message.spec_windows else None,
         spec_accepted_tokens=message.spec_accepted if message.spec_windows else None,
     )
+    if message.spec_windows or message.spec_late:
+        found.append(
+            Emission(
+                EventId.SPECULATION_SUMMARIZED,
+                summaries(
+                    spec_windows=message.spec_windows,
+                    spec_proposed_tokens=message.spec_proposed,
+                    spec_accepted_tokens=message.spec_accepted,
+                    spec_rejected_tokens=message.spec_proposed - message.spec_accepted,
+                    spec_late_queries=message.spec_late,
+                    spec_discarded_tokens=0,  # no run-ahead windows yet
+                ),
+            )
+        )
     batching = BatchingMode.CONTINUOUS if message.shared_steps > 0 else BatchingMode.SINGLE
     found.append(
         Emission(

@@ -18,11 +18,12 @@ Contract of a receipt (its ``document`` is the JSON of the API and of ``generate
 - timings in ms: ``queue_ms`` (received → handed to the engine; a request that never got there
   spent its whole life queued), ``prefill_ms``, ``ttft_ms``, ``decode_ms`` (first to last
   sampled token), ``total_ms`` (received → terminal); a figure that does not apply is null;
-- ``speculative``: the proposal figures: ``mode`` (``off``: every count is 0; ``ngram``),
-  ``windows`` (steps that verified proposals), ``proposed``, ``accepted`` (committed, each a
-  decode step saved), ``rejected`` (proposed − accepted: their KV was dropped), ``late`` and
-  ``discarded`` (proposals after their deadline, and run-ahead tokens dropped unexecuted: 0
-  with the built-in n-gram proposer, which answers within the step and does not run ahead).
+- ``speculative``: the proposal figures: ``mode`` (``off``: every count is 0; ``ngram``;
+  ``plugin``), ``windows`` (steps that verified proposals), ``proposed``, ``accepted``
+  (committed, each a decode step saved), ``rejected`` (proposed − accepted: their KV was
+  dropped), ``late`` (plugin proposal queries answered after their deadline, dropped unused;
+  0 with the built-in n-gram proposer, which answers within the step) and ``discarded``
+  (run-ahead tokens dropped unexecuted: 0, nothing runs ahead yet).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class SpeculativeFigures:
     accepted: int = 0
     rejected: int = 0
     late: int = 0
-    """Proposals that came after their deadline and were not used."""
+    """Proposal queries answered after their deadline (their proposals were not used)."""
     discarded: int = 0
     """Run-ahead tokens dropped unexecuted after a verify rejected an earlier window."""
 
@@ -141,6 +142,7 @@ def receipt_of(handle: RequestHandle, finished: Finished, ended_mono_ns: int) ->
             proposed=finished.spec_proposed,
             accepted=finished.spec_accepted,
             rejected=finished.spec_proposed - finished.spec_accepted,
+            late=finished.spec_late,
         ),
     )
 

@@ -124,6 +124,7 @@ class Finished:
     spec_windows: int = 0
     spec_proposed: int = 0
     spec_accepted: int = 0
+    spec_late: int = 0
 
 
 Chunk = TextChunk | Finished

@@ -81,6 +81,7 @@ from skippyctl.engine.protocol import (
     LoadReturned,
     MemoryAllocated,
     Ping,
+    PluginReported,
     Pong,
     ProtocolError,
     ServingMessage,
@@ -116,6 +117,7 @@ from skippyctl.pipeline.authority import (
 from skippyctl.pipeline.authority import (
     LoadReturned as LoadReturnedItem,
 )
+from skippyctl.runtime.plugin_events import plugin_events
 from skippyctl.runtime.resource_events import resource_events
 
 STOP_GRACE_S: Final = 3.0
@@ -552,6 +554,9 @@ class EngineProcess:
             case Link():
                 if self.topology is not None:
                     self.topology.engine_link(message)
+            case PluginReported():
+                for event in plugin_events(message, self.model_id):
+                    self._authority(Observed(event))
             case (
                 LoadPhase()
                 | Backends()

@@ -9,9 +9,9 @@ which parts an event has in each, in which order, under which keys); `encode` wr
   `GET /api/runtime/events/recent`. Keys: `schema_version`, `event` (the id), `category`,
   `severity`, `ts`, `seq`, `cursor`, `producer`, then only when they apply `operation_id`, the
   scope flat (`model_id`, `topology_id`, `stage_id`, `session_id`, `request_id`, `device_id`,
-  `stage_index`), `progress` {current,total,unit}, `outcome`, `reason_code`, `duration_ms`,
-  `stop_reason`, `batching`, `state` {current,previous}, `native` {sequence,evidence},
-  `summaries` {key: number}; last `summary`.
+  `plugin_id`, `stage_index`), `progress` {current,total,unit}, `outcome`, `reason_code`,
+  `duration_ms`, `stop_reason`, `batching`, `state` {current,previous}, `native`
+  {sequence,evidence}, `summaries` {key: number}; last `summary`.
 - The **event object** (`event_object`): the `event` of an SSE `runtime_event` frame (`frame`
   adds the envelope `version`, `cursor`, `process_instance_id`, `sequence`). Keys: `category`,
   `kind` (the id), `producer`, `severity`, `ts`, `scope` {the same ids}, `operation`

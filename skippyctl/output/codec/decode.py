@@ -237,6 +237,7 @@ class _Decoder:
             session_id=self.logical(values, "session_id"),
             request_id=self.logical(values, "request_id"),
             device_id=self.logical(values, "device_id"),
+            plugin_id=self.logical(values, "plugin_id"),
         )
 
     def native(self, wall_ns: int) -> NativeStamp | None:

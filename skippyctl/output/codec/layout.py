@@ -34,7 +34,15 @@ class Part(Enum):
     SUMMARY = auto()
 
 
-SCOPE_KEYS: Final = ("model_id", "topology_id", "stage_id", "session_id", "request_id", "device_id")
+SCOPE_KEYS: Final = (
+    "model_id",
+    "topology_id",
+    "stage_id",
+    "session_id",
+    "request_id",
+    "device_id",
+    "plugin_id",
+)
 SCOPE_FIELDS: Final = frozenset({*SCOPE_KEYS, "stage_index"})
 OUTCOME_KEYS: Final = (
     "progress",
