@@ -1,7 +1,7 @@
 """Speculative decoding over HTTP: skippy's `--spec ngram` against off, and against llama-server.
 
     .venv/bin/python -m benchmarks.speculation [--rounds N] [--sessions 1,4] [--tokens N]
-        [--models mid-f16-successor,mid-f16] [--threads T] [--llama-server-types …]
+        [--models mid-f16-successor,mid-f16] [--threads T] [--llama-server-types …] [--plugin]
 
 For each model and S in --sessions, every variant is started fresh (benchmarks/servers.py: same
 model, threads, flash attention, S parallel sequences, 512 + --tokens context each, split KV),
@@ -18,6 +18,11 @@ issue's shape; its greedy output cycles, so proposals match), skippy ngram ≥ 2
 ≥ 1.0 × llama-server's best n-gram mode, with 1 and 4 sessions; on its random twin `mid-f16`,
 skippy ngram ≥ 0.97 × skippy off (speculation must cost nothing when it fails).
 
+With --plugin, one more skippy variant: `--spec plugin` with the C example plugin
+(examples/plugins/c, built here), the same prompt lookup in its own process, asked once per
+step under the default deadline: its ratio to in-process `--spec ngram` is what the plugin
+boundary costs (target ≥ 0.97).
+
 Prints a table and the verdicts on stderr, one JSON summary on stdout.
 """
 
@@ -26,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+import subprocess
 import sys
 import tempfile
 from dataclasses import asdict, dataclass
@@ -40,6 +46,8 @@ from benchmarks.servers import LLAMA_SERVER, SKIPPY, ServerSpec, start
 
 SKIPPY_OFF: Final = "skippy"
 SKIPPY_NGRAM: Final = "skippy --spec ngram"
+SKIPPY_PLUGIN: Final = "skippy --spec plugin (C)"
+TARGET_PLUGIN: Final = 0.97
 DEFAULT_LLAMA_SERVER_TYPES: Final = ("ngram-simple", "ngram-map-k", "ngram-mod")
 TARGET_SPEEDUP: Final = 2.5
 TARGET_PEER: Final = 1.0
@@ -80,12 +88,19 @@ class Verdict:
     met: bool
 
 
-def variants(types: tuple[str, ...]) -> list[Variant]:
+def variants(types: tuple[str, ...], plugin: Path | None = None) -> list[Variant]:
     found = [
         Variant(SKIPPY_OFF, SKIPPY),
         Variant(SKIPPY_NGRAM, SKIPPY, skippy_args=("--spec", "ngram")),
         Variant(LLAMA_SERVER, LLAMA_SERVER),
     ]
+    if plugin is not None:
+        found.insert(
+            2,
+            Variant(
+                SKIPPY_PLUGIN, SKIPPY, skippy_args=("--spec", "plugin", "--plugin", str(plugin))
+            ),
+        )
     found += [
         Variant(f"llama-server {t}", LLAMA_SERVER, llama_server_args=("--spec-type", t))
         for t in types
@@ -142,6 +157,7 @@ def run(
     tokens: int,
     threads: int,
     types: tuple[str, ...],
+    plugin: Path | None = None,
 ) -> tuple[list[Row], list[Verdict]]:
     rows: list[Row] = []
     verdicts: list[Verdict] = []
@@ -149,7 +165,9 @@ def run(
         path = model_path(model)
         successor = model in SUCCESSOR_MODELS
         # On a model where proposals rarely match only the cost of trying matters: skippy alone.
-        chosen = variants(types) if successor else variants(())[:2]
+        chosen = variants(types, plugin)
+        if not successor:
+            chosen = [v for v in chosen if v.server == SKIPPY]
         for count in sessions:
             rates: dict[str, list[float]] = {v.name: [] for v in chosen}
             for index in range(rounds):
@@ -170,6 +188,12 @@ def run(
                     )
                 )
             on, off = rates[SKIPPY_NGRAM], rates[SKIPPY_OFF]
+            if SKIPPY_PLUGIN in rates:
+                verdicts.append(
+                    _verdict(
+                        model, count, "plugin / ngram", rates[SKIPPY_PLUGIN], on, TARGET_PLUGIN
+                    )
+                )
             if successor:
                 verdicts.append(_verdict(model, count, "ngram / off", on, off, TARGET_SPEEDUP))
                 peers = [name for name in rates if name.startswith("llama-server ")]
@@ -183,6 +207,28 @@ def run(
     return rows, verdicts
 
 
+def build_example_plugin(directory: Path) -> Path:
+    """The C example plugin, compiled against this checkout's plugin ABI header."""
+    root = Path(__file__).resolve().parents[1]
+    out = directory / "ngram_plugin.so"
+    subprocess.run(
+        [
+            "cc",
+            "-std=c11",
+            "-O2",
+            "-fPIC",
+            "-shared",
+            "-fvisibility=hidden",
+            f"-I{root / 'native' / 'include'}",
+            "-o",
+            str(out),
+            str(root / "examples" / "plugins" / "c" / "ngram_plugin.c"),
+        ],
+        check=True,
+    )
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -191,11 +237,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default="mid-f16-successor,mid-f16")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--llama-server-types", default=",".join(DEFAULT_LLAMA_SERVER_TYPES))
+    parser.add_argument(
+        "--plugin", action="store_true", help="also measure --spec plugin with the C example"
+    )
     args = parser.parse_args(argv)
     models = tuple(m for m in args.models.split(",") if m)
     sessions = tuple(int(s) for s in args.sessions.split(",") if s)
     types = tuple(t for t in args.llama_server_types.split(",") if t)
-    rows, verdicts = run(models, sessions, args.rounds, args.tokens, args.threads, types)
+    with tempfile.TemporaryDirectory(prefix="skippy-plugin-") as built:
+        plugin = build_example_plugin(Path(built)) if args.plugin else None
+        rows, verdicts = run(
+            models, sessions, args.rounds, args.tokens, args.threads, types, plugin
+        )
     sys.stderr.write(f"\n{'model':>14} {'S':>2} {'variant':>26} {'tok/s':>8} {'min..max':>15}\n")
     for row in rows:
         spread = f"{row.tokens_per_s_min:.1f}..{row.tokens_per_s_max:.1f}"
