@@ -282,6 +282,14 @@ class LoadReturned:
     duration_ms: float | None = None
     model_size_bytes: int | None = None
     parameters: int | None = None
+    layers: int | None = None
+    """``llama_model_n_layer``: the model's repeating layers."""
+    context_train_tokens: int | None = None
+    """``llama_model_n_ctx_train``: the context the model was trained with."""
+    vocab_size: int | None = None
+    """``llama_vocab_n_tokens`` of the model's vocabulary."""
+    files: int | None = None
+    """GGUF files llama.cpp opened: a split set's ``split.count``, else 1."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,6 +308,8 @@ class ContextReturned:
     """Only when not ``ok`` and the engine knows why: ``out_of_memory`` (the KV cache it would
     need does not fit the memory available), ``resource_allocation_failure`` (llama.cpp
     returned no context)."""
+    batch_tokens: int | None = None
+    """``llama_n_batch``: the most tokens one ``llama_decode`` call takes."""
 
 
 @dataclass(frozen=True, slots=True)

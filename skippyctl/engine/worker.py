@@ -37,6 +37,7 @@ available — MemAvailable, capped by an RLIMIT_AS — is refused before llama.c
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import socket
 import sys
@@ -94,6 +95,10 @@ CPU_DEVICE: Final = "CPU"
 _GPU_KINDS: Final = frozenset({"gpu", "igpu"})
 MAX_CONTEXT_TOKENS: Final = 2**32 - 1
 """``llama_context_params.n_ctx`` is a uint32_t."""
+SPLIT_COUNT_KEY: Final = b"split.count"
+"""The GGUF key llama.cpp's loader reads for the number of parts of a split set (a uint16)."""
+SPLIT_COUNT_VALUE_BYTES: Final = 16
+"""Room for a uint16's decimal text and its NUL (a longer value is refused, not truncated)."""
 
 
 @dataclass(slots=True)
@@ -343,6 +348,10 @@ class Worker:
                     duration_ms=duration_ms,
                     model_size_bytes=int(llama.llama_model_size(model)),
                     parameters=int(llama.llama_model_n_params(model)),
+                    layers=int(llama.llama_model_n_layer(model)),
+                    context_train_tokens=int(llama.llama_model_n_ctx_train(model)),
+                    vocab_size=int(llama.llama_vocab_n_tokens(llama.llama_model_get_vocab(model))),
+                    files=_files_opened(llama, model),
                 )
             else:
                 reply = LoadReturned(operation_id, ok=False, duration_ms=duration_ms)
@@ -533,6 +542,7 @@ class Worker:
                 context_tokens=int(llama.llama_n_ctx(context)),
                 lanes=lanes,
                 context_tokens_per_lane=self.loaded.generation.context_tokens_per_lane(),
+                batch_tokens=int(llama.llama_n_batch(context)),
             )
         self._send(reply)
         if self.loaded.generation is not None:
@@ -643,6 +653,24 @@ class _SlowDecode:
     def llama_decode(self, *args: Any) -> Any:
         time.sleep(self._delay_s)
         return self._llama.llama_decode(*args)
+
+
+def _files_opened(llama: Any, model: Any) -> int | None:
+    """How many GGUF files llama.cpp opened for ``model``: its loader opens as many parts as the
+    first file's ``split.count`` metadata says (not as its name says), 1 when the key is absent.
+    llama.h gives metadata values only as text (``llama_model_meta_val_str``), so the value is
+    read back as the integer it is; None for a value that is not a positive count."""
+    value = ctypes.create_string_buffer(SPLIT_COUNT_VALUE_BYTES)
+    length = int(llama.llama_model_meta_val_str(model, SPLIT_COUNT_KEY, value, len(value)))
+    if length < 0:
+        return 1
+    if length >= len(value):  # snprintf's length: the text did not fit, and no count is that long
+        return None
+    try:
+        count = int(value.value.decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return count if count > 0 else None
 
 
 def _available_bytes() -> int | None:

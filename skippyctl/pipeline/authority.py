@@ -38,6 +38,11 @@ class LoadReturned:
     model_size_bytes: int | None = None
     parameters: int | None = None
     duration_ms: float | None = None
+    layers: int | None = None
+    context_train_tokens: int | None = None
+    vocab_size: int | None = None
+    files: int | None = None
+    """GGUF files the load opened (a split set's parts, else 1)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +60,8 @@ class ContextReturned:
     lanes: int | None = None
     reason: ReasonCode | None = None
     context_tokens_per_lane: int | None = None
+    batch_tokens: int | None = None
+    """The context's n_batch: the most tokens one decode call takes."""
 
 
 @dataclass(frozen=True, slots=True)

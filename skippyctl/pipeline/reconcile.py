@@ -173,7 +173,12 @@ class Reconciler:
                     outcome=Outcome.SUCCESS,
                     duration_ms=item.duration_ms,
                     summaries=summaries(
-                        model_size_bytes=item.model_size_bytes, parameters=item.parameters
+                        model_size_bytes=item.model_size_bytes,
+                        parameters=item.parameters,
+                        layers=item.layers,
+                        context_train_tokens=item.context_train_tokens,
+                        vocab_size=item.vocab_size,
+                        files=item.files,
                     ),
                 )
             ]
@@ -214,6 +219,7 @@ class Reconciler:
                         context_tokens=item.context_tokens,
                         lanes=item.lanes,
                         context_tokens_per_lane=item.context_tokens_per_lane,
+                        batch_tokens=item.batch_tokens,
                     ),
                 )
             ]

@@ -597,6 +597,10 @@ class EngineProcess:
                 model_size_bytes=message.model_size_bytes,
                 parameters=message.parameters,
                 duration_ms=message.duration_ms,
+                layers=message.layers,
+                context_train_tokens=message.context_train_tokens,
+                vocab_size=message.vocab_size,
+                files=message.files,
             )
         )
         if self.topology is not None:
@@ -617,6 +621,7 @@ class EngineProcess:
                     lanes=message.lanes,
                     context_tokens_per_lane=message.context_tokens_per_lane,
                     reason=message.reason,
+                    batch_tokens=message.batch_tokens,
                 )
             )
             self._serving = message.ok and not cancelled

@@ -229,7 +229,10 @@ def _split_parts(run: Run) -> Finding | None:
     if not found:
         return None
     parts = 1 + int(found[0].group(1))
-    return Finding(len(found), _carrying_number(run, parts), f"{parts} files")
+    events = run.of("native_model_load_completed")
+    files = _value(events[0], "files") if events else None
+    carried = _ids(events) if files == parts else ()
+    return Finding(len(found), carried, f"{parts} files ↔ files {files}")
 
 
 FILE_SIZE: Final = re.compile(r"^print_info: file size\s+=\s+([\d.]+) MiB")
@@ -299,16 +302,19 @@ def _params(run: Run) -> Finding | None:
     )
 
 
-def _number(pattern: re.Pattern[str], what: str, keys: tuple[str, ...] | None) -> Check:
-    """A fact that is one number: carried when a load event has it as a numeric summary (under
-    one of `keys`, where a bare number would match an unrelated figure)."""
+def _returned(pattern: re.Pattern[str], what: str, event_id: str, key: str) -> Check:
+    """A fact that is one number llama.cpp returns to the engine (a model's or a context's
+    getter): carried when `event_id`, made from that return, has the log's figure as `key`."""
 
     def check(run: Run) -> Finding | None:
         found = run.matches(pattern)
         if not found:
             return None
-        value = int(found[0].group(1))
-        return Finding(len(found), _carrying_number(run, value, keys), f"{what} {value}")
+        logged = int(found[0].group(1))
+        events = run.of(event_id)
+        value = _value(events[0], key) if events else None
+        carried = _ids(events) if value == logged else ()
+        return Finding(len(found), carried, f"{what} {logged} ↔ {key} {value}")
 
     return check
 
@@ -363,7 +369,8 @@ def _offloaded(run: Run) -> Finding | None:
     if not found:
         return None
     done, total = int(found[0].group(1)), int(found[0].group(2))
-    carried = _carrying_number(run, done, ("gpu_layers", "layers", "layer_count"))
+    # Not `layers`: that is the model's n_layer (native_model_load_completed), not an offload.
+    carried = _carrying_number(run, done, ("gpu_layers", "layer_count"))
     return Finding(len(found), carried, f"{done}/{total} layers")
 
 
@@ -492,15 +499,31 @@ def _warm_up(run: Run) -> Finding | None:
 CTX_BELOW_TRAIN: Final = re.compile(r"n_ctx_seq \((\d+)\) < n_ctx_train \((\d+)\)")
 
 
+CTX_BELOW_TRAIN_EVENTS: Final = (
+    "native_model_load_completed",
+    "serving_backend_initialization_completed",
+)
+
+
 def _ctx_below_train(run: Run) -> Finding | None:
+    """llama.cpp warns whenever a sequence's context is below the training context: the
+    events' `context_tokens_per_lane` and `context_train_tokens` must say the same, and events
+    that say it without the warning are a fact the log does not state."""
     found = run.matches(CTX_BELOW_TRAIN)
+    model = run.of(CTX_BELOW_TRAIN_EVENTS[0])
+    serving = run.of(CTX_BELOW_TRAIN_EVENTS[1])
+    train = _value(model[0], "context_train_tokens") if model else None
+    per_lane = _value(serving[0], "context_tokens_per_lane") if serving else None
+    below = train is not None and per_lane is not None and per_lane < train
     if not found:
-        return None
-    train = int(found[0].group(2))
+        return Finding(0, (), f"{per_lane} < {train} without a warning") if below else None
+    logged_seq, logged_train = int(found[0].group(1)), int(found[0].group(2))
+    ok = below and (per_lane, train) == (logged_seq, logged_train)
     return Finding(
         len(found),
-        _carrying_number(run, train, ("context_train_tokens",)),
-        f"{found[0].group(1)} < {train}",
+        _ids(model + serving) if ok else (),
+        f"{logged_seq} < {logged_train} ↔ context_tokens_per_lane {per_lane}, "
+        f"context_train_tokens {train}",
     )
 
 
@@ -524,21 +547,24 @@ FACTS: Final[tuple[Fact, ...]] = (
         "split set: files opened",
         SPLIT_PARTS,
         _split_parts,
-        gap="a load's events do not say how many files a split set has",
+        ("native_model_load_completed",),
     ),
     Fact(
         "architecture",
         "architecture name",
         ARCH,
         _named(ARCH, "arch"),
-        gap="no event names the model's architecture",
+        gap="a name (`general.architecture`): events carry no free text by design, only "
+        "numeric summaries under closed keys and enum values",
     ),
     Fact(
         "architecture",
         "file type (quantization)",
         FILE_TYPE,
         _named(FILE_TYPE, "type"),
-        gap="no event names the weights' type",
+        gap="a type name: events carry no free text by design (llama.h's "
+        "`llama_model_ftype` is a number, but no summary key or published vocabulary of "
+        "its values exists yet)",
     ),
     Fact(
         "architecture",
@@ -551,23 +577,24 @@ FACTS: Final[tuple[Fact, ...]] = (
         "architecture",
         "layers",
         N_LAYER,
-        _number(N_LAYER, "n_layer", ("layers", "layer_count")),
-        gap="a local load has no `layers` summary (only a split topology's stage events do)",
+        _returned(N_LAYER, "n_layer", "native_model_load_completed", "layers"),
+        ("native_model_load_completed",),
     ),
     Fact(
         "architecture",
         "training context",
         N_CTX_TRAIN,
-        _number(N_CTX_TRAIN, "n_ctx_train", None),
-        gap="the `context_train_tokens` summary key is never emitted",
+        _returned(
+            N_CTX_TRAIN, "n_ctx_train", "native_model_load_completed", "context_train_tokens"
+        ),
+        ("native_model_load_completed",),
     ),
     Fact(
         "tokenizer/vocab",
         "vocabulary size",
         N_VOCAB,
-        _number(N_VOCAB, "n_vocab", ("vocab_size",)),
-        gap="the `vocab_size` summary key is never emitted, and no "
-        "`tokenizer ready` phase (native kind 103) is produced",
+        _returned(N_VOCAB, "n_vocab", "native_model_load_completed", "vocab_size"),
+        ("native_model_load_completed",),
     ),
     Fact(
         "tensor loading",
@@ -581,7 +608,8 @@ FACTS: Final[tuple[Fact, ...]] = (
         "tensor count",
         TENSOR_COUNT,
         _tensor_count,
-        gap="no event counts the model's tensors",
+        gap="llama.h has no tensor count (a split set's `split.tensors.count` metadata is "
+        "the only one, and a single file has none)",
     ),
     Fact(
         "offload/device",
@@ -595,8 +623,11 @@ FACTS: Final[tuple[Fact, ...]] = (
         "layers offloaded",
         OFFLOADED,
         _offloaded,
-        gap="the applied offload (N of M layers) is in no event; "
-        "`cpu_fallback_activated` carries the requested `gpu_layers`",
+        gap="llama.h reports no applied offload, and the logged N is min(`n_gpu_layers`, "
+        "n_layer + 1) of n_layer + 1, printed with or without a GPU (`gpu` logs 3/3 with "
+        "every layer on the CPU), so an event could only restate the request. Where the "
+        "layers are is `device_selected`, a fallback's request `gpu_layers` of "
+        "`cpu_fallback_activated`, n_layer `layers`",
     ),
     Fact(
         "memory buffers",
@@ -625,7 +656,7 @@ FACTS: Final[tuple[Fact, ...]] = (
         "KV cache types",
         KV_TYPES,
         _named(KV_TYPES, "K/V", (1, 2)),
-        gap="no event names the K and V cache types",
+        gap="type names: events carry no free text by design",
     ),
     Fact(
         "context",
@@ -652,9 +683,8 @@ FACTS: Final[tuple[Fact, ...]] = (
         "context",
         "batch size",
         N_BATCH,
-        _number(N_BATCH, "n_batch", ("batch_size",)),
-        gap="the context's n_batch is in no event (`batch_size` of "
-        "`generation_completed` is a decode step's requests)",
+        _returned(N_BATCH, "n_batch", "serving_backend_initialization_completed", "batch_tokens"),
+        ("serving_backend_initialization_completed",),
     ),
     Fact(
         "warm-up",
@@ -682,14 +712,16 @@ FACTS: Final[tuple[Fact, ...]] = (
         "buffer type fallback",
         BUFFER_FALLBACK,
         _named(BUFFER_FALLBACK, "preferred buffer type"),
-        gap="a weight buffer type llama.cpp could not use is in no event",
+        gap="a buffer type name, per tensor: llama.h reports no buffer type choice and events "
+        "carry no free text by design (the bytes each device holds are in "
+        "`model_memory_allocation_summary`)",
     ),
     Fact(
         "warnings/fallbacks",
         "context below training context",
         CTX_BELOW_TRAIN,
         _ctx_below_train,
-        gap="without n_ctx_train in an event this warning has no counterpart",
+        CTX_BELOW_TRAIN_EVENTS,
     ),
 )
 

@@ -17,6 +17,7 @@ import pytest
 
 from skippyctl.engine.channel import frame, host_side
 from skippyctl.engine.options import EngineOptions
+from skippyctl.fixtures.generate import TINY
 
 Message = dict[str, Any]
 
@@ -206,6 +207,44 @@ def test_a_context_the_engine_cannot_serve_fails_the_load_instead_of_the_process
         assert fresh.next("context_returned")["ok"] is False
         fresh.send({"op": "ping", "seq": 2})
         assert fresh.next("pong")["seq"] == 2
+    finally:
+        fresh.close()
+
+
+@pytest.mark.parametrize(
+    ("name", "files"),
+    [("tiny.gguf", 1), ("tiny-split-00001-of-00003.gguf", 3)],
+    ids=["single-file", "split-set"],
+)
+def test_the_load_returns_llama_cpps_model_and_context_figures(
+    fixture_dir: Path, name: str, files: int
+) -> None:
+    """The figures llama.cpp's log prints about a model and its context, read from its API."""
+    fresh = Engine()
+    try:
+        fresh.send(
+            {
+                "op": "load",
+                "operation_id": "load-f",
+                "native_operation": 3,
+                "serving_operation": 0,
+                "path": str(fixture_dir / name),
+                "context_tokens": 256,
+                "lanes": 1,
+                "gpu_layers": 0,
+            }
+        )
+        loaded = fresh.next("load_returned")
+        figures = ("layers", "context_train_tokens", "vocab_size", "files")
+        assert {key: loaded[key] for key in figures} == {
+            "layers": TINY.n_layer,
+            "context_train_tokens": TINY.n_ctx_train,
+            "vocab_size": TINY.n_vocab,
+            "files": files,
+        }
+        serving = fresh.next("context_returned")
+        # llama.cpp caps n_batch at n_ctx: 256 here, below its default of 2048.
+        assert (serving["ok"], serving["batch_tokens"]) == (True, 256)
     finally:
         fresh.close()
 

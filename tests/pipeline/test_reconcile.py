@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pytest
 
 from skippyctl.events.catalog import EventId
-from skippyctl.events.envelope import Event, LogicalId
+from skippyctl.events.envelope import Event, LogicalId, SummaryKey
 from skippyctl.events.reasons import Producer, ReasonCode
 from skippyctl.pipeline.authority import (
     CancelRequested,
@@ -104,6 +104,52 @@ def test_legacy_runtime_without_events_gets_started_and_terminal_from_returns() 
         EventId.SERVING_BACKEND_INITIALIZATION_COMPLETED,
     ]
     assert {e.producer for e in events[:2]} == {Producer.RECONCILED}
+
+
+def test_the_returned_figures_become_the_summaries_of_the_events_made_from_the_returns() -> None:
+    _, reconciler = _setup()
+    reconciler.on_authority(LoadBegun(OP))
+    (loaded,) = reconciler.on_authority(
+        LoadReturned(
+            OP,
+            ok=True,
+            model_size_bytes=410880,
+            parameters=205120,
+            layers=2,
+            context_train_tokens=2048,
+            vocab_size=1024,
+            files=3,
+        )
+    )
+    reconciler.on_authority(ContextBegun(OP))
+    (serving,) = reconciler.on_authority(
+        ContextReturned(
+            OP, ok=True, context_tokens=256, lanes=1, context_tokens_per_lane=256, batch_tokens=256
+        )
+    )
+    assert loaded.id is EventId.NATIVE_MODEL_LOAD_COMPLETED
+    assert {s.key: s.value for s in loaded.summaries} == {
+        SummaryKey.MODEL_SIZE_BYTES: 410880,
+        SummaryKey.PARAMETERS: 205120,
+        SummaryKey.LAYERS: 2,
+        SummaryKey.CONTEXT_TRAIN_TOKENS: 2048,
+        SummaryKey.VOCAB_SIZE: 1024,
+        SummaryKey.FILES: 3,
+    }
+    assert serving.id is EventId.SERVING_BACKEND_INITIALIZATION_COMPLETED
+    assert {s.key: s.value for s in serving.summaries} == {
+        SummaryKey.CONTEXT_TOKENS: 256,
+        SummaryKey.LANES: 1,
+        SummaryKey.CONTEXT_TOKENS_PER_LANE: 256,
+        SummaryKey.BATCH_TOKENS: 256,
+    }
+
+
+def test_a_figure_the_engine_did_not_return_is_no_summary() -> None:
+    _, reconciler = _setup()
+    reconciler.on_authority(LoadBegun(OP))
+    (loaded,) = reconciler.on_authority(LoadReturned(OP, ok=True, layers=2))
+    assert [s.key for s in loaded.summaries] == [SummaryKey.LAYERS]
 
 
 def test_native_started_is_not_repeated_by_the_return_path() -> None:
