@@ -158,6 +158,7 @@ def run(
     threads: int,
     types: tuple[str, ...],
     plugin: Path | None = None,
+    skippy_only: bool = False,
 ) -> tuple[list[Row], list[Verdict]]:
     rows: list[Row] = []
     verdicts: list[Verdict] = []
@@ -166,7 +167,7 @@ def run(
         successor = model in SUCCESSOR_MODELS
         # On a model where proposals rarely match only the cost of trying matters: skippy alone.
         chosen = variants(types, plugin)
-        if not successor:
+        if skippy_only or not successor:
             chosen = [v for v in chosen if v.server == SKIPPY]
         for count in sessions:
             rates: dict[str, list[float]] = {v.name: [] for v in chosen}
@@ -240,6 +241,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--plugin", action="store_true", help="also measure --spec plugin with the C example"
     )
+    parser.add_argument(
+        "--skippy-only", action="store_true", help="leave llama-server out (no peer build)"
+    )
     args = parser.parse_args(argv)
     models = tuple(m for m in args.models.split(",") if m)
     sessions = tuple(int(s) for s in args.sessions.split(",") if s)
@@ -247,7 +251,14 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="skippy-plugin-") as built:
         plugin = build_example_plugin(Path(built)) if args.plugin else None
         rows, verdicts = run(
-            models, sessions, args.rounds, args.tokens, args.threads, types, plugin
+            models,
+            sessions,
+            args.rounds,
+            args.tokens,
+            args.threads,
+            types,
+            plugin,
+            args.skippy_only,
         )
     sys.stderr.write(f"\n{'model':>14} {'S':>2} {'variant':>26} {'tok/s':>8} {'min..max':>15}\n")
     for row in rows:
