@@ -1,11 +1,13 @@
-"""Serving plugins in a real runtime: the C example plugin (built here with the C compiler)
-proposes for `--spec plugin` loads of the successor model; the text is what decoding without
-speculation gives, the receipt counts the accepted proposals, the plugin saw a complete commit
-stream; a plugin that crashes or sleeps past every deadline costs nothing but its own
-proposals."""
+"""Serving plugins in a real runtime: the C example plugin (built here with the C compiler) and
+the Python one (a real entry point on the runtime's PYTHONPATH) propose for `--spec plugin`
+loads of the successor model; the text is what decoding without speculation gives, the receipt
+counts the accepted proposals, the plugin saw a complete commit stream, also with two lanes
+serving concurrent sessions; a plugin that crashes or sleeps past every deadline costs nothing
+but its own proposals."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +16,15 @@ from typing import Any
 import pytest
 
 from tests.api.conftest import Server, start_server, stop_server
-from tests.plugins.conftest import EXAMPLES, FAULT_MODES, HERE, _cc
+from tests.plugins.conftest import (
+    EXAMPLES,
+    FAULT_MODES,
+    HERE,
+    _cc,
+    plugin_path,
+    read_streams,
+    write_entry_points,
+)
 
 PROMPT = "the quick brown fox jumps over the lazy dog"
 TOKENS = 160
@@ -38,8 +48,17 @@ def record(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, record: Path) -> Iterator[Server]:
+    # The engines' sidecars inherit the runtime's environment: the test entry points (the
+    # Python example among them) are found through PYTHONPATH as for an installed package.
+    entry_points = write_entry_points(tmp_path_factory.mktemp("site"))
     running = start_server(
-        tmp_path_factory.mktemp("plugins-serve"), env={"SKIPPY_PLUGIN_RECORD": str(record)}
+        tmp_path_factory.mktemp("plugins-serve"),
+        env={
+            "SKIPPY_PLUGIN_RECORD": str(record),
+            "PYTHONPATH": plugin_path(entry_points),
+            # Concurrent requests overlap for sure when a step takes a few ms.
+            "SKIPPY_TEST_DECODE_DELAY_MS": "3",
+        },
     )
     try:
         yield running
@@ -47,11 +66,11 @@ def server(tmp_path_factory: pytest.TempPathFactory, record: Path) -> Iterator[S
         stop_server(running)
 
 
-def _complete(server: Server, model: str) -> dict[str, Any]:
+def _complete(server: Server, model: str, prompt: str = PROMPT) -> dict[str, Any]:
     with server.http(timeout=120) as http:
         answer = http.post(
             "/v1/completions",
-            json={"model": model, "prompt": PROMPT, "max_tokens": TOKENS, "temperature": 0},
+            json={"model": model, "prompt": prompt, "max_tokens": TOKENS, "temperature": 0},
         )
         assert answer.status_code == 200, answer.text
         body: dict[str, Any] = answer.json()
@@ -77,6 +96,7 @@ def test_plugin_proposals_speed_nothing_up_wrongly_and_see_the_whole_stream(
     server: Server, fixture_dir: Path, plugins: dict[str, Path], record: Path
 ) -> None:
     model = fixture_dir / "tiny-successor.gguf"
+    record.write_text("")  # the plugins append (O_APPEND): this test's streams only
     assert server.load(model, alias="plain", lanes=1)["state"] == "available"
     loaded = server.load(
         model, alias="proposed", lanes=1, spec="plugin", plugins=[str(plugins["ngram"])]
@@ -103,18 +123,41 @@ def test_plugin_proposals_speed_nothing_up_wrongly_and_see_the_whole_stream(
     values = {s["key"]: s["value"] for s in summary[0]["numeric_summaries"]}
     assert values["spec_accepted_tokens"] == figures["accepted"]
 
-    # The plugin's own record: one request, its runs contiguous from 0 to the last token.
-    lines = [line.split() for line in record.read_text().splitlines()]
-    requests = {line[1] for line in lines if line[0] == "begin"}
-    assert len(requests) == 1
-    expected = 0
-    for line in lines:
-        if line[0] in ("commit", "pending", "suffix"):
-            start, count = int(line[2]), int(line[3])
-            assert start == expected, line[:4]
-            expected += count
-    generated = int(next(line[2] for line in lines if line[0] == "finish"))
-    assert expected == generated == proposed["usage"]["completion_tokens"]
+    # The plugin's own record: one request, its runs contiguous from 0 to the last token
+    # (read_streams checks each run starts where the last ended).
+    (stream,) = read_streams(record).values()
+    assert stream.finished and not stream.aborted
+    completion = proposed["usage"]["completion_tokens"]
+    assert len(stream.tokens) == stream.generated == completion
+
+
+def test_the_python_example_sees_complete_streams_from_two_lanes_at_once(
+    server: Server, fixture_dir: Path, record: Path
+) -> None:
+    model = fixture_dir / "tiny-successor.gguf"
+    record.write_text("")
+    loaded = server.load(model, alias="py", lanes=2, spec="plugin", plugins=["ngram-py"])
+    assert loaded["state"] == "available"
+    kinds = [e["kind"] for e in _plugin_events(server, "py")]
+    assert kinds == ["serving_plugin_loaded"], kinds
+    if "plain2" not in (m["model_id"] for m in _models(server)):
+        assert server.load(model, alias="plain2", lanes=2)["state"] == "available"
+    prompts = (PROMPT, "a b c d e f g h")
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        proposed = list(pool.map(lambda p: _complete(server, "py", p), prompts))
+    plain = [_complete(server, "plain2", p) for p in prompts]
+    assert [_text(b) for b in proposed] == [_text(b) for b in plain]
+    assert all(b["receipt"]["speculative"]["accepted"] > 0 for b in proposed)
+    # The two requests shared decode steps (both lanes in one batch, proposals and all).
+    assert any(b["receipt"]["max_batch"] == 2 for b in proposed), [
+        b["receipt"]["max_batch"] for b in proposed
+    ]
+    streams = read_streams(record)
+    assert len(streams) == 2
+    assert sorted(len(s.tokens) for s in streams.values()) == sorted(
+        b["usage"]["completion_tokens"] for b in proposed
+    )
+    assert all(s.finished and len(s.tokens) == s.generated for s in streams.values())
 
 
 def test_a_crashing_plugin_is_restarted_then_disabled_and_generation_carries_on(

@@ -58,26 +58,36 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
     return Built(ngram, faults)
 
 
-@pytest.fixture(scope="session")
-def entry_points_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A directory holding a real distribution's metadata with the test entry points."""
-    site = tmp_path_factory.mktemp("site")
+def write_entry_points(site: Path) -> Path:
+    """``site`` made a directory holding a real distribution's metadata with the test entry
+    points (put it on a sidecar's PYTHONPATH with :func:`plugin_path`)."""
     dist = site / "skippy_test_plugins-0.dist-info"
-    dist.mkdir()
+    dist.mkdir(parents=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: skippy-test-plugins\nVersion: 0\n")
     lines = ["[skippyctl.plugins]"] + [f"{k} = {v}" for k, v in TEST_ENTRY_POINTS.items()]
     (dist / "entry_points.txt").write_text("\n".join(lines) + "\n")
     return site
 
 
+def plugin_path(entry_points: Path) -> str:
+    """A PYTHONPATH with the checkout, the test entry points, the example package and the
+    fault module importable."""
+    path = [str(ROOT), str(entry_points), str(EXAMPLES / "python" / "src"), str(HERE)]
+    return os.pathsep.join(path)
+
+
+@pytest.fixture(scope="session")
+def entry_points_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_entry_points(tmp_path_factory.mktemp("site"))
+
+
 @pytest.fixture
 def plugin_env(entry_points_dir: Path, tmp_path: Path) -> dict[str, str]:
-    """The sidecars' environment: the checkout, the test entry points, the example package
-    and the fault module importable; the plugins record their streams in tmp_path."""
-    path = [str(ROOT), str(entry_points_dir), str(EXAMPLES / "python" / "src"), str(HERE)]
+    """The sidecars' environment (:func:`plugin_path`); the plugins record their streams in
+    tmp_path."""
     return dict(
         os.environ,
-        PYTHONPATH=os.pathsep.join(path),
+        PYTHONPATH=plugin_path(entry_points_dir),
         SKIPPY_PLUGIN_RECORD=str(tmp_path / "record.txt"),
         FAULT_SLEEP_MS="300",
     )
