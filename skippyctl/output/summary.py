@@ -227,6 +227,34 @@ def _log_summary(event: Event) -> str:
     )
 
 
+def _plugin(event: Event) -> str:
+    """A serving plugin's health (``serving_plugin_*``); the plugin is named by the scope."""
+    failures = int(event.summary_value(SummaryKey.COUNT) or 0)
+    reason = event.reason_code.value if event.reason_code is not None else None
+    match event.id:
+        case EventId.SERVING_PLUGIN_LOADED:
+            return "serving plugin started"
+        case EventId.SERVING_PLUGIN_RESTARTED:
+            return f"serving plugin started again ({failures} failures so far)"
+        case EventId.SERVING_PLUGIN_LOAD_FAILED:
+            return f"serving plugin not loaded: {reason}; the model serves without it"
+        case EventId.SERVING_PLUGIN_FAILED:
+            return f"serving plugin failed: {reason} ({failures} failures so far)"
+        case EventId.SERVING_PLUGIN_DISABLED:
+            return f"serving plugin disabled after {failures} failures (last: {reason})"
+    return spec_of(event.id).description
+
+
+def _speculation(event: Event) -> str:
+    """A speculating request's proposal figures (``speculation_summarized``)."""
+    proposed = int(event.summary_value(SummaryKey.SPEC_PROPOSED_TOKENS) or 0)
+    accepted = int(event.summary_value(SummaryKey.SPEC_ACCEPTED_TOKENS) or 0)
+    windows = int(event.summary_value(SummaryKey.SPEC_WINDOWS) or 0)
+    late = int(event.summary_value(SummaryKey.SPEC_LATE_QUERIES) or 0)
+    text = f"speculation: {accepted} of {proposed} proposed tokens accepted in {windows} windows"
+    return text + (f", {late} proposal queries late" if late else "")
+
+
 _STAGE_VERBS: Final = {
     EventId.STAGE_STARTING: "stage starting",
     EventId.STAGE_READY: "stage ready",
@@ -280,6 +308,12 @@ _RENDERERS: Final[dict[EventId, Callable[[Event], str]]] = {
     EventId.FALLBACK_APPLIED: _fallback,
     EventId.COMPUTE_FAILURE: _compute,
     EventId.BACKEND_INITIALIZATION_FAILED: _failed,
+    EventId.SERVING_PLUGIN_LOADED: _plugin,
+    EventId.SERVING_PLUGIN_LOAD_FAILED: _plugin,
+    EventId.SERVING_PLUGIN_FAILED: _plugin,
+    EventId.SERVING_PLUGIN_RESTARTED: _plugin,
+    EventId.SERVING_PLUGIN_DISABLED: _plugin,
+    EventId.SPECULATION_SUMMARIZED: _speculation,
 }
 
 

@@ -1,0 +1,112 @@
+"""The plugin link's reports as events (runtime/plugin_events.py) and their one-line summaries."""
+
+from __future__ import annotations
+
+import pytest
+
+from skippyctl.engine.protocol import GenDone, PluginReported
+from skippyctl.events.catalog import EventId
+from skippyctl.events.envelope import LogicalId, StopReason, SummaryKey
+from skippyctl.events.reasons import GenerationOutcome, Outcome, ReasonCode
+from skippyctl.output.summary import render_summary
+from skippyctl.runtime.observations import done_emissions
+from skippyctl.runtime.plugin_events import KINDS, plugin_events
+
+MODEL = LogicalId("m")
+
+
+@pytest.mark.parametrize(
+    ("kind", "reason", "event_id", "code", "text"),
+    [
+        ("loaded", "ok", EventId.SERVING_PLUGIN_LOADED, None, "serving plugin started"),
+        (
+            "failed",
+            "crashed",
+            EventId.SERVING_PLUGIN_FAILED,
+            ReasonCode.PROCESS_CRASH,
+            "serving plugin failed: process_crash (2 failures so far)",
+        ),
+        (
+            "disabled",
+            "timeout",
+            EventId.SERVING_PLUGIN_DISABLED,
+            ReasonCode.TIMEOUT,
+            "serving plugin disabled after 2 failures (last: timeout)",
+        ),
+        (
+            "load_failed",
+            "abi_mismatch",
+            EventId.SERVING_PLUGIN_LOAD_FAILED,
+            ReasonCode.INCOMPATIBLE_ABI_OR_FEATURE_SET,
+            "serving plugin not loaded: incompatible_abi_or_feature_set; the model serves "
+            "without it",
+        ),
+        (
+            "failed",
+            "a-word-this-host-does-not-know",
+            EventId.SERVING_PLUGIN_FAILED,
+            ReasonCode.UNKNOWN_FAILURE,
+            "serving plugin failed: unknown_failure (2 failures so far)",
+        ),
+    ],
+)
+def test_a_report_is_one_event_scoped_to_the_model_and_plugin(
+    kind: str, reason: str, event_id: EventId, code: ReasonCode | None, text: str
+) -> None:
+    (event,) = plugin_events(PluginReported("ngram_plugin.so", kind, reason, 2), MODEL)
+    assert event.id is event_id
+    assert event.scope.model_id == MODEL and event.scope.plugin_id == "ngram_plugin.so"
+    assert event.reason_code is code
+    assert event.outcome is (Outcome.SUCCESS if code is None else Outcome.FAILURE)
+    assert event.summary_value(SummaryKey.COUNT) == 2
+    assert render_summary(event) == text
+
+
+def test_every_report_kind_has_an_event_and_unknown_ones_or_unsafe_names_are_left_out() -> None:
+    assert set(KINDS) == {"loaded", "load_failed", "failed", "restarted", "disabled"}
+    assert plugin_events(PluginReported("p", "exploded", "crashed", 1), MODEL) == []
+    assert plugin_events(PluginReported("/abs/path/p.so", "failed", "crashed", 1), MODEL) == []
+
+
+def _done(windows: int, proposed: int, accepted: int, late: int) -> GenDone:
+    return GenDone(
+        "r1",
+        GenerationOutcome.COMPLETED,
+        None,
+        StopReason.LENGTH,
+        prompt_tokens=3,
+        completion_tokens=10,
+        reused_tokens=0,
+        prefill_ms=1.0,
+        decode_ms=2.0,
+        ttft_ms=1.5,
+        prefill_tokens_per_s=None,
+        decode_tokens_per_s=None,
+        shared_steps=0,
+        max_batch=1,
+        spec_windows=windows,
+        spec_proposed=proposed,
+        spec_accepted=accepted,
+        spec_late=late,
+    )
+
+
+def test_a_speculating_request_ends_with_its_speculation_summary() -> None:
+    emitted = done_emissions(_done(3, 12, 9, 2), has_session=False, duration_ms=5.0)
+    (summary,) = [e for e in emitted if e.event_id is EventId.SPECULATION_SUMMARIZED]
+    values = {s.key: s.value for s in summary.numbers}
+    assert values == {
+        SummaryKey.SPEC_WINDOWS: 3,
+        SummaryKey.SPEC_PROPOSED_TOKENS: 12,
+        SummaryKey.SPEC_ACCEPTED_TOKENS: 9,
+        SummaryKey.SPEC_REJECTED_TOKENS: 3,
+        SummaryKey.SPEC_LATE_QUERIES: 2,
+        SummaryKey.SPEC_DISCARDED_TOKENS: 0,
+    }
+    # The request's terminal stays last.
+    assert emitted[-1].event_id is EventId.REQUEST_COMPLETED
+
+
+def test_a_request_that_did_not_speculate_has_no_speculation_summary() -> None:
+    emitted = done_emissions(_done(0, 0, 0, 0), has_session=False, duration_ms=5.0)
+    assert all(e.event_id is not EventId.SPECULATION_SUMMARIZED for e in emitted)
