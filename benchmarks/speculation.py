@@ -47,6 +47,8 @@ from benchmarks.servers import LLAMA_SERVER, SKIPPY, ServerSpec, start
 SKIPPY_OFF: Final = "skippy"
 SKIPPY_NGRAM: Final = "skippy --spec ngram"
 SKIPPY_PLUGIN: Final = "skippy --spec plugin (C)"
+SKIPPY_PLUGIN_AHEAD: Final = "skippy plugin runahead 64"
+RUNAHEAD_TOKENS: Final = 64
 TARGET_PLUGIN: Final = 0.97
 DEFAULT_LLAMA_SERVER_TYPES: Final = ("ngram-simple", "ngram-map-k", "ngram-mod")
 TARGET_SPEEDUP: Final = 2.5
@@ -95,12 +97,12 @@ def variants(types: tuple[str, ...], plugin: Path | None = None) -> list[Variant
         Variant(LLAMA_SERVER, LLAMA_SERVER),
     ]
     if plugin is not None:
-        found.insert(
-            2,
-            Variant(
-                SKIPPY_PLUGIN, SKIPPY, skippy_args=("--spec", "plugin", "--plugin", str(plugin))
-            ),
-        )
+        plugged = ("--spec", "plugin", "--plugin", str(plugin))
+        ahead = (*plugged, "--spec-runahead-tokens", str(RUNAHEAD_TOKENS))
+        found[2:2] = [
+            Variant(SKIPPY_PLUGIN, SKIPPY, skippy_args=plugged),
+            Variant(SKIPPY_PLUGIN_AHEAD, SKIPPY, skippy_args=ahead),
+        ]
     found += [
         Variant(f"llama-server {t}", LLAMA_SERVER, llama_server_args=("--spec-type", t))
         for t in types
@@ -194,6 +196,10 @@ def run(
                     _verdict(
                         model, count, "plugin / ngram", rates[SKIPPY_PLUGIN], on, TARGET_PLUGIN
                     )
+                )
+                ahead = rates[SKIPPY_PLUGIN_AHEAD]
+                verdicts.append(
+                    _verdict(model, count, "runahead / ngram", ahead, on, TARGET_PLUGIN)
                 )
             if successor:
                 verdicts.append(_verdict(model, count, "ngram / off", on, off, TARGET_SPEEDUP))

@@ -319,6 +319,7 @@ def create_app(ctx: ApiContext, on_ready: Callable[[], None] | None = None) -> F
             spec_draft_tokens=body.spec_draft_tokens,
             plugins=tuple(body.plugins or ()),
             spec_deadline_ms=body.spec_deadline_ms,
+            spec_runahead_tokens=body.spec_runahead_tokens,
         )
         handle = await asyncio.to_thread(ctx.scheduler.load, load_request, body.max_queue)
         return JsonResponse(

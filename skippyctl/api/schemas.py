@@ -77,6 +77,7 @@ StageEndpoint = Annotated[
 StageCount = Annotated[int, Field(ge=0, le=MAX_STAGES), BeforeValidator(_integral)]
 Mebibytes = Annotated[int, Field(ge=1, le=INT32_MAX), BeforeValidator(_integral)]
 DraftTokens = Annotated[int, Field(ge=1, le=64), BeforeValidator(_integral)]
+RunaheadTokens = Annotated[int, Field(ge=0, le=256), BeforeValidator(_integral)]
 
 
 class _Body(BaseModel):
@@ -175,6 +176,12 @@ class LoadBody(_Body):
         le=1000.0,
         description="How long a decode step waits for the plugins' proposals; a later answer "
         "is dropped and counted as late. Absent: 8.",
+    )
+    spec_runahead_tokens: RunaheadTokens | None = Field(
+        default=None,
+        description="With `spec: plugin`: proposals a query may ask for past the window; they "
+        "are the next window when it verifies whole (no query then), and are discarded "
+        "unexecuted (counted) when it does not. Absent: 0 (fixed depth).",
     )
 
     @field_validator("model")

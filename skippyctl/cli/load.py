@@ -179,6 +179,17 @@ def load_command(
             "later answer is dropped and counted as late. Default: 8.",
         ),
     ] = None,
+    spec_runahead_tokens: Annotated[
+        int | None,
+        typer.Option(
+            "--spec-runahead-tokens",
+            show_default=False,
+            help="With --spec plugin: proposals a query may ask for past the window (0-256). "
+            "They become the next window without a query when the window verifies whole, and "
+            "are discarded unexecuted (counted in the receipt) when it does not. Default: 0 "
+            "(fixed depth: one query a window).",
+        ),
+    ] = None,
 ) -> None:
     """Load MODEL and stream its load events until it is available or has failed.
 
@@ -206,9 +217,10 @@ def load_command(
         spec_draft_tokens,
         plugins,
         spec_deadline_ms,
+        spec_runahead_tokens,
     )
     problem = speculation_problem(
-        spec, spec_draft_tokens, plugins, spec_deadline_ms
+        spec, spec_draft_tokens, plugins, spec_deadline_ms, spec_runahead_tokens
     ) or stages.problem(gpu_layers)
     if problem is not None:
         stderr.print(f"[red]✗[/] {model}: {problem}", soft_wrap=True, highlight=False)
@@ -281,6 +293,7 @@ class ServingArgs:
     spec_draft_tokens: int | None = None
     plugins: tuple[str, ...] = ()
     spec_deadline_ms: float | None = None
+    spec_runahead_tokens: int | None = None
 
     def problem(self, gpu_layers: int = 0) -> str | None:
         """Why the options are invalid (before any runtime is reached), or None."""
@@ -329,6 +342,7 @@ def _embedded(
         spec_draft_tokens=stages.spec_draft_tokens,
         plugins=stages.plugins,
         spec_deadline_ms=stages.spec_deadline_ms,
+        spec_runahead_tokens=stages.spec_runahead_tokens,
     )
     handle = host.load_model(request)
     if handle.already_available:  # cannot happen in a fresh host, kept for symmetry
@@ -399,6 +413,8 @@ def _attached(
         body["plugins"] = list(stages.plugins)
     if stages.spec_deadline_ms is not None:
         body["spec_deadline_ms"] = stages.spec_deadline_ms
+    if stages.spec_runahead_tokens is not None:
+        body["spec_runahead_tokens"] = stages.spec_runahead_tokens
     try:
         client = connect()
     except RuntimeConfigurationError as error:

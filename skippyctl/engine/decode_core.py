@@ -671,7 +671,10 @@ class DecodeCore:
             )
             r.draft = proposer.propose(room) if room > 0 else []
             if room > 0 and plugin_wants is not None:
-                plugin_wants[r.id] = room
+                if r.runahead:  # the last answer's next window still holds: no query
+                    r.draft, r.runahead = r.runahead[:room], r.runahead[room:]
+                else:
+                    plugin_wants[r.id] = room
         if plugin_wants:
             self._ask_plugins(decoding, plugin_wants)
         if not self._unified and len(decoding) > 1:
@@ -680,8 +683,11 @@ class DecodeCore:
             # windows than others would cost whole extra forward passes. So every lane
             # verifies as many proposals as the one with the fewest (none if one has none).
             shortest = min(len(r.draft) for r in decoding)
+            keep_tail = plugin_wants is not None
             for r in decoding:
                 if len(r.draft) > shortest:
+                    if keep_tail:  # the cut tail still follows the shorter window: run-ahead
+                        r.runahead = r.draft[shortest:] + r.runahead
                     r.draft = r.draft[:shortest]
 
     def _ask_plugins(self, decoding: list[RequestState], wants: dict[str, int]) -> None:
@@ -689,8 +695,9 @@ class DecodeCore:
         late answer proposes nothing (and is counted on the request)."""
         plugins = self._plugins
         assert plugins is not None
+        ahead = self._spec.runahead_tokens
         try:
-            answers = plugins.propose(wants)
+            answers = plugins.propose({rid: room + ahead for rid, room in wants.items()})
             late = plugins.late()
         except Exception:  # noqa: BLE001 - no proposal is the worst a plugin can do
             self.plugin_failures += 1
@@ -701,7 +708,9 @@ class DecodeCore:
                 continue
             if r.id in late:
                 r.spec_late += 1
-            r.draft = answers.get(r.id, [])[:room]
+            answer = answers.get(r.id, [])
+            # Past the window: the token expected after it, then the next window (run-ahead).
+            r.draft, r.runahead = answer[:room], answer[room:]
 
     def _sample(self, r: RequestState, index: int) -> int:
         sampler = r.sampler
@@ -717,22 +726,28 @@ class DecodeCore:
         r.out_index = -1
         draft = r.draft
         if not draft:
-            self._commit(r, self._sample(r, index), now)
+            token = self._sample(r, index)
+            if self._commit(r, token, now) and r.runahead:
+                self._verify_runahead(r, token, whole=True)
             return
         r.draft = []
         lane = r.lane
         assert lane is not None
         kv_end = len(lane.tokens) + len(draft)  # the pending token is in lane.tokens already
         accepted = 0
+        running = True
         for offset in range(len(draft) + 1):
             token = self._sample(r, index + offset)
             if not self._commit(r, token, now):
+                running = False
                 break
             if offset < len(draft) and token == draft[offset]:
                 lane.tokens.append(token)  # decoded in this step already: not pending
                 accepted += 1
                 continue
             break
+        if running and r.runahead:
+            self._verify_runahead(r, token, whole=accepted == len(draft))
         r.spec_windows += 1
         r.spec_proposed += len(draft)
         r.spec_accepted += accepted
@@ -742,6 +757,16 @@ class DecodeCore:
             self._to_plugins(self._plugins.outcome, r.id, len(draft), accepted)
         if len(lane.tokens) < kv_end:
             self._llama.llama_memory_seq_rm(self._memory, lane.seq, len(lane.tokens), -1)
+
+    def _verify_runahead(self, r: RequestState, token: int, whole: bool) -> None:
+        """Keep ``r``'s run-ahead proposals as its next window when its window verified
+        ``whole`` and ``token`` (sampled after it, now pending) is the one they expected;
+        otherwise they are stale: dropped unexecuted and counted."""
+        if whole and r.runahead[0] == token:
+            del r.runahead[0]
+            return
+        r.spec_discarded += len(r.runahead)
+        r.runahead = []
 
     def _commit(self, r: RequestState, token: int, now: float) -> bool:
         """One sampled token of ``r``: end it (end of generation, a stop string, max_tokens,
@@ -922,7 +947,7 @@ class DecodeCore:
             "spec_accepted": done.spec_accepted,
             "spec_rejected": done.spec_proposed - done.spec_accepted,
             "spec_late": done.spec_late,
-            "spec_discarded": 0,
+            "spec_discarded": done.spec_discarded,
         }
         self._to_plugins(plugins.finish, r.id, receipt)
 

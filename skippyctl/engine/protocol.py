@@ -167,6 +167,8 @@ class Load:
     plugin's entry-point name), each run in its own process beside the engine."""
     spec_deadline_ms: float | None = None
     """How long a step waits for the plugins' proposals; None: the default."""
+    spec_runahead_tokens: int | None = None
+    """Plugin proposals a query may ask for past the window; None: the default (0)."""
     restore: tuple[SessionFile, ...] = ()
     """Session states to restore into lanes once the context exists, before any request
     (most recently used first; one :class:`StateImported` each)."""
@@ -395,6 +397,8 @@ class GenDone:
     spec_accepted: int = 0
     spec_late: int = 0
     """Proposal queries (serving plugins) answered after their deadline: dropped unused."""
+    spec_discarded: int = 0
+    """Run-ahead proposals dropped unexecuted after the window before them diverged."""
 
     @classmethod
     def refused(cls, request_id: str, reason: ReasonCode) -> GenDone:

@@ -115,11 +115,13 @@ class RequestState:
         "prompt",
         "proposer",
         "reused",
+        "runahead",
         "sampled",
         "sampler",
         "shared_steps",
         "spec",
         "spec_accepted",
+        "spec_discarded",
         "spec_late",
         "spec_proposed",
         "spec_windows",
@@ -165,6 +167,11 @@ class RequestState:
         self.spec_proposed = 0
         self.spec_accepted = 0
         self.spec_late = 0
+        self.spec_discarded = 0
+        """Run-ahead proposals dropped unexecuted because a window before them diverged."""
+        self.runahead: list[int] = []
+        """Plugin proposals past the current window (``SpecConfig.runahead_tokens``): the
+        first is the token expected after it, the rest the next window."""
         """Proposal queries of this request whose answer came after the deadline (dropped)."""
         self.plugin_commits: list[int] | None = None
         """With serving plugins: committed tokens not yet handed to them (one delta a step)."""
@@ -217,6 +224,7 @@ class RequestState:
             spec_proposed=self.spec_proposed,
             spec_accepted=self.spec_accepted,
             spec_late=self.spec_late,
+            spec_discarded=self.spec_discarded,
         )
 
 

@@ -47,6 +47,8 @@ DEFAULT_PROPOSAL_DEADLINE_MS: Final = 8.0
 """How long a step waits for serving plugins' proposals (``load --spec-deadline-ms``; the
 reference's deadline): a later answer is dropped and counted as late."""
 MAX_PROPOSAL_DEADLINE_MS: Final = 1000.0
+DEFAULT_RUNAHEAD_TOKENS: Final = 0
+MAX_RUNAHEAD_TOKENS: Final = 256
 NGRAM_MIN: Final = 2
 """A one-token match is mostly chance: a proposal needs the last two tokens seen before."""
 NGRAM_MAX: Final = 4
@@ -57,10 +59,17 @@ class SpecConfig:
     mode: SpecMode = SpecMode.OFF
     draft_tokens: int = DEFAULT_DRAFT_TOKENS
     """Most proposed tokens one lane verifies in a step (the window)."""
+    runahead_tokens: int = 0
+    """With plugin proposals: how many tokens past the window a query may ask for (the
+    run-ahead budget; 0 = fixed depth). The proposals beyond the window are the next window,
+    used without a query when the window verifies whole and the token sampled after it is the
+    first of them; otherwise they are discarded unexecuted (counted)."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.draft_tokens <= MAX_DRAFT_TOKENS:
             raise ValueError(f"draft_tokens must be in 1..{MAX_DRAFT_TOKENS}")
+        if not 0 <= self.runahead_tokens <= MAX_RUNAHEAD_TOKENS:
+            raise ValueError(f"runahead_tokens must be in 0..{MAX_RUNAHEAD_TOKENS}")
 
     @property
     def enabled(self) -> bool:

@@ -81,6 +81,7 @@ from skippyctl.engine.protocol import (
 from skippyctl.engine.speculation import (
     DEFAULT_DRAFT_TOKENS,
     DEFAULT_PROPOSAL_DEADLINE_MS,
+    DEFAULT_RUNAHEAD_TOKENS,
     SPEC_OFF,
     SpecConfig,
     SpecMode,
@@ -746,7 +747,12 @@ def speculation_of(command: Load) -> SpecConfig:
     if command.speculation is None:
         return SPEC_OFF
     draft = DEFAULT_DRAFT_TOKENS if command.spec_draft_tokens is None else command.spec_draft_tokens
-    return SpecConfig(SpecMode(command.speculation), draft)
+    ahead = (
+        DEFAULT_RUNAHEAD_TOKENS
+        if command.spec_runahead_tokens is None
+        else command.spec_runahead_tokens
+    )
+    return SpecConfig(SpecMode(command.speculation), draft, ahead)
 
 
 if __name__ == "__main__":

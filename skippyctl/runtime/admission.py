@@ -445,6 +445,7 @@ class ModelServer:
                 spec_proposed=message.spec_proposed,
                 spec_accepted=message.spec_accepted,
                 spec_late=message.spec_late,
+                spec_discarded=message.spec_discarded,
             )
         )
 

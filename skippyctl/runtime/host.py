@@ -36,7 +36,12 @@ from typing import Any, Final
 
 from skippyctl.engine.options import EngineOptions
 from skippyctl.engine.protocol import Load, SessionFile, Shutdown
-from skippyctl.engine.speculation import MAX_DRAFT_TOKENS, MAX_PROPOSAL_DEADLINE_MS, SpecMode
+from skippyctl.engine.speculation import (
+    MAX_DRAFT_TOKENS,
+    MAX_PROPOSAL_DEADLINE_MS,
+    MAX_RUNAHEAD_TOKENS,
+    SpecMode,
+)
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import (
     InvalidLogicalId,
@@ -104,6 +109,8 @@ class LoadRequest:
     the host's own (``runtime serve --plugin``)."""
     spec_deadline_ms: float | None = None
     """How long a step waits for the plugins' proposals; None: the default."""
+    spec_runahead_tokens: int | None = None
+    """Plugin proposals a query may ask for past the window (run-ahead); None: 0."""
 
     @property
     def split(self) -> bool:
@@ -172,7 +179,11 @@ def validate_request(request: LoadRequest) -> str | None:
         except InvalidLogicalId:
             return "--alias must be 1-64 characters of [A-Za-z0-9._:+=-]"
     return speculation_problem(
-        request.speculation, request.spec_draft_tokens, request.plugins, request.spec_deadline_ms
+        request.speculation,
+        request.spec_draft_tokens,
+        request.plugins,
+        request.spec_deadline_ms,
+        request.spec_runahead_tokens,
     ) or (validate_stages(request))
 
 
@@ -187,6 +198,7 @@ def speculation_problem(
     draft_tokens: int | None,
     plugins: tuple[str, ...] = (),
     deadline_ms: float | None = None,
+    runahead_tokens: int | None = None,
 ) -> str | None:
     """Why a load's speculation and plugin options are invalid, or None (the CLI asks before
     any runtime is reached, the host before anything starts). ``--spec plugin`` without a
@@ -199,6 +211,8 @@ def speculation_problem(
         math.isfinite(deadline_ms) and 0.1 <= deadline_ms <= MAX_PROPOSAL_DEADLINE_MS
     ):
         return f"--spec-deadline-ms must be 0.1-{MAX_PROPOSAL_DEADLINE_MS:g}"
+    if runahead_tokens is not None and not 0 <= runahead_tokens <= MAX_RUNAHEAD_TOKENS:
+        return f"--spec-runahead-tokens must be 0-{MAX_RUNAHEAD_TOKENS}"
     for plugin in plugins:
         problem = plugin_problem(plugin)
         if problem is not None:
@@ -477,6 +491,7 @@ class RuntimeHost:
                     spec_draft_tokens=request.spec_draft_tokens,
                     plugins=(*self.default_plugins, *request.plugins),
                     spec_deadline_ms=request.spec_deadline_ms,
+                    spec_runahead_tokens=request.spec_runahead_tokens,
                     restore=files,
                     state_max_bytes=max_bytes if files else 0,
                 ),

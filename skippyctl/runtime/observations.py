@@ -214,7 +214,7 @@ def done_emissions(message: GenDone, has_session: bool, duration_ms: float) -> t
         spec_proposed_tokens=message.spec_proposed if message.spec_windows else None,
         spec_accepted_tokens=message.spec_accepted if message.spec_windows else None,
     )
-    if message.spec_windows or message.spec_late:
+    if message.spec_windows or message.spec_late or message.spec_discarded:
         found.append(
             Emission(
                 EventId.SPECULATION_SUMMARIZED,
@@ -224,7 +224,7 @@ def done_emissions(message: GenDone, has_session: bool, duration_ms: float) -> t
                     spec_accepted_tokens=message.spec_accepted,
                     spec_rejected_tokens=message.spec_proposed - message.spec_accepted,
                     spec_late_queries=message.spec_late,
-                    spec_discarded_tokens=0,  # no run-ahead windows yet
+                    spec_discarded_tokens=message.spec_discarded,
                 ),
             )
         )

@@ -23,7 +23,8 @@ Contract of a receipt (its ``document`` is the JSON of the API and of ``generate
   (committed, each a decode step saved), ``rejected`` (proposed − accepted: their KV was
   dropped), ``late`` (plugin proposal queries answered after their deadline, dropped unused;
   0 with the built-in n-gram proposer, which answers within the step) and ``discarded``
-  (run-ahead tokens dropped unexecuted: 0, nothing runs ahead yet).
+  (run-ahead proposals, ``--spec-runahead-tokens``, dropped unexecuted after the window before
+  them diverged).
 """
 
 from __future__ import annotations
@@ -143,6 +144,7 @@ def receipt_of(handle: RequestHandle, finished: Finished, ended_mono_ns: int) ->
             accepted=finished.spec_accepted,
             rejected=finished.spec_proposed - finished.spec_accepted,
             late=finished.spec_late,
+            discarded=finished.spec_discarded,
         ),
     )
 

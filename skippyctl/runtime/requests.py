@@ -125,6 +125,7 @@ class Finished:
     spec_proposed: int = 0
     spec_accepted: int = 0
     spec_late: int = 0
+    spec_discarded: int = 0
 
 
 Chunk = TextChunk | Finished

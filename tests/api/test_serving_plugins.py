@@ -131,6 +131,38 @@ def test_plugin_proposals_speed_nothing_up_wrongly_and_see_the_whole_stream(
     assert len(stream.tokens) == stream.generated == completion
 
 
+def test_run_ahead_windows_from_the_c_plugin_keep_the_text(
+    server: Server, fixture_dir: Path, plugins: dict[str, Path]
+) -> None:
+    model = fixture_dir / "tiny-successor.gguf"
+    if "plain" not in (m["model_id"] for m in _models(server)):
+        assert server.load(model, alias="plain", lanes=1)["state"] == "available"
+    loaded = server.load(
+        model,
+        alias="ahead",
+        lanes=1,
+        spec="plugin",
+        spec_runahead_tokens=32,
+        plugins=[str(plugins["ngram"])],
+    )
+    assert loaded["state"] == "available"
+    ahead, plain = _complete(server, "ahead"), _complete(server, "plain")
+    assert _text(ahead) == _text(plain)
+    figures = ahead["receipt"]["speculative"]
+    assert figures["accepted"] >= TOKENS // 4, figures
+    assert (
+        figures["discarded"] >= 0
+        and figures["accepted"] + figures["rejected"] == figures["proposed"]
+    )
+    with server.http() as http:
+        refused = http.post(
+            "/api/runtime/models/load",
+            json={"model": str(model), "alias": "too-far", "spec_runahead_tokens": 999},
+        )
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["param"] == "spec_runahead_tokens"
+
+
 def test_the_python_example_sees_complete_streams_from_two_lanes_at_once(
     server: Server, fixture_dir: Path, record: Path
 ) -> None:

@@ -216,7 +216,7 @@ def test_generation_completes_with_counts_and_ordered_messages(
         "msg", "request_id", "outcome", "reason", "stop_reason", "prompt_tokens",
         "completion_tokens", "reused_tokens", "prefill_ms", "decode_ms", "ttft_ms",
         "prefill_tokens_per_s", "decode_tokens_per_s", "shared_steps", "max_batch",
-        "spec_windows", "spec_proposed", "spec_accepted", "spec_late",
+        "spec_windows", "spec_proposed", "spec_accepted", "spec_late", "spec_discarded",
     }  # fmt: skip
     assert done["outcome"] == "completed"
     assert done["reason"] is None

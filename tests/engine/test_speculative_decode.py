@@ -141,3 +141,100 @@ def test_a_session_continues_from_speculated_kv(model: Any) -> None:
     assert runs[1].text["b"] == table.text(table.continuation(last_word, 60))
     assert runs[1].done["b"].reused_tokens == runs[0].done["b"].reused_tokens > 0
     assert runs[1].done["b"].spec_accepted > 40  # the prompt held whole cycles already
+
+
+class OracleProposals:
+    """Serving plugins stand-in that knows the successor model's cycle: it proposes the true
+    continuation of what was committed, corrupted past ``right`` tokens when ``right`` is set
+    (so a window verifies and the run-ahead behind it is stale). In-process: it exercises the
+    engine's side of ``--spec plugin`` (windows, run-ahead, discards) without a sidecar."""
+
+    def __init__(self, right: int | None = None) -> None:
+        self.table = successor_cycles(TINY_SUCCESSOR)
+        self.last: dict[str, int] = {}
+        self.queries = 0
+        self.right = right
+        self.finished: set[str] = set()
+
+    def begin(self, request: str, session: str | None, prompt: Any, reused: int) -> None:
+        self.last[request] = int(prompt[-1])
+
+    def commit(self, request: str, tokens: Any) -> None:
+        self.last[request] = int(tokens[-1])
+
+    def propose(self, wants: Any) -> dict[str, list[int]]:
+        self.queries += 1
+        out = {}
+        for request, capacity in wants.items():
+            tokens = self.table.continuation(self.last[request], capacity)
+            if self.right is not None:
+                wrong = self.table.word_id("the")
+                tokens = tokens[: self.right] + [wrong] * (capacity - self.right)
+            out[request] = tokens
+        return out
+
+    def late(self) -> frozenset[str]:
+        return frozenset()
+
+    def outcome(self, request: str, proposed: int, accepted: int) -> None:
+        pass
+
+    def finish(self, request: str, receipt: Any) -> None:
+        self.finished.add(request)
+
+    def abort(self, request: str, reason: str) -> None:
+        self.finished.add(request)
+
+
+def _with_plugins(model: Any, spec: SpecConfig, plugins: OracleProposals, n: int) -> Run:
+    params = llama_cpp.llama_context_default_params()
+    params.n_ctx = 512
+    params.n_seq_max = 1
+    context = llama_cpp.llama_init_from_model(model, params)
+    assert context
+    run = Run()
+    engine = BatchEngine(
+        llama_cpp, model, context, lanes=1, emit=run, n_threads=1, speculation=spec,
+        plugins=plugins,
+    )  # fmt: skip
+    engine.start()
+    try:
+        engine.submit(_request("r", "fox", n))
+        run.wait(1)
+    finally:
+        engine.stop()
+        llama_cpp.llama_free(context)
+    return run
+
+
+@pytest.mark.parametrize("ahead", [0, 32])
+def test_plugin_windows_verify_and_run_ahead_saves_queries(model: Any, ahead: int) -> None:
+    table = successor_cycles(TINY_SUCCESSOR)
+    n = 150
+    plugins = OracleProposals()
+    spec = SpecConfig(SpecMode.PLUGIN, draft_tokens=8, runahead_tokens=ahead)
+    run = _with_plugins(model, spec, plugins, n)
+    assert run.text["r"] == table.text(table.continuation(table.word_id("fox"), n))
+    done = run.done["r"]
+    assert done.spec_accepted == done.spec_proposed > n // 2
+    assert done.spec_discarded == 0
+    assert plugins.finished == {"r"}
+    if ahead == 0:
+        assert plugins.queries >= done.spec_windows  # fixed depth: a query per window
+    else:
+        # Every run-ahead window verified whole: most windows needed no query.
+        assert plugins.queries * 2 < done.spec_windows
+
+
+def test_stale_run_ahead_is_discarded_and_never_changes_the_text(model: Any) -> None:
+    table = successor_cycles(TINY_SUCCESSOR)
+    n = 120
+    plugins = OracleProposals(right=4)  # right for 4 tokens, wrong after
+    spec = SpecConfig(SpecMode.PLUGIN, draft_tokens=4, runahead_tokens=16)
+    run = _with_plugins(model, spec, plugins, n)
+    assert run.text["r"] == table.text(table.continuation(table.word_id("fox"), n))
+    done = run.done["r"]
+    assert done.spec_accepted > 0
+    # A window of 4 verified whole, but the token after it is not the run-ahead's first:
+    # the other 16 are dropped unexecuted, every time.
+    assert done.spec_discarded > 0 and done.spec_discarded % 16 == 0
