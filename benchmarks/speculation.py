@@ -18,10 +18,11 @@ issue's shape; its greedy output cycles, so proposals match), skippy ngram ≥ 2
 ≥ 1.0 × llama-server's best n-gram mode, with 1 and 4 sessions; on its random twin `mid-f16`,
 skippy ngram ≥ 0.97 × skippy off (speculation must cost nothing when it fails).
 
-With --plugin, one more skippy variant: `--spec plugin` with the C example plugin
+With --plugin, two more skippy variants: `--spec plugin` with the C example plugin
 (examples/plugins/c, built here), the same prompt lookup in its own process, asked once per
-step under the default deadline: its ratio to in-process `--spec ngram` is what the plugin
-boundary costs (target ≥ 0.97).
+step under the default deadline — its ratio to in-process `--spec ngram` is what the plugin
+boundary costs (target ≥ 0.97) —, and the same with `--spec-runahead-tokens 64` (a query asks
+for 64 tokens past the window: the next window when this one verifies whole, no query then).
 
 Prints a table and the verdicts on stderr, one JSON summary on stdout.
 """

@@ -8,6 +8,14 @@ per step would give (the sampler sees the same logits for every committed positi
 of the first rejected proposal onwards is removed. This module holds the configuration and the
 built-in proposer.
 
+With ``--spec plugin`` the proposals come from the model's serving plugins
+(:class:`ServingPlugins`, ``skippyctl.plugins``), one query per step for the lanes that need
+one, answered within the deadline or not used. A run-ahead budget
+(``SpecConfig.runahead_tokens``) lets a query ask past the window: the extra proposals are the
+window after it (its first one is the token expected after this window), used without a query
+when this window verifies whole and the sampled token matches, and discarded — never executed,
+counted as ``spec_discarded`` — when it does not.
+
 :class:`NgramProposer` is prompt lookup decoding (no extra model): the longest suffix (of
 ``ngram_max`` down to ``ngram_min`` tokens) of the request's history — its prompt and what it
 generated — that occurred earlier in that history proposes the tokens that followed that earlier
