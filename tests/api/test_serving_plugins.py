@@ -27,6 +27,7 @@ from tests.plugins.conftest import (
 )
 
 PROMPT = "the quick brown fox jumps over the lazy dog"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 TOKENS = 160
 
 
@@ -80,6 +81,19 @@ def _complete(server: Server, model: str, prompt: str = PROMPT) -> dict[str, Any
     return body
 
 
+def _serving(server: Server, alias: str, lanes: int = 1, **options: Any) -> None:
+    """The successor model loaded as ``alias`` (once per module: a later test reuses it)."""
+    if alias in (m["model_id"] for m in _models(server)):
+        return
+    model = FIXTURES / "tiny-successor.gguf"
+    assert server.load(model, alias=alias, lanes=lanes, **options)["state"] == "available"
+
+
+def _plugged(server: Server, alias: str, plugin: str, lanes: int = 1, **options: Any) -> None:
+    """The successor model as ``alias`` with ``--spec plugin`` and ``plugin``."""
+    _serving(server, alias, lanes, spec="plugin", plugins=[plugin], **options)
+
+
 def _text(body: dict[str, Any]) -> str:
     return str(body["choices"][0]["text"])
 
@@ -95,13 +109,9 @@ def _plugin_events(server: Server, model: str) -> list[dict[str, Any]]:
 def test_plugin_proposals_speed_nothing_up_wrongly_and_see_the_whole_stream(
     server: Server, fixture_dir: Path, plugins: dict[str, Path], record: Path
 ) -> None:
-    model = fixture_dir / "tiny-successor.gguf"
     record.write_text("")  # the plugins append (O_APPEND): this test's streams only
-    assert server.load(model, alias="plain", lanes=1)["state"] == "available"
-    loaded = server.load(
-        model, alias="proposed", lanes=1, spec="plugin", plugins=[str(plugins["ngram"])]
-    )
-    assert loaded["state"] == "available"
+    _serving(server, "plain")
+    _plugged(server, "proposed", str(plugins["ngram"]))
     plain, proposed = _complete(server, "plain"), _complete(server, "proposed")
     assert _text(proposed) == _text(plain)  # byte-identical with speculation on and off
     figures = proposed["receipt"]["speculative"]
@@ -134,18 +144,8 @@ def test_plugin_proposals_speed_nothing_up_wrongly_and_see_the_whole_stream(
 def test_run_ahead_windows_from_the_c_plugin_keep_the_text(
     server: Server, fixture_dir: Path, plugins: dict[str, Path]
 ) -> None:
-    model = fixture_dir / "tiny-successor.gguf"
-    if "plain" not in (m["model_id"] for m in _models(server)):
-        assert server.load(model, alias="plain", lanes=1)["state"] == "available"
-    loaded = server.load(
-        model,
-        alias="ahead",
-        lanes=1,
-        spec="plugin",
-        spec_runahead_tokens=32,
-        plugins=[str(plugins["ngram"])],
-    )
-    assert loaded["state"] == "available"
+    _serving(server, "plain")
+    _plugged(server, "ahead", str(plugins["ngram"]), spec_runahead_tokens=32)
     ahead, plain = _complete(server, "ahead"), _complete(server, "plain")
     assert _text(ahead) == _text(plain)
     figures = ahead["receipt"]["speculative"]
@@ -157,7 +157,11 @@ def test_run_ahead_windows_from_the_c_plugin_keep_the_text(
     with server.http() as http:
         refused = http.post(
             "/api/runtime/models/load",
-            json={"model": str(model), "alias": "too-far", "spec_runahead_tokens": 999},
+            json={
+                "model": str(fixture_dir / "tiny-successor.gguf"),
+                "alias": "too-far",
+                "spec_runahead_tokens": 999,
+            },
         )
     assert refused.status_code == 400, refused.text
     assert refused.json()["error"]["param"] == "spec_runahead_tokens"
@@ -166,14 +170,11 @@ def test_run_ahead_windows_from_the_c_plugin_keep_the_text(
 def test_the_python_example_sees_complete_streams_from_two_lanes_at_once(
     server: Server, fixture_dir: Path, record: Path
 ) -> None:
-    model = fixture_dir / "tiny-successor.gguf"
     record.write_text("")
-    loaded = server.load(model, alias="py", lanes=2, spec="plugin", plugins=["ngram-py"])
-    assert loaded["state"] == "available"
+    _plugged(server, "py", "ngram-py", lanes=2)
     kinds = [e["kind"] for e in _plugin_events(server, "py")]
     assert kinds == ["serving_plugin_loaded"], kinds
-    if "plain2" not in (m["model_id"] for m in _models(server)):
-        assert server.load(model, alias="plain2", lanes=2)["state"] == "available"
+    _serving(server, "plain2", lanes=2)
     prompts = (PROMPT, "a b c d e f g h")
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         proposed = list(pool.map(lambda p: _complete(server, "py", p), prompts))
@@ -195,13 +196,8 @@ def test_the_python_example_sees_complete_streams_from_two_lanes_at_once(
 def test_a_crashing_plugin_is_restarted_then_disabled_and_generation_carries_on(
     server: Server, fixture_dir: Path, plugins: dict[str, Path]
 ) -> None:
-    model = fixture_dir / "tiny-successor.gguf"
-    if "plain" not in (m["model_id"] for m in _models(server)):
-        assert server.load(model, alias="plain", lanes=1)["state"] == "available"
-    loaded = server.load(
-        model, alias="crashy", lanes=1, spec="plugin", plugins=[str(plugins["crashy"])]
-    )
-    assert loaded["state"] == "available"
+    _serving(server, "plain")
+    _plugged(server, "crashy", str(plugins["crashy"]))
     plain = _text(_complete(server, "plain"))
     kinds: list[str] = []
     for _ in range(8):  # each request's first proposal query crashes the plugin's process
@@ -224,16 +220,7 @@ def test_a_crashing_plugin_is_restarted_then_disabled_and_generation_carries_on(
 def test_a_plugin_that_misses_every_deadline_costs_only_its_proposals(
     server: Server, fixture_dir: Path, plugins: dict[str, Path]
 ) -> None:
-    model = fixture_dir / "tiny-successor.gguf"
-    loaded = server.load(
-        model,
-        alias="sleepy",
-        lanes=1,
-        spec="plugin",
-        spec_deadline_ms=2,
-        plugins=[str(plugins["sleepy"])],
-    )
-    assert loaded["state"] == "available"
+    _plugged(server, "sleepy", str(plugins["sleepy"]), spec_deadline_ms=2)
     body = _complete(server, "sleepy")
     assert body["usage"]["completion_tokens"] == TOKENS
     figures = body["receipt"]["speculative"]
