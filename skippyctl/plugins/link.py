@@ -105,6 +105,27 @@ COUNTER_NAMES: Final = (
 )
 
 
+CREDENTIAL_VARIABLES: Final = frozenset(
+    {
+        "SKIPPY_API_KEY",
+        "SKIPPY_TELEMETRY_ENDPOINT",
+        "HF_TOKEN",
+        "HUGGING_FACE_HUB_TOKEN",
+        "OTEL_EXPORTER_OTLP_HEADERS",
+        "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+        "OTEL_EXPORTER_OTLP_METRICS_HEADERS",
+        "OTEL_EXPORTER_OTLP_LOGS_HEADERS",
+    }
+)
+"""The runtime's credentials (its bearer token, a telemetry URL that may carry one, the hub
+token, OTLP headers): a plugin's process never gets them."""
+
+
+def sidecar_environment(environment: Mapping[str, str]) -> dict[str, str]:
+    """``environment`` without :data:`CREDENTIAL_VARIABLES`."""
+    return {k: v for k, v in environment.items() if k not in CREDENTIAL_VARIABLES}
+
+
 @dataclass(frozen=True, slots=True)
 class PluginReport:
     """What the link tells the engine about a plugin's health."""
@@ -235,7 +256,7 @@ class PluginLink:
         self._capacity = queue_capacity
         self._on_report = on_report
         self._python = python
-        self._env = dict(os.environ if env is None else env)
+        self._env = sidecar_environment(os.environ if env is None else env)
         self._stderr = subprocess.DEVNULL if stderr is None else stderr
         self._lock = threading.Lock()
         self._answered = threading.Condition(self._lock)

@@ -186,3 +186,15 @@ def test_abort_ends_the_stream_without_a_suffix(
     ]
     lines = Path(plugin_env["SKIPPY_PLUGIN_RECORD"]).read_text().splitlines()
     assert sorted(line.split()[2] for line in lines if line.startswith("abort")) == ["1", "4"]
+
+
+def test_a_sidecar_never_gets_the_runtimes_credentials(
+    make_link: LinkFactory, built: Built, plugin_env: dict[str, str]
+) -> None:
+    secret = "CANARY-credential-7Qx"
+    env = dict(plugin_env, SKIPPY_API_KEY=secret, HF_TOKEN=secret, KEEP_ME="yes")
+    link = make_link([built.ngram], env=env)
+    (pid,) = link.sidecar_pids()
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    assert b"KEEP_ME=yes" in environ  # the environment is passed on...
+    assert not [v for v in environ if secret.encode() in v]  # ...without the credentials
