@@ -320,6 +320,7 @@ def create_app(ctx: ApiContext, on_ready: Callable[[], None] | None = None) -> F
             plugins=tuple(body.plugins or ()),
             spec_deadline_ms=body.spec_deadline_ms,
             spec_runahead_tokens=body.spec_runahead_tokens,
+            draft=body.draft,
         )
         handle = await asyncio.to_thread(ctx.scheduler.load, load_request, body.max_queue)
         return JsonResponse(

@@ -149,12 +149,13 @@ class LoadBody(_Body):
         "`stage_degraded` (ready again below 0.8 x it); absent: 50.",
     )
 
-    spec: Literal["off", "ngram", "plugin"] = Field(
+    spec: Literal["off", "ngram", "plugin", "draft"] = Field(
         default="off",
         description="Speculative decoding: `ngram` verifies tokens proposed by prompt lookup "
         "(the request's prompt and generated history) in the same decode step; `plugin` "
-        "verifies the serving plugins' proposals (`plugins`, or the runtime's own); the "
-        "committed text is what decoding without it gives.",
+        "verifies the serving plugins' proposals (`plugins`, or the runtime's own); `draft` "
+        "verifies a draft model's greedy continuation (`draft`); the committed text is what "
+        "decoding without it gives.",
     )
     spec_draft_tokens: DraftTokens | None = Field(
         default=None,
@@ -176,6 +177,13 @@ class LoadBody(_Body):
         le=1000.0,
         description="How long a decode step waits for the plugins' proposals; a later answer "
         "is dropped and counted as late. Absent: 8.",
+    )
+    draft: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=4096,
+        description="With `spec: draft`: the draft model's GGUF file on the runtime's machine "
+        "(a smaller model with the same vocabulary); a missing file is `missing_artifact`.",
     )
     spec_runahead_tokens: RunaheadTokens | None = Field(
         default=None,

@@ -144,8 +144,9 @@ def load_command(
             help="Speculative decoding: 'ngram' proposes the tokens that followed the latest "
             "earlier occurrence of the text's last tokens (prompt lookup, no extra model) and "
             "verifies them in the same decode step; 'plugin' asks the --plugin plugins for "
-            "proposals, under --spec-deadline-ms; the text is what decoding without it gives "
-            "either way. 'off': one token per step.",
+            "proposals, under --spec-deadline-ms; 'draft' verifies the --draft model's "
+            "continuation; the text is what decoding without it gives either way. 'off': one "
+            "token per step.",
         ),
     ] = "off",
     spec_draft_tokens: Annotated[
@@ -179,6 +180,16 @@ def load_command(
             "later answer is dropped and counted as late. Default: 8.",
         ),
     ] = None,
+    draft: Annotated[
+        str | None,
+        typer.Option(
+            "--draft",
+            show_default=False,
+            help="A draft model (a smaller GGUF with the same vocabulary) whose greedy "
+            "continuation each decoding lane verifies in the same step (implies --spec draft); "
+            "the text is what decoding without it gives.",
+        ),
+    ] = None,
     spec_runahead_tokens: Annotated[
         int | None,
         typer.Option(
@@ -207,6 +218,9 @@ def load_command(
         str(Path(p).resolve()) if p.endswith(".so") and Path(p).expanduser().exists() else p
         for p in plugin or ()
     )
+    if draft is not None:
+        spec = "draft" if spec == "off" else spec
+        draft = str(Path(draft).expanduser().resolve())
     stages = ServingArgs(
         tuple(stage or ()),
         local_stages,
@@ -218,9 +232,10 @@ def load_command(
         plugins,
         spec_deadline_ms,
         spec_runahead_tokens,
+        draft,
     )
     problem = speculation_problem(
-        spec, spec_draft_tokens, plugins, spec_deadline_ms, spec_runahead_tokens
+        spec, spec_draft_tokens, plugins, spec_deadline_ms, spec_runahead_tokens, draft
     ) or stages.problem(gpu_layers)
     if problem is not None:
         stderr.print(f"[red]✗[/] {model}: {problem}", soft_wrap=True, highlight=False)
@@ -294,6 +309,7 @@ class ServingArgs:
     plugins: tuple[str, ...] = ()
     spec_deadline_ms: float | None = None
     spec_runahead_tokens: int | None = None
+    draft: str | None = None
 
     def problem(self, gpu_layers: int = 0) -> str | None:
         """Why the options are invalid (before any runtime is reached), or None."""
@@ -343,6 +359,7 @@ def _embedded(
         plugins=stages.plugins,
         spec_deadline_ms=stages.spec_deadline_ms,
         spec_runahead_tokens=stages.spec_runahead_tokens,
+        draft=stages.draft,
     )
     handle = host.load_model(request)
     if handle.already_available:  # cannot happen in a fresh host, kept for symmetry
@@ -415,6 +432,8 @@ def _attached(
         body["spec_deadline_ms"] = stages.spec_deadline_ms
     if stages.spec_runahead_tokens is not None:
         body["spec_runahead_tokens"] = stages.spec_runahead_tokens
+    if stages.draft is not None:
+        body["draft"] = stages.draft
     try:
         client = connect()
     except RuntimeConfigurationError as error:

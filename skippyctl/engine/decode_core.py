@@ -35,6 +35,7 @@ from typing import Any, Final
 
 from skippyctl.engine import kv_state
 from skippyctl.engine.batch import StepBatch
+from skippyctl.engine.draft import DraftModel
 from skippyctl.engine.lanes import (
     KvGeometry,
     Lane,
@@ -136,6 +137,7 @@ class DecodeCore:
         token_observations: bool = False,
         speculation: SpecConfig = SPEC_OFF,
         plugins: ServingPlugins | None = None,
+        draft: DraftModel | None = None,
     ) -> None:
         if lanes < 1:
             raise ValueError("lanes must be >= 1")
@@ -192,6 +194,11 @@ class DecodeCore:
         and, with ``--spec plugin``, propose; a failing plugin never fails a request."""
         self.plugin_failures = 0
         """Calls into the plugins' link that raised (counted; the request carries on)."""
+        self._draft = draft
+        """With ``--spec draft``: the draft model that proposes (``engine/draft.py``)."""
+        self._external_proposals = (
+            speculation.mode is SpecMode.PLUGIN and plugins is not None
+        ) or (speculation.mode is SpecMode.DRAFT and draft is not None)
         slots = speculation.step_slots(lanes)
         if n_batch <= slots:
             raise ValueError(
@@ -528,8 +535,8 @@ class DecodeCore:
         r.stops = StopMatcher(r.spec.stop)
         if self._spec.mode is SpecMode.NGRAM:
             r.proposer = NgramProposer(prompt)
-        elif self._spec.mode is SpecMode.PLUGIN and self._plugins is not None:
-            r.proposer = AdaptiveWindow()
+        elif self._external_proposals:
+            r.proposer = AdaptiveWindow()  # the plugins or the draft model propose
         if self._plugins is not None:
             r.plugin_commits = []
             self._to_plugins(self._plugins.begin, r.id, session, prompt, r.reused)
@@ -657,6 +664,9 @@ class DecodeCore:
         sampled after the last one count)."""
         limit = self._spec.lane_limit(len(decoding))
         plugin_wants: dict[str, int] | None = {} if self._spec.mode is SpecMode.PLUGIN else None
+        draft_wants: dict[int, tuple[list[int], int]] | None = (
+            {} if self._draft is not None else None
+        )
         for r in decoding:
             proposer = r.proposer
             lane = r.lane
@@ -675,8 +685,15 @@ class DecodeCore:
                     r.draft, r.runahead = r.runahead[:room], r.runahead[room:]
                 else:
                     plugin_wants[r.id] = room
+            elif room > 0 and draft_wants is not None:
+                draft_wants[lane.seq] = ([*lane.tokens, r.pending_token], room)
         if plugin_wants:
             self._ask_plugins(decoding, plugin_wants)
+        if draft_wants and self._draft is not None:
+            drafted = self._draft.propose(draft_wants)
+            for r in decoding:
+                if r.lane is not None and r.lane.seq in drafted:
+                    r.draft = drafted[r.lane.seq]
         if not self._unified and len(decoding) > 1:
             # With one KV stream per lane llama.cpp cuts a batch into micro-batches that take
             # the same number of tokens from each sequence (split_equal): lanes with longer
@@ -736,21 +753,25 @@ class DecodeCore:
         kv_end = len(lane.tokens) + len(draft)  # the pending token is in lane.tokens already
         accepted = 0
         running = True
+        # Counted before the commits: a commit may end the request, and its terminal (the
+        # receipt) is made right then.
+        r.spec_windows += 1
+        r.spec_proposed += len(draft)
         for offset in range(len(draft) + 1):
             token = self._sample(r, index + offset)
+            matches = offset < len(draft) and token == draft[offset]
+            if matches:
+                r.spec_accepted += 1
             if not self._commit(r, token, now):
                 running = False
                 break
-            if offset < len(draft) and token == draft[offset]:
+            if matches:
                 lane.tokens.append(token)  # decoded in this step already: not pending
                 accepted += 1
                 continue
             break
         if running and r.runahead:
             self._verify_runahead(r, token, whole=accepted == len(draft))
-        r.spec_windows += 1
-        r.spec_proposed += len(draft)
-        r.spec_accepted += accepted
         if r.proposer is not None:
             r.proposer.verified(len(draft), accepted, self._spec.draft_tokens)
         if self._plugins is not None and self._spec.mode is SpecMode.PLUGIN:

@@ -58,6 +58,7 @@ from types import ModuleType
 from typing import Any, Final
 
 from skippyctl.engine.decode_core import DecodeCore
+from skippyctl.engine.draft import DraftModel
 from skippyctl.engine.links import LinkProber
 from skippyctl.engine.protocol import EngineMessage
 from skippyctl.engine.request_state import GenerateRequest, Phase, RequestState, validation_error
@@ -105,6 +106,7 @@ class BatchEngine:
         links: LinkProber | None = None,
         speculation: SpecConfig = SPEC_OFF,
         plugins: ServingPlugins | None = None,
+        draft: DraftModel | None = None,
     ) -> None:
         self._links = links if links is not None and links.stages else None
         self.link_probe_failures = 0
@@ -129,6 +131,7 @@ class BatchEngine:
             token_observations=token_observations,
             speculation=speculation,
             plugins=plugins,
+            draft=draft,
         )
         self._cond = threading.Condition(threading.Lock())
         self._inbox: collections.deque[tuple[str, Any, Any]] = collections.deque()

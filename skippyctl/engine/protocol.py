@@ -169,6 +169,9 @@ class Load:
     """How long a step waits for the plugins' proposals; None: the default."""
     spec_runahead_tokens: int | None = None
     """Plugin proposals a query may ask for past the window; None: the default (0)."""
+    draft_path: str | None = None
+    """``--draft``: a draft model's file (its vocabulary must be the model's); with it the
+    speculation is ``draft``."""
     restore: tuple[SessionFile, ...] = ()
     """Session states to restore into lanes once the context exists, before any request
     (most recently used first; one :class:`StateImported` each)."""

@@ -40,6 +40,8 @@ class SpecMode(StrEnum):
     NGRAM = "ngram"
     PLUGIN = "plugin"
     """Proposals come from the model's serving plugins (``load --plugin``), under a deadline."""
+    DRAFT = "draft"
+    """Proposals come from a draft model's greedy continuation (``load --draft``)."""
 
 
 DEFAULT_DRAFT_TOKENS: Final = 64

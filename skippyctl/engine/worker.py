@@ -108,6 +108,7 @@ class _Loaded:
     context: Any | None = None
     generation: Any | None = None  # BatchEngine once the context exists
     plugins: Any | None = None  # PluginLink (skippyctl.plugins.link) of its serving plugins
+    draft: Any | None = None  # DraftModel (engine/draft.py) of --draft
     fingerprint: bytes | None = None
     """The model file's (engine/kv_state.py); None when it could not be read."""
 
@@ -521,6 +522,7 @@ class Worker:
             # Raises for a context it cannot serve (e.g. more lanes than its batch): the load
             # then fails with ContextReturned ok=false (see _load).
             speculation = speculation_of(command)
+            self.loaded.draft = self._load_draft(command, model, context, lanes)
             self.loaded.plugins = self._start_plugins(command, model)
             self.loaded.generation = BatchEngine(
                 _with_test_decode_delay(llama),
@@ -534,6 +536,7 @@ class Worker:
                 links=self._links,
                 speculation=speculation,
                 plugins=self.loaded.plugins,
+                draft=self.loaded.draft,
             )
             self._send(self._memory_allocated(operation_id, model, context, kv_bytes))
             self._send(LoadPhase(operation_id, LoadPhaseName.CONTEXT_READY))
@@ -604,6 +607,35 @@ class Worker:
         files = {f.session: f.path for f in command.save}
         batch.save_sessions(files, command.save_budget_bytes, fingerprint, SAVE_TIMEOUT_S)
 
+    def _load_draft(self, command: Load, model: Any, context: Any, lanes: int) -> Any | None:
+        """The ``--draft`` model with a context of the target's lanes and size; None without
+        one. Raises ValueError (the load then fails) for a draft that does not load or whose
+        vocabulary is not the target's: its proposals would be other tokens."""
+        if command.draft_path is None:
+            return None
+        from skippyctl.engine.draft import DRAFT_BATCH_TOKENS, DraftModel
+
+        llama = self.llama
+        params = llama.llama_model_default_params()
+        params.n_gpu_layers = command.gpu_layers
+        draft = llama.llama_model_load_from_file(os.fsencode(command.draft_path), params)
+        if not draft:
+            raise ValueError("the draft model did not load")
+        vocab = int(llama.llama_vocab_n_tokens(llama.llama_model_get_vocab(draft)))
+        if vocab != int(llama.llama_vocab_n_tokens(llama.llama_model_get_vocab(model))):
+            llama.llama_model_free(draft)
+            raise ValueError("the draft model's vocabulary is not the model's")
+        context_params = llama.llama_context_default_params()
+        context_params.n_ctx = int(llama.llama_n_ctx(context))
+        context_params.n_seq_max = lanes
+        context_params.n_batch = context_params.n_ubatch = DRAFT_BATCH_TOKENS
+        context_params.n_threads = context_params.n_threads_batch = max(1, os.cpu_count() or 1)
+        draft_context = llama.llama_init_from_model(draft, context_params)
+        if not draft_context:
+            llama.llama_model_free(draft)
+            raise ValueError("the draft model's context could not be created")
+        return DraftModel(llama, draft, draft_context, lanes)
+
     def _start_plugins(self, command: Load, model: Any) -> Any | None:
         """The model's serving plugins, each in its own process (``skippyctl.plugins``); None
         without any. A plugin that cannot load is reported and left out: it never fails the
@@ -634,6 +666,8 @@ class Worker:
             self.loaded.generation.stop()
         if self.loaded.plugins is not None:
             self.loaded.plugins.close()  # after the decode thread: it calls into the link
+        if self.loaded.draft is not None:
+            self.loaded.draft.free()
         if self.loaded.context:
             self.llama.llama_free(self.loaded.context)
         self.llama.llama_model_free(self.loaded.model)

@@ -111,6 +111,9 @@ class LoadRequest:
     """How long a step waits for the plugins' proposals; None: the default."""
     spec_runahead_tokens: int | None = None
     """Plugin proposals a query may ask for past the window (run-ahead); None: 0."""
+    draft: str | None = None
+    """A draft model's file for ``speculation`` ``draft`` (its vocabulary must be the
+    model's)."""
 
     @property
     def split(self) -> bool:
@@ -184,6 +187,7 @@ def validate_request(request: LoadRequest) -> str | None:
         request.plugins,
         request.spec_deadline_ms,
         request.spec_runahead_tokens,
+        request.draft,
     ) or (validate_stages(request))
 
 
@@ -199,6 +203,7 @@ def speculation_problem(
     plugins: tuple[str, ...] = (),
     deadline_ms: float | None = None,
     runahead_tokens: int | None = None,
+    draft: str | None = None,
 ) -> str | None:
     """Why a load's speculation and plugin options are invalid, or None (the CLI asks before
     any runtime is reached, the host before anything starts). ``--spec plugin`` without a
@@ -213,6 +218,10 @@ def speculation_problem(
         return f"--spec-deadline-ms must be 0.1-{MAX_PROPOSAL_DEADLINE_MS:g}"
     if runahead_tokens is not None and not 0 <= runahead_tokens <= MAX_RUNAHEAD_TOKENS:
         return f"--spec-runahead-tokens must be 0-{MAX_RUNAHEAD_TOKENS}"
+    if (mode == SpecMode.DRAFT.value) != (draft is not None):
+        return "--spec draft and --draft DRAFT.gguf go together"
+    if draft is not None and ("\x00" in draft or not draft):
+        return "--draft must name a GGUF file"
     for plugin in plugins:
         problem = plugin_problem(plugin)
         if problem is not None:
@@ -441,6 +450,14 @@ class RuntimeHost:
             self._reject(operation_id, native_operation, model_id, artifact_problem.reason)
             return LoadHandle(operation_id, model_id, artifact_problem.message)
         resolved = str(path.resolve())
+        draft_path: str | None = None
+        if request.draft is not None:
+            draft = Path(request.draft).expanduser()
+            draft_problem = check_artifact(draft)
+            if draft_problem is not None:
+                self._reject(operation_id, native_operation, model_id, draft_problem.reason)
+                return LoadHandle(operation_id, model_id, f"--draft: {draft_problem.message}")
+            draft_path = str(draft.resolve())
         assembled = Assembled((), request.gpu_layers)
         if topology is not None:
             # Before any engine exists: stages started and probed, the plan made (or refused).
@@ -492,6 +509,7 @@ class RuntimeHost:
                     plugins=(*self.default_plugins, *request.plugins),
                     spec_deadline_ms=request.spec_deadline_ms,
                     spec_runahead_tokens=request.spec_runahead_tokens,
+                    draft_path=draft_path,
                     restore=files,
                     state_max_bytes=max_bytes if files else 0,
                 ),

@@ -16,10 +16,11 @@ from typing import Any
 import llama_cpp
 import pytest
 
+from skippyctl.engine.draft import DraftModel
 from skippyctl.engine.generation import BatchEngine, GenerateRequest, SamplingParams
 from skippyctl.engine.protocol import EngineMessage, GenDone, GenText
 from skippyctl.engine.speculation import SpecConfig, SpecMode
-from skippyctl.fixtures import TINY_SUCCESSOR, successor_cycles
+from skippyctl.fixtures import TINY_SUCCESSOR, TINY_SUCCESSOR_DRAFT, make_model, successor_cycles
 
 WAIT_S = 60.0
 WORDS = ("fox", "the", "good", "about")  # prompts end on different words of the cycle
@@ -238,3 +239,81 @@ def test_stale_run_ahead_is_discarded_and_never_changes_the_text(model: Any) -> 
     # A window of 4 verified whole, but the token after it is not the run-ahead's first:
     # the other 16 are dropped unexecuted, every time.
     assert done.spec_discarded > 0 and done.spec_discarded % 16 == 0
+
+
+@pytest.fixture(scope="module")
+def draft_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_model(tmp_path_factory.mktemp("draft") / "draft.gguf", TINY_SUCCESSOR_DRAFT)
+
+
+def _with_draft(model: Any, path: Path, requests: list[GenerateRequest], lanes: int) -> Run:
+    params = llama_cpp.llama_context_default_params()
+    params.n_ctx = 512 * lanes
+    params.n_seq_max = lanes
+    context = llama_cpp.llama_init_from_model(model, params)
+    assert context
+    draft_model = llama_cpp.llama_model_load_from_file(
+        os.fsencode(path), llama_cpp.llama_model_default_params()
+    )
+    assert draft_model
+    draft_params = llama_cpp.llama_context_default_params()
+    draft_params.n_ctx = 512 * lanes
+    draft_params.n_seq_max = lanes
+    draft_context = llama_cpp.llama_init_from_model(draft_model, draft_params)
+    assert draft_context
+    draft = DraftModel(llama_cpp, draft_model, draft_context, lanes)
+    run = Run()
+    spec = SpecConfig(SpecMode.DRAFT, draft_tokens=8)
+    engine = BatchEngine(
+        llama_cpp, model, context, lanes=lanes, emit=run, n_threads=1, speculation=spec,
+        draft=draft,
+    )  # fmt: skip
+    engine.start()
+    try:
+        for request in requests:
+            engine.submit(request)
+        run.wait(len(requests))
+    finally:
+        engine.stop()
+        llama_cpp.llama_free(context)
+        draft.free()
+    return run
+
+
+@pytest.mark.parametrize("lanes", [1, 3])
+def test_a_draft_model_proposes_from_the_first_token_and_never_changes_the_text(
+    model: Any, draft_path: Path, lanes: int
+) -> None:
+    table = successor_cycles(TINY_SUCCESSOR)
+    n = 100
+    requests = [_request(f"r{i}", word, n) for i, word in enumerate(WORDS[:lanes])]
+    run = _with_draft(model, draft_path, requests, lanes)
+    for request, word in zip(requests, WORDS, strict=False):
+        assert run.text[request.request_id] == table.text(
+            table.continuation(table.word_id(word), n)
+        )
+        done = run.done[request.request_id]
+        # The draft knows the cycle from the start (n-gram lookup needs one cycle first).
+        assert done.spec_accepted == done.spec_proposed > n * 3 // 4
+        assert done.spec_windows < n // 4
+
+
+def test_a_sessions_next_request_is_drafted_from_the_lanes_kv_too(
+    model: Any, draft_path: Path
+) -> None:
+    table = successor_cycles(TINY_SUCCESSOR)
+    first = _request("a", "fox", 40, session="s")
+    run = _with_draft(model, draft_path, [first], 1)
+    follow = GenerateRequest(
+        "b",
+        prompt="the quick brown fox" + run.text["a"],
+        session="s",
+        max_tokens=40,
+        sampling=SamplingParams(temperature=0.0),
+    )
+    again = _with_draft(model, draft_path, [first, follow], 1)
+    last_word = table.continuation(table.word_id("fox"), 40)[-1]
+    assert again.text["b"] == table.text(table.continuation(last_word, 40))
+    done = again.done["b"]
+    assert done.reused_tokens > 0  # the target reused the session's KV, the draft its own
+    assert done.spec_accepted == done.spec_proposed > 20

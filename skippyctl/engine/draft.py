@@ -1,0 +1,138 @@
+"""A draft model's proposals (``load MODEL --draft DRAFT.gguf``): a second, smaller llama.cpp
+model in the engine process that greedily continues each decoding lane's text.
+
+:class:`DraftModel` owns the draft's context (one KV sequence per lane of the target, the same
+sequence ids), one ``llama_batch`` and a greedy sampler. For each lane it mirrors which tokens
+the draft's KV holds (``_held``). :meth:`DraftModel.propose` takes each lane's committed text
+(the target lane's KV tokens and its pending token) and how many tokens to propose:
+
+1. catch up: keep the draft KV's longest prefix that is still the lane's text (a rejected
+   proposal, another request in the lane: the rest is removed with ``llama_memory_seq_rm``) and
+   decode the lane's text past it — the whole prompt the first time, a few committed tokens
+   afterwards — all lanes in one batch (chunked at the batch size), logits for each lane's last
+   token;
+2. draft: sample each lane's next token greedily, then decode those tokens (one a lane, one
+   batch) for the next, until every lane has its ``room``.
+
+The draft's KV then holds every proposal but the last; the next call keeps what the target
+accepted. Greedy drafting is what speculative decoding verifies best: the target's sampler
+commits a proposed token only where it samples the same one (``engine/decode_core.py``), so
+the committed text never depends on the draft. Decode thread only; token ids stay here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from types import ModuleType
+from typing import Any, Final
+
+from skippyctl.engine.lanes import common_prefix
+
+DRAFT_BATCH_TOKENS: Final = 512
+"""Slots of the draft's batch (and its context's n_batch): a catch-up longer than this is
+decoded in chunks."""
+
+
+class DraftFailed(RuntimeError):
+    """The draft's llama_decode failed: no proposals this step (the target decodes on)."""
+
+
+class DraftModel:
+    """A draft model's context and its per-lane KV mirror (module docstring)."""
+
+    def __init__(self, llama: ModuleType, model: Any, context: Any, lanes: int) -> None:
+        self._llama = llama
+        self._model = model
+        self._ctx = context
+        self._memory = llama.llama_get_memory(context)
+        self._batch = llama.llama_batch_init(DRAFT_BATCH_TOKENS, 0, 1)
+        for i in range(DRAFT_BATCH_TOKENS):
+            self._batch.n_seq_id[i] = 1
+        self._sampler = llama.llama_sampler_init_greedy()
+        self._held: list[list[int]] = [[] for _ in range(lanes)]
+        """Per sequence id: the tokens the draft's KV holds, in position order."""
+        self.failures = 0
+        llama.llama_memory_clear(self._memory, False)
+
+    def propose(self, wants: Mapping[int, tuple[Sequence[int], int]]) -> dict[int, list[int]]:
+        """Sequence id → (the lane's committed text, how many to propose) → proposals."""
+        if not wants:
+            return {}
+        try:
+            last = self._catch_up(wants)
+            return self._draft(wants, last)
+        except DraftFailed:
+            self.failures += 1
+            for seq in wants:  # the KV state is not known after a failed decode: start over
+                self._forget(seq)
+            return {}
+
+    def _forget(self, seq: int) -> None:
+        self._llama.llama_memory_seq_rm(self._memory, seq, -1, -1)
+        self._held[seq] = []
+
+    def _catch_up(self, wants: Mapping[int, tuple[Sequence[int], int]]) -> dict[int, int]:
+        """Decode each lane's text past what the draft holds; the batch index of each lane's
+        last token in the final chunk (where its logits are)."""
+        pending: list[tuple[int, int, int]] = []  # (seq, position, token)
+        # Ascending sequence ids: with one KV stream per lane llama.cpp splits a batch into
+        # micro-batches of consecutive increasing ids (see engine/batch.py).
+        for seq, (text, _room) in sorted(wants.items()):
+            held = self._held[seq]
+            size = len(held)
+            # The usual case: the text extends what is held (one slice compare, in C).
+            keep = size if list(text[:size]) == held else common_prefix(held, text)
+            keep = min(keep, len(text) - 1)  # the last token is decoded again for its logits
+            if keep < size:
+                self._llama.llama_memory_seq_rm(self._memory, seq, keep, -1)
+                del held[keep:]
+            pending += [(seq, pos, int(text[pos])) for pos in range(keep, len(text))]
+        last: dict[int, int] = {}
+        for start in range(0, len(pending), DRAFT_BATCH_TOKENS):
+            chunk = pending[start : start + DRAFT_BATCH_TOKENS]
+            final = {seq: i for i, (seq, _pos, _tok) in enumerate(chunk)}
+            self._decode(chunk, set(final.values()))
+            last.update(final)
+        return last
+
+    def _draft(
+        self, wants: Mapping[int, tuple[Sequence[int], int]], last: dict[int, int]
+    ) -> dict[int, list[int]]:
+        out: dict[int, list[int]] = {seq: [] for seq in wants}
+        rows = dict(last)  # seq → its logits row in the last decoded batch
+        while rows:
+            step: list[tuple[int, int, int]] = []
+            for seq, row in rows.items():
+                token = int(self._llama.llama_sampler_sample(self._sampler, self._ctx, row))
+                out[seq].append(token)
+                if len(out[seq]) < wants[seq][1]:
+                    step.append((seq, len(self._held[seq]), token))
+            if not step:
+                break
+            step.sort()
+            self._decode(step, set(range(len(step))))
+            rows = {seq: i for i, (seq, _pos, _tok) in enumerate(step)}
+        return out
+
+    def _decode(self, entries: Sequence[tuple[int, int, int]], logits: set[int]) -> None:
+        batch = self._batch
+        for i, (seq, pos, token) in enumerate(entries):
+            batch.token[i] = token
+            batch.pos[i] = pos
+            batch.seq_id[i][0] = seq
+            batch.logits[i] = 1 if i in logits else 0
+        batch.n_tokens = len(entries)
+        if self._llama.llama_decode(self._ctx, batch) != 0:
+            raise DraftFailed
+        for seq, _pos, token in entries:
+            self._held[seq].append(token)
+
+    def free(self) -> None:
+        """Free the batch, the sampler, the context and the model (once)."""
+        llama = self._llama
+        if self._sampler is not None:
+            llama.llama_sampler_free(self._sampler)
+            self._sampler = None
+            llama.llama_batch_free(self._batch)
+            llama.llama_free(self._ctx)
+            llama.llama_model_free(self._model)
