@@ -13,7 +13,15 @@ MID: Final = Path("/tmp/skippy-bench/bench-mid.gguf")
 MID_SUCCESSOR: Final = Path("/tmp/skippy-bench/bench-mid-successor.gguf")
 MID_F16: Final = Path("/tmp/skippy-bench/bench-mid-f16.gguf")
 MID_F16_SUCCESSOR: Final = Path("/tmp/skippy-bench/bench-mid-f16-successor.gguf")
-MODEL_NAMES: Final = ("tiny", "mid", "mid-successor", "mid-f16", "mid-f16-successor")
+MID_F16_SUCCESSOR_DRAFT: Final = Path("/tmp/skippy-bench/bench-mid-f16-successor-draft.gguf")
+MODEL_NAMES: Final = (
+    "tiny",
+    "mid",
+    "mid-successor",
+    "mid-f16",
+    "mid-f16-successor",
+    "mid-f16-successor-draft",
+)
 
 
 def model_path(name: str) -> Path:
@@ -34,6 +42,10 @@ def model_path(name: str) -> Path:
             "mid-successor": (MID_SUCCESSOR, generate.BENCH_MID_SUCCESSOR),
             "mid-f16": (MID_F16, generate.BENCH_MID_F16),
             "mid-f16-successor": (MID_F16_SUCCESSOR, generate.BENCH_MID_F16_SUCCESSOR),
+            "mid-f16-successor-draft": (
+                MID_F16_SUCCESSOR_DRAFT,
+                generate.BENCH_MID_F16_SUCCESSOR_DRAFT,
+            ),
         }[name]
         ensure_model = generate.ensure_model
         started = time.monotonic()

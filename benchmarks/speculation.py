@@ -23,6 +23,8 @@ With --plugin, two more skippy variants: `--spec plugin` with the C example plug
 step under the default deadline — its ratio to in-process `--spec ngram` is what the plugin
 boundary costs (target ≥ 0.97) —, and the same with `--spec-runahead-tokens 64` (a query asks
 for 64 tokens past the window: the next window when this one verifies whole, no query then).
+With --draft (successor models only), `load --draft` with a one-layer draft of the model (the
+same vocabulary and cycles; its 32000 × 1024 output layer is most of its cost).
 
 Prints a table and the verdicts on stderr, one JSON summary on stdout.
 """
@@ -49,6 +51,7 @@ SKIPPY_OFF: Final = "skippy"
 SKIPPY_NGRAM: Final = "skippy --spec ngram"
 SKIPPY_PLUGIN: Final = "skippy --spec plugin (C)"
 SKIPPY_PLUGIN_AHEAD: Final = "skippy plugin runahead 64"
+SKIPPY_DRAFT: Final = "skippy --draft (1 layer)"
 RUNAHEAD_TOKENS: Final = 64
 TARGET_PLUGIN: Final = 0.97
 DEFAULT_LLAMA_SERVER_TYPES: Final = ("ngram-simple", "ngram-map-k", "ngram-mod")
@@ -91,7 +94,9 @@ class Verdict:
     met: bool
 
 
-def variants(types: tuple[str, ...], plugin: Path | None = None) -> list[Variant]:
+def variants(
+    types: tuple[str, ...], plugin: Path | None = None, draft: Path | None = None
+) -> list[Variant]:
     found = [
         Variant(SKIPPY_OFF, SKIPPY),
         Variant(SKIPPY_NGRAM, SKIPPY, skippy_args=("--spec", "ngram")),
@@ -104,6 +109,8 @@ def variants(types: tuple[str, ...], plugin: Path | None = None) -> list[Variant
             Variant(SKIPPY_PLUGIN, SKIPPY, skippy_args=plugged),
             Variant(SKIPPY_PLUGIN_AHEAD, SKIPPY, skippy_args=ahead),
         ]
+    if draft is not None:
+        found.insert(2, Variant(SKIPPY_DRAFT, SKIPPY, skippy_args=("--draft", str(draft))))
     found += [
         Variant(f"llama-server {t}", LLAMA_SERVER, llama_server_args=("--spec-type", t))
         for t in types
@@ -162,6 +169,7 @@ def run(
     types: tuple[str, ...],
     plugin: Path | None = None,
     skippy_only: bool = False,
+    draft: bool = False,
 ) -> tuple[list[Row], list[Verdict]]:
     rows: list[Row] = []
     verdicts: list[Verdict] = []
@@ -169,7 +177,9 @@ def run(
         path = model_path(model)
         successor = model in SUCCESSOR_MODELS
         # On a model where proposals rarely match only the cost of trying matters: skippy alone.
-        chosen = variants(types, plugin)
+        # The one-layer draft of the successor model (same vocabulary and cycles).
+        draft_path = model_path("mid-f16-successor-draft") if draft and successor else None
+        chosen = variants(types, plugin, draft_path)
         if skippy_only or not successor:
             chosen = [v for v in chosen if v.server == SKIPPY]
         for count in sessions:
@@ -192,6 +202,10 @@ def run(
                     )
                 )
             on, off = rates[SKIPPY_NGRAM], rates[SKIPPY_OFF]
+            if SKIPPY_DRAFT in rates:
+                verdicts.append(
+                    _verdict(model, count, "draft / off", rates[SKIPPY_DRAFT], off, TARGET_SPEEDUP)
+                )
             if SKIPPY_PLUGIN in rates:
                 verdicts.append(
                     _verdict(
@@ -251,6 +265,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--skippy-only", action="store_true", help="leave llama-server out (no peer build)"
     )
+    parser.add_argument(
+        "--draft",
+        action="store_true",
+        help="also measure --draft with a one-layer draft of the successor model",
+    )
     args = parser.parse_args(argv)
     models = tuple(m for m in args.models.split(",") if m)
     sessions = tuple(int(s) for s in args.sessions.split(",") if s)
@@ -266,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
             types,
             plugin,
             args.skippy_only,
+            args.draft,
         )
     sys.stderr.write(f"\n{'model':>14} {'S':>2} {'variant':>26} {'tok/s':>8} {'min..max':>15}\n")
     for row in rows:
