@@ -1,4 +1,5 @@
-"""Pieces every command shares: Ctrl-C as a flag, and the event feeds a command follows.
+"""Pieces every command shares: Ctrl-C as a flag, the event feeds a command follows, and
+``--plugin`` values as the runtime needs them.
 
 A feed (`EventFeed`) hands out `StreamItem`s and raises `StreamEnded` once it is over. Two feeds:
 `LiveStream`, the runtime's SSE stream (attached mode: frames decoded by the wire codec, state
@@ -12,6 +13,7 @@ from __future__ import annotations
 import signal
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from skippyctl.events.envelope import Event
@@ -135,3 +137,14 @@ class LiveStream:
         if event is None:
             return None
         return StreamItem(event, sequence, frame.cursor)
+
+
+def plugin_specs(values: list[str] | None) -> tuple[str, ...]:
+    """``--plugin`` values as the runtime takes them: a C plugin's ``.so`` that exists from here
+    made absolute (the runtime is another process with another working directory), an
+    entry-point name as given."""
+    specs = []
+    for value in values or ():
+        path = Path(value).expanduser()
+        specs.append(str(path.resolve()) if value.endswith(".so") and path.exists() else value)
+    return tuple(specs)

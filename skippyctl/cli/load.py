@@ -22,6 +22,7 @@ from skippyctl.cli.common import (
     LiveStream,
     StreamEnded,
     SubscriptionFeed,
+    plugin_specs,
 )
 from skippyctl.cli.exit_codes import ExitCode, exit_code_for, exit_code_for_text
 from skippyctl.cli.presenters import (
@@ -214,10 +215,7 @@ def load_command(
     stderr = Console(stderr=True)
     from skippyctl.runtime.host import speculation_problem
 
-    plugins = tuple(
-        str(Path(p).resolve()) if p.endswith(".so") and Path(p).expanduser().exists() else p
-        for p in plugin or ()
-    )
+    plugins = plugin_specs(plugin)
     if draft is not None:
         spec = "draft" if spec == "off" else spec
         draft = str(Path(draft).expanduser().resolve())

@@ -12,6 +12,7 @@ import orjson
 import typer
 from rich.console import Console
 
+from skippyctl.cli.common import plugin_specs
 from skippyctl.cli.events import fail, runtime_dir_hint
 from skippyctl.cli.exit_codes import ExitCode
 from skippyctl.client.discovery import (
@@ -137,10 +138,7 @@ def _plugins(values: list[str] | None, command: str, json_output: bool = False) 
     """``--plugin`` values, a .so file made absolute; an unusable one exits 10."""
     from skippyctl.runtime.host import plugin_problem
 
-    plugins = tuple(
-        str(Path(v).resolve()) if v.endswith(".so") and Path(v).expanduser().exists() else v
-        for v in values or ()
-    )
+    plugins = plugin_specs(values)
     for plugin in plugins:
         problem = plugin_problem(plugin)
         if problem is not None:

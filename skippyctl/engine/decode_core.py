@@ -194,6 +194,7 @@ class DecodeCore:
         and, with ``--spec plugin``, propose; a failing plugin never fails a request."""
         self.plugin_failures = 0
         """Calls into the plugins' link that raised (counted; the request carries on)."""
+
         self._draft = draft
         """With ``--spec draft``: the draft model that proposes (``engine/draft.py``)."""
         self._external_proposals = (
@@ -241,6 +242,12 @@ class DecodeCore:
     @property
     def kv_unified(self) -> bool:
         return self._unified
+
+    @property
+    def proposal_failures(self) -> int:
+        """Calls into the plugins' link that raised, and draft decodes that failed: each cost
+        only its proposals."""
+        return self.plugin_failures + (self._draft.failures if self._draft is not None else 0)
 
     # ---------------------------------------------------------------- messages
 
@@ -665,7 +672,7 @@ class DecodeCore:
         limit = self._spec.lane_limit(len(decoding))
         plugin_wants: dict[str, int] | None = {} if self._spec.mode is SpecMode.PLUGIN else None
         draft_wants: dict[int, tuple[list[int], int]] | None = (
-            {} if self._draft is not None else None
+            {} if self._spec.mode is SpecMode.DRAFT else None
         )
         for r in decoding:
             proposer = r.proposer

@@ -54,7 +54,7 @@ class DraftModel:
         self.failures = 0
         llama.llama_memory_clear(self._memory, False)
 
-    def propose(self, wants: Mapping[int, tuple[Sequence[int], int]]) -> dict[int, list[int]]:
+    def propose(self, wants: Mapping[int, tuple[list[int], int]]) -> dict[int, list[int]]:
         """Sequence id → (the lane's committed text, how many to propose) → proposals."""
         if not wants:
             return {}
@@ -71,7 +71,7 @@ class DraftModel:
         self._llama.llama_memory_seq_rm(self._memory, seq, -1, -1)
         self._held[seq] = []
 
-    def _catch_up(self, wants: Mapping[int, tuple[Sequence[int], int]]) -> dict[int, int]:
+    def _catch_up(self, wants: Mapping[int, tuple[list[int], int]]) -> dict[int, int]:
         """Decode each lane's text past what the draft holds; the batch index of each lane's
         last token in the final chunk (where its logits are)."""
         pending: list[tuple[int, int, int]] = []  # (seq, position, token)
@@ -81,7 +81,7 @@ class DraftModel:
             held = self._held[seq]
             size = len(held)
             # The usual case: the text extends what is held (one slice compare, in C).
-            keep = size if list(text[:size]) == held else common_prefix(held, text)
+            keep = size if text[:size] == held else common_prefix(held, text)
             keep = min(keep, len(text) - 1)  # the last token is decoded again for its logits
             if keep < size:
                 self._llama.llama_memory_seq_rm(self._memory, seq, keep, -1)
@@ -96,7 +96,7 @@ class DraftModel:
         return last
 
     def _draft(
-        self, wants: Mapping[int, tuple[Sequence[int], int]], last: dict[int, int]
+        self, wants: Mapping[int, tuple[list[int], int]], last: dict[int, int]
     ) -> dict[int, list[int]]:
         out: dict[int, list[int]] = {seq: [] for seq in wants}
         rows = dict(last)  # seq → its logits row in the last decoded batch

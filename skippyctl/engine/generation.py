@@ -161,6 +161,12 @@ class BatchEngine:
         dropped; the engine carried on)."""
         return self._core.emit_failures + self._flush_failures
 
+    @property
+    def proposal_failures(self) -> int:
+        """Proposals lost to a plugin link call that raised or a failed draft decode (the
+        requests carried on without them)."""
+        return self._core.proposal_failures
+
     def start(self) -> None:
         """Start the decode thread (once). Requests submitted before are served from then on."""
         with self._cond:

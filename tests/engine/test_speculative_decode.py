@@ -202,6 +202,7 @@ def _with_plugins(model: Any, spec: SpecConfig, plugins: OracleProposals, n: int
     try:
         engine.submit(_request("r", "fox", n))
         run.wait(1)
+        assert engine.proposal_failures == 0  # every call into the plugins returned
     finally:
         engine.stop()
         llama_cpp.llama_free(context)
@@ -273,6 +274,7 @@ def _with_draft(model: Any, path: Path, requests: list[GenerateRequest], lanes: 
         for request in requests:
             engine.submit(request)
         run.wait(len(requests))
+        assert engine.proposal_failures == 0  # no draft decode failed
     finally:
         engine.stop()
         llama_cpp.llama_free(context)
