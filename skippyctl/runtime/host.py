@@ -218,6 +218,8 @@ def speculation_problem(
         return f"--spec-deadline-ms must be 0.1-{MAX_PROPOSAL_DEADLINE_MS:g}"
     if runahead_tokens is not None and not 0 <= runahead_tokens <= MAX_RUNAHEAD_TOKENS:
         return f"--spec-runahead-tokens must be 0-{MAX_RUNAHEAD_TOKENS}"
+    if runahead_tokens and mode != SpecMode.PLUGIN.value:
+        return "--spec-runahead-tokens runs plugin proposals ahead: it needs --spec plugin"
     if (mode == SpecMode.DRAFT.value) != (draft is not None):
         return "--spec draft and --draft DRAFT.gguf go together"
     if draft is not None and ("\x00" in draft or not draft):
