@@ -150,10 +150,8 @@ def test_run_ahead_windows_from_the_c_plugin_keep_the_text(
     assert _text(ahead) == _text(plain)
     figures = ahead["receipt"]["speculative"]
     assert figures["accepted"] >= TOKENS // 4, figures
-    assert (
-        figures["discarded"] >= 0
-        and figures["accepted"] + figures["rejected"] == figures["proposed"]
-    )
+    # The successor text is one cycle: a lookup past the window is right, nothing is stale.
+    assert (figures["rejected"], figures["discarded"]) == (0, 0), figures
     with server.http() as http:
         refused = http.post(
             "/api/runtime/models/load",
