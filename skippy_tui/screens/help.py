@@ -25,7 +25,7 @@ KEYS: Final = (
 
 PANES: Final = (
     ("1 Models", "state, load phase and progress, device, memory, context, lanes, queue, decode"),
-    ("2 Stages", "each model's topology and stages with links; a plain model is 1 local stage"),
+    ("2 Stages", "each split model's topology and stages with links; others: one process"),
     ("3 Sessions", "sessions and in-flight requests: lane, state, tokens, TTFT, queue wait"),
     ("4 Event health", "drops by class, coalescing, sampling, lag, rejections; events/s, drops/s"),
     ("5 Events", "recent events, newest first, coloured by severity"),

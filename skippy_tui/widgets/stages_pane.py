@@ -10,10 +10,11 @@ range (`0-5`, from its `stage_loading`), its memory (the plan's share of the wei
 stage offered) and its links as `↑x ↓y`
 (upstream, downstream: ✓ connected, ✗ lost, · not reported). A stage that is lost (unavailable
 or failed) is marked `✗` and drawn in the error style across its row, so it shows at a glance
-even where the pane is too narrow for its state column. A model without a topology (one engine
-process) is listed as `model ▸ local` and one "1 local stage" row whose state follows the
-model's; a model with a topology never gets that row. Topologies and stages the reducer knows
-without a model (yet) are listed too: nothing is hidden.
+even where the pane is too narrow for its state column. A model without a topology (served in
+one engine process: it has no stages) is one row, `model ▸ one process`, with the model's
+state in the stage words (`ready` for available) and its reason — no stage is made up for it.
+Topologies and stages the reducer knows without a model (yet) are listed too: nothing is
+hidden.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ from skippyctl.events.reasons import ReasonCode
 from skippyctl.reducer.state import (
     LOADING_MODEL_STATES,
     ModelState,
-    ModelView,
     RuntimeView,
     StageState,
     StageView,
@@ -52,7 +52,9 @@ SHORT_ID_CHARS: Final = len("stage-") + 8
 LOST_STATES: Final = frozenset({StageState.UNAVAILABLE, StageState.FAILED})
 LOST_STYLE: Final = "bold red"
 
-LOCAL_STAGE_STATES: Final[dict[ModelState, StageState]] = {
+ONE_PROCESS: Final = "one process"
+"""What a model without a topology is served by (its heading row's second half)."""
+ONE_PROCESS_STATES: Final[dict[ModelState, StageState]] = {
     **dict.fromkeys(LOADING_MODEL_STATES, StageState.LOADING),
     ModelState.AVAILABLE: StageState.READY,
     ModelState.DEGRADED: StageState.DEGRADED,
@@ -62,11 +64,8 @@ LOCAL_STAGE_STATES: Final[dict[ModelState, StageState]] = {
     ModelState.UNLOADING: StageState.STOPPING,
     ModelState.UNLOADED: StageState.STOPPED,
 }
-"""The state of a model's one local stage (a model without a topology), for every model state."""
-
-
-def local_stage_state(model: ModelView) -> StageState:
-    return LOCAL_STAGE_STATES[model.state]
+"""A one-process model's state in the pane's own words (the stage states: they fit its state
+column, where `available` would not)."""
 
 
 def _state(state: StageState | TopologyState, reason: str | None = None) -> Text:
@@ -158,7 +157,8 @@ def _heading(model: str, topology: str) -> Text:
 
 
 def stage_rows(view: RuntimeView) -> list[tuple[str, Cells]]:
-    """Rows in display order: per model its topology (or local stage), then orphans."""
+    """Rows in display order: per model its topology and stages (or its one process row),
+    then topologies without a model, then stages without a topology."""
     by_topology: dict[LogicalId | None, list[StageView]] = {}
     for stage in view.stages.values():
         key = stage.topology_id if stage.topology_id in view.topologies else None
@@ -169,12 +169,10 @@ def stage_rows(view: RuntimeView) -> list[tuple[str, Cells]]:
         model = view.models[model_id]
         topology_id = model.topology_id
         if topology_id is None:
-            state = local_stage_state(model)
             reason = model.reason_code.value if model.reason_code is not None else None
-            rows.append((f"m:{model_id}", (_heading(model_id, "local"), _state(state), *_BLANK)))
-            rows.append(
-                (f"l:{model_id}", (Text(" └ 1 local stage"), _state(state, reason), *_BLANK))
-            )
+            heading = _heading(model_id, ONE_PROCESS)
+            state = _state(ONE_PROCESS_STATES[model.state], reason)
+            rows.append((f"m:{model_id}", (heading, state, *_BLANK)))
             continue
         rows.append((f"m:{model_id}", _topology_heading(view, model_id, topology_id)))
         rows.extend(_topology_reason(view, topology_id))
@@ -242,9 +240,9 @@ class StagesPane(Pane):
         self._inputs = inputs
         self._rows.show(stage_rows(view))
         topologies = len(view.topologies)
-        local = sum(1 for m in view.models.values() if m.topology_id is None)
-        parts = [f"{fmt.plural(local, 'local stage')}"] if local else []
-        if topologies or not local:
+        one_process = sum(1 for m in view.models.values() if m.topology_id is None)
+        parts = [f"{fmt.plural(one_process, 'model')} in {ONE_PROCESS}"] if one_process else []
+        if topologies or not one_process:
             parts.append(
                 f"{topologies} topolog{'y' if topologies == 1 else 'ies'} · "
                 f"{fmt.plural(len(view.stages), 'stage')}"

@@ -277,6 +277,8 @@ class RuntimeHost:
         one again reports its connection recovered."""
         self._operations: dict[LogicalId, EngineProcess] = {}
         self._timers: list[threading.Timer] = []
+        self._assembling: dict[LogicalId, Topology] = {}
+        """Split loads whose topology is being assembled (no engine yet), for ``cancel``."""
         self._lock = threading.Lock()
 
     def start(self) -> RuntimeHost:
@@ -463,9 +465,15 @@ class RuntimeHost:
         assembled = Assembled((), request.gpu_layers)
         if topology is not None:
             # Before any engine exists: stages started and probed, the plan made (or refused).
+            # The assembly counts against the load's timeout and can be cancelled (``cancel``).
+            self._start_timeout(request, operation_id)
+            with self._lock:
+                self._assembling[operation_id] = topology
             try:
                 assembled = topology.assemble(path)
             except TopologyRefused as refused:
+                with self._lock:
+                    self._assembling.pop(operation_id, None)
                 topology.close()
                 self._reject(operation_id, native_operation, model_id, refused.reason)
                 return LoadHandle(operation_id, model_id, refused.message)
@@ -485,6 +493,7 @@ class RuntimeHost:
             previous = self._engines.get(model_id)
             self._engines[model_id] = engine
             self._operations[operation_id] = engine
+            self._assembling.pop(operation_id, None)
         if previous is not None:
             previous.stop()
             previous.close_ring()
@@ -517,15 +526,24 @@ class RuntimeHost:
                 ),
             )
         )
-        if request.timeout_s is not None:
-            timer = threading.Timer(
-                request.timeout_s, self.cancel, args=(operation_id, ReasonCode.TIMEOUT)
-            )
-            timer.name = f"skippy-timeout-{operation_id}"
-            timer.daemon = True
-            timer.start()
-            self._timers.append(timer)
+        if topology is None:
+            self._start_timeout(request, operation_id)
+        elif topology.cancel_reason is not None:
+            # Cancelled after the assembly's last check, before the engine could be asked.
+            self.cancel(operation_id, topology.cancel_reason)
         return LoadHandle(operation_id, model_id)
+
+    def _start_timeout(self, request: LoadRequest, operation_id: LogicalId) -> None:
+        """``--timeout``: the load is cancelled with ``timeout`` once it has run that long."""
+        if request.timeout_s is None:
+            return
+        timer = threading.Timer(
+            request.timeout_s, self.cancel, args=(operation_id, ReasonCode.TIMEOUT)
+        )
+        timer.name = f"skippy-timeout-{operation_id}"
+        timer.daemon = True
+        timer.start()
+        self._timers.append(timer)
 
     def _on_retire(self, engine: EngineProcess) -> None:
         """The engine's load ended without a serving context (reader or cancel thread): stop
@@ -565,7 +583,10 @@ class RuntimeHost:
         (a late timeout timer or Ctrl-C must not touch a model that now serves)."""
         with self._lock:
             engine = self._operations.get(operation_id)
+            assembling = self._assembling.get(operation_id)
         if engine is None:
+            if assembling is not None:
+                assembling.cancel(reason)
             return
         view = self.pipeline.state.models.get(engine.model_id)
         if view is not None and (

@@ -14,8 +14,11 @@ built by the host before any engine exists. Contract:
   reached or failed to start), ``incompatible_abi_or_feature_set`` (its HELLO names another
   major version), ``resource_allocation_failure`` (the plan does not fit),
   ``invalid_configuration`` (more stages than layers, a local ``--mem`` beyond what the device
-  has) — after saying so as events. No ggml client call ever runs in the host: ggml aborts the
-  process whose endpoint goes away.
+  has) — after saying so as events. A cancel of the load (``cancel``: Ctrl-C, the API, or its
+  ``--timeout``, which runs from before the assembly) refuses it at its next check, within
+  ``CANCEL_POLL_S`` while it waits for a local stage or the probes, with ``cancellation`` (the
+  topology's ``topology_unavailable`` then has outcome ``cancelled``) or ``timeout``. No ggml
+  client call ever runs in the host: ggml aborts the process whose endpoint goes away.
 - Events (host producer, scope ``topology_id``, ``stage_id`` = ``stage-<hash of host:port>``,
   the same id `stage serve` reports, and ``stage_index``; never an address): local stages' own
   ``stage_starting``/``stage_ready``/``stage_stopping``/``stage_stopped``/``stage_failed``;
@@ -74,7 +77,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -110,6 +113,8 @@ from skippyctl.stages.supervisor import (
 )
 
 LOCAL_STAGE_READY_TIMEOUT_S: Final = STARTUP_TIMEOUT_S + 10.0
+CANCEL_POLL_S: Final = 0.05
+"""How often an assembly that waits (a local stage, the probes) looks for a cancel."""
 LOCAL_HOST: Final = "127.0.0.1"
 DEFAULT_LINK_P95_MS: Final = 50.0
 """A stage link whose p95 round trip is above this is degraded (``--stage-link-p95-ms``)."""
@@ -260,6 +265,10 @@ class Topology:
         self._loading = True
         self._ended = False
         self._closed = False
+        self._cancelled = threading.Event()
+        self.cancel_reason: ReasonCode | None = None
+        """Why the load was cancelled (``cancel``): while assembling, the assembly is refused
+        with it; after, the host hands it to the engine's load."""
 
     # -- events ---------------------------------------------------------------------------------
     def _stamp(self, event: Event, index: int | None) -> Event:
@@ -296,8 +305,33 @@ class Topology:
         self._loading = False
 
     def _refuse(self, reason: ReasonCode, message: str) -> TopologyRefused:
-        self._end(reason)
+        cancelled = reason is ReasonCode.CANCELLATION
+        self._end(reason, Outcome.CANCELLED if cancelled else Outcome.FAILURE)
         return TopologyRefused(reason, message)
+
+    # -- cancellation ---------------------------------------------------------------------------
+    def cancel(self, reason: ReasonCode) -> None:
+        """The load was cancelled (Ctrl-C, the API, ``--timeout``): an assembly under way is
+        refused with ``reason`` at its next check — within ``CANCEL_POLL_S`` while it waits for
+        a local stage or a probe — instead of running to its own timeouts."""
+        with self._lock:
+            if self.cancel_reason is None:
+                self.cancel_reason = reason
+        self._cancelled.set()
+
+    def _check_cancelled(self) -> None:
+        reason = self.cancel_reason
+        if reason is not None:
+            what = "timed out" if reason is ReasonCode.TIMEOUT else "was cancelled"
+            raise self._refuse(reason, f"the load {what} while its topology assembled")
+
+    def _wait_or_cancel(self, done: threading.Event, timeout_s: float) -> None:
+        """Wait for ``done`` up to ``timeout_s``; raise at once when the load is cancelled."""
+        deadline = time.monotonic() + timeout_s
+        while not done.is_set() and (left := deadline - time.monotonic()) > 0:
+            if self._cancelled.wait(min(CANCEL_POLL_S, left)):
+                break
+        self._check_cancelled()
 
     # -- assembly -------------------------------------------------------------------------------
     def assemble(self, path: Path) -> Assembled:
@@ -305,8 +339,10 @@ class Topology:
         for index, endpoint in enumerate(self._endpoints):
             stage_id = ports.stage_id_for(endpoint.host, endpoint.port)
             self._stages.append(_Stage(endpoint, stage_id, index))
+        self._check_cancelled()
         self._start_local_stages()
         probes = self._probe_all()
+        self._check_cancelled()
         failed = [
             (s, p) for s, p in zip(self._stages, probes, strict=True) if isinstance(p, Exception)
         ]
@@ -422,7 +458,7 @@ class Topology:
             started.append(local)
         for position, local in enumerate(started):
             stage = self._stages[len(self._stages) - len(started) + position]
-            local.settled.wait(LOCAL_STAGE_READY_TIMEOUT_S)
+            self._wait_or_cancel(local.settled, LOCAL_STAGE_READY_TIMEOUT_S)
             supervisor = local.supervisor
             if supervisor.stage_id is not None:
                 stage.stage_id = supervisor.stage_id
@@ -453,10 +489,18 @@ class Topology:
             return error
 
     def _probe_all(self) -> list[StageProbe | Exception]:
-        with ThreadPoolExecutor(
+        """Every stage probed in parallel; a cancel stops the wait (each probe still ends
+        within its timeout on its own thread, and closes its connection)."""
+        pool = ThreadPoolExecutor(
             max_workers=max(1, len(self._stages)), thread_name_prefix="skippy-stage-probe"
-        ) as pool:
-            return list(pool.map(self._probe_one, self._stages))
+        )
+        try:
+            futures = [pool.submit(self._probe_one, stage) for stage in self._stages]
+            while wait(futures, timeout=CANCEL_POLL_S).not_done:
+                self._check_cancelled()
+            return [future.result() for future in futures]
+        finally:
+            pool.shutdown(wait=False)
 
     # -- the engine's reports (its reader thread) -----------------------------------------------
     def engine_loaded(self, ok: bool) -> None:

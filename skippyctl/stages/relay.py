@@ -10,6 +10,10 @@
   dropped or altered; the directions are independent.
 - An end of stream in one direction is delivered (``shutdown(SHUT_WR)``) after the chunks
   before it; a reset or error on either side closes the connection pair.
+- Each direction holds at most ``QUEUED_CHUNKS`` chunks read and not yet delivered; when
+  they are all waiting (a stall, a sink that does not read) the relay stops reading that
+  direction until one is delivered, so the sender sees backpressure as from a real link's
+  window instead of the relay buffering without bound.
 - A target that refuses the connection closes the accepted one at once (the client sees an
   end of stream, as it would from a dead stage).
 - ``validate`` refuses, before anything binds, a listen address that is not IPv4, a
@@ -42,6 +46,8 @@ from typing import Any, Final
 from skippyctl.stages import ports
 
 CHUNK_BYTES: Final = 65536
+QUEUED_CHUNKS: Final = 64
+"""Chunks one direction holds undelivered (at most 4 MiB): beyond it, reading waits."""
 ACCEPT_POLL_S: Final = 0.1
 CONNECT_TIMEOUT_S: Final = 5.0
 JOIN_S: Final = 5.0
@@ -147,7 +153,7 @@ class _Direction:
         self._model = model
         self._closed = closed
         self._abort = abort
-        self._queue: queue.SimpleQueue[tuple[float, bytes]] = queue.SimpleQueue()
+        self._queue: queue.Queue[tuple[float, bytes]] = queue.Queue(maxsize=QUEUED_CHUNKS)
         self.bytes = 0
         self.threads = (
             threading.Thread(target=self._read, name=f"{name}-read", daemon=True),
@@ -161,10 +167,21 @@ class _Direction:
             except OSError:
                 self._abort()
                 chunk = _EOF
-            self._queue.put((self._model.deliver_at(time.monotonic()), chunk))
+            self._put((self._model.deliver_at(time.monotonic()), chunk))
             if not chunk:
                 return
-        self._queue.put((0.0, _EOF))
+        self._put((0.0, _EOF))
+
+    def _put(self, item: tuple[float, bytes]) -> None:
+        """Queue for the writer, waiting while the queue is full (backpressure); given up
+        once the pair is closed — the writer then returns without it."""
+        while True:
+            try:
+                self._queue.put(item, timeout=ACCEPT_POLL_S)
+                return
+            except queue.Full:
+                if self._closed.is_set():
+                    return
 
     def _write(self) -> None:
         while True:

@@ -18,7 +18,14 @@ from collections.abc import Iterator
 import orjson
 import pytest
 
-from skippyctl.stages.relay import RelayOptions, RelayRefused, WireModel, validate
+from skippyctl.stages.relay import (
+    CHUNK_BYTES,
+    QUEUED_CHUNKS,
+    RelayOptions,
+    RelayRefused,
+    WireModel,
+    validate,
+)
 from tests.stages.helpers import relay_to
 
 READ_TIMEOUT_S = 60.0
@@ -139,6 +146,54 @@ def test_an_end_of_stream_is_relayed_after_the_data_before_it() -> None:
         sock.shutdown(socket.SHUT_WR)
         assert _receive(sock, 10) == b"last words"
         assert sock.recv(10) == b""  # the echo server saw the end and closed
+
+
+@contextlib.contextmanager
+def deaf_server() -> Iterator[int]:
+    """A TCP server of this test's own that accepts connections and never reads them."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.settimeout(0.1)
+    stop = threading.Event()
+    held: list[socket.socket] = []
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                held.append(listener.accept()[0])
+            except TimeoutError:
+                continue
+
+    acceptor = threading.Thread(target=serve, daemon=True)
+    acceptor.start()
+    try:
+        yield int(listener.getsockname()[1])
+    finally:
+        stop.set()
+        acceptor.join()
+        for conn in held:
+            conn.close()
+        listener.close()
+
+
+def test_a_sink_that_does_not_read_backpressures_the_sender() -> None:
+    # Unbounded, the relay would read all of it into memory and the send would complete.
+    # Bounded, what one direction holds is QUEUED_CHUNKS chunks, plus what the kernel buffers
+    # on the two hops (a few MiB each on loopback): the sender's send times out far short.
+    total = 512 * 2**20
+    block = bytes(2**20)
+    sent = 0
+    with (
+        deaf_server() as port,
+        relay_to(port) as (running, _),
+        socket.create_connection(("127.0.0.1", running.port)) as sock,
+    ):
+        sock.settimeout(2.0)
+        with contextlib.suppress(TimeoutError):
+            while sent < total:
+                sent += sock.send(block)
+    assert sent < QUEUED_CHUNKS * CHUNK_BYTES + 64 * 2**20, f"{sent} bytes were accepted"
 
 
 @pytest.mark.parametrize(

@@ -68,7 +68,10 @@ async def test_available_model_shows_device_memory_context_and_lanes() -> None:
         assert cell_text(table, "tiny", "Lanes") == "0/4"
         assert "node accepting" in _header(app)
         stages = app.dashboard.stages.query_one(DataTable)
-        assert "1 local stage" in column_texts(stages, "Model ▸ topology / stage")[1]
+        (row,) = column_texts(stages, "Model ▸ topology / stage")
+        assert row == "tiny ▸ one process"  # no stage is made up for a model in one process
+        assert column_texts(stages, "State") == ["ready"]
+        assert app.dashboard.stages.border_subtitle == "1 model in one process"
 
 
 async def test_failed_model_shows_its_reason_code() -> None:
