@@ -14,7 +14,7 @@ built by the host before any engine exists. Contract:
   reached or failed to start), ``incompatible_abi_or_feature_set`` (its HELLO names another
   major version), ``resource_allocation_failure`` (the plan does not fit),
   ``invalid_configuration`` (more stages than layers, a local ``--mem`` beyond what the device
-  has) — after saying so as events. A cancel of the load (``cancel``: Ctrl-C, the API, or its
+  has) — after saying so as events. A cancel of the load (``cancel``: the API's cancel, or its
   ``--timeout``, which runs from before the assembly) refuses it at its next check, within
   ``CANCEL_POLL_S`` while it waits for a local stage or the probes, with ``cancellation`` (the
   topology's ``topology_unavailable`` then has outcome ``cancelled``) or ``timeout``. No ggml
@@ -311,7 +311,7 @@ class Topology:
 
     # -- cancellation ---------------------------------------------------------------------------
     def cancel(self, reason: ReasonCode) -> None:
-        """The load was cancelled (Ctrl-C, the API, ``--timeout``): an assembly under way is
+        """The load was cancelled (the API's cancel, ``--timeout``): an assembly under way is
         refused with ``reason`` at its next check — within ``CANCEL_POLL_S`` while it waits for
         a local stage or a probe — instead of running to its own timeouts."""
         with self._lock:
