@@ -13,8 +13,9 @@ or failed) is marked `✗` and drawn in the error style across its row, so it sh
 even where the pane is too narrow for its state column. A model without a topology (served in
 one engine process: it has no stages) is one row, `model ▸ one process`, with the model's
 state in the stage words (`ready` for available) and its reason — no stage is made up for it.
-Topologies and stages the reducer knows without a model (yet) are listed too: nothing is
-hidden.
+Topologies and stages the reducer knows without a model (yet) are listed too. An ended
+topology of a model that was loaded again since is history: the subtitle counts it (`N ended`)
+and the state document keeps it, but it gets no rows.
 """
 
 from __future__ import annotations
@@ -178,7 +179,7 @@ def stage_rows(view: RuntimeView) -> list[tuple[str, Cells]]:
         rows.extend(_topology_reason(view, topology_id))
         rows.extend(_stage_rows(by_topology.get(topology_id, [])))
         shown.add(topology_id)
-    for topology_id in sorted(set(view.topologies) - shown):
+    for topology_id in sorted(set(view.topologies) - shown - superseded_topologies(view)):
         topology = view.topologies[topology_id]
         owner = str(topology.model_id) if topology.model_id is not None else "(no model)"
         rows.append((f"t:{topology_id}", _topology_heading(view, owner, topology_id)))
@@ -189,6 +190,19 @@ def stage_rows(view: RuntimeView) -> list[tuple[str, Cells]]:
         rows.append(("o:", (Text("(no topology)", style="grey50"), "", *_BLANK)))
         rows.extend(_stage_rows(orphans))
     return rows
+
+
+def superseded_topologies(view: RuntimeView) -> set[LogicalId]:
+    """Ended topologies of a model that has been loaded again since (with another topology or
+    in one process): history, which the state document keeps and the pane only counts."""
+    current = {m.topology_id for m in view.models.values()}
+    return {
+        topology_id
+        for topology_id, topology in view.topologies.items()
+        if topology.state is TopologyState.UNAVAILABLE
+        and topology.model_id in view.models
+        and topology_id not in current
+    }
 
 
 _BLANK: Final = ("", "", "", "")
@@ -239,7 +253,8 @@ class StagesPane(Pane):
             return
         self._inputs = inputs
         self._rows.show(stage_rows(view))
-        topologies = len(view.topologies)
+        ended = len(superseded_topologies(view))
+        topologies = len(view.topologies) - ended
         one_process = sum(1 for m in view.models.values() if m.topology_id is None)
         parts = [f"{fmt.plural(one_process, 'model')} in {ONE_PROCESS}"] if one_process else []
         if topologies or not one_process:
@@ -247,4 +262,6 @@ class StagesPane(Pane):
                 f"{topologies} topolog{'y' if topologies == 1 else 'ies'} · "
                 f"{fmt.plural(len(view.stages), 'stage')}"
             )
+        if ended:
+            parts.append(f"{ended} ended")
         self.border_subtitle = " · ".join(parts)
