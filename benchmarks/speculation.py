@@ -26,6 +26,12 @@ for 64 tokens past the window: the next window when this one verifies whole, no 
 With --draft (successor models only), `load --draft` with a one-layer draft of the model (the
 same vocabulary and cycles; its 32000 × 1024 output layer is most of its cost).
 
+With --wire-stages N, every skippy variant serves the model split over N local `stage serve`
+workers, each behind a `stage relay` with issue 13's wire model (3 ms + exp(5 ms) jitter + 2 % ×
+40 ms stalls; benchmarks/stages.py), and llama-server is left out: what run-ahead windows
+(`runahead / plugin`) and speculation itself (`plugin / off`) do when every decode step pays
+the links' round trips.
+
 Prints a table and the verdicts on stderr, one JSON summary on stdout.
 """
 
@@ -33,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
 import subprocess
 import sys
@@ -46,6 +53,7 @@ import orjson
 from benchmarks.loadgen import Workload, banned_tokens, run_sessions, warm_up
 from benchmarks.models import model_path
 from benchmarks.servers import LLAMA_SERVER, SKIPPY, ServerSpec, start
+from benchmarks.stages import StageWorker, Wire
 
 SKIPPY_OFF: Final = "skippy"
 SKIPPY_NGRAM: Final = "skippy --spec ngram"
@@ -118,17 +126,29 @@ def variants(
     return found
 
 
-def _measure(variant: Variant, path: Path, sessions: int, tokens: int, threads: int) -> float:
-    spec = ServerSpec(
-        path,
-        sessions,
-        PROMPT_ROOM + tokens,
-        threads,
-        skippy_load_args=variant.skippy_args,
-        llama_server_args=variant.llama_server_args,
-    )
+def _measure(
+    variant: Variant, path: Path, sessions: int, tokens: int, threads: int, wire_stages: int = 0
+) -> float:
     work = Workload(requests=1, tokens=tokens, banned=banned_tokens(path))
-    with tempfile.TemporaryDirectory(prefix="skippy-spec-") as temp:
+    with (
+        tempfile.TemporaryDirectory(prefix="skippy-spec-") as temp,
+        contextlib.ExitStack() as stack,
+    ):
+        stage_args: tuple[str, ...] = ()
+        if wire_stages:
+            log = stack.enter_context(open(Path(temp) / "stages.log", "wb"))
+            workers = [StageWorker(1, log, Wire()) for _ in range(wire_stages)]
+            for worker in workers:
+                stack.callback(worker.stop)
+            stage_args = tuple(a for w in workers for a in ("--stage", w.wait_ready()))
+        spec = ServerSpec(
+            path,
+            sessions,
+            PROMPT_ROOM + tokens,
+            threads,
+            skippy_load_args=(*variant.skippy_args, *stage_args),
+            llama_server_args=variant.llama_server_args,
+        )
         server = start(variant.server, spec, Path(temp))
         try:
             warm_up(server, work)
@@ -170,6 +190,7 @@ def run(
     plugin: Path | None = None,
     skippy_only: bool = False,
     draft: bool = False,
+    wire_stages: int = 0,
 ) -> tuple[list[Row], list[Verdict]]:
     rows: list[Row] = []
     verdicts: list[Verdict] = []
@@ -180,7 +201,7 @@ def run(
         # The one-layer draft of the successor model (same vocabulary and cycles).
         draft_path = model_path("mid-f16-successor-draft") if draft and successor else None
         chosen = variants(types, plugin, draft_path)
-        if skippy_only or not successor:
+        if skippy_only or wire_stages or not successor:
             chosen = [v for v in chosen if v.server == SKIPPY]
         for count in sessions:
             rates: dict[str, list[float]] = {v.name: [] for v in chosen}
@@ -188,7 +209,9 @@ def run(
                 sys.stderr.write(f"{model} S={count} round {index + 1}/{rounds}\n")
                 order = chosen[index % len(chosen) :] + chosen[: index % len(chosen)]
                 for variant in order:
-                    rates[variant.name].append(_measure(variant, path, count, tokens, threads))
+                    rates[variant.name].append(
+                        _measure(variant, path, count, tokens, threads, wire_stages)
+                    )
             for name, values in rates.items():
                 rows.append(
                     Row(
@@ -216,6 +239,17 @@ def run(
                 verdicts.append(
                     _verdict(model, count, "runahead / ngram", ahead, on, TARGET_PLUGIN)
                 )
+                verdicts.append(
+                    _verdict(
+                        model, count, "runahead / plugin", ahead, rates[SKIPPY_PLUGIN], TARGET_PEER
+                    )
+                )
+                if wire_stages:
+                    verdicts.append(
+                        _verdict(
+                            model, count, "plugin / off", rates[SKIPPY_PLUGIN], off, TARGET_SPEEDUP
+                        )
+                    )
             if successor:
                 verdicts.append(_verdict(model, count, "ngram / off", on, off, TARGET_SPEEDUP))
                 peers = [name for name in rates if name.startswith("llama-server ")]
@@ -270,6 +304,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also measure --draft with a one-layer draft of the successor model",
     )
+    parser.add_argument(
+        "--wire-stages",
+        type=int,
+        default=0,
+        help="serve skippy over N local stages behind the wire model (llama-server left out)",
+    )
     args = parser.parse_args(argv)
     models = tuple(m for m in args.models.split(",") if m)
     sessions = tuple(int(s) for s in args.sessions.split(",") if s)
@@ -286,6 +326,7 @@ def main(argv: list[str] | None = None) -> int:
             plugin,
             args.skippy_only,
             args.draft,
+            args.wire_stages,
         )
     sys.stderr.write(f"\n{'model':>14} {'S':>2} {'variant':>26} {'tok/s':>8} {'min..max':>15}\n")
     for row in rows:
