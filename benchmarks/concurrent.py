@@ -50,7 +50,16 @@ from benchmarks.loadgen import (
     warm_up,
 )
 from benchmarks.models import model_path
-from benchmarks.servers import LLAMA_SERVER, SERVER_NAMES, SKIPPY, ServerSpec, start
+from benchmarks.servers import (
+    LLAMA_SERVER,
+    SERVER_NAMES,
+    SKIPPY,
+    SKIPPY_ASYNCIO,
+    ServerSpec,
+    start,
+)
+
+SKIPPY_SERVERS: Final = (SKIPPY, SKIPPY_ASYNCIO)
 
 DEFAULT_TOKENS: Final = {"tiny": 256, "mid": 128}
 DEFAULT_REQUESTS: Final = 2
@@ -107,7 +116,7 @@ def _measure(name: str, spec: ServerSpec, work: Workload, sessions: int, watch: 
         try:
             warm_up(server, work)
             sample = asyncio.run(
-                run_sessions(server, work, sessions, watch_events=watch and name == SKIPPY)
+                run_sessions(server, work, sessions, watch_events=watch and name in SKIPPY_SERVERS)
             )
         finally:
             server.stop()
