@@ -187,7 +187,8 @@ class LoadBody(_Body):
     )
     spec_runahead_tokens: RunaheadTokens | None = Field(
         default=None,
-        description="With `spec: plugin`: proposals a query may ask for past the window; they "
+        description="With `spec: plugin` or `ngram`: proposals a query may ask for past the "
+        "window; they "
         "are the next window when it verifies whole (no query then), and are discarded "
         "unexecuted (counted) when it does not. Absent: 0 (fixed depth).",
     )

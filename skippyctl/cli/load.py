@@ -143,8 +143,9 @@ def load_command(
         typer.Option(
             "--spec",
             help="Speculative decoding: 'ngram' proposes the tokens that followed the latest "
-            "earlier occurrence of the text's last tokens (prompt lookup, no extra model) and "
-            "verifies them in the same decode step; 'plugin' asks the --plugin plugins for "
+            "earlier occurrence of the text's last tokens (prompt lookup, no extra model: the "
+            "built-in plugin 'ngram', run in the engine process) and verifies them in the same "
+            "decode step; 'plugin' asks the --plugin plugins for "
             "proposals, under --spec-deadline-ms; 'draft' verifies the --draft model's "
             "continuation; the text is what decoding without it gives either way. 'off': one "
             "token per step.",
@@ -166,7 +167,8 @@ def load_command(
             "--plugin",
             show_default=False,
             help="A serving plugin for this model (repeatable): a C plugin's .so file or a "
-            "Python plugin's entry-point name (group skippyctl.plugins). Each runs in its own "
+            "Python plugin's entry-point name (group skippyctl.plugins; built in: 'ngram'). "
+            "Each runs in its own "
             "process beside the engine, sees every request's lifecycle and committed tokens, "
             "and with --spec plugin proposes; a failing plugin is reported and disabled, "
             "never fails a request. See examples/plugins.",
@@ -196,7 +198,8 @@ def load_command(
         typer.Option(
             "--spec-runahead-tokens",
             show_default=False,
-            help="With --spec plugin: proposals a query may ask for past the window (0-256). "
+            help="With --spec plugin or ngram: proposals a query may ask for past the window "
+            "(0-256). "
             "They become the next window without a query when the window verifies whole, and "
             "are discarded unexecuted (counted in the receipt) when it does not. Default: 0 "
             "(fixed depth: one query a window).",

@@ -67,7 +67,6 @@ from skippyctl.engine.sampling import build_sampler_chain
 from skippyctl.engine.speculation import (
     SPEC_OFF,
     AdaptiveWindow,
-    NgramProposer,
     ServingPlugins,
     SpecConfig,
     SpecMode,
@@ -82,6 +81,8 @@ from skippyctl.engine.text import (
 )
 from skippyctl.events.envelope import StopReason
 from skippyctl.events.reasons import GenerationOutcome, ReasonCode
+from skippyctl.plugins.builtin.ngram import NgramPlugin
+from skippyctl.plugins.inprocess import InProcessPlugin
 
 PREFILL_PROGRESS_INTERVAL_S: Final = 0.25
 """At most one GenPrefillProgress per request per interval, none for a shorter prefill."""
@@ -190,16 +191,36 @@ class DecodeCore:
         # speculating, the step's proposals must fit.
         self._spec = speculation
         self._plugins = plugins
-        """The model's serving plugins: they see each request's lifecycle and committed tokens
-        and, with ``--spec plugin``, propose; a failing plugin never fails a request."""
+        """The model's serving plugins (sidecars): they see each request's lifecycle and
+        committed tokens and, with ``--spec plugin``, propose; a failing plugin never fails a
+        request."""
         self.plugin_failures = 0
-        """Calls into the plugins' link that raised (counted; the request carries on)."""
-
-        self._draft = draft
-        """With ``--spec draft``: the draft model that proposes (``engine/draft.py``)."""
-        self._external_proposals = (
-            speculation.mode is SpecMode.PLUGIN and plugins is not None
-        ) or (speculation.mode is SpecMode.DRAFT and draft is not None)
+        """Calls into serving plugins or a proposer that raised (counted; the request carries
+        on)."""
+        # Every mode proposes through the same calls (ServingPlugins): the sidecars' link, the
+        # built-in n-gram plugin called in this process, or the draft model.
+        self._ngram: InProcessPlugin | None = None
+        """With ``--spec ngram``: the built-in n-gram plugin, in this process (the core owns it)."""
+        self._local: InProcessPlugin | DraftModel | None = None
+        """A proposer in this process, whose failures it counts itself."""
+        self._proposals: ServingPlugins | None = None
+        """Where this model's proposals come from; None: it does not speculate."""
+        if speculation.mode is SpecMode.NGRAM:
+            self._ngram = InProcessPlugin(NgramPlugin(), self._n_vocab)
+            self._local = self._proposals = self._ngram
+        elif speculation.mode is SpecMode.DRAFT and draft is not None:
+            self._local = self._proposals = draft
+        elif speculation.mode is SpecMode.PLUGIN:
+            self._proposals = plugins
+        streams: list[ServingPlugins] = [] if plugins is None else [plugins]
+        if self._proposals is not None and self._proposals is not plugins:
+            streams.append(self._proposals)
+        self._streams = tuple(streams)
+        """What sees each request's begin, committed deltas and end: the sidecars' link and the
+        proposer, each once."""
+        # A sidecar query costs a round trip, so the tail of a window that a step cut short
+        # (see _propose) is kept as the next window; so is any run-ahead that was asked for.
+        self._keep_cut_tail = speculation.mode is SpecMode.PLUGIN or speculation.runahead_tokens > 0
         slots = speculation.step_slots(lanes)
         if n_batch <= slots:
             raise ValueError(
@@ -245,9 +266,11 @@ class DecodeCore:
 
     @property
     def proposal_failures(self) -> int:
-        """Calls into the plugins' link that raised, and draft decodes that failed: each cost
+        """Calls into the plugins or a proposer that raised, and failed calls and invalid
+        answers inside an in-process proposer (the n-gram plugin, a draft decode): each cost
         only its proposals."""
-        return self.plugin_failures + (self._draft.failures if self._draft is not None else 0)
+        local = self._local.failures if self._local is not None else 0
+        return self.plugin_failures + local
 
     # ---------------------------------------------------------------- messages
 
@@ -312,6 +335,8 @@ class DecodeCore:
         for r in list(self._board.by_id.values()):
             self.finish(r, _CANCELLED, StopReason.CANCELLED)
         self._batch.free()
+        if self._ngram is not None:
+            self._ngram.close()
 
     def refuse(self, r: RequestState, reason: ReasonCode) -> None:
         self.finish(r, _FAILED, StopReason.ERROR, reason)
@@ -540,13 +565,12 @@ class DecodeCore:
             r.sampler.accept(prompt[-params.repeat_last_n :])
         r.detok = Detokenizer(self._llama, self._vocab, self._pieces)
         r.stops = StopMatcher(r.spec.stop)
-        if self._spec.mode is SpecMode.NGRAM:
-            r.proposer = NgramProposer(prompt)
-        elif self._external_proposals:
-            r.proposer = AdaptiveWindow()  # the plugins or the draft model propose
-        if self._plugins is not None:
+        if self._proposals is not None:
+            r.window = AdaptiveWindow()
+        if self._streams:
             r.plugin_commits = []
-            self._to_plugins(self._plugins.begin, r.id, session, prompt, r.reused)
+            for plugins in self._streams:
+                self._to_plugins(plugins.begin, r.id, session, prompt, r.reused)
         r.prefill_pos = r.reused
         r.phase = Phase.PREFILL
         now = time.monotonic()
@@ -599,7 +623,7 @@ class DecodeCore:
                 self._on_logits(r, now)
             except Exception:  # noqa: BLE001 - one request's failure must not stop the engine
                 self.fail(r)
-        if self._plugins is not None:
+        if self._streams:
             for r in decoding:  # the ones still running: an ended one handed its tokens over
                 self._hand_commits(r)
         self._check_pressure()
@@ -614,9 +638,10 @@ class DecodeCore:
     def _hand_commits(self, r: RequestState) -> None:
         """The tokens ``r`` committed since the last hand-over, as one delta."""
         pending = r.plugin_commits
-        if pending and self._plugins is not None:
+        if pending:
             r.plugin_commits = []
-            self._to_plugins(self._plugins.commit, r.id, pending)
+            for plugins in self._streams:
+                self._to_plugins(plugins.commit, r.id, pending)
 
     def _prefill_chunks(self) -> list[tuple[RequestState, int]]:
         """This step's prompt chunks: up to ``prefill_chunk_tokens`` tokens in all, taken
@@ -668,62 +693,53 @@ class DecodeCore:
     def _propose(self, decoding: list[RequestState]) -> None:
         """Each decoding lane's proposals for this step, as many as its window, its lane's
         context and its ``max_tokens`` leave room for (every committed proposal and the token
-        sampled after the last one count)."""
+        sampled after the last one count): the run-ahead of its last answer when that still
+        holds, else one query to the proposer for all the lanes that need one."""
         limit = self._spec.lane_limit(len(decoding))
-        plugin_wants: dict[str, int] | None = {} if self._spec.mode is SpecMode.PLUGIN else None
-        draft_wants: dict[int, tuple[list[int], int]] | None = (
-            {} if self._spec.mode is SpecMode.DRAFT else None
-        )
+        wants: dict[str, int] = {}
         for r in decoding:
-            proposer = r.proposer
+            window = r.window
             lane = r.lane
-            if proposer is None or lane is None:
+            if window is None or lane is None:
                 continue
             # pending_token goes to len(lane.tokens); proposals to the positions after it.
             room = min(
                 limit,
-                proposer.window,
+                window.window,
                 self._ctx_per_lane - len(lane.tokens) - 1,
                 r.spec.max_tokens - r.completion_tokens - 1,
             )
-            r.draft = proposer.propose(room) if room > 0 else []
-            if room > 0 and plugin_wants is not None:
-                if r.runahead:  # the last answer's next window still holds: no query
-                    r.draft, r.runahead = r.runahead[:room], r.runahead[room:]
-                else:
-                    plugin_wants[r.id] = room
-            elif room > 0 and draft_wants is not None:
-                draft_wants[lane.seq] = ([*lane.tokens, r.pending_token], room)
-        if plugin_wants:
-            self._ask_plugins(decoding, plugin_wants)
-        if draft_wants and self._draft is not None:
-            drafted = self._draft.propose(draft_wants)
-            for r in decoding:
-                if r.lane is not None and r.lane.seq in drafted:
-                    r.draft = drafted[r.lane.seq]
+            if room <= 0:
+                r.draft = []
+            elif r.runahead:  # the last answer's next window still holds: no query
+                r.draft, r.runahead = r.runahead[:room], r.runahead[room:]
+            else:
+                wants[r.id] = room
+        if wants:
+            self._ask(decoding, wants)
         if not self._unified and len(decoding) > 1:
             # With one KV stream per lane llama.cpp cuts a batch into micro-batches that take
             # the same number of tokens from each sequence (split_equal): lanes with longer
             # windows than others would cost whole extra forward passes. So every lane
             # verifies as many proposals as the one with the fewest (none if one has none).
             shortest = min(len(r.draft) for r in decoding)
-            keep_tail = plugin_wants is not None
+            keep_tail = self._keep_cut_tail
             for r in decoding:
                 if len(r.draft) > shortest:
                     if keep_tail:  # the cut tail still follows the shorter window: run-ahead
                         r.runahead = r.draft[shortest:] + r.runahead
                     r.draft = r.draft[:shortest]
 
-    def _ask_plugins(self, decoding: list[RequestState], wants: dict[str, int]) -> None:
-        """The plugins' proposals for this step's lanes, waited for at most their deadline; a
-        late answer proposes nothing (and is counted on the request)."""
-        plugins = self._plugins
-        assert plugins is not None
+    def _ask(self, decoding: list[RequestState], wants: dict[str, int]) -> None:
+        """The proposer's proposals for this step's lanes (a sidecar's waited for at most their
+        deadline; a late answer proposes nothing and is counted on the request)."""
+        proposals = self._proposals
+        assert proposals is not None
         ahead = self._spec.runahead_tokens
         try:
-            answers = plugins.propose({rid: room + ahead for rid, room in wants.items()})
-            late = plugins.late()
-        except Exception:  # noqa: BLE001 - no proposal is the worst a plugin can do
+            answers = proposals.propose({rid: room + ahead for rid, room in wants.items()})
+            late = proposals.late()
+        except Exception:  # noqa: BLE001 - no proposal is the worst a proposer can do
             self.plugin_failures += 1
             return
         for r in decoding:
@@ -779,10 +795,10 @@ class DecodeCore:
             break
         if running and r.runahead:
             self._verify_runahead(r, token, whole=accepted == len(draft))
-        if r.proposer is not None:
-            r.proposer.verified(len(draft), accepted, self._spec.draft_tokens)
-        if self._plugins is not None and self._spec.mode is SpecMode.PLUGIN:
-            self._to_plugins(self._plugins.outcome, r.id, len(draft), accepted)
+        if r.window is not None:
+            r.window.verified(len(draft), accepted, self._spec.draft_tokens)
+        if self._proposals is not None:
+            self._to_plugins(self._proposals.outcome, r.id, len(draft), accepted)
         if len(lane.tokens) < kv_end:
             self._llama.llama_memory_seq_rm(self._memory, lane.seq, len(lane.tokens), -1)
 
@@ -817,8 +833,6 @@ class DecodeCore:
             self.finish(r, _COMPLETED, StopReason.EOS)
             return False
         r.completion_tokens += 1
-        if r.proposer is not None:
-            r.proposer.commit(token)
         if r.plugin_commits is not None:
             r.plugin_commits.append(token)
         detok = r.detok
@@ -950,16 +964,14 @@ class DecodeCore:
     def _plugins_end(self, r: RequestState, done: GenDone) -> None:
         """The plugins' last word on ``r``: its receipt when it completed (the final committed
         suffix goes with it), else an abort with the reason."""
-        plugins = self._plugins
-        if plugins is None:
-            return
         self._hand_commits(r)
         r.plugin_commits = None
         if done.outcome is not _COMPLETED:
             # The plugin ABI's abort reasons are the stop reasons cancelled/timeout/error.
             stop = done.stop_reason
             reason = stop.value if stop in (StopReason.CANCELLED, StopReason.TIMEOUT) else "error"
-            self._to_plugins(plugins.abort, r.id, reason)
+            for plugins in self._streams:
+                self._to_plugins(plugins.abort, r.id, reason)
             return
         queue_ms = (r.t_prefill_start - r.submitted) * 1000.0 if r.t_prefill_start else 0.0
         receipt: dict[str, object] = {
@@ -977,7 +989,8 @@ class DecodeCore:
             "spec_late": done.spec_late,
             "spec_discarded": done.spec_discarded,
         }
-        self._to_plugins(plugins.finish, r.id, receipt)
+        for plugins in self._streams:
+            self._to_plugins(plugins.finish, r.id, receipt)
 
     def _clear_lane(self, lane: Lane) -> None:
         if lane.tokens:

@@ -1,18 +1,27 @@
 """A draft model's proposals (``load MODEL --draft DRAFT.gguf``): a second, smaller llama.cpp
-model in the engine process that greedily continues each decoding lane's text.
+model in the engine process that greedily continues each decoding request's text.
 
-:class:`DraftModel` owns the draft's context (one KV sequence per lane of the target, the same
-sequence ids), one ``llama_batch`` and a greedy sampler. For each lane it mirrors which tokens
-the draft's KV holds (``_held``). :meth:`DraftModel.propose` takes each lane's committed text
-(the target lane's KV tokens and its pending token) and how many tokens to propose:
+:class:`DraftModel` is a proposer like any other: it implements the engine's serving-plugin
+calls (``ServingPlugins``, ``engine/speculation.py``) — begin, commit, propose, late, outcome,
+finish, abort — so the decode core asks it exactly as it asks the n-gram plugin or the
+sidecars. One ``propose`` call answers every decoding request, which suits its one batched
+``llama_decode`` per drafted position.
 
-1. catch up: keep the draft KV's longest prefix that is still the lane's text (a rejected
-   proposal, another request in the lane: the rest is removed with ``llama_memory_seq_rm``) and
-   decode the lane's text past it — the whole prompt the first time, a few committed tokens
-   afterwards — all lanes in one batch (chunked at the batch size), logits for each lane's last
-   token;
-2. draft: sample each lane's next token greedily, then decode those tokens (one a lane, one
-   batch) for the next, until every lane has its ``room``.
+It owns the draft's context (one KV sequence per lane of the target, so as many sequences as
+requests can run at once), one ``llama_batch`` and a greedy sampler. ``begin`` gives a request
+the free sequence whose KV shares the longest prefix with its prompt (a session's next request
+finds its last one's) and ``finish``/``abort`` free it again, keeping its KV for that; for each
+sequence it mirrors which tokens the draft's KV holds (``_held``), and for each request its
+committed text (prompt + committed tokens, from ``begin`` and ``commit``). :meth:`propose` takes
+how many tokens to propose for each request:
+
+1. catch up: keep the draft KV's longest prefix that is still the request's text (a rejected
+   proposal, another request before: the rest is removed with ``llama_memory_seq_rm``) and
+   decode the text past it — the whole prompt the first time, a few committed tokens
+   afterwards — all requests in one batch (chunked at the batch size), logits for each one's
+   last token;
+2. draft: sample each request's next token greedily, then decode those tokens (one a request,
+   one batch) for the next, until every request has its ``room``.
 
 The draft's KV then holds every proposal but the last; the next call keeps what the target
 accepted. Greedy drafting is what speculative decoding verifies best: the target's sampler
@@ -23,6 +32,7 @@ the committed text never depends on the draft. Decode thread only; token ids sta
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Final
 
@@ -33,8 +43,19 @@ DRAFT_BATCH_TOKENS: Final = 512
 decoded in chunks."""
 
 
+_NOBODY_LATE: Final[frozenset[str]] = frozenset()
+
+
 class DraftFailed(RuntimeError):
     """The draft's llama_decode failed: no proposals this step (the target decodes on)."""
+
+
+@dataclass(slots=True)
+class _Drafting:
+    seq: int
+    """The draft KV sequence the request drafts in."""
+    text: list[int] = field(default_factory=list)
+    """Its prompt and committed tokens, in order."""
 
 
 class DraftModel:
@@ -51,11 +72,66 @@ class DraftModel:
         self._sampler = llama.llama_sampler_init_greedy()
         self._held: list[list[int]] = [[] for _ in range(lanes)]
         """Per sequence id: the tokens the draft's KV holds, in position order."""
+        self._free = set(range(lanes))
+        """Sequences no running request drafts in."""
+        self._requests: dict[str, _Drafting] = {}
         self.failures = 0
+        """Draft decodes that failed (each cost one step's proposals)."""
         llama.llama_memory_clear(self._memory, False)
 
-    def propose(self, wants: Mapping[int, tuple[list[int], int]]) -> dict[int, list[int]]:
-        """Sequence id → (the lane's committed text, how many to propose) → proposals."""
+    # ---- the engine's serving-plugin calls (decode thread) ----
+
+    def begin(self, request: str, session: str | None, prompt: Sequence[int], reused: int) -> None:
+        """Give ``request`` the free sequence that holds the longest prefix of ``prompt``. With
+        none free (more requests than lanes: not expected) it is not drafted for."""
+        if request in self._requests or not self._free:
+            return
+        text = list(prompt)
+        seq = max(sorted(self._free), key=lambda s: common_prefix(self._held[s], text))
+        self._free.discard(seq)
+        self._requests[request] = _Drafting(seq, text)
+
+    def commit(self, request: str, tokens: Sequence[int]) -> None:
+        drafting = self._requests.get(request)
+        if drafting is not None:
+            drafting.text.extend(tokens)
+
+    def propose(self, wants: Mapping[str, int]) -> dict[str, list[int]]:
+        """Request id → how many to propose → the draft's greedy continuation of its text."""
+        by_seq: dict[int, tuple[list[int], int]] = {}
+        requests: list[tuple[str, int]] = []
+        for request, room in wants.items():
+            drafting = self._requests.get(request)
+            if drafting is None or room <= 0 or not drafting.text:
+                continue
+            by_seq[drafting.seq] = (drafting.text, room)
+            requests.append((request, drafting.seq))
+        drafted = self._propose(by_seq)
+        return {request: drafted[seq] for request, seq in requests if drafted.get(seq)}
+
+    def late(self) -> frozenset[str]:
+        """Nobody: the draft answers before :meth:`propose` returns."""
+        return _NOBODY_LATE
+
+    def outcome(self, request: str, proposed: int, accepted: int) -> None:
+        """Nothing to learn: the next catch-up keeps what was accepted."""
+
+    def finish(self, request: str, receipt: Mapping[str, object]) -> None:
+        self._release(request)
+
+    def abort(self, request: str, reason: str) -> None:
+        self._release(request)
+
+    def _release(self, request: str) -> None:
+        """``request`` is over: its sequence is free, its KV kept for a later prefix."""
+        drafting = self._requests.pop(request, None)
+        if drafting is not None:
+            self._free.add(drafting.seq)
+
+    # ---- drafting ----
+
+    def _propose(self, wants: Mapping[int, tuple[list[int], int]]) -> dict[int, list[int]]:
+        """Sequence id → (the request's committed text, how many to propose) → proposals."""
         if not wants:
             return {}
         try:

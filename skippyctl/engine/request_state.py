@@ -113,7 +113,6 @@ class RequestState:
         "prompt_count",
         "prefill_pos",
         "prompt",
-        "proposer",
         "reused",
         "runahead",
         "sampled",
@@ -133,6 +132,7 @@ class RequestState:
         "t_prefill_progress",
         "t_prefill_start",
         "t_progress",
+        "window",
     )
 
     def __init__(self, spec: GenerateRequest, submitted: float, error: str | None) -> None:
@@ -160,19 +160,21 @@ class RequestState:
         host to turn them into events), and before gen_done if the request ends first."""
         self.shared_steps = 0
         self.max_batch = 0
-        self.proposer: AdaptiveWindow | None = None
+        self.window: AdaptiveWindow | None = None
+        """How many proposals the request verifies next; None when its model does not
+        speculate."""
         self.draft: list[int] = []
         """Tokens proposed to follow ``pending_token``, verified in the current step."""
         self.spec_windows = 0
         self.spec_proposed = 0
         self.spec_accepted = 0
         self.spec_late = 0
+        """Proposal queries of this request whose answer came after the deadline (dropped)."""
         self.spec_discarded = 0
         """Run-ahead proposals dropped unexecuted because a window before them diverged."""
         self.runahead: list[int] = []
-        """Plugin proposals past the current window (``SpecConfig.runahead_tokens``): the
-        first is the token expected after it, the rest the next window."""
-        """Proposal queries of this request whose answer came after the deadline (dropped)."""
+        """Proposals past the current window (``SpecConfig.runahead_tokens``, or the tail a
+        step cut off): the first is the token expected after it, the rest the next window."""
         self.plugin_commits: list[int] | None = None
         """With serving plugins: committed tokens not yet handed to them (one delta a step)."""
         self.approaching_sent = False

@@ -5,24 +5,24 @@ next token goes into the step's batch followed by up to ``draft_tokens`` propose
 with its logits; the lane's sampler then samples position after position and commits while the
 sampled token equals the proposed one, so the committed text is exactly what decoding one token
 per step would give (the sampler sees the same logits for every committed position), and the KV
-of the first rejected proposal onwards is removed. This module holds the configuration and the
-built-in proposer.
+of the first rejected proposal onwards is removed. This module holds the configuration, the
+proposer protocol and the window each request verifies.
 
-With ``--spec plugin`` the proposals come from the model's serving plugins
-(:class:`ServingPlugins`, ``skippyctl.plugins``), one query per step for the lanes that need
-one, answered within the deadline or not used. A run-ahead budget
-(``SpecConfig.runahead_tokens``) lets a query ask past the window: the extra proposals are the
-window after it (its first one is the token expected after this window), used without a query
-when this window verifies whole and the sampled token matches, and discarded — never executed,
-counted as ``spec_discarded`` — when it does not.
+Every mode proposes through the same calls, :class:`ServingPlugins` — one query per step for
+the lanes that need one:
 
-:class:`NgramProposer` is prompt lookup decoding (no extra model): the longest suffix (of
-``ngram_max`` down to ``ngram_min`` tokens) of the request's history — its prompt and what it
-generated — that occurred earlier in that history proposes the tokens that followed that earlier
-occurrence (the latest one), continued cyclically when that occurrence is so recent that its
-continuation runs into the present (``a b a b`` proposes ``a b a b …``). Cost: O(``ngram_max``)
-dictionary work per committed token, one lookup per proposal; the history and the index live only
-as long as the request. Token ids stay in the engine process; only counts leave it.
+- ``--spec ngram``: the built-in n-gram plugin (``skippyctl.plugins.builtin.ngram``, prompt
+  lookup over the prompt and the generated history) called directly in the engine process
+  (``skippyctl.plugins.inprocess``);
+- ``--spec plugin``: the model's serving plugins in their sidecars (``skippyctl.plugins.link``),
+  answered within the deadline or not used;
+- ``--spec draft``: the draft model (``engine/draft.py``), all lanes in one batched decode.
+
+A run-ahead budget (``SpecConfig.runahead_tokens``) lets a query ask past the window: the extra
+proposals are the window after it (its first one is the token expected after this window), used
+without a query when this window verifies whole and the sampled token matches, and discarded —
+never executed, counted as ``spec_discarded`` — when it does not. Token ids stay with the
+proposer (the engine process, or a plugin's sidecar); only counts leave it.
 """
 
 from __future__ import annotations
@@ -59,9 +59,6 @@ reference's deadline): a later answer is dropped and counted as late."""
 MAX_PROPOSAL_DEADLINE_MS: Final = 1000.0
 DEFAULT_RUNAHEAD_TOKENS: Final = 0
 MAX_RUNAHEAD_TOKENS: Final = 256
-NGRAM_MIN: Final = 2
-"""A one-token match is mostly chance: a proposal needs the last two tokens seen before."""
-NGRAM_MAX: Final = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,8 +67,8 @@ class SpecConfig:
     draft_tokens: int = DEFAULT_DRAFT_TOKENS
     """Most proposed tokens one lane verifies in a step (the window)."""
     runahead_tokens: int = 0
-    """With plugin proposals: how many tokens past the window a query may ask for (the
-    run-ahead budget; 0 = fixed depth). The proposals beyond the window are the next window,
+    """With plugin or n-gram proposals: how many tokens past the window a query may ask for
+    (the run-ahead budget; 0 = fixed depth). The proposals beyond the window are the next window,
     used without a query when the window verifies whole and the token sampled after it is the
     first of them; otherwise they are discarded unexecuted (counted)."""
 
@@ -102,9 +99,10 @@ SPEC_OFF: Final = SpecConfig()
 
 
 class ServingPlugins(Protocol):
-    """What the decode thread tells a model's serving plugins and asks them (the engine side
-    of ``skippyctl.plugins``: delivery never blocks, ``propose`` waits at most its deadline).
-    Token ids go to the plugins' own process and nowhere else."""
+    """What the decode thread tells a model's serving plugins and proposers and asks them:
+    the sidecars' link (``skippyctl.plugins.link``: delivery never blocks, ``propose`` waits at
+    most its deadline), the in-process built-in plugin (``skippyctl.plugins.inprocess``) and the
+    draft model (``engine/draft.py``). Token ids stay with them."""
 
     def begin(self, request: str, session: str | None, prompt: Sequence[int], reused: int) -> None:
         """A request starts generating from ``prompt`` (``reused`` of it came from its KV)."""
@@ -132,17 +130,14 @@ class ServingPlugins(Protocol):
 class AdaptiveWindow:
     """How many proposals a request verifies next: each window fully accepted doubles it (up to
     the configured most), a rejection makes it what was accepted plus one. Proposes nothing
-    itself: with plugins the proposals come from them (:class:`ServingPlugins`). Decode
-    thread only."""
+    itself: the proposals come from a :class:`ServingPlugins`, in every mode. Decode thread
+    only."""
 
     __slots__ = ("window",)
 
     def __init__(self, first_window: int = FIRST_WINDOW) -> None:
         self.window = max(1, first_window)
         """How many tokens the next proposal may have (see :meth:`verified`)."""
-
-    def commit(self, token: int) -> None:
-        """``token`` was committed (a proposer that keeps history records it)."""
 
     def verified(self, proposed: int, accepted: int, most: int) -> None:
         """A window's outcome: all ``proposed`` accepted doubles the next window (up to
@@ -152,59 +147,3 @@ class AdaptiveWindow:
             self.window = min(most, self.window * 2)
         else:
             self.window = max(1, min(most, accepted + 1))
-
-    def propose(self, limit: int) -> list[int]:
-        """Up to ``limit`` proposed tokens; none here."""
-        return []
-
-
-class NgramProposer(AdaptiveWindow):
-    """Prompt lookup over one request's history (module docstring). Decode thread only."""
-
-    __slots__ = ("_history", "_index", "_ngram_max", "_ngram_min")
-
-    def __init__(
-        self,
-        prompt: list[int],
-        ngram_min: int = NGRAM_MIN,
-        ngram_max: int = NGRAM_MAX,
-        first_window: int = FIRST_WINDOW,
-    ) -> None:
-        if not 1 <= ngram_min <= ngram_max:
-            raise ValueError("need 1 <= ngram_min <= ngram_max")
-        super().__init__(first_window)
-        self._ngram_min = ngram_min
-        self._ngram_max = ngram_max
-        self._history: list[int] = []
-        self._index: dict[tuple[int, ...], int] = {}
-        """n-gram → where the token after its latest occurrence is (only occurrences that
-        have a following token: the current suffix never finds itself)."""
-        for token in prompt:
-            self.commit(token)
-
-    def commit(self, token: int) -> None:
-        """``token`` joined the history (a prompt token or a committed one)."""
-        history = self._history
-        end = len(history)  # the new token's index: it follows the n-grams ending just before
-        for n in range(self._ngram_min, min(self._ngram_max, end) + 1):
-            self._index[tuple(history[end - n : end])] = end
-        history.append(token)
-
-    def propose(self, limit: int) -> list[int]:
-        """Up to ``limit`` tokens that followed the longest earlier match of the history's
-        suffix; empty when nothing matches."""
-        history = self._history
-        size = len(history)
-        if limit < 1:
-            return []
-        for n in range(min(self._ngram_max, size), self._ngram_min - 1, -1):
-            start = self._index.get(tuple(history[size - n :]))
-            if start is None:
-                continue
-            draft = history[start : start + limit]
-            # A match close to the end repeats a short cycle: continue it past the history's
-            # end the way it went so far (what followed the match is what the draft says).
-            while len(draft) < limit:
-                draft.append(draft[len(draft) - (size - start)])
-            return draft
-        return []

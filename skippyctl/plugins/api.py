@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from importlib import metadata
@@ -54,6 +54,8 @@ __all__ = [
     "StopReasonCode",
     "load_entry_point",
     "parse_spec",
+    "receipt_fields",
+    "receipt_from_fields",
 ]
 
 ENTRY_POINT_GROUP: Final = "skippyctl.plugins"
@@ -97,6 +99,30 @@ class PluginReceipt:
     spec_rejected: int = 0
     spec_late: int = 0
     spec_discarded: int = 0
+
+
+def receipt_from_fields(fields: Sequence[int | float]) -> PluginReceipt:
+    """A receipt from its fields in the ABI's order (stop reason, prompt, reused, generated,
+    queue/prefill/ttft/decode ms, spec proposed/accepted/rejected/late/discarded: the wire's
+    FINISH header, :func:`receipt_fields`); an unknown stop reason is ``UNKNOWN``."""
+    stop = int(fields[0])
+    return PluginReceipt(
+        stop_reason=StopReasonCode(stop)
+        if stop in StopReasonCode._value2member_map_
+        else StopReasonCode.UNKNOWN,
+        prompt_tokens=int(fields[1]),
+        reused_tokens=int(fields[2]),
+        generated_tokens=int(fields[3]),
+        queue_ms=float(fields[4]),
+        prefill_ms=float(fields[5]),
+        ttft_ms=float(fields[6]),
+        decode_ms=float(fields[7]),
+        spec_proposed=int(fields[8]),
+        spec_accepted=int(fields[9]),
+        spec_rejected=int(fields[10]),
+        spec_late=int(fields[11]),
+        spec_discarded=int(fields[12]),
+    )
 
 
 @runtime_checkable
@@ -201,3 +227,39 @@ ABORT_REASON_CODES: Final[dict[str, AbortReasonCode]] = {
     "error": AbortReasonCode.ERROR,
     "shutdown": AbortReasonCode.SHUTDOWN,
 }
+
+
+def _number(value: object, default: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return default
+    return float(value)
+
+
+def _count(value: object) -> int:
+    n = _number(value, 0.0)
+    return int(n) if math.isfinite(n) and 0 <= n < 2**63 else 0
+
+
+def receipt_fields(receipt: Mapping[str, object]) -> tuple[int | float, ...]:
+    """A receipt mapping (``Receipt.document()``'s keys, or flat ``spec_*`` keys) → the
+    receipt's fields in the ABI's order (the wire's FINISH header, :func:`receipt_from_fields`).
+    Missing or unusable values: 0 for counts, NaN for times."""
+    spec = receipt.get("speculative")
+    spec_map: Mapping[str, object] = spec if isinstance(spec, Mapping) else {}
+
+    def spec_count(key: str) -> int:
+        return _count(spec_map.get(key, receipt.get(f"spec_{key}")))
+
+    stop = receipt.get("stop_reason")
+    code = STOP_REASON_CODES.get(str(stop), StopReasonCode.UNKNOWN) if stop is not None else 0
+    return (
+        int(code),
+        _count(receipt.get("prompt_tokens")),
+        _count(receipt.get("reused_tokens")),
+        _count(receipt.get("generated_tokens")),
+        *(
+            _number(receipt.get(k), math.nan)
+            for k in ("queue_ms", "prefill_ms", "ttft_ms", "decode_ms")
+        ),
+        *(spec_count(k) for k in ("proposed", "accepted", "rejected", "late", "discarded")),
+    )

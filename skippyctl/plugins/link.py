@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import math
 import os
 import secrets
 import socket
@@ -68,8 +67,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, Final
 
-from skippyctl.plugins.abi import AbortReasonCode, IdsFlag, StopReasonCode
-from skippyctl.plugins.api import ABORT_REASON_CODES, STOP_REASON_CODES, parse_spec
+from skippyctl.plugins.abi import AbortReasonCode, IdsFlag
+from skippyctl.plugins.api import ABORT_REASON_CODES, parse_spec, receipt_fields
 from skippyctl.plugins.wire import (
     AnswerStatus,
     Fault,
@@ -197,41 +196,6 @@ class _Plugin:
     closing: bool = False
     writer: threading.Thread | None = None
     reader: threading.Thread | None = None
-
-
-def _number(value: object, default: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return default
-    return float(value)
-
-
-def _count(value: object) -> int:
-    n = _number(value, 0.0)
-    return int(n) if math.isfinite(n) and 0 <= n < 2**63 else 0
-
-
-def receipt_fields(receipt: Mapping[str, object]) -> tuple[int | float, ...]:
-    """A receipt mapping (``Receipt.document()``'s keys, or flat ``spec_*`` keys) → the
-    FINISH header's receipt fields. Missing or unusable values: 0 for counts, NaN for times."""
-    spec = receipt.get("speculative")
-    spec_map: Mapping[str, object] = spec if isinstance(spec, Mapping) else {}
-
-    def spec_count(key: str) -> int:
-        return _count(spec_map.get(key, receipt.get(f"spec_{key}")))
-
-    stop = receipt.get("stop_reason")
-    code = STOP_REASON_CODES.get(str(stop), StopReasonCode.UNKNOWN) if stop is not None else 0
-    return (
-        int(code),
-        _count(receipt.get("prompt_tokens")),
-        _count(receipt.get("reused_tokens")),
-        _count(receipt.get("generated_tokens")),
-        *(
-            _number(receipt.get(k), math.nan)
-            for k in ("queue_ms", "prefill_ms", "ttft_ms", "decode_ms")
-        ),
-        *(spec_count(k) for k in ("proposed", "accepted", "rejected", "late", "discarded")),
-    )
 
 
 class PluginLink:

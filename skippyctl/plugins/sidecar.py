@@ -42,6 +42,7 @@ from skippyctl.plugins.api import (
     SpecKind,
     load_entry_point,
     parse_spec,
+    receipt_from_fields,
 )
 from skippyctl.plugins.wire import AnswerStatus, Fault, Frame, Malformed, Msg, encode, read_frame
 
@@ -68,27 +69,6 @@ class CallbackFailed(Exception):
 class Proposal:
     status: AnswerStatus
     tokens: array[int]
-
-
-def _receipt(fields: Sequence[int | float]) -> PluginReceipt:
-    stop = int(fields[0])
-    return PluginReceipt(
-        stop_reason=abi.StopReasonCode(stop)
-        if stop in abi.StopReasonCode._value2member_map_
-        else abi.StopReasonCode.UNKNOWN,
-        prompt_tokens=int(fields[1]),
-        reused_tokens=int(fields[2]),
-        generated_tokens=int(fields[3]),
-        queue_ms=float(fields[4]),
-        prefill_ms=float(fields[5]),
-        ttft_ms=float(fields[6]),
-        decode_ms=float(fields[7]),
-        spec_proposed=int(fields[8]),
-        spec_accepted=int(fields[9]),
-        spec_rejected=int(fields[10]),
-        spec_late=int(fields[11]),
-        spec_discarded=int(fields[12]),
-    )
 
 
 class PythonHost:
@@ -411,7 +391,7 @@ class Sidecar:
                 stream = self._stream(request, start, Msg.FINISH)
                 self._streams.pop(request, None)
                 if stream is not None:
-                    host.finish(stream.ids, start, frame.tokens, _receipt(f[2:]))
+                    host.finish(stream.ids, start, frame.tokens, receipt_from_fields(f[2:]))
             case Msg.ABORT:
                 request, reason = int(f[0]), int(f[1])
                 stream = self._stream(request, None, Msg.ABORT)

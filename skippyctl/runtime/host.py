@@ -192,9 +192,12 @@ def validate_request(request: LoadRequest) -> str | None:
 
 
 SPEC_MODES: Final = tuple(mode.value for mode in SpecMode)
+"""The values of ``load --spec`` / ``speculation``."""
+RUNAHEAD_MODES: Final = (SpecMode.PLUGIN.value, SpecMode.NGRAM.value)
+"""The modes whose proposals may run ahead (``--spec-runahead-tokens``): a draft model would
+pay a decode for every token drafted past the window."""
 PLUGIN_NAME: Final = re.compile(r"[A-Za-z0-9._-]{1,64}")
 """A Python plugin's entry-point name (``skippyctl.plugins`` group)."""
-"""The values of ``load --spec`` / ``speculation``."""
 
 
 def speculation_problem(
@@ -218,8 +221,8 @@ def speculation_problem(
         return f"--spec-deadline-ms must be 0.1-{MAX_PROPOSAL_DEADLINE_MS:g}"
     if runahead_tokens is not None and not 0 <= runahead_tokens <= MAX_RUNAHEAD_TOKENS:
         return f"--spec-runahead-tokens must be 0-{MAX_RUNAHEAD_TOKENS}"
-    if runahead_tokens and mode != SpecMode.PLUGIN.value:
-        return "--spec-runahead-tokens runs plugin proposals ahead: it needs --spec plugin"
+    if runahead_tokens and mode not in RUNAHEAD_MODES:
+        return "--spec-runahead-tokens runs proposals ahead: it needs --spec plugin or ngram"
     if (mode == SpecMode.DRAFT.value) != (draft is not None):
         return "--spec draft and --draft DRAFT.gguf go together"
     if draft is not None and ("\x00" in draft or not draft):

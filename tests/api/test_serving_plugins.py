@@ -165,6 +165,31 @@ def test_run_ahead_windows_from_the_c_plugin_keep_the_text(
     assert refused.json()["error"]["param"] == "spec_runahead_tokens"
 
 
+def test_the_built_in_ngram_plugin_runs_by_its_entry_point_and_in_the_engine(
+    server: Server,
+) -> None:
+    """``--plugin ngram`` (the project's entry point, in a sidecar) and ``--spec ngram`` (the
+    same plugin class in the engine process, here with run-ahead) speculate on the successor
+    model without changing its text."""
+    _serving(server, "plain")
+    _plugged(server, "builtin", "ngram")
+    _serving(server, "inproc", spec="ngram", spec_runahead_tokens=32)
+    plain = _text(_complete(server, "plain"))
+    for model, mode in (("builtin", "plugin"), ("inproc", "ngram")):
+        body = _complete(server, model)
+        assert _text(body) == plain, model
+        figures = body["receipt"]["speculative"]
+        assert figures["mode"] == mode
+        assert figures["accepted"] >= TOKENS // 4, (model, figures)
+        assert (figures["rejected"], figures["discarded"]) == (0, 0), (model, figures)
+    loaded = _plugin_events(server, "builtin")
+    assert [(e["kind"], e["scope"]["plugin_id"]) for e in loaded] == [
+        ("serving_plugin_loaded", "ngram")
+    ]
+    # In the engine process: no sidecar, so no plugin events.
+    assert _plugin_events(server, "inproc") == []
+
+
 def test_the_python_example_sees_complete_streams_from_two_lanes_at_once(
     server: Server, fixture_dir: Path, record: Path
 ) -> None:

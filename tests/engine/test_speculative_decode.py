@@ -19,8 +19,11 @@ import pytest
 from skippyctl.engine.draft import DraftModel
 from skippyctl.engine.generation import BatchEngine, GenerateRequest, SamplingParams
 from skippyctl.engine.protocol import EngineMessage, GenDone, GenText
-from skippyctl.engine.speculation import SpecConfig, SpecMode
+from skippyctl.engine.speculation import ServingPlugins, SpecConfig, SpecMode
 from skippyctl.fixtures import TINY_SUCCESSOR, TINY_SUCCESSOR_DRAFT, make_model, successor_cycles
+from skippyctl.plugins.api import PluginReceipt, RequestIds
+from skippyctl.plugins.builtin.ngram import NgramPlugin
+from skippyctl.plugins.inprocess import InProcessPlugin
 
 WAIT_S = 60.0
 WORDS = ("fox", "the", "good", "about")  # prompts end on different words of the cycle
@@ -187,7 +190,7 @@ class OracleProposals:
         self.finished.add(request)
 
 
-def _with_plugins(model: Any, spec: SpecConfig, plugins: OracleProposals, n: int) -> Run:
+def _with_plugins(model: Any, spec: SpecConfig, plugins: ServingPlugins, n: int) -> Run:
     params = llama_cpp.llama_context_default_params()
     params.n_ctx = 512
     params.n_seq_max = 1
@@ -319,3 +322,68 @@ def test_a_sessions_next_request_is_drafted_from_the_lanes_kv_too(
     done = again.done["b"]
     assert done.reused_tokens > 0  # the target reused the session's KV, the draft its own
     assert done.spec_accepted == done.spec_proposed > 20
+
+
+@pytest.mark.parametrize("lanes", [1, 4])
+def test_ngram_proposals_may_run_ahead_without_changing_the_text(model: Any, lanes: int) -> None:
+    table = successor_cycles(TINY_SUCCESSOR)
+    n = 150
+    requests = [_request(f"r{i}", word, n) for i, word in enumerate(WORDS[:lanes])]
+    ahead = SpecConfig(SpecMode.NGRAM, draft_tokens=8, runahead_tokens=16)
+    run = _generate(model, ahead, requests, lanes, sequential=False)
+    for request, word in zip(requests, WORDS, strict=False):
+        assert run.text[request.request_id] == table.text(
+            table.continuation(table.word_id(word), n)
+        )
+        done = run.done[request.request_id]
+        # Prompt lookup on the cycle is never wrong: every window verifies, and so does the
+        # run-ahead behind it (nothing discarded).
+        assert done.spec_accepted == done.spec_proposed >= (n - 48) * 3 // 4
+        assert done.spec_discarded == 0
+
+
+class RecordingNgram(NgramPlugin):
+    """The built-in n-gram plugin, recording the runs it is given (start, count) per request."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.runs: dict[int, list[tuple[int, int]]] = {}
+        self.generated: dict[int, int] = {}
+
+    def begin(self, ids: RequestIds, prompt: Any, reused: int) -> None:
+        super().begin(ids, prompt, reused)
+        self.runs[ids.request] = []
+
+    def commit(self, ids: RequestIds, start: int, tokens: Any) -> None:
+        self.runs[ids.request].append((start, len(tokens)))
+        super().commit(ids, start, tokens)
+
+    def finish(self, ids: RequestIds, start: int, suffix: Any, receipt: PluginReceipt) -> None:
+        self.runs[ids.request].append((start, len(suffix)))
+        self.generated[ids.request] = receipt.generated_tokens
+        super().finish(ids, start, suffix, receipt)
+
+
+def test_the_in_process_adapter_hands_the_plugin_every_committed_token_once_in_order(
+    model: Any,
+) -> None:
+    """The decode core's deltas through InProcessPlugin (what --spec ngram runs): contiguous
+    runs from 0 to the last committed token, the receipt's count, and the text unchanged."""
+    table = successor_cycles(TINY_SUCCESSOR)
+    n = 120
+    recorder = RecordingNgram()
+    adapter = InProcessPlugin(recorder, n_vocab=TINY_SUCCESSOR.n_vocab)
+    spec = SpecConfig(SpecMode.PLUGIN, draft_tokens=8)
+    run = _with_plugins(model, spec, adapter, n)
+    assert run.text["r"] == table.text(table.continuation(table.word_id("fox"), n))
+    done = run.done["r"]
+    assert done.spec_accepted == done.spec_proposed >= (n - 48) * 3 // 4
+    (runs,) = recorder.runs.values()
+    position = 0
+    for start, count in runs:
+        assert start == position  # each run starts where the last ended
+        position += count
+    assert position == done.completion_tokens == n  # every committed token, once
+    assert runs[-1] == (n, 0)  # delivered as committed: the finish suffix is empty
+    assert list(recorder.generated.values()) == [n]
+    assert recorder.requests() == 0 and adapter.failures == 0

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import threading
+import tomllib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from skippyctl.plugins.api import ENTRY_POINT_GROUP
 from skippyctl.plugins.link import PluginLink, PluginReport
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,8 +27,17 @@ CFLAGS = ["-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", "-fPIC", "-shared"]
 CFLAGS += ["-fvisibility=hidden", f"-I{INCLUDE}"]
 FAULT_MODES = {"sleepy": 1, "garbage": 2, "crashy": 3, "erring": 4, "old_abi": 5}
 
+
+def _project_entry_points() -> dict[str, str]:
+    """The checkout's own plugins as pyproject.toml declares them (an install registers them;
+    the venv's metadata may come from another checkout, or predate them)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    return dict(project.get("entry-points", {}).get(ENTRY_POINT_GROUP, {}))
+
+
 # Python plugins registered for the tests: entry-point name → object reference.
 TEST_ENTRY_POINTS = {
+    **_project_entry_points(),
     "ngram-py": "skippy_ngram_plugin:NgramPlugin",
     "raising": "plugin_faults:RaisingPlugin",
     "raising-lifecycle": "plugin_faults:RaisingLifecyclePlugin",

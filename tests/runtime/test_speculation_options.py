@@ -18,7 +18,8 @@ from skippyctl.runtime.host import speculation_problem
         ({"mode": "plugin", "deadline_ms": 0.0}, "--spec-deadline-ms"),
         ({"mode": "plugin", "deadline_ms": float("nan")}, "--spec-deadline-ms"),
         ({"mode": "plugin", "runahead_tokens": 257}, "--spec-runahead-tokens must be"),
-        ({"mode": "ngram", "runahead_tokens": 8}, "needs --spec plugin"),
+        ({"mode": "off", "runahead_tokens": 8}, "needs --spec plugin or ngram"),
+        ({"mode": "draft", "draft": "d.gguf", "runahead_tokens": 8}, "needs --spec plugin or"),
         ({"mode": "draft"}, "go together"),
         ({"mode": "ngram", "draft": "d.gguf"}, "go together"),
         ({"mode": "plugin", "plugins": ("relative.so",)}, "absolute path"),
@@ -40,5 +41,7 @@ def test_usable_options_pass(tmp_path: Path) -> None:
     plugin.write_bytes(b"")
     assert speculation_problem("off", None) is None
     assert speculation_problem("ngram", 8) is None
+    assert speculation_problem("ngram", 8, runahead_tokens=32) is None
+    assert speculation_problem("off", None, runahead_tokens=0) is None  # 0 is fixed depth
     assert speculation_problem("plugin", None, (str(plugin), "ngram-py"), 2.0, 64) is None
     assert speculation_problem("draft", None, draft="d.gguf") is None

@@ -1,0 +1,136 @@
+"""Prompt lookup decoding (no extra model) as a serving plugin: entry point ``ngram`` in the group
+``skippyctl.plugins`` (``load --plugin ngram``, in a sidecar), and what ``--spec ngram`` runs in
+the engine process (``skippyctl.plugins.inprocess``).
+
+:class:`NgramIndex` is one request's history — its prompt and the tokens it committed — and an
+index of its n-grams: the longest suffix (of ``ngram_max`` down to ``ngram_min`` tokens) of the
+history that occurred earlier in it proposes the tokens that followed that earlier occurrence
+(the latest one), continued cyclically when that occurrence is so recent that its continuation
+runs into the present (``a b a b`` proposes ``a b a b …``). Cost: O(``ngram_max``) dictionary
+work per committed token, one lookup per proposal; the history and the index live only as long
+as the request.
+
+:class:`NgramPlugin` keeps one index per begun request. It relies on the plugin contract's
+committed stream (``skippyctl.plugins.api``): a run that does not start where the last one
+ended raises (the host counts it a failure) instead of proposing from a history with a hole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Final
+
+from skippyctl.plugins.api import (
+    AbortReasonCode,
+    BasePlugin,
+    PluginReceipt,
+    ProposalQuery,
+    RequestIds,
+)
+
+__all__ = ["NGRAM_MAX", "NGRAM_MIN", "NgramIndex", "NgramPlugin", "StreamGap"]
+
+NGRAM_MIN: Final = 2
+"""A one-token match is mostly chance: a proposal needs the last two tokens seen before."""
+NGRAM_MAX: Final = 4
+
+
+class StreamGap(ValueError):
+    """A committed run did not start where the request's stream stood."""
+
+
+class NgramIndex:
+    """One request's history and its n-gram index (module docstring)."""
+
+    __slots__ = ("_history", "_index", "_ngram_max", "_ngram_min", "committed")
+
+    def __init__(
+        self, prompt: Iterable[int] = (), ngram_min: int = NGRAM_MIN, ngram_max: int = NGRAM_MAX
+    ) -> None:
+        if not 1 <= ngram_min <= ngram_max:
+            raise ValueError("need 1 <= ngram_min <= ngram_max")
+        self._ngram_min = ngram_min
+        self._ngram_max = ngram_max
+        self._history: list[int] = []
+        self._index: dict[tuple[int, ...], int] = {}
+        """n-gram → where the token after its latest occurrence is (only occurrences that
+        have a following token: the current suffix never finds itself)."""
+        self.committed = 0
+        """Committed tokens in the history (it starts with the prompt): the stream index the
+        next run must start at."""
+        self._extend(prompt)
+
+    def _extend(self, tokens: Iterable[int]) -> None:
+        history = self._history
+        index = self._index
+        low, high = self._ngram_min, self._ngram_max
+        for token in tokens:
+            end = len(history)  # the new token's index: it follows the n-grams ending here
+            for n in range(low, min(high, end) + 1):
+                index[tuple(history[end - n : end])] = end
+            history.append(token)
+
+    def commit(self, start: int, tokens: Sequence[int]) -> None:
+        """Committed tokens ``start`` … join the history; raises :class:`StreamGap` when
+        ``start`` is not where the stream stands."""
+        if start != self.committed:
+            raise StreamGap(f"run starts at {start}, the stream is at {self.committed}")
+        self._extend(tokens)
+        self.committed += len(tokens)
+
+    def propose(self, limit: int) -> list[int]:
+        """Up to ``limit`` tokens that followed the longest earlier match of the history's
+        suffix; empty when nothing matches."""
+        history = self._history
+        size = len(history)
+        if limit < 1:
+            return []
+        for n in range(min(self._ngram_max, size), self._ngram_min - 1, -1):
+            start = self._index.get(tuple(history[size - n :]))
+            if start is None:
+                continue
+            draft = history[start : start + limit]
+            # A match close to the end repeats a short cycle: continue it past the history's
+            # end the way it went so far (what followed the match is what the draft says).
+            while len(draft) < limit:
+                draft.append(draft[len(draft) - (size - start)])
+            return draft
+        return []
+
+
+class NgramPlugin(BasePlugin):
+    """Prompt lookup proposals for every request it is told about (module docstring)."""
+
+    def __init__(self, ngram_min: int = NGRAM_MIN, ngram_max: int = NGRAM_MAX) -> None:
+        NgramIndex((), ngram_min, ngram_max)  # refuses bad bounds now, not at the first begin
+        self._ngram_min = ngram_min
+        self._ngram_max = ngram_max
+        self._requests: dict[int, NgramIndex] = {}
+
+    def begin(self, ids: RequestIds, prompt: Sequence[int], reused: int) -> None:
+        self._requests[ids.request] = NgramIndex(prompt, self._ngram_min, self._ngram_max)
+
+    def commit(self, ids: RequestIds, start: int, tokens: Sequence[int]) -> None:
+        self._requests[ids.request].commit(start, tokens)
+
+    def propose(self, query: ProposalQuery) -> list[int] | None:
+        index = self._requests[query.ids.request]
+        if query.pending:
+            index.commit(query.pending_start, query.pending)
+        return index.propose(query.capacity) or None
+
+    def finish(
+        self, ids: RequestIds, start: int, suffix: Sequence[int], receipt: PluginReceipt
+    ) -> None:
+        # Nothing to learn from the suffix: the request is over.
+        self._requests.pop(ids.request, None)
+
+    def abort(self, ids: RequestIds, reason: AbortReasonCode) -> None:
+        self._requests.pop(ids.request, None)
+
+    def close(self) -> None:
+        self._requests.clear()
+
+    def requests(self) -> int:
+        """Requests it holds a history for (begun, not yet finished or aborted)."""
+        return len(self._requests)

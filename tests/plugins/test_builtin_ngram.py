@@ -1,0 +1,113 @@
+"""The built-in n-gram plugin (skippyctl/plugins/builtin/ngram.py): what its index proposes from a
+request's history, the plugin's per-request streams, and its entry point."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+
+import pytest
+
+from skippyctl.plugins.api import (
+    ENTRY_POINT_GROUP,
+    AbortReasonCode,
+    Plugin,
+    PluginReceipt,
+    ProposalQuery,
+    RequestIds,
+)
+from skippyctl.plugins.builtin.ngram import NgramIndex, NgramPlugin, StreamGap
+from tests.plugins.conftest import ROOT
+
+
+def _index(history: list[int], **bounds: int) -> NgramIndex:
+    return NgramIndex(history, **bounds)
+
+
+def test_a_single_token_match_is_not_enough() -> None:
+    # "5" occurred before (followed by 6), but the 2-gram "9 5" did not.
+    assert _index([5, 6, 7, 9, 5]).propose(3) == []
+    assert _index([5, 6, 7, 9, 5], ngram_min=1).propose(2) == [6, 7]
+
+
+def test_the_longest_earlier_match_of_the_suffix_proposes_what_followed_it() -> None:
+    # ... 1 2 3 9 ... 7 2 3 4 ... 2 3: the 2-gram "2 3" last occurred before 4.
+    index = _index([1, 2, 3, 9, 5, 7, 2, 3, 4, 6, 8])
+    index.commit(0, [2, 3])
+    assert index.propose(3) == [4, 6, 8]
+    # A longer match wins over a more recent shorter one: "7 2 3" occurred once, before 4.
+    assert _index([7, 2, 3, 4, 5, 2, 3, 9, 9, 7, 2, 3]).propose(2) == [4, 5]
+
+
+def test_nothing_is_proposed_without_an_earlier_occurrence() -> None:
+    index = _index([1, 2, 3, 4])
+    assert index.propose(4) == []
+    assert index.propose(0) == []
+    assert _index([]).propose(4) == []
+
+
+def test_a_recent_match_continues_its_cycle_past_the_end_of_the_history() -> None:
+    assert _index([5, 6, 5, 6]).propose(5) == [5, 6, 5, 6, 5]
+    assert _index([8, 8, 8]).propose(3) == [8, 8, 8]
+    assert _index([10, 11, 12] * 2).propose(7) == [10, 11, 12, 10, 11, 12, 10]
+
+
+def test_the_limit_caps_the_draft() -> None:
+    index = _index([1, 2, 3, 4, 5, 1, 2])
+    assert index.propose(2) == [3, 4]
+    assert len(index.propose(50)) == 50
+
+
+def test_bounds_are_checked_when_the_plugin_is_made() -> None:
+    with pytest.raises(ValueError, match="ngram"):
+        NgramIndex([], ngram_min=3, ngram_max=2)
+    with pytest.raises(ValueError, match="ngram"):
+        NgramPlugin(ngram_min=0)
+
+
+def test_a_run_that_leaves_a_hole_in_the_stream_is_refused() -> None:
+    index = _index([1, 2])
+    index.commit(0, [3, 4])
+    with pytest.raises(StreamGap):
+        index.commit(1, [9])  # overlaps
+    with pytest.raises(StreamGap):
+        index.commit(3, [9])  # skips token 2
+    index.commit(2, [5])
+    assert index.committed == 3
+
+
+def test_the_plugin_keeps_one_history_per_request_and_applies_a_querys_pending_run() -> None:
+    plugin = NgramPlugin()
+    assert isinstance(plugin, Plugin)
+    a, b = RequestIds(1), RequestIds(2, session=7)
+    plugin.begin(a, (1, 2, 3, 1), 0)
+    plugin.begin(b, (9, 8, 7), 0)
+    plugin.commit(a, 0, (2,))
+    # a: 1 2 3 1 2 → "1 2" followed by 3 before; the pending 3 makes it "2 3" → 1 2 3 ...
+    assert plugin.propose(ProposalQuery(a, 2, 0, 1, ())) == [3, 1]
+    assert plugin.propose(ProposalQuery(a, 4, 0, 1, (3,))) == [1, 2, 3, 1]
+    assert plugin.propose(ProposalQuery(b, 4, 0, 0, ())) is None  # nothing to look up
+    with pytest.raises(StreamGap):
+        plugin.propose(ProposalQuery(b, 4, 0, 5, (1,)))
+    assert plugin.requests() == 2
+    plugin.finish(a, 2, (), PluginReceipt())
+    plugin.abort(b, AbortReasonCode.CANCELLED)
+    assert plugin.requests() == 0
+
+
+def test_the_project_declares_the_entry_point_ngram() -> None:
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
+    assert declared[ENTRY_POINT_GROUP]["ngram"] == "skippyctl.plugins.builtin.ngram:NgramPlugin"
+
+
+def test_the_entry_point_makes_the_built_in_plugin(plugin_env: dict[str, str]) -> None:
+    # In a fresh interpreter with the checkout's declared entry points as an install has them.
+    code = (
+        "from skippyctl.plugins.api import load_entry_point; "
+        "print(type(load_entry_point('ngram')).__qualname__)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=plugin_env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "NgramPlugin"
