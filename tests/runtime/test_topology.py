@@ -364,6 +364,31 @@ def test_a_cancel_stops_an_assembly_that_waits_for_a_probe(fixture_dir: Path) ->
     assert EventId.TOPOLOGY_ASSEMBLING not in {e.id for e in events}
 
 
+def test_a_cancel_stops_the_wait_for_a_local_stage() -> None:
+    # The wait for a local stage to get ready (up to LOCAL_STAGE_READY_TIMEOUT_S) ends at the
+    # cancel: here nothing ever sets the stage's event.
+    events: list[Event] = []
+    topology = Topology(
+        LogicalId("topology-2"), LogicalId("tiny"), LogicalId("op-2"), events.append
+    )
+    never_ready = threading.Event()
+    outcome: list[BaseException | object] = []
+    waiter = threading.Thread(
+        target=lambda: outcome.append(
+            _catch(lambda: topology._wait_or_cancel(never_ready, WAIT_S * 5))
+        ),
+        daemon=True,
+    )
+    waiter.start()
+    topology.cancel(ReasonCode.TIMEOUT)
+    waiter.join(WAIT_S)
+    assert not waiter.is_alive(), "the wait did not see the cancel"
+    (refused,) = outcome
+    assert isinstance(refused, TopologyRefused) and refused.reason is ReasonCode.TIMEOUT
+    assert "timed out" in refused.message
+    topology.close()
+
+
 def _catch(call: Callable[[], object]) -> BaseException | object:
     try:
         return call()
