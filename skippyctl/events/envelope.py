@@ -9,6 +9,7 @@ the projection from the catalog and these typed fields. Fields that do not apply
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from dataclasses import dataclass, field
@@ -273,26 +274,47 @@ def make_event(
     wall_ns: int | None = None,
     mono_ns: int | None = None,
 ) -> Event:
-    """Build an event stamped now, with the catalog's default severity unless one is given."""
-    return Event(
-        id=event_id,
-        producer=producer,
-        severity=severity if severity is not None else spec_of(event_id).severity,
-        wall_ns=wall_ns if wall_ns is not None else time.time_ns(),
-        mono_ns=mono_ns if mono_ns is not None else time.monotonic_ns(),
-        operation_id=operation_id,
-        parent_operation_id=parent_operation_id,
-        scope=scope,
-        native=native,
-        state=state,
-        progress=progress,
-        outcome=outcome,
-        reason_code=reason_code,
-        duration_ms=duration_ms,
-        stop_reason=stop_reason,
-        batching=batching,
-        summaries=summaries,
-    )
+    """Build an event stamped now, with the catalog's default severity unless one is given.
+
+    Equal to `Event(...)` with the same fields; built without `Event.__init__`, whose keyword
+    parsing and frozen-field assignment cost as much again on every event the pipeline makes
+    (`Event` has no `__post_init__`; checked at import, with every field set).
+    """
+    event = _new_event(Event)
+    _set_field(event, "id", event_id)
+    _set_field(event, "producer", producer)
+    _set_field(event, "severity", severity if severity is not None else spec_of(event_id).severity)
+    _set_field(event, "wall_ns", wall_ns if wall_ns is not None else time.time_ns())
+    _set_field(event, "mono_ns", mono_ns if mono_ns is not None else time.monotonic_ns())
+    _set_field(event, "operation_id", operation_id)
+    _set_field(event, "parent_operation_id", parent_operation_id)
+    _set_field(event, "scope", scope)
+    _set_field(event, "native", native)
+    _set_field(event, "state", state)
+    _set_field(event, "progress", progress)
+    _set_field(event, "outcome", outcome)
+    _set_field(event, "reason_code", reason_code)
+    _set_field(event, "duration_ms", duration_ms)
+    _set_field(event, "stop_reason", stop_reason)
+    _set_field(event, "batching", batching)
+    _set_field(event, "summaries", summaries)
+    return event
+
+
+_new_event: Final = object.__new__
+_set_field: Final = object.__setattr__
+
+
+def _check_make_event_sets_every_field() -> None:
+    """At import: a field added to `Event` that `make_event` does not set fails here, not as
+    an AttributeError on some consumer's first read of it."""
+    probe = make_event(EventId.RUNTIME_INITIALIZED, wall_ns=0, mono_ns=0)
+    missing = [f.name for f in dataclasses.fields(Event) if not hasattr(probe, f.name)]
+    if missing or hasattr(Event, "__post_init__"):
+        raise TypeError(f"make_event does not build Event as Event() would: {missing}")
+
+
+_check_make_event_sets_every_field()
 
 
 def summaries(**values: int | float | None) -> tuple[NumericSummary, ...]:

@@ -249,7 +249,7 @@ class NativeAdapter:
         stamp = NativeStamp(fact.timestamp_mono_ns, fact.sequence, evidence)
         out.append(
             AdaptedFact(
-                self._event(spec, fact, stamp, operation_id, model_id),
+                self._event(spec, fact, stamp, operation_id, Scope(model_id=model_id)),
                 needs_authority=spec.handling is Handling.RECONCILED_TERMINAL,
                 native_kind=fact.kind,
             )
@@ -334,6 +334,8 @@ class NativeAdapter:
                 model_id,
             )
         evidence = codes.tolist()
+        # Scopes are immutable: the group's facts share one (a device fact adds its device).
+        scope = Scope(model_id=model_id)
         for position in np.flatnonzero(keep).tolist():
             if gap_event is not None and position >= first_gap:
                 out.append(gap_event)
@@ -345,9 +347,7 @@ class NativeAdapter:
             )
             out.append(
                 AdaptedFact(
-                    self._event(
-                        spec, fact, stamp, operation_id, model_id, int(represents[position])
-                    ),
+                    self._event(spec, fact, stamp, operation_id, scope, int(represents[position])),
                     needs_authority=spec.handling is Handling.RECONCILED_TERMINAL,
                     native_kind=fact.kind,
                 )
@@ -436,9 +436,11 @@ class NativeAdapter:
         fact: NativeFactLike,
         stamp: NativeStamp,
         operation_id: LogicalId | None,
-        model_id: LogicalId | None,
+        scope: Scope,
         represents: int = 1,
     ) -> Event:
+        """The fact's event, in `scope` (the operation's model), with its device if it names
+        one."""
         event_id = spec.event
         unit = PROGRESS_UNITS.get(fact.progress_unit, ProgressUnit.NONE)
         progress = None
@@ -457,6 +459,8 @@ class NativeAdapter:
                 )
         if represents > 1:
             extra = extra + summaries(count=represents)
+        if device_id is not None:
+            scope = Scope(model_id=scope.model_id, device_id=device_id)
         reason = spec.reason
         if spec.reason_from_failure_code:
             reason = FAILURE_CODE_TO_REASON.get(fact.failure_code, ReasonCode.UNKNOWN_FAILURE)
@@ -464,7 +468,7 @@ class NativeAdapter:
             event_id,
             Producer.NATIVE,
             operation_id=operation_id,
-            scope=Scope(model_id=model_id, device_id=device_id),
+            scope=scope,
             native=stamp,
             progress=progress,
             reason_code=reason,

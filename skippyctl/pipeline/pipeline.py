@@ -38,7 +38,7 @@ from skippyctl.pipeline.native_adapter import AdapterCounters, FactColumns, Nati
 from skippyctl.pipeline.reconcile import Reconciler, ReconcilerCounters
 from skippyctl.pipeline.warnings import SOURCE_EVENTS as WARNING_SOURCES
 from skippyctl.pipeline.warnings import WarningCounters, WarningDeriver
-from skippyctl.reducer.reduce import reduce
+from skippyctl.reducer.reduce import BatchReducer
 from skippyctl.reducer.state import RuntimeView
 
 MAX_INBOX_BATCHES: Final = 64
@@ -209,6 +209,10 @@ class Pipeline:
         self.warnings = WarningDeriver()
         """Structured warnings derived from source events (pipeline thread only)."""
         self._state = RuntimeView()
+        """The last published snapshot: immutable, what every other thread reads."""
+        self._reducer = BatchReducer(self._state)
+        """The working copy the events since the last publish were reduced into (pipeline
+        thread only); `_publish_state` swaps its snapshot into `_state` once per batch."""
         self._state_lock = threading.Lock()
         self._state_changed = threading.Condition(self._state_lock)
         self._inbox: deque[NativeBatch | Authoritative] = deque()
@@ -386,7 +390,9 @@ class Pipeline:
                     self._guarded(self._report_health)
             self._guarded(self._cycle)
         finally:
-            # Whatever ends this thread, readers must not wait for events that cannot come.
+            # Whatever ends this thread, readers must not wait for events that cannot come,
+            # nor miss the state of events reduced before a defect stopped a cycle.
+            self._publish_state()
             self.dispatcher.close_all(DisconnectReason.SHUTDOWN)
 
     def _guarded(self, step: Callable[[], None]) -> None:
@@ -425,22 +431,21 @@ class Pipeline:
         self._native_facts_processed += len(batch.facts)
 
     def _process(self, event: Event, notify: bool = True) -> None:
-        """Reduce and dispatch one event. With `notify=False` the caller wakes state waiters
-        once for a whole batch (`_notify_state`) and dispatches the batch's events together
-        (`_publish_outbox`); the new state is visible at once either way.
+        """Reduce and queue one event. With `notify=False` the caller publishes the state,
+        wakes state waiters and dispatches the batch's events once for a whole batch
+        (`_publish_outbox`, `_notify_state`); with `notify=True` this event is its own batch.
         """
         try:
-            new_state, transitions = reduce(self._state, event)
+            working, transitions = self._reducer.reduce(event)
         except Exception:  # noqa: BLE001 - the reducer is total by contract; count, never die
             self._reducer_errors += 1
-            new_state, transitions = self._state, ()
-        # Only this thread writes `_state`; a reference swap is atomic, readers copy it.
-        self._state = new_state
+            working, transitions = self._reducer.state, ()
         self._outbox.append(event)
         self._outbox.extend(transitions)
         if event.id in WARNING_SOURCES:
             try:
-                derived = self.warnings.derive(event, new_state)
+                # The working copy, read during the call only (it changes in place later).
+                derived = self.warnings.derive(event, working)
             except Exception:  # noqa: BLE001 - diagnostics never cost the event that caused them
                 self._internal_errors += 1
                 derived = []
@@ -453,19 +458,28 @@ class Pipeline:
     def _reduce_derived(self, event: Event) -> None:
         """Reduce and queue a derived diagnostic (a warning): never derived from again."""
         try:
-            self._state, transitions = reduce(self._state, event)
+            _, transitions = self._reducer.reduce(event)
         except Exception:  # noqa: BLE001 - the reducer is total by contract; count, never die
             self._reducer_errors += 1
             transitions = ()
         self._outbox.append(event)
         self._outbox.extend(transitions)
 
+    def _publish_state(self) -> None:
+        """End the reducer's batch: its immutable snapshot becomes what readers see."""
+        if self._reducer.pending:
+            # Only this thread writes `_state`; a reference swap is atomic, readers copy it.
+            self._state = self._reducer.publish()
+
     def _publish_outbox(self) -> None:
+        # The state first: a subscriber that reads `state` after an event finds it reduced.
+        self._publish_state()
         if self._outbox:
             events, self._outbox = self._outbox, []
             self.dispatcher.publish_many(events)
 
     def _notify_state(self) -> None:
+        self._publish_state()
         with self._state_changed:
             self._state_changed.notify_all()
 

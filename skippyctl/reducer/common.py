@@ -16,7 +16,7 @@ from skippyctl.events.envelope import (
     make_event,
 )
 from skippyctl.events.reasons import Outcome, Producer
-from skippyctl.reducer.immutable import evolve
+from skippyctl.reducer.immutable import revise
 from skippyctl.reducer.state import RuntimeView
 
 Transitions = tuple[Event, ...]
@@ -28,10 +28,11 @@ V = TypeVar("V")
 
 
 def count(state: RuntimeView, **increments: int) -> RuntimeView:
-    """Add to reducer counters by name."""
+    """Add to reducer counters by name. In place within a batch (reducer.immutable.revise):
+    every caller returns the counted state and never reads the one it passed again."""
     counters = state.counters
     changes = {name: getattr(counters, name) + value for name, value in increments.items()}
-    return evolve(state, counters=evolve(counters, **changes))
+    return revise(state, counters=revise(counters, **changes))
 
 
 def reject(state: RuntimeView, duplicate: bool = False) -> Step:

@@ -13,11 +13,14 @@ otherwise                                         unavailable
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from skippyctl.reducer.state import (
     LOADING_MODEL_STATES,
     SERVING_MODEL_STATES,
     DeviceState,
     ModelState,
+    ModelView,
     NodeState,
     RuntimeState,
     RuntimeView,
@@ -27,25 +30,29 @@ from skippyctl.reducer.state import (
 _BAD_DEVICE = frozenset({DeviceState.DEGRADED, DeviceState.UNAVAILABLE, DeviceState.LOST})
 
 
-def derive_node(state: RuntimeView) -> NodeState:
+def derive_node(state: RuntimeView, serving: Sequence[ModelView] | None = None) -> NodeState:
+    """The table above. `serving`: the state's serving models, when the caller has them."""
     if state.runtime is RuntimeState.STOPPED:
         return NodeState.STOPPED
     if state.runtime is RuntimeState.STOPPING:
         return NodeState.DRAINING
     if state.runtime is RuntimeState.STARTING:
         return NodeState.STARTING
-    serving = [m for m in state.models.values() if m.state in SERVING_MODEL_STATES]
+    if serving is None:
+        serving = [m for m in state.models.values() if m.state in SERVING_MODEL_STATES]
     if serving:
-        topologies = {m.topology_id for m in serving if m.topology_id is not None}
-        degraded = (
-            any(m.state is ModelState.DEGRADED for m in serving)
-            or any(d.state in _BAD_DEVICE for d in state.devices.values())
-            or any(
+        if any(m.state is ModelState.DEGRADED for m in serving) or any(
+            d.state in _BAD_DEVICE for d in state.devices.values()
+        ):
+            return NodeState.DEGRADED
+        if state.stages:  # (derived after every KV transition: skip the set when there is none)
+            topologies = {m.topology_id for m in serving if m.topology_id is not None}
+            if any(
                 s.topology_id in topologies and s.state is not StageState.READY
                 for s in state.stages.values()
-            )
-        )
-        return NodeState.DEGRADED if degraded else NodeState.ACCEPTING
+            ):
+                return NodeState.DEGRADED
+        return NodeState.ACCEPTING
     if any(m.state in LOADING_MODEL_STATES for m in state.models.values()):
         return NodeState.STARTING
     return NodeState.UNAVAILABLE

@@ -14,6 +14,13 @@ memory under pressure) are derived again; a change is announced as a reducer tra
 (`node_*`, `available_model_set_changed`, `node_capacity_changed`,
 `node_resource_pressure_changed`).
 Transitions are projections: they are dispatched, never reduced again.
+
+`BatchReducer` reduces a batch of events (one drained native batch, one pipeline cycle) with the
+same result, state and transitions, as `reduce` event by event, into a working copy that the
+batch's later events update in place (reducer.immutable.Draft), and publishes one immutable
+snapshot at the end of the batch. Only `revise`/`revise_item` call sites update in place: the
+root view, the counters (`common.count`), the node derivation, and the KV path
+(`resources.on_kv`), the one that a stream of distinct KV-pressure transitions runs through.
 """
 
 from __future__ import annotations
@@ -22,11 +29,11 @@ from collections.abc import Mapping
 from typing import Final
 
 from skippyctl.events.catalog import EventId
-from skippyctl.events.envelope import Event, LogicalId, Scope, summaries
+from skippyctl.events.envelope import NO_SCOPE, Event, LogicalId, summaries
 from skippyctl.events.reasons import DeliveryClass, Severity
 from skippyctl.reducer import health, models, resources, serving, topology
 from skippyctl.reducer.common import NO_TRANSITIONS, Handler, transition
-from skippyctl.reducer.immutable import evolve
+from skippyctl.reducer.immutable import Draft, activate, deactivate, evolve, revise
 from skippyctl.reducer.node import derive_node
 from skippyctl.reducer.state import (
     MAX_RECENT_EVENTS,
@@ -78,7 +85,7 @@ def reduce(state: RuntimeView, event: Event) -> tuple[RuntimeView, Transitions]:
     before = state
     state, transitions = handler(state, event)
     if _inputs_of_derivation_changed(before, state):
-        state, derived = _derive(state, event, available_models(before))
+        state, derived, _ = _derive(state, event, available_models(before))
         transitions = transitions + derived
     return _remember(state, (event, *transitions)), transitions
 
@@ -94,11 +101,144 @@ def _inputs_of_derivation_changed(before: RuntimeView, after: RuntimeView) -> bo
     )
 
 
+class BatchReducer:
+    """`reduce` over a batch of events into a working copy; `publish` ends the batch.
+
+    Between two `publish` calls the events update a working copy: what the batch copied it
+    updates in place (reducer.immutable.Draft), so a batch of N distinct KV transitions copies
+    the root view, the models map, the model's view and its KV view once, not N times. The
+    capped recent-events list is collected in a list and trimmed once, at `publish`.
+
+    Exactly `reduce` event by event: the published state equals the state `reduce` would
+    return after the same events, and each call returns the transitions `reduce` would. The
+    working state each call returns equals `reduce`'s too, except `recent_events` and
+    `counters.evicted_recent`, which catch up at `publish`; it is valid until the next call
+    and must not be kept (it changes in place). A snapshot `publish` returned is never written
+    again. One thread at a time.
+
+    Total like `reduce`: should a handler raise anyway (a defect), the working copy may be
+    half-updated, so the batch's earlier events are reduced again from its start, one at a time
+    with plain `reduce`, and the exception is re-raised for the caller to count; the event that
+    raised is left out, as `reduce`'s callers leave it out. (The transitions those events kept
+    in the recent list are then made again: equal to the dispatched ones but for their clocks.)
+    """
+
+    __slots__ = (
+        "_base",
+        "_state",
+        "_draft",
+        "_remembered",
+        "_reduced",
+        "_available",
+        "_unpublished",
+    )
+
+    def __init__(self, state: RuntimeView) -> None:
+        self._begin(state)
+        self._unpublished = False
+
+    def _begin(self, state: RuntimeView) -> None:
+        self._base = state
+        """The immutable state the batch started from (the last published snapshot)."""
+        self._state = state
+        self._draft = Draft()
+        self._remembered: list[Event] = []
+        self._reduced: list[Event] = []
+        """The batch's events so far, to reduce again should a handler raise."""
+        self._available: frozenset[LogicalId] | None = None
+        """The available models after the batch's last derivation (None: the base's)."""
+
+    @property
+    def state(self) -> RuntimeView:
+        """The working state (see the class docstring: do not keep it)."""
+        return self._state
+
+    @property
+    def pending(self) -> bool:
+        """Whether events were reduced since the last `publish`."""
+        return self._unpublished
+
+    def reduce(self, event: Event) -> tuple[RuntimeView, Transitions]:
+        """Apply one event to the working copy; returns it and the event's transitions."""
+        draft = self._draft
+        draft.begin_event()
+        activate(draft)
+        try:
+            state, transitions = self._apply(draft, self._state, event)
+        except Exception:
+            deactivate()
+            self._reduce_again()
+            raise
+        deactivate()
+        self._state = state
+        self._reduced.append(event)
+        self._unpublished = True
+        return state, transitions
+
+    def _apply(
+        self, draft: Draft, state: RuntimeView, event: Event
+    ) -> tuple[RuntimeView, Transitions]:
+        handler = _HANDLERS.get(event.id)
+        if handler is None:
+            self._remember(event, NO_TRANSITIONS)
+            return state, NO_TRANSITIONS
+        # The handler may update `state` in place: keep what the derivation compares.
+        models, runtime, stages = state.models, state.runtime, state.stages
+        devices, topologies = state.devices, state.topologies
+        state, transitions = handler(state, event)
+        if (
+            draft.changed(models, state.models)
+            or state.runtime is not runtime
+            or draft.changed(stages, state.stages)
+            or draft.changed(devices, state.devices)
+            or draft.changed(topologies, state.topologies)
+        ):
+            # Models change only with a derivation, so the set of the last one (or the
+            # base's) is the set before this event.
+            before = self._available
+            if before is None:
+                before = available_models(self._base)
+            state, derived, self._available = _derive(state, event, before)
+            transitions = transitions + derived
+        self._remember(event, transitions)
+        return state, transitions
+
+    def _remember(self, event: Event, transitions: Transitions) -> None:
+        remembered = self._remembered
+        if _is_remembered(event):
+            remembered.append(event)
+        remembered.extend(t for t in transitions if _is_remembered(t))
+
+    def publish(self) -> RuntimeView:
+        """End the batch: the immutable snapshot of everything reduced so far. The next event
+        starts a new batch from it."""
+        state = self._state
+        if self._remembered:
+            state = _remember(state, tuple(self._remembered))
+        self._begin(state)
+        self._unpublished = False
+        return state
+
+    def _reduce_again(self) -> None:
+        """The batch's events so far (not the one that raised), from its start, one at a time."""
+        events, state = self._reduced, self._base
+        self._begin(state)  # should this fail too, the batch goes on from its start
+        for event in events:
+            state, _ = reduce(state, event)
+        self._begin(state)
+        self._unpublished = True
+
+
 def _derive(
     state: RuntimeView, cause: Event, before: frozenset[LogicalId]
-) -> tuple[RuntimeView, Transitions]:
+) -> tuple[RuntimeView, Transitions, frozenset[LogicalId]]:
+    """Announce what changed in the derived node quantities; returns the state, the
+    transitions and the set of available models."""
     out: list[Event] = []
-    after = available_models(state)
+    # One pass over the models for all three derived quantities (available_models' filter);
+    # the node's transitions share the one empty scope (scopes are immutable).
+    serving = [m for m in state.models.values() if m.state in SERVING_MODEL_STATES]
+    after = frozenset(m.model_id for m in serving)
     if after != before:
         out.append(
             transition(
@@ -106,17 +246,16 @@ def _derive(
                 cause,
                 None,
                 f"{len(after)} available",
-                scope=Scope(),
+                scope=NO_SCOPE,
                 extra=summaries(count=len(after)),
             )
         )
-    node = derive_node(state)
+    node = derive_node(state, serving)
     if node is not state.node:
         out.append(
-            transition(NODE_EVENTS[node], cause, state.node.value, node.value, scope=Scope())
+            transition(NODE_EVENTS[node], cause, state.node.value, node.value, scope=NO_SCOPE)
         )
-        state = evolve(state, node=node)
-    serving = [m for m in state.models.values() if m.state in SERVING_MODEL_STATES]
+        state = revise(state, node=node)
     lanes = sum(m.lanes or 0 for m in serving)
     if lanes != state.node_lanes:
         out.append(
@@ -125,11 +264,11 @@ def _derive(
                 cause,
                 f"{state.node_lanes} lanes",
                 f"{lanes} lanes",
-                scope=Scope(),
+                scope=NO_SCOPE,
                 extra=summaries(lanes=lanes, count=len(serving)),
             )
         )
-        state = evolve(state, node_lanes=lanes)
+        state = revise(state, node_lanes=lanes)
     pressure = any(m.kv.pressure for m in serving) or any(
         d.memory_pressure for d in state.devices.values()
     )
@@ -140,11 +279,11 @@ def _derive(
                 cause,
                 _PRESSURE[state.node_pressure],
                 _PRESSURE[pressure],
-                scope=Scope(),
+                scope=NO_SCOPE,
             )
         )
-        state = evolve(state, node_pressure=pressure)
-    return state, tuple(out)
+        state = revise(state, node_pressure=pressure)
+    return state, tuple(out), after
 
 
 _PRESSURE: Final = {False: "normal", True: "pressure"}
@@ -152,13 +291,7 @@ _PRESSURE: Final = {False: "normal", True: "pressure"}
 
 def _remember(state: RuntimeView, events: tuple[Event, ...]) -> RuntimeView:
     """Keep lifecycle and warning events in the capped recent list (evictions counted)."""
-    keep = tuple(
-        e
-        for e in events
-        if e.delivery is DeliveryClass.TERMINAL
-        or e.severity in _RECENT_SEVERITIES
-        or e.state is not None
-    )
+    keep = tuple(e for e in events if _is_remembered(e))
     if not keep:
         return state
     recent = state.recent_events + keep
@@ -170,6 +303,16 @@ def _remember(state: RuntimeView, events: tuple[Event, ...]) -> RuntimeView:
         state,
         recent_events=recent[evicted:],
         counters=evolve(counters, evicted_recent=counters.evicted_recent + evicted),
+    )
+
+
+def _is_remembered(event: Event) -> bool:
+    """Lifecycle and warning events (the state test first: the cheapest, and every transition
+    passes it)."""
+    return (
+        event.state is not None
+        or event.delivery is DeliveryClass.TERMINAL
+        or event.severity in _RECENT_SEVERITIES
     )
 
 

@@ -44,8 +44,8 @@ from typing import Final
 
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event, LogicalId, SummaryKey
-from skippyctl.reducer.common import NO_TRANSITIONS, Handler, Step, bounded_put, count, put, reject
-from skippyctl.reducer.immutable import evolve
+from skippyctl.reducer.common import NO_TRANSITIONS, Handler, Step, bounded_put, count, reject
+from skippyctl.reducer.immutable import evolve, revise, revise_item
 from skippyctl.reducer.models import on_loading_fact
 from skippyctl.reducer.moves import ABSENT, SAME, Effect, Move, MoveTable, entering, moves
 from skippyctl.reducer.state import (
@@ -135,10 +135,13 @@ def _with_kv(state: RuntimeView, event: Event) -> tuple[ModelView, KvView] | Non
 
 
 def _store_kv(state: RuntimeView, model: ModelView, kv: KvView) -> RuntimeView:
-    return evolve(state, models=put(state.models, model.model_id, evolve(model, kv=kv)))
+    return revise(state, models=revise_item(state.models, model.model_id, revise(model, kv=kv)))
 
 
 def on_kv(state: RuntimeView, event: Event) -> Step:
+    """A model's KV fact. Updates in place within a batch (reducer.immutable.revise): a stream
+    of distinct pressure transitions comes this way. Nothing here reads a view after revising
+    it, and every revised view is stored."""
     found = _with_kv(state, event)
     if found is None:
         return reject(state)
@@ -149,18 +152,18 @@ def on_kv(state: RuntimeView, event: Event) -> Step:
         return reject(state, duplicate=KV_MOVES.repeats(event.id, now))
     if event.id is EventId.KV_CACHE_INITIALIZATION_COMPLETED:
         total = event.summary_value(SummaryKey.KV_CELLS_TOTAL)
-        kv = evolve(kv, cells_total=None if total is None else int(total))
+        kv = revise(kv, cells_total=None if total is None else int(total))
     elif isinstance(row.target, Pressure):
         used = event.summary_value(SummaryKey.KV_CELLS_USED)
-        kv = evolve(
+        kv = revise(
             kv,
             pressure=row.target is Pressure.ON,
             cells_used=kv.cells_used if used is None else int(used),
         )
     elif event.id is EventId.CONTEXT_CAPACITY_APPROACHING_LIMIT:
-        kv = evolve(kv, approaching_limit=kv.approaching_limit + 1)
+        kv = revise(kv, approaching_limit=kv.approaching_limit + 1)
     else:
-        kv = evolve(kv, exhausted=kv.exhausted + 1)
+        kv = revise(kv, exhausted=kv.exhausted + 1)
     return _store_kv(state, model, kv), NO_TRANSITIONS
 
 

@@ -4,9 +4,13 @@
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import subprocess
 import sys
+import threading
+from collections import deque
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -39,7 +43,7 @@ from skippyctl.pipeline.native_adapter import (
 )
 from skippyctl.pipeline.pipeline import Pipeline
 from skippyctl.reducer.reduce import reduce
-from skippyctl.reducer.state import RuntimeView
+from skippyctl.reducer.state import MAX_RECENT_EVENTS, RuntimeView
 
 WARNING = int(abi.Kind.DIAGNOSTIC_WARNING_RAISED)
 PRESSURE = int(abi.Kind.KV_PRESSURE_CROSSED)
@@ -179,6 +183,104 @@ def test_folding_repeats_leaves_the_reduced_kv_pressure_as_the_per_fact_stream_d
     every = [a.event for fact in batch_of(records) for a in per_fact_adapter.adapt(fact)]
     assert len(folded) == 3 and len(every) == 12
     assert pressure_after(folded) == pressure_after(every) is True
+
+
+class ScriptedRing:
+    """A native ring that hands out the batches a test gives it, one per drain."""
+
+    def __init__(self) -> None:
+        self._batches: deque[FactBatch] = deque()
+        self._filled = threading.Condition()
+
+    def give(self, batch: FactBatch) -> None:
+        with self._filled:
+            self._batches.append(batch)
+            self._filled.notify_all()
+
+    def wait(self, timeout_s: float) -> bool:
+        with self._filled:
+            return self._filled.wait_for(lambda: bool(self._batches), timeout_s)
+
+    def drain_batch(self, max_records: int = 512) -> FactBatch:
+        with self._filled:
+            return self._batches.popleft() if self._batches else batch_of([])
+
+    def stats(self) -> SimpleNamespace:
+        lane = SimpleNamespace(dropped_full=0, coalesced=0)
+        return SimpleNamespace(
+            terminal=lane,
+            progress=lane,
+            diagnostic=lane,
+            unknown_kind=0,
+            total_rejected=0,
+            log_messages_by_level=(),
+        )
+
+
+def test_kv_flapping_batches_publish_snapshots_that_later_batches_leave_untouched() -> None:
+    """Every fact a distinct transition, in drained batches of ~100: each fact's node transition
+    is dispatched, and a state read between two batches still reads the same after the next
+    ones (each batch updates only the copies it made itself)."""
+    model, operation = LogicalId("m"), LogicalId("op-7")
+    facts = 400
+    kinds = [PRESSURE if n % 2 else CLEARED for n in range(1, facts + 1)]
+    records = [Record(7, n, kind, category=3) for n, kind in enumerate(kinds, start=1)]
+    ring = ScriptedRing()
+    pipeline = Pipeline().start()
+    subscription = pipeline.subscribe("test", max_queue_size=1 << 14)
+    changes: list[str] = []
+
+    def take_changes(count: int) -> None:
+        while len(changes) < count:
+            item = subscription.get(10.0)
+            assert item is not None, "the pipeline stopped delivering"
+            if item.event.id is EventId.NODE_RESOURCE_PRESSURE_CHANGED:
+                assert item.event.state is not None
+                changes.append(item.event.state.current)
+
+    try:
+        pipeline.submit(make_event(EventId.RUNTIME_INITIALIZED))
+        for event_id in (
+            EventId.MODEL_LOAD_REQUESTED,
+            EventId.MODEL_LOAD_STARTED,
+            EventId.NATIVE_MODEL_LOAD_COMPLETED,
+            EventId.SERVING_BACKEND_INITIALIZATION_STARTED,
+            EventId.SERVING_BACKEND_INITIALIZATION_COMPLETED,
+        ):
+            pipeline.submit(
+                make_event(event_id, operation_id=operation, scope=Scope(model_id=model))
+            )
+        pipeline.submit_authority(OperationBound("engine", operation, 7, model))
+        pipeline.attach_engine("engine", ring)
+        ring.give(batch_of(records[:101]))
+        take_changes(101)
+        # The state as of the first batch (under pressure); values, not references (an update
+        # in place would change a referenced object too).
+        before = pipeline.state
+        assert before.models[model].kv.pressure
+        figures = _figures(before)
+        recent = before.recent_events
+        for start in range(101, facts, 100):
+            ring.give(batch_of(records[start : start + 100]))
+        take_changes(facts)
+        after = pipeline.state
+    finally:
+        pipeline.detach_engine("engine")
+        pipeline.shutdown()
+    assert changes == ["pressure", "normal"] * (facts // 2)
+    assert not after.models[model].kv.pressure and not after.node_pressure
+    assert after.counters.rejected_transitions == before.counters.rejected_transitions
+    assert len(after.recent_events) == MAX_RECENT_EVENTS
+    assert _figures(before) == figures and before.recent_events is recent
+
+
+def _figures(state: RuntimeView) -> tuple[object, ...]:
+    return (
+        {key: dataclasses.astuple(view) for key, view in state.models.items()},
+        state.node,
+        state.node_pressure,
+        dataclasses.astuple(state.counters),
+    )
 
 
 def test_gaps_are_reported_once_per_operation_per_batch_and_all_counted() -> None:

@@ -59,10 +59,13 @@ def test_stuck_subscriber_is_disconnected_without_slowing_others() -> None:
         for n in range(2000):
             scope = Scope(request_id=LogicalId(f"r{n}"))
             pipeline.submit(make_event(EventId.REQUEST_RECEIVED, scope=scope))
-        _drain_until(healthy, lambda i: i.event.scope.request_id == "r1999")
+        # The health report says so between two pipeline cycles: before the last request
+        # when the pipeline outruns this producer, after it otherwise.
+        seen = _drain_until(healthy, lambda i: i.event.scope.request_id == "r1999")
         assert stuck.status is SubscriberStatus.DISCONNECTED
         assert stuck.disconnect_reason is DisconnectReason.LAG_BOUND_EXCEEDED
-        _drain_until(healthy, lambda i: i.event.id is EventId.SUBSCRIBER_DISCONNECTED)
+        if not any(i.event.id is EventId.SUBSCRIBER_DISCONNECTED for i in seen):
+            _drain_until(healthy, lambda i: i.event.id is EventId.SUBSCRIBER_DISCONNECTED)
         assert pipeline.dispatcher.stats().disconnected_lag == 1
         with pytest.raises(SubscriptionClosed) as closed:
             stuck.get(0)
