@@ -50,16 +50,7 @@ from benchmarks.loadgen import (
     warm_up,
 )
 from benchmarks.models import model_path
-from benchmarks.servers import (
-    LLAMA_SERVER,
-    SERVER_NAMES,
-    SKIPPY,
-    SKIPPY_ASYNCIO,
-    ServerSpec,
-    start,
-)
-
-SKIPPY_SERVERS: Final = (SKIPPY, SKIPPY_ASYNCIO)
+from benchmarks.servers import LLAMA_SERVER, SERVER_NAMES, SKIPPY, ServerSpec, start
 
 DEFAULT_TOKENS: Final = {"tiny": 256, "mid": 128}
 DEFAULT_REQUESTS: Final = 2
@@ -116,7 +107,7 @@ def _measure(name: str, spec: ServerSpec, work: Workload, sessions: int, watch: 
         try:
             warm_up(server, work)
             sample = asyncio.run(
-                run_sessions(server, work, sessions, watch_events=watch and name in SKIPPY_SERVERS)
+                run_sessions(server, work, sessions, watch_events=watch and name == SKIPPY)
             )
         finally:
             server.stop()

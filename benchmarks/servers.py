@@ -5,9 +5,6 @@ Three OpenAI-compatible servers over HTTP on 127.0.0.1, each in its own process 
 - `skippy`: `skippyctl runtime serve --port 0` with a private SKIPPY_RUNTIME_DIR, then
   `skippyctl load MODEL --alias bench --lanes S --ctx S × per-session context` (or plain
   `load MODEL --alias bench` with `defaults=True`: what an operator gets without flags).
-- `skippy-asyncio`: the same, with the host's HTTP server on the standard library's asyncio
-  loop and uvicorn's pure-Python h11 parser (uvloop and httptools hidden from it by a module
-  shim on its PYTHONPATH): what the runtime's C event loop and HTTP parser buy.
 - `llama-server`: llama.cpp's own server, built from the llama.cpp that llama-cpp-python vendors
   (`benchmarks/llama_server_build.py`): `-np S -c S × per-session context -t T -tb T -fa on`
   (split KV: each slot its own per-session context, like skippy's lanes), warm-up off (every
@@ -44,11 +41,9 @@ SEED: Final = 1234
 START_TIMEOUT_S: Final = 180.0
 STOP_TIMEOUT_S: Final = 15.0
 SKIPPY: Final = "skippy"
-SKIPPY_ASYNCIO: Final = "skippy-asyncio"
 LLAMA_SERVER: Final = "llama-server"
 LLAMA_CPP_SERVER: Final = "llama_cpp.server"
-SERVER_NAMES: Final = (SKIPPY, SKIPPY_ASYNCIO, LLAMA_SERVER, LLAMA_CPP_SERVER)
-FAST_IO_MODULES: Final = ("uvloop", "httptools")
+SERVER_NAMES: Final = (SKIPPY, LLAMA_SERVER, LLAMA_CPP_SERVER)
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,24 +252,9 @@ def start_llama_cpp_server(spec: ServerSpec, directory: Path) -> Server:
     return server
 
 
-def start_skippy_asyncio(spec: ServerSpec, directory: Path) -> Server:
-    """skippy with uvloop and httptools unimportable: uvicorn's automatic choice then falls back
-    to asyncio's own loop and h11."""
-    shim = directory / "no-fast-io"
-    for module in FAST_IO_MODULES:
-        (shim / module).mkdir(parents=True)
-        (shim / module / "__init__.py").write_text(
-            f"raise ImportError('{module} is hidden by the skippy-asyncio benchmark contender')\n"
-        )
-    path = os.pathsep.join(p for p in (str(shim), os.environ.get("PYTHONPATH", "")) if p)
-    return start_skippy(spec, directory, dict(os.environ, PYTHONPATH=path))
-
-
 def start(name: str, spec: ServerSpec, directory: Path) -> Server:
     if name == SKIPPY:
         return start_skippy(spec, directory)
-    if name == SKIPPY_ASYNCIO:
-        return start_skippy_asyncio(spec, directory)
     if name == LLAMA_SERVER:
         return start_llama_server(spec, directory)
     if name == LLAMA_CPP_SERVER:

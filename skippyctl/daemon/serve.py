@@ -202,10 +202,6 @@ def serve(options: ServeOptions) -> None:
         access_log=False,  # request lines are not needed and could carry client-chosen names
         lifespan="on",
         timeout_graceful_shutdown=5,
-        # uvloop and httptools (dependencies) when importable, else asyncio and h11: the C loop
-        # and parser take less host CPU per streamed token from the decode threads' cores.
-        loop="auto",
-        http="auto",
     )
     server = uvicorn.Server(config)
     discovery = Discovery(
