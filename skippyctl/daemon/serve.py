@@ -202,6 +202,11 @@ def serve(options: ServeOptions) -> None:
         access_log=False,  # request lines are not needed and could carry client-chosen names
         lifespan="on",
         timeout_graceful_shutdown=5,
+        # Not uvicorn's "auto" (uvloop + httptools when some package installed them): measured
+        # side by side, those made decode 3-4 % slower here at 1, 4 and 8 sessions
+        # (docs/BENCHMARKS.md section 5).
+        loop="asyncio",
+        http="h11",
     )
     server = uvicorn.Server(config)
     discovery = Discovery(
