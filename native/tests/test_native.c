@@ -27,28 +27,7 @@ _Static_assert(sizeof(skippy_native_fact_v1) == 448, "fact");
 _Static_assert(SKIPPY_FEATURE_RUNTIME_EVENTS == 0x1000000ull, "feature bit 24");
 _Static_assert(SKIPPY_FEATURE_UNLOAD_EVENTS == (1ull << 36), "feature bit 36");
 
-static int g_failures;
-static int g_checks;
-
-#define CHECK(cond)                                                                         \
-    do {                                                                                    \
-        g_checks++;                                                                         \
-        if (!(cond)) {                                                                      \
-            g_failures++;                                                                   \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);        \
-        }                                                                                   \
-    } while (0)
-
-#define CHECK_EQ(a, b)                                                                      \
-    do {                                                                                    \
-        unsigned long long va_ = (unsigned long long)(a), vb_ = (unsigned long long)(b);    \
-        g_checks++;                                                                         \
-        if (va_ != vb_) {                                                                   \
-            g_failures++;                                                                   \
-            fprintf(stderr, "%s:%d: CHECK_EQ failed: %s == %llu, %s == %llu\n", __FILE__,   \
-                    __LINE__, #a, va_, #b, vb_);                                            \
-        }                                                                                   \
-    } while (0)
+#include "check.h"
 
 typedef struct region {
     void *mem;

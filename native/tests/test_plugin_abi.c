@@ -20,28 +20,7 @@
 _Static_assert(sizeof(skippy_plugin_v1) == SKIPPY_PLUGIN_V1_SIZE, "vtable");
 _Static_assert(SKIPPY_PLUGIN_ABI_VERSION == 1u, "ABI version 1");
 
-static int g_failures;
-static int g_checks;
-
-#define CHECK(cond)                                                                         \
-    do {                                                                                    \
-        g_checks++;                                                                         \
-        if (!(cond)) {                                                                      \
-            g_failures++;                                                                   \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);        \
-        }                                                                                   \
-    } while (0)
-
-#define CHECK_EQ(a, b)                                                                      \
-    do {                                                                                    \
-        unsigned long long va_ = (unsigned long long)(a), vb_ = (unsigned long long)(b);    \
-        g_checks++;                                                                         \
-        if (va_ != vb_) {                                                                   \
-            g_failures++;                                                                   \
-            fprintf(stderr, "%s:%d: CHECK_EQ failed: %s == %llu, %s == %llu\n", __FILE__,   \
-                    __LINE__, #a, va_, #b, vb_);                                            \
-        }                                                                                   \
-    } while (0)
+#include "check.h"
 
 /* A borrowed token buffer: exactly `count` ids on the heap (NULL for none). */
 static int32_t *lend(const int32_t *ids, size_t count) {

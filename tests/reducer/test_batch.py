@@ -14,12 +14,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from skippyctl.events.catalog import EventId
-from skippyctl.events.envelope import Event, LogicalId, Progress, Scope, make_event, summaries
-from skippyctl.events.reasons import ProgressUnit
+from skippyctl.events.envelope import Event, LogicalId, Scope, make_event, summaries
 from skippyctl.reducer import reduce as reducer
 from skippyctl.reducer.immutable import evolve
 from skippyctl.reducer.reduce import BatchReducer, Transitions, reduce
 from skippyctl.reducer.state import MAX_RECENT_EVENTS, RuntimeView
+from tests.reducer.strategies import any_event
 
 MODELS = [LogicalId(f"m{n}") for n in range(3)]
 DEVICES = [LogicalId("CPU"), LogicalId("CUDA0")]
@@ -120,43 +120,8 @@ def _lifecycle_fact(draw: st.DrawFn) -> Event:
     )
 
 
-@st.composite
-def _any_event(draw: st.DrawFn) -> Event:
-    """Any event id with a random scope (as tests/reducer/test_families.py draws them)."""
-
-    def maybe() -> LogicalId | None:
-        return draw(st.one_of(st.none(), st.sampled_from(IDS + MODELS)))
-
-    scope = Scope(
-        model_id=maybe(),
-        topology_id=maybe(),
-        stage_id=maybe(),
-        session_id=maybe(),
-        request_id=maybe(),
-        device_id=maybe(),
-    )
-    progress = draw(
-        st.one_of(
-            st.none(),
-            st.builds(Progress, st.integers(0, 100), st.none(), st.just(ProgressUnit.STEPS)),
-        )
-    )
-    values = draw(
-        st.dictionaries(
-            st.sampled_from(["context_tokens", "lanes", "count", "queue_depth"]), st.integers(0, 9)
-        )
-    )
-    return make_event(
-        draw(st.sampled_from(list(EventId))),
-        operation_id=maybe(),
-        scope=scope,
-        progress=progress,
-        summaries=summaries(**values),
-    )
-
-
 _STREAM = st.lists(
-    st.one_of(_kv_fact(), _kv_fact(), _device_fact(), _lifecycle_fact(), _any_event()),
+    st.one_of(_kv_fact(), _kv_fact(), _device_fact(), _lifecycle_fact(), any_event(IDS + MODELS)),
     max_size=120,
 )
 _SETUP = [

@@ -32,6 +32,7 @@ from skippyctl.reducer.state import (
     lanes_in_use,
     queue_depth,
 )
+from tests.reducer.strategies import any_event
 
 TINY = LogicalId("tiny")
 BIG = LogicalId("big")
@@ -329,45 +330,11 @@ def test_recent_events_are_capped_and_evictions_counted() -> None:
     assert state.counters.evicted_recent == 5
 
 
-_ALL_IDS = list(EventId)
 _IDS = [LogicalId(f"x{n}") for n in range(3)]
 
 
-@st.composite
-def _any_event(draw: st.DrawFn) -> Event:
-    def maybe() -> LogicalId | None:
-        return draw(st.one_of(st.none(), st.sampled_from(_IDS)))
-
-    scope = Scope(
-        model_id=maybe(),
-        topology_id=maybe(),
-        stage_id=maybe(),
-        session_id=maybe(),
-        request_id=maybe(),
-        device_id=maybe(),
-    )
-    progress = draw(
-        st.one_of(
-            st.none(),
-            st.builds(Progress, st.integers(0, 100), st.none(), st.just(ProgressUnit.STEPS)),
-        )
-    )
-    values = draw(
-        st.dictionaries(
-            st.sampled_from(["context_tokens", "lanes", "count", "queue_depth"]), st.integers(0, 9)
-        )
-    )
-    return make_event(
-        draw(st.sampled_from(_ALL_IDS)),
-        operation_id=maybe(),
-        scope=scope,
-        progress=progress,
-        summaries=summaries(**values),
-    )
-
-
 @settings(max_examples=100, deadline=None)
-@given(st.lists(_any_event(), max_size=150))
+@given(st.lists(any_event(_IDS), max_size=150))
 def test_any_event_sequence_of_any_family_keeps_bounds_and_never_raises(
     events: list[Event],
 ) -> None:

@@ -13,7 +13,6 @@ import os
 import signal
 import socket
 import struct
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,20 +23,20 @@ import pytest
 from skippyctl.engine.options import EngineOptions
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event, LogicalId, SummaryKey
-from skippyctl.events.reasons import Category, Outcome, ReasonCode
+from skippyctl.events.reasons import Category, ReasonCode
 from skippyctl.output.state import state_document
 from skippyctl.runtime.host import LoadRequest, RuntimeHost
 from skippyctl.runtime.requests import Finished, GenerationParams, TextChunk
 from skippyctl.runtime.scheduler import Scheduler
-from skippyctl.runtime.topology import Topology, TopologyRefused
-from skippyctl.stages.plan import parse_endpoint
-from skippyctl.stages.probe import PROBE_TIMEOUT_S, StageIncompatible, StageUnreachable, probe
+from skippyctl.runtime.topology import Topology
+from skippyctl.stages.probe import StageIncompatible, StageUnreachable, probe
 from tests.stages.helpers import (
     StageProcess,
     alive,
     children_of,
     free_port,
     kill_quietly,
+    loopback_server,
     relay_to,
     stage_process,
     wait_gone,
@@ -253,191 +252,28 @@ def test_an_unreachable_stage_fails_the_load_with_stage_unavailable(
     assert terminal.id is EventId.MODEL_AVAILABLE
 
 
-@contextlib.contextmanager
-def _hello_server(major: int) -> Iterator[int]:
-    """A TCP server of this test's own answering ggml's HELLO with version `major`.0.0."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(4)
-    listener.settimeout(0.2)
-    stop = threading.Event()
+def _hello_answer(major: int) -> Callable[[socket.socket], None]:
+    """A connection handler of this test's own answering ggml's HELLO with `major`.0.0."""
 
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except TimeoutError:
-                continue
-            with conn:
-                conn.settimeout(5)
-                with contextlib.suppress(OSError):
-                    request = b""
-                    while len(request) < 1 + 8 + 24:
-                        chunk = conn.recv(64)
-                        if not chunk:
-                            break
-                        request += chunk
-                    if request[:1] == bytes([14]):
-                        conn.sendall(struct.pack("<Q", 28) + bytes([major, 0, 0, 0]) + bytes(24))
+    def serve(conn: socket.socket) -> None:
+        conn.settimeout(5)
+        request = b""
+        while len(request) < 1 + 8 + 24:
+            chunk = conn.recv(64)
+            if not chunk:
+                break
+            request += chunk
+        if request[:1] == bytes([14]):
+            conn.sendall(struct.pack("<Q", 28) + bytes([major, 0, 0, 0]) + bytes(24))
 
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        yield int(listener.getsockname()[1])
-    finally:
-        stop.set()
-        thread.join()
-        listener.close()
-
-
-class _SilentServer:
-    """A port that accepts connections and never answers: a probe of it waits for its whole
-    timeout. ``connected`` is set once a client (the probe) is connected."""
-
-    def __init__(self) -> None:
-        self.listener = socket.socket()
-        self.listener.bind(("127.0.0.1", 0))
-        self.listener.listen(8)
-        self.listener.settimeout(0.1)
-        self.port = int(self.listener.getsockname()[1])
-        self.connected = threading.Event()
-        self._stop = threading.Event()
-        self._held: list[socket.socket] = []
-        self._thread = threading.Thread(target=self._accept, daemon=True)
-        self._thread.start()
-
-    def _accept(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self.listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            self._held.append(conn)
-            self.connected.set()
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join()
-        for conn in self._held:
-            conn.close()
-        self.listener.close()
-
-
-@contextlib.contextmanager
-def _silent_server() -> Iterator[_SilentServer]:
-    server = _SilentServer()
-    try:
-        yield server
-    finally:
-        server.close()
-
-
-def test_a_cancel_stops_an_assembly_that_waits_for_a_probe(fixture_dir: Path) -> None:
-    events: list[Event] = []
-    with _silent_server() as server:
-        topology = Topology(
-            LogicalId("topology-1"),
-            LogicalId("tiny"),
-            LogicalId("op-1"),
-            events.append,
-            (parse_endpoint(f"127.0.0.1:{server.port}"),),
-            probe_timeout_s=WAIT_S * 5,  # the probe alone would outlast the test's bound
-        )
-        outcome: list[BaseException | object] = []
-        assembler = threading.Thread(
-            target=lambda: outcome.append(_catch(lambda: topology.assemble(fixture_dir))),
-            daemon=True,
-        )
-        assembler.start()
-        assert server.connected.wait(WAIT_S)  # the probe is under way (nothing answers it)
-        topology.cancel(ReasonCode.CANCELLATION)
-        assembler.join(WAIT_S)
-        assert not assembler.is_alive(), "the assembly did not see the cancel"
-        topology.close()
-    (refused,) = outcome
-    assert isinstance(refused, TopologyRefused)
-    assert refused.reason is ReasonCode.CANCELLATION and "cancelled" in refused.message
-    (ended,) = [e for e in events if e.id is EventId.TOPOLOGY_UNAVAILABLE]
-    assert ended.outcome is Outcome.CANCELLED and ended.reason_code is ReasonCode.CANCELLATION
-    assert EventId.TOPOLOGY_ASSEMBLING not in {e.id for e in events}
-
-
-def test_a_cancel_stops_the_wait_for_a_local_stage() -> None:
-    # The wait for a local stage to get ready (up to LOCAL_STAGE_READY_TIMEOUT_S) ends at the
-    # cancel: here nothing ever sets the stage's event.
-    events: list[Event] = []
-    topology = Topology(
-        LogicalId("topology-2"), LogicalId("tiny"), LogicalId("op-2"), events.append
-    )
-    never_ready = threading.Event()
-    outcome: list[BaseException | object] = []
-    waiter = threading.Thread(
-        target=lambda: outcome.append(
-            _catch(lambda: topology._wait_or_cancel(never_ready, WAIT_S * 5))
-        ),
-        daemon=True,
-    )
-    waiter.start()
-    topology.cancel(ReasonCode.TIMEOUT)
-    waiter.join(WAIT_S)
-    assert not waiter.is_alive(), "the wait did not see the cancel"
-    (refused,) = outcome
-    assert isinstance(refused, TopologyRefused) and refused.reason is ReasonCode.TIMEOUT
-    assert "timed out" in refused.message
-    topology.close()
-
-
-def _catch(call: Callable[[], object]) -> BaseException | object:
-    try:
-        return call()
-    except Exception as error:  # noqa: BLE001 - the test inspects what was raised
-        return error
-
-
-def test_a_load_timeout_counts_the_assembly(runtime: Runtime, fixture_dir: Path) -> None:
-    # The stage never answers: its probe would end the load with stage_unavailable after
-    # PROBE_TIMEOUT_S; the load's own --timeout, far shorter, ends it first.
-    assert PROBE_TIMEOUT_S >= 3.0
-    with _silent_server() as server:
-        terminal, problem = runtime.load(
-            fixture_dir / "tiny.gguf", stages=(f"127.0.0.1:{server.port}",), timeout_s=0.3
-        )
-    assert terminal.id is EventId.MODEL_LOAD_FAILED
-    assert terminal.reason_code is ReasonCode.TIMEOUT
-    assert problem is not None and "timed out" in problem
-    ids = runtime.ids()
-    assert EventId.TOPOLOGY_UNAVAILABLE in ids and EventId.ENGINE_PROCESS_STARTED not in ids
-    assert runtime.host.engine_pids() == {}
-
-
-def test_a_cancel_of_an_assembling_load_through_the_host(
-    runtime: Runtime, fixture_dir: Path
-) -> None:
-    with _silent_server() as server:
-        stages = (f"127.0.0.1:{server.port}",)
-        loading = threading.Thread(
-            target=runtime.scheduler.load,
-            args=(LoadRequest(str(fixture_dir / "tiny.gguf"), stages=stages),),
-            daemon=True,
-        )
-        loading.start()
-        requested = runtime.next_event({EventId.MODEL_LOAD_REQUESTED})
-        assert requested.operation_id is not None
-        assert server.connected.wait(WAIT_S)  # the assembly is probing
-        runtime.host.cancel(requested.operation_id)
-        terminal = runtime.next_event(LOAD_TERMINALS)
-        loading.join(WAIT_S)
-    assert terminal.id is EventId.MODEL_LOAD_CANCELLED
-    assert terminal.reason_code is ReasonCode.CANCELLATION
-    assert EventId.STAGE_UNAVAILABLE not in runtime.ids()  # cancelled, not timed out by the probe
+    return serve
 
 
 def test_a_stage_speaking_another_rpc_major_version_is_incompatible(
     runtime: Runtime, fixture_dir: Path
 ) -> None:
-    with _hello_server(major=6) as port:
+    with loopback_server(_hello_answer(major=6)) as server:
+        port = server.port
         with pytest.raises(StageIncompatible):
             probe("127.0.0.1", port, 5.0)
         terminal, problem = runtime.load(fixture_dir / "tiny.gguf", stages=(f"127.0.0.1:{port}",))

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -162,3 +162,64 @@ def relay_to(target_port: int, **fields: Any) -> Iterator[tuple[Relay, list[dict
         thread.join(READ_TIMEOUT_S)
         assert not thread.is_alive()
     assert not [t for t in threading.enumerate() if t.name.startswith("skippy-relay")]
+
+
+class LoopbackServer:
+    """A TCP server of a test's own on 127.0.0.1: each accepted connection is handed to
+    ``serve`` on a thread of its own, or, without ``serve``, held open and never read (a peer
+    that accepts and never answers). ``connected`` is set at the first connection."""
+
+    def __init__(self, serve: Callable[[socket.socket], None] | None = None) -> None:
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(8)
+        self.listener.settimeout(0.1)
+        self.port = int(self.listener.getsockname()[1])
+        self.connected = threading.Event()
+        self._serve = serve
+        self._stop = threading.Event()
+        self._held: list[socket.socket] = []
+        self._threads: list[threading.Thread] = []
+        self._acceptor = threading.Thread(target=self._accept, daemon=True)
+        self._acceptor.start()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.connected.set()
+            if self._serve is None:
+                self._held.append(conn)
+                continue
+            thread = threading.Thread(target=self._serve_one, args=(conn,), daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def _serve_one(self, conn: socket.socket) -> None:
+        assert self._serve is not None
+        with conn, contextlib.suppress(OSError):
+            self._serve(conn)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._acceptor.join()
+        for conn in self._held:
+            conn.close()
+        self.listener.close()
+        for thread in self._threads:
+            thread.join(READ_TIMEOUT_S)
+
+
+@contextlib.contextmanager
+def loopback_server(
+    serve: Callable[[socket.socket], None] | None = None,
+) -> Iterator[LoopbackServer]:
+    server = LoopbackServer(serve)
+    try:
+        yield server
+    finally:
+        server.close()

@@ -26,46 +26,21 @@ from skippyctl.stages.relay import (
     WireModel,
     validate,
 )
-from tests.stages.helpers import relay_to
+from tests.stages.helpers import loopback_server, relay_to
 
 READ_TIMEOUT_S = 60.0
+
+
+def _echo(conn: socket.socket) -> None:
+    while chunk := conn.recv(65536):
+        conn.sendall(chunk)
 
 
 @contextlib.contextmanager
 def echo_server() -> Iterator[int]:
     """A TCP echo server of this test's own (any number of connections, one thread each)."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(8)
-    listener.settimeout(0.1)
-    stop = threading.Event()
-    threads: list[threading.Thread] = []
-
-    def echo(conn: socket.socket) -> None:
-        with conn, contextlib.suppress(OSError):
-            while chunk := conn.recv(65536):
-                conn.sendall(chunk)
-
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except TimeoutError:
-                continue
-            thread = threading.Thread(target=echo, args=(conn,), daemon=True)
-            thread.start()
-            threads.append(thread)
-
-    acceptor = threading.Thread(target=serve, daemon=True)
-    acceptor.start()
-    try:
-        yield int(listener.getsockname()[1])
-    finally:
-        stop.set()
-        acceptor.join()
-        listener.close()
-        for thread in threads:
-            thread.join(READ_TIMEOUT_S)
+    with loopback_server(_echo) as server:
+        yield server.port
 
 
 def _receive(sock: socket.socket, size: int) -> bytes:
@@ -148,35 +123,6 @@ def test_an_end_of_stream_is_relayed_after_the_data_before_it() -> None:
         assert sock.recv(10) == b""  # the echo server saw the end and closed
 
 
-@contextlib.contextmanager
-def deaf_server() -> Iterator[int]:
-    """A TCP server of this test's own that accepts connections and never reads them."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(8)
-    listener.settimeout(0.1)
-    stop = threading.Event()
-    held: list[socket.socket] = []
-
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                held.append(listener.accept()[0])
-            except TimeoutError:
-                continue
-
-    acceptor = threading.Thread(target=serve, daemon=True)
-    acceptor.start()
-    try:
-        yield int(listener.getsockname()[1])
-    finally:
-        stop.set()
-        acceptor.join()
-        for conn in held:
-            conn.close()
-        listener.close()
-
-
 def test_a_sink_that_does_not_read_backpressures_the_sender() -> None:
     # Unbounded, the relay would read all of it into memory and the send would complete.
     # Bounded, what one direction holds is QUEUED_CHUNKS chunks, plus what the kernel buffers
@@ -185,8 +131,8 @@ def test_a_sink_that_does_not_read_backpressures_the_sender() -> None:
     block = bytes(2**20)
     sent = 0
     with (
-        deaf_server() as port,
-        relay_to(port) as (running, _),
+        loopback_server() as deaf,  # accepts the relay's connection, never reads it
+        relay_to(deaf.port) as (running, _),
         socket.create_connection(("127.0.0.1", running.port)) as sock,
     ):
         sock.settimeout(2.0)
