@@ -24,6 +24,7 @@ from skippyctl.cli.common import (
     SubscriptionFeed,
     plugin_specs,
 )
+from skippyctl.cli.events import fail
 from skippyctl.cli.exit_codes import ExitCode, exit_code_for, exit_code_for_text
 from skippyctl.cli.presenters import (
     LoadProgressPresenter,
@@ -239,8 +240,10 @@ def load_command(
         spec, spec_draft_tokens, plugins, spec_deadline_ms, spec_runahead_tokens, draft
     ) or stages.problem(gpu_layers)
     if problem is not None:
-        stderr.print(f"[red]✗[/] {model}: {problem}", soft_wrap=True, highlight=False)
-        raise typer.Exit(int(ExitCode.INVALID_CONFIGURATION))
+        # Refused before any runtime is asked: no event says why, so with --json an error record
+        # does (the message names no path; stderr says the same).
+        reason = ReasonCode.INVALID_CONFIGURATION.value
+        fail("load", ExitCode.INVALID_CONFIGURATION, problem, json_output, reason)
     shown = model
     if is_remote_ref(model):
         # Resolve and download first (this process, as `pull`), then load the local file by

@@ -192,6 +192,26 @@ def test_bad_input_ends_in_one_reason_coded_failure(
     assert len(message_lines) == 1 and reason in message_lines[0]
 
 
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ("--spec-runahead-tokens", "999"),
+        ("--spec", "ngram", "--draft", "draft.gguf"),
+        ("--local-stages", "2", "--stage", "not-an-endpoint"),
+    ],
+)
+def test_options_refused_before_any_runtime_are_one_json_error_record(
+    flags: tuple[str, ...], fixture_dir: Path
+) -> None:
+    result = run_cli("load", str(fixture_dir / "tiny.gguf"), *flags, "--json")
+    assert result.code == 10, result.stderr
+    (record,) = result.records()
+    assert record["record"] == "error" and record["command"] == "load"
+    assert record["exit_code"] == 10 and record["reason_code"] == "invalid_configuration"
+    assert record["message"] and "/" not in record["message"]  # no path in a record
+    assert "Traceback" not in result.stderr and record["message"] in result.stderr
+
+
 def test_unreadable_file_is_an_io_failure(fixture_dir: Path, tmp_path: Path) -> None:
     target = tmp_path / "secret.gguf"
     shutil.copy(fixture_dir / "tiny.gguf", target)
