@@ -192,26 +192,6 @@ def test_bad_input_ends_in_one_reason_coded_failure(
     assert len(message_lines) == 1 and reason in message_lines[0]
 
 
-@pytest.mark.parametrize(
-    "flags",
-    [
-        ("--spec-runahead-tokens", "999"),
-        ("--spec", "ngram", "--draft", "draft.gguf"),
-        ("--local-stages", "2", "--stage", "not-an-endpoint"),
-    ],
-)
-def test_options_refused_before_any_runtime_are_one_json_error_record(
-    flags: tuple[str, ...], fixture_dir: Path
-) -> None:
-    result = run_cli("load", str(fixture_dir / "tiny.gguf"), *flags, "--json")
-    assert result.code == 10, result.stderr
-    (record,) = result.records()
-    assert record["record"] == "error" and record["command"] == "load"
-    assert record["exit_code"] == 10 and record["reason_code"] == "invalid_configuration"
-    assert record["message"] and "/" not in record["message"]  # no path in a record
-    assert "Traceback" not in result.stderr and record["message"] in result.stderr
-
-
 def test_unreadable_file_is_an_io_failure(fixture_dir: Path, tmp_path: Path) -> None:
     target = tmp_path / "secret.gguf"
     shutil.copy(fixture_dir / "tiny.gguf", target)
@@ -326,13 +306,21 @@ def test_core_packages_do_not_import_rich_or_typer() -> None:
         ["--local-stages", "17"],
         ["--mem", "64"],
         ["--replan"],
+        ["--local-stages", "2", "--stage", "not-an-endpoint"],
+        ["--spec-runahead-tokens", "999"],
+        ["--spec", "ngram", "--draft", "draft.gguf"],
     ],
 )
-def test_bad_stage_options_exit_10_before_any_runtime(fixture_dir: Path, args: list[str]) -> None:
+def test_bad_options_exit_10_before_any_runtime_with_one_error_record(
+    fixture_dir: Path, args: list[str]
+) -> None:
     result = run_cli("load", str(fixture_dir / "tiny.gguf"), "--json", *args)
     assert result.code == 10, result.stderr
-    assert result.stdout == ""
-    assert "Traceback" not in result.stderr
+    (record,) = result.records()  # no runtime was asked: no event, one error record
+    assert record["record"] == "error" and record["command"] == "load"
+    assert record["exit_code"] == 10 and record["reason_code"] == "invalid_configuration"
+    assert record["message"] and "/" not in record["message"]  # no path in a record
+    assert "Traceback" not in result.stderr and record["message"] in result.stderr
 
 
 def test_embedded_load_across_local_stages_is_available_and_reports_its_topology(
