@@ -542,10 +542,7 @@ static void test_cross_process_wake(void) {
 }
 
 int main(void) {
-    struct {
-        const char *name;
-        void (*fn)(void);
-    } tests[] = {
+    static const struct named_test tests[] = {
         {"init_attach", test_init_attach},
         {"accept_and_copy", test_accept_and_copy},
         {"no_read_beyond_struct_size", test_no_read_beyond_struct_size},
@@ -560,11 +557,5 @@ int main(void) {
         {"scribbled_header_cannot_move_host_bounds", test_scribbled_header_cannot_move_host_bounds},
         {"cross_process_wake", test_cross_process_wake},
     };
-    for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
-        int before = g_failures;
-        tests[i].fn();
-        printf("%s %s\n", g_failures == before ? "ok  " : "FAIL", tests[i].name);
-    }
-    printf("%d checks, %d failures\n", g_checks, g_failures);
-    return g_failures == 0 ? 0 : 1;
+    return run_tests(tests, sizeof(tests) / sizeof(tests[0]));
 }

@@ -252,10 +252,7 @@ static void test_the_record_file_sees_the_stream(void) {
 }
 
 int main(void) {
-    struct {
-        const char *name;
-        void (*fn)(void);
-    } tests[] = {
+    static const struct named_test tests[] = {
         {"init_refuses_without_writing", test_init_refuses_without_writing},
         {"vtable_is_versioned_and_complete", test_vtable_is_versioned_and_complete},
         {"one_request_through_the_whole_lifecycle", test_one_request_through_the_whole_lifecycle},
@@ -263,11 +260,5 @@ int main(void) {
         {"abort_and_destroy_free_every_request", test_abort_and_destroy_free_every_request},
         {"the_record_file_sees_the_stream", test_the_record_file_sees_the_stream},
     };
-    for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
-        int before = g_failures;
-        tests[i].fn();
-        printf("%s %s\n", g_failures == before ? "ok  " : "FAIL", tests[i].name);
-    }
-    printf("%d checks, %d failures\n", g_checks, g_failures);
-    return g_failures == 0 ? 0 : 1;
+    return run_tests(tests, sizeof(tests) / sizeof(tests[0]));
 }
