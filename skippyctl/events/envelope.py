@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Final
@@ -278,31 +279,55 @@ def make_event(
 
     Equal to `Event(...)` with the same fields; built without `Event.__init__`, whose keyword
     parsing and frozen-field assignment cost as much again on every event the pipeline makes
-    (`Event` has no `__post_init__`; checked at import, with every field set).
+    (`Event` has no `__post_init__`; checked at import, with every field set). Each field is
+    set through its slot's descriptor, which skips `object.__setattr__`'s lookup of the name
+    (the pipeline makes one event per native fact).
     """
     event = _new_event(Event)
-    _set_field(event, "id", event_id)
-    _set_field(event, "producer", producer)
-    _set_field(event, "severity", severity if severity is not None else spec_of(event_id).severity)
-    _set_field(event, "wall_ns", wall_ns if wall_ns is not None else time.time_ns())
-    _set_field(event, "mono_ns", mono_ns if mono_ns is not None else time.monotonic_ns())
-    _set_field(event, "operation_id", operation_id)
-    _set_field(event, "parent_operation_id", parent_operation_id)
-    _set_field(event, "scope", scope)
-    _set_field(event, "native", native)
-    _set_field(event, "state", state)
-    _set_field(event, "progress", progress)
-    _set_field(event, "outcome", outcome)
-    _set_field(event, "reason_code", reason_code)
-    _set_field(event, "duration_ms", duration_ms)
-    _set_field(event, "stop_reason", stop_reason)
-    _set_field(event, "batching", batching)
-    _set_field(event, "summaries", summaries)
+    _set_id(event, event_id)
+    _set_producer(event, producer)
+    _set_severity(event, severity if severity is not None else spec_of(event_id).severity)
+    _set_wall_ns(event, wall_ns if wall_ns is not None else time.time_ns())
+    _set_mono_ns(event, mono_ns if mono_ns is not None else time.monotonic_ns())
+    _set_operation_id(event, operation_id)
+    _set_parent_operation_id(event, parent_operation_id)
+    _set_scope(event, scope)
+    _set_native(event, native)
+    _set_state(event, state)
+    _set_progress(event, progress)
+    _set_outcome(event, outcome)
+    _set_reason_code(event, reason_code)
+    _set_duration_ms(event, duration_ms)
+    _set_stop_reason(event, stop_reason)
+    _set_batching(event, batching)
+    _set_summaries(event, summaries)
     return event
 
 
+def _slot_setter(name: str) -> Callable[[Event, object], None]:
+    """The setter of `Event`'s slot `name` (its member descriptor's `__set__`)."""
+    setter: Callable[[Event, object], None] = vars(Event)[name].__set__
+    return setter
+
+
 _new_event: Final = object.__new__
-_set_field: Final = object.__setattr__
+_set_id: Final = _slot_setter("id")
+_set_producer: Final = _slot_setter("producer")
+_set_severity: Final = _slot_setter("severity")
+_set_wall_ns: Final = _slot_setter("wall_ns")
+_set_mono_ns: Final = _slot_setter("mono_ns")
+_set_operation_id: Final = _slot_setter("operation_id")
+_set_parent_operation_id: Final = _slot_setter("parent_operation_id")
+_set_scope: Final = _slot_setter("scope")
+_set_native: Final = _slot_setter("native")
+_set_state: Final = _slot_setter("state")
+_set_progress: Final = _slot_setter("progress")
+_set_outcome: Final = _slot_setter("outcome")
+_set_reason_code: Final = _slot_setter("reason_code")
+_set_duration_ms: Final = _slot_setter("duration_ms")
+_set_stop_reason: Final = _slot_setter("stop_reason")
+_set_batching: Final = _slot_setter("batching")
+_set_summaries: Final = _slot_setter("summaries")
 
 
 def _check_make_event_sets_every_field() -> None:

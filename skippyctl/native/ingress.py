@@ -256,6 +256,8 @@ class FactBatch(Sequence[NativeFact]):
         "categories",
         "lanes",
         "coalesced_counts",
+        "timestamps_mono_ns",
+        "progress_units",
     )
 
     def __init__(self, raw: bytes, count: int) -> None:
@@ -270,6 +272,8 @@ class FactBatch(Sequence[NativeFact]):
         self.categories: U32Column = event["category"]
         self.lanes: U32Column = records["lane"]
         self.coalesced_counts: U64Column = records["coalesced_count"]
+        self.timestamps_mono_ns: U64Column = event["timestamp_mono_ns"]
+        self.progress_units: U32Column = event["progress_unit"]
 
     def __len__(self) -> int:
         return self._count

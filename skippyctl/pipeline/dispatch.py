@@ -78,6 +78,14 @@ class Subscription:
         """`offer` for each item in order, under one lock, waking the reader at most once."""
         with self._cond:
             was_empty = not self._queue
+            queue = self._queue
+            if (
+                self.status is SubscriberStatus.CONNECTED
+                and len(queue) + len(items) <= self.max_queue_size // 2
+            ):
+                # Nothing below can happen on the way: one extend.
+                queue.extend(items)
+                items = ()
             for item in items:
                 if self.status is SubscriberStatus.DISCONNECTED:
                     break

@@ -40,6 +40,7 @@ from skippyctl.events.envelope import (
     Event,
     LogicalId,
     NativeStamp,
+    NumericSummary,
     Progress,
     Scope,
     SequenceEvidence,
@@ -102,6 +103,10 @@ class FactColumns(Protocol):
     def lanes(self) -> npt.NDArray[np.uint32]: ...
     @property
     def coalesced_counts(self) -> npt.NDArray[np.uint64]: ...
+    @property
+    def timestamps_mono_ns(self) -> npt.NDArray[np.uint64]: ...
+    @property
+    def progress_units(self) -> npt.NDArray[np.uint32]: ...
     def __len__(self) -> int: ...
     def __getitem__(self, index: int) -> NativeFactLike: ...
 
@@ -149,6 +154,21 @@ _KIND_IS_KNOWN[list(_SPECS)] = True
 _KIND_LOOKUP_LAST: Final = len(_KIND_IS_KNOWN) - 1
 _KIND_IS_LEVEL_STATE: Final = np.zeros_like(_KIND_IS_KNOWN)
 _KIND_IS_LEVEL_STATE[list(LEVEL_STATE_KINDS)] = True
+# Kinds whose event takes nothing from the record but its kind, sequence and clock (no device,
+# no failure code): with no progress unit either, the record is not decoded.
+_KIND_IS_PLAIN: Final = np.zeros_like(_KIND_IS_KNOWN)
+_KIND_IS_PLAIN[
+    [
+        kind
+        for kind, spec in _SPECS.items()
+        if spec.event is not EventId.BACKEND_DEVICE_SELECTED and not spec.reason_from_failure_code
+    ]
+] = True
+_UNIT_IS_NONE: Final = np.ones(max(PROGRESS_UNITS) + 2, dtype=bool)
+_UNIT_IS_NONE[
+    [unit for unit, mapped in PROGRESS_UNITS.items() if mapped is not ProgressUnit.NONE]
+] = False
+_UNIT_LOOKUP_LAST: Final = len(_UNIT_IS_NONE) - 1
 _CATEGORY_IS_KNOWN: Final = np.zeros(max(KNOWN_CATEGORIES) + 2, dtype=bool)
 _CATEGORY_IS_KNOWN[list(KNOWN_CATEGORIES)] = True
 _CATEGORY_LOOKUP_LAST: Final = len(_CATEGORY_IS_KNOWN) - 1
@@ -336,20 +356,40 @@ class NativeAdapter:
         evidence = codes.tolist()
         # Scopes are immutable: the group's facts share one (a device fact adds its device).
         scope = Scope(model_id=model_id)
-        for position in np.flatnonzero(keep).tolist():
+        kept = np.flatnonzero(keep)
+        kept_rows = rows[kept]
+        kept_kinds = batch.kinds[kept_rows]
+        # Only a fact whose record adds to its kind (progress, a device, a failure code) is
+        # decoded; the others' events are built from the columns.
+        decode = (
+            ~(
+                _KIND_IS_PLAIN[np.minimum(kept_kinds, _KIND_LOOKUP_LAST)]
+                & _UNIT_IS_NONE[np.minimum(batch.progress_units[kept_rows], _UNIT_LOOKUP_LAST)]
+            )
+        ).tolist()
+        counts = represents.tolist()
+        kinds = kept_kinds.tolist()
+        stamps = batch.timestamps_mono_ns[kept_rows].tolist()
+        fact_sequences = batch.sequences[kept_rows].tolist()
+        for slot, position in enumerate(kept.tolist()):
             if gap_event is not None and position >= first_gap:
                 out.append(gap_event)
                 gap_event = None
-            fact = batch[int(rows[position])]
-            spec = _SPECS[fact.kind]
+            kind = kinds[slot]
+            spec = _SPECS[kind]
             stamp = NativeStamp(
-                fact.timestamp_mono_ns, fact.sequence, _EVIDENCE_BY_CODE[evidence[position]]
+                stamps[slot], fact_sequences[slot], _EVIDENCE_BY_CODE[evidence[position]]
             )
+            if decode[slot]:
+                fact = batch[int(rows[position])]
+                event = self._event(spec, fact, stamp, operation_id, scope, counts[position])
+            else:
+                event = _native_event(spec, kind, stamp, operation_id, scope, counts[position])
             out.append(
                 AdaptedFact(
-                    self._event(spec, fact, stamp, operation_id, scope, int(represents[position])),
+                    event,
                     needs_authority=spec.handling is Handling.RECONCILED_TERMINAL,
-                    native_kind=fact.kind,
+                    native_kind=kind,
                 )
             )
         if gap_event is not None:
@@ -441,39 +481,57 @@ class NativeAdapter:
     ) -> Event:
         """The fact's event, in `scope` (the operation's model), with its device if it names
         one."""
-        event_id = spec.event
         unit = PROGRESS_UNITS.get(fact.progress_unit, ProgressUnit.NONE)
         progress = None
         if unit is not ProgressUnit.NONE:
             progress = Progress(fact.progress_current, fact.progress_total or None, unit)
-        device_id = None
-        extra = summaries(native_kind=fact.kind) if fact.kind in _TAGGED_KINDS else ()
-        numbers = fact.numeric_summaries
-        if event_id is EventId.BACKEND_DEVICE_SELECTED:
+        figures = None
+        if spec.event is EventId.BACKEND_DEVICE_SELECTED:
             device_id = device_id_from_detail(fact.detail)
+            if device_id is not None:
+                scope = Scope(model_id=scope.model_id, device_id=device_id)
+            numbers = fact.numeric_summaries
             if numbers is not None:
-                extra = summaries(
+                figures = summaries(
                     memory_free_bytes=numbers[0],
                     memory_total_bytes=numbers[1],
                     device_type=numbers[2],
                 )
-        if represents > 1:
-            extra = extra + summaries(count=represents)
-        if device_id is not None:
-            scope = Scope(model_id=scope.model_id, device_id=device_id)
         reason = spec.reason
         if spec.reason_from_failure_code:
             reason = FAILURE_CODE_TO_REASON.get(fact.failure_code, ReasonCode.UNKNOWN_FAILURE)
-        return make_event(
-            event_id,
-            Producer.NATIVE,
-            operation_id=operation_id,
-            scope=scope,
-            native=stamp,
-            progress=progress,
-            reason_code=reason,
-            summaries=extra,
+        return _native_event(
+            spec, fact.kind, stamp, operation_id, scope, represents, progress, reason, figures
         )
+
+
+def _native_event(
+    spec: NativeKindSpec,
+    kind: int,
+    stamp: NativeStamp,
+    operation_id: LogicalId | None,
+    scope: Scope,
+    represents: int,
+    progress: Progress | None = None,
+    reason: ReasonCode | None = None,
+    figures: tuple[NumericSummary, ...] | None = None,
+) -> Event:
+    """A native fact's event. Without `reason`, its kind's; without `figures`, the native kind
+    for a kind that shares its event id; a `count` when the event stands for several facts."""
+    if figures is None:
+        figures = summaries(native_kind=kind) if kind in _TAGGED_KINDS else ()
+    if represents > 1:
+        figures = figures + summaries(count=represents)
+    return make_event(
+        spec.event,
+        Producer.NATIVE,
+        operation_id=operation_id,
+        scope=scope,
+        native=stamp,
+        progress=progress,
+        reason_code=reason if reason is not None else spec.reason,
+        summaries=figures,
+    )
 
 
 def _first_of_each(

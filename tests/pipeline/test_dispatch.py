@@ -4,9 +4,12 @@ per event."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event, LogicalId, Scope, make_event
@@ -129,3 +132,65 @@ def test_a_callback_subscriber_takes_what_gathered_in_passes_and_misses_nothing(
     dispatcher.unsubscribe(subscription)
     thread.join(5)
     assert not thread.is_alive()
+
+
+class _OfferedOneByOne:
+    """The documented per-item rule `offer_many` keeps: append until the bound disconnects,
+    lagging past half the bound, caught up below a quarter."""
+
+    def __init__(self, max_queue_size: int) -> None:
+        self.max = max_queue_size
+        self.queue: list[int] = []
+        self.status = SubscriberStatus.CONNECTED
+        self.lag_episodes = 0
+
+    def offer(self, sequence: int) -> None:
+        if self.status is SubscriberStatus.DISCONNECTED:
+            return
+        if len(self.queue) >= self.max:
+            self.status, self.queue = SubscriberStatus.DISCONNECTED, []
+            return
+        self.queue.append(sequence)
+        if self.status is SubscriberStatus.CONNECTED and len(self.queue) > self.max // 2:
+            self.status = SubscriberStatus.LAGGING
+            self.lag_episodes += 1
+
+    def take(self, count: int) -> None:
+        if self.status is SubscriberStatus.DISCONNECTED:
+            return
+        del self.queue[:count]
+        if self.status is SubscriberStatus.LAGGING and len(self.queue) < self.max // 4:
+            self.status = SubscriberStatus.CONNECTED
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(1, 24),
+    st.lists(st.tuples(st.booleans(), st.integers(0, 30)), max_size=30),
+)
+def test_offer_many_queues_lags_and_disconnects_as_offering_one_item_at_a_time(
+    bound: int, steps: list[tuple[bool, int]]
+) -> None:
+    """Batches of any size against any bound, with reads in between: the same queue, status
+    and lag episodes after every step (a batch that fits under half the bound is one extend)."""
+    subscription, reference = Subscription("s", bound), _OfferedOneByOne(bound)
+    event = numbered(1)[0]
+    sequence = 0
+    for is_offer, size in steps:
+        if is_offer:
+            batch = [Dispatched(sequence + n, event) for n in range(size)]
+            sequence += size
+            subscription.offer_many(batch)
+            for item in batch:
+                reference.offer(item.sequence)
+        else:
+            with contextlib.suppress(SubscriptionClosed):  # a disconnected one, drained
+                subscription.get_many(size, timeout_s=0)
+            reference.take(size)
+        assert subscription.status is reference.status
+        assert subscription.lag_episodes == reference.lag_episodes
+        assert subscription.pending() == len(reference.queue)
+    taken = (
+        [] if reference.status is SubscriberStatus.DISCONNECTED else subscription.get_many(99, 0)
+    )
+    assert [item.sequence for item in taken] == reference.queue
