@@ -25,14 +25,14 @@ root view, the counters (`common.count`), the node derivation, and the KV path
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Final
 
 from skippyctl.events.catalog import EventId
-from skippyctl.events.envelope import NO_SCOPE, Event, LogicalId, summaries
+from skippyctl.events.envelope import NO_SCOPE, Event, LogicalId, SummaryKey, summaries
 from skippyctl.events.reasons import DeliveryClass, Severity
 from skippyctl.reducer import health, models, resources, serving, topology
-from skippyctl.reducer.common import NO_TRANSITIONS, Handler, transition
+from skippyctl.reducer.common import NO_TRANSITIONS, Handler, count, transition
 from skippyctl.reducer.immutable import Draft, activate, deactivate, evolve, revise
 from skippyctl.reducer.node import derive_node
 from skippyctl.reducer.state import (
@@ -203,6 +203,111 @@ class BatchReducer:
         self._remember(event, transitions)
         return state, transitions
 
+    def reduce_pressure_run(self, events: Sequence[Event]) -> list[Transitions]:
+        """`reduce` for each of `events` in turn, in one pass: KV pressure events
+        (`resources.KV_PRESSURE_EVENTS`) of one model. Returns each event's transitions.
+
+        Such an event only moves its model's KV pressure flag (`resources.on_kv`), so of the
+        derived quantities only the node's pressure can follow it (the serving set, the node
+        state and the lanes read the models' states, which a KV fact never moves). The events
+        up to the first that fits (moves the flag) are reduced one by one, the full derivation
+        included; after it, each event is a flag flip or a counted duplicate, the node's
+        pressure is `_derive`'s expression over the one flag that moves, and the model's KV
+        view, the counters and the node's pressure are stored once, at the end. The state and
+        transitions equal `reduce`'s, event by event (tests/reducer/test_pressure_run.py).
+
+        Should it raise (a defect), the working copy is restored to before the run (as
+        `reduce` does for its event) and the exception re-raised: the caller then reduces the
+        run's events one by one.
+        """
+        model_id = events[0].scope.model_id if events else None
+        if model_id is None or any(
+            e.id not in resources.KV_PRESSURE_EVENTS or e.scope.model_id != model_id for e in events
+        ):
+            raise ValueError("a pressure run is KV pressure events of one model")
+        draft = self._draft
+        activate(draft)
+        try:
+            out = self._fold_pressure_run(draft, events, model_id)
+        except Exception:
+            deactivate()
+            self._reduce_again()
+            raise
+        deactivate()
+        self._reduced.extend(events)
+        self._unpublished = True
+        return out
+
+    def _fold_pressure_run(
+        self, draft: Draft, events: Sequence[Event], model_id: LogicalId
+    ) -> list[Transitions]:
+        out: list[Transitions] = []
+        state = self._state
+        model = state.models.get(model_id)
+        moved = False
+        start = 0
+        # One by one until an event moves the flag (an unknown model's: every one, rejected).
+        while start < len(events) and not moved:
+            event = events[start]
+            draft.begin_event()
+            before = None if model is None else model.kv.pressure
+            state, transitions = self._apply(draft, state, event)
+            out.append(transitions)
+            model = state.models.get(model_id)
+            moved = model is not None and before is not None and model.kv.pressure is not before
+            start += 1
+        self._state = state
+        if model is None or start == len(events):
+            return out
+        kv = model.kv
+        flag, cells_used = kv.pressure, kv.cells_used
+        flag_moved = False
+        serving = model.state in SERVING_MODEL_STATES
+        others = any(
+            m.kv.pressure
+            for m in state.models.values()
+            if m.state in SERVING_MODEL_STATES and m.model_id != model_id
+        ) or any(d.memory_pressure for d in state.devices.values())
+        node_pressure = state.node_pressure
+        duplicates = rejected = 0
+        remembered = self._remembered
+        kv_moves = resources.KV_MOVES
+        on = resources.Pressure.ON
+        for event in events[start:]:
+            now = resources.pressure_state(flag)
+            row = kv_moves.find(event.id, now)
+            transitions = NO_TRANSITIONS
+            if row is None:
+                if kv_moves.repeats(event.id, now):
+                    duplicates += 1
+                else:
+                    rejected += 1
+            else:
+                flag = row.target is on
+                flag_moved = True
+                if event.summaries:
+                    used = event.summary_value(SummaryKey.KV_CELLS_USED)
+                    if used is not None:
+                        cells_used = int(used)
+                pressure = others or (serving and flag)
+                if pressure is not node_pressure:
+                    transitions = (_pressure_transition(event, node_pressure, pressure),)
+                    node_pressure = pressure
+            out.append(transitions)
+            if _is_remembered(event):
+                remembered.append(event)
+            remembered.extend(transitions)  # a transition always has a state change
+        if flag_moved:
+            state = resources.store_kv(
+                state, model, revise(kv, pressure=flag, cells_used=cells_used)
+            )
+        if duplicates or rejected:
+            state = count(state, duplicate_transitions=duplicates, rejected_transitions=rejected)
+        if node_pressure is not state.node_pressure:
+            state = revise(state, node_pressure=node_pressure)
+        self._state = state
+        return out
+
     def _remember(self, event: Event, transitions: Transitions) -> None:
         remembered = self._remembered
         if _is_remembered(event):
@@ -273,20 +378,22 @@ def _derive(
         d.memory_pressure for d in state.devices.values()
     )
     if pressure is not state.node_pressure:
-        out.append(
-            transition(
-                EventId.NODE_RESOURCE_PRESSURE_CHANGED,
-                cause,
-                _PRESSURE[state.node_pressure],
-                _PRESSURE[pressure],
-                scope=NO_SCOPE,
-            )
-        )
+        out.append(_pressure_transition(cause, state.node_pressure, pressure))
         state = revise(state, node_pressure=pressure)
     return state, tuple(out), after
 
 
 _PRESSURE: Final = {False: "normal", True: "pressure"}
+
+
+def _pressure_transition(cause: Event, before: bool, after: bool) -> Event:
+    return transition(
+        EventId.NODE_RESOURCE_PRESSURE_CHANGED,
+        cause,
+        _PRESSURE[before],
+        _PRESSURE[after],
+        scope=NO_SCOPE,
+    )
 
 
 def _remember(state: RuntimeView, events: tuple[Event, ...]) -> RuntimeView:

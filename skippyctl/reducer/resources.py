@@ -65,7 +65,7 @@ class Pressure(StrEnum):
     ON = "on"
 
 
-def _pressure(flag: bool) -> Pressure:
+def pressure_state(flag: bool) -> Pressure:
     return Pressure.ON if flag else Pressure.OFF
 
 
@@ -126,6 +126,9 @@ MEMORY_MOVES: Final[MoveTable[Pressure]] = MoveTable(
     ),
 )
 MOVE_TABLES: Final = (KV_MOVES, DEVICE_MOVES, MEMORY_MOVES)
+KV_PRESSURE_EVENTS: Final = frozenset({_E.CACHE_PRESSURE_CROSSED, _E.CACHE_PRESSURE_CLEARED})
+"""The KV level-state events: a stream of them only ever moves one model's pressure flag
+(reducer.reduce.BatchReducer.reduce_pressure_run)."""
 
 
 def _with_kv(state: RuntimeView, event: Event) -> tuple[ModelView, KvView] | None:
@@ -134,7 +137,8 @@ def _with_kv(state: RuntimeView, event: Event) -> tuple[ModelView, KvView] | Non
     return None if model is None else (model, model.kv)
 
 
-def _store_kv(state: RuntimeView, model: ModelView, kv: KvView) -> RuntimeView:
+def store_kv(state: RuntimeView, model: ModelView, kv: KvView) -> RuntimeView:
+    """`model` with `kv` stored in `state` (in place within a batch: reducer.immutable.revise)."""
     return revise(state, models=revise_item(state.models, model.model_id, revise(model, kv=kv)))
 
 
@@ -146,7 +150,7 @@ def on_kv(state: RuntimeView, event: Event) -> Step:
     if found is None:
         return reject(state)
     model, kv = found
-    now = _pressure(kv.pressure)
+    now = pressure_state(kv.pressure)
     row = KV_MOVES.find(event.id, now)
     if row is None:
         return reject(state, duplicate=KV_MOVES.repeats(event.id, now))
@@ -164,7 +168,7 @@ def on_kv(state: RuntimeView, event: Event) -> Step:
         kv = revise(kv, approaching_limit=kv.approaching_limit + 1)
     else:
         kv = revise(kv, exhausted=kv.exhausted + 1)
-    return _store_kv(state, model, kv), NO_TRANSITIONS
+    return store_kv(state, model, kv), NO_TRANSITIONS
 
 
 def _device_view(state: RuntimeView, device_id: LogicalId, event: Event) -> DeviceView:
@@ -223,7 +227,7 @@ def on_device_fact(state: RuntimeView, event: Event) -> Step:
         return reject(state)
     view = _device_view(state, device_id, event)
     known = device_id in state.devices
-    now = _pressure(view.memory_pressure) if known else ABSENT
+    now = pressure_state(view.memory_pressure) if known else ABSENT
     row = MEMORY_MOVES.find(event.id, now)
     if row is None or DEVICE_MOVES.find(event.id, view.state if known else ABSENT) is None:
         return reject(state, duplicate=MEMORY_MOVES.repeats(event.id, now))

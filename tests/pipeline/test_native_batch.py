@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import itertools
 import subprocess
 import sys
 import threading
@@ -12,6 +13,7 @@ from collections import deque
 from dataclasses import dataclass
 from types import SimpleNamespace
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -34,6 +36,8 @@ from skippyctl.native.ingress import (
     SharedIngress,
 )
 from skippyctl.native.library import native_library
+from skippyctl.pipeline import pipeline as pipeline_module
+from skippyctl.pipeline import warnings
 from skippyctl.pipeline.authority import OperationBound
 from skippyctl.pipeline.native_adapter import (
     DIAGNOSTIC_LANE,
@@ -43,7 +47,7 @@ from skippyctl.pipeline.native_adapter import (
 )
 from skippyctl.pipeline.pipeline import Pipeline
 from skippyctl.reducer.reduce import reduce
-from skippyctl.reducer.state import MAX_RECENT_EVENTS, RuntimeView
+from skippyctl.reducer.state import MAX_RECENT_EVENTS, RuntimeView, available_models
 
 WARNING = int(abi.Kind.DIAGNOSTIC_WARNING_RAISED)
 PRESSURE = int(abi.Kind.KV_PRESSURE_CROSSED)
@@ -63,6 +67,7 @@ class Record:
     lane: int = STATE_LANE
     category: int = 1
     coalesced_count: int = 0
+    progress_unit: int = 0
 
 
 def batch_of(records: list[Record]) -> FactBatch:
@@ -77,6 +82,7 @@ def batch_of(records: list[Record]) -> FactBatch:
         slot.event.category = record.category
         slot.event.kind = record.kind
         slot.event.sequence = record.sequence
+        slot.event.progress_unit = record.progress_unit
         slot.event.timestamp_mono_ns = 1000 + record.sequence
     size = ctypes.sizeof(abi.skippy_native_fact_v1) * len(records)
     return FactBatch(bytes(array)[:size], len(records))
@@ -92,13 +98,15 @@ def bound_adapter(*operations: int) -> NativeAdapter:
 
 
 def test_fact_batch_columns_and_records_agree_with_the_encoded_records() -> None:
-    records = [Record(3, 9, PRESSURE), Record(4, 2, WARNING, DIAGNOSTIC_LANE, 4)]
+    records = [Record(3, 9, PRESSURE), Record(4, 2, WARNING, DIAGNOSTIC_LANE, 4, progress_unit=2)]
     batch = batch_of(records)
     assert len(batch) == 2
     assert batch.operation_ids.tolist() == [3, 4]
     assert batch.sequences.tolist() == [9, 2]
     assert batch.kinds.tolist() == [PRESSURE, WARNING]
     assert batch.lanes.tolist() == [STATE_LANE, DIAGNOSTIC_LANE]
+    assert batch.timestamps_mono_ns.tolist() == [1009, 1002]
+    assert batch.progress_units.tolist() == [0, 2]
     second = batch[1]
     assert isinstance(second, NativeFact)
     assert (second.operation_id, second.sequence, second.kind, second.category) == (4, 2, 400, 4)
@@ -324,15 +332,32 @@ def test_an_empty_batch_adapts_to_nothing() -> None:
     assert adapter.counters.facts == 0
 
 
+def _unstamped(event: Event) -> Event:
+    """The event without the clocks of the moment it was made."""
+    return dataclasses.replace(event, wall_ns=0, mono_ns=0)
+
+
 records_strategy = st.lists(
     st.builds(
         Record,
         operation_id=st.sampled_from([0, 1, 2, 3]),
         sequence=st.integers(0, 40),
-        kind=st.sampled_from([PRESSURE, CLEARED, int(abi.Kind.DEVICE_READY), EXHAUSTED, 9999]),
+        kind=st.sampled_from(
+            [PRESSURE, CLEARED, int(abi.Kind.DEVICE_READY), EXHAUSTED, 9999]
+            # Kinds whose event reads more of the record than its kind: a device, a failure
+            # code, a progress.
+            + [
+                int(abi.Kind.MODEL_OPEN_BACKEND_DEVICE_SELECTED),
+                int(abi.Kind.MODEL_OPEN_FAILED_HANDLED),
+                int(abi.Kind.DEVICE_LOST),
+                PROGRESS,
+                int(abi.Kind.MODEL_LOAD_PHASE_CHANGED),
+            ]
+        ),
         lane=st.just(STATE_LANE),
         category=st.sampled_from([1, 3, 5]),
         coalesced_count=st.integers(0, 2),
+        progress_unit=st.sampled_from([*abi.ProgressUnit, 77]),
     ),
     max_size=60,
 )
@@ -373,9 +398,7 @@ def test_without_diagnostics_the_batch_path_matches_the_per_fact_path(
         # The batch path reports one gap event per operation per batch; compare the rest.
         expected += [a for a in singles if a.event.id is not EventId.NATIVE_SEQUENCE_GAP_DETECTED]
         got += [a for a in many if a.event.id is not EventId.NATIVE_SEQUENCE_GAP_DETECTED]
-    assert [(a.event.id, a.event.native, a.event.operation_id) for a in got] == [
-        (a.event.id, a.event.native, a.event.operation_id) for a in expected
-    ]
+    assert [_unstamped(a.event) for a in got] == [_unstamped(a.event) for a in expected]
     assert batched.counters.facts == per_fact.counters.facts
     assert batched.counters.unknown == per_fact.counters.unknown
     assert batched.counters.duplicates == per_fact.counters.duplicates
@@ -434,3 +457,84 @@ def test_the_batch_path_does_not_import_numpy_ma() -> None:
         [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
     )
     assert result.stdout.strip() == "False"
+
+
+def _dispatched_through(batches: list[list[Record]]) -> tuple[list[tuple[object, ...]], object]:
+    """What a pipeline dispatches for `batches` of model m's facts (op 7) and model n's (op 8),
+    both serving, without the stamps; and the state's clock-free figures after the last batch."""
+    ring = ScriptedRing()
+    pipeline = Pipeline().start()
+    subscription = pipeline.subscribe("test", max_queue_size=1 << 16)
+    exhausted = sum(r.kind == EXHAUSTED for batch in batches for r in batch)
+    try:
+        pipeline.submit(make_event(EventId.RUNTIME_INITIALIZED))
+        for model, operation, number in (("m", "op-7", 7), ("n", "op-8", 8)):
+            for event_id in (
+                EventId.MODEL_LOAD_REQUESTED,
+                EventId.MODEL_LOAD_STARTED,
+                EventId.NATIVE_MODEL_LOAD_COMPLETED,
+                EventId.SERVING_BACKEND_INITIALIZATION_STARTED,
+                EventId.SERVING_BACKEND_INITIALIZATION_COMPLETED,
+            ):
+                scope = Scope(model_id=LogicalId(model))
+                pipeline.submit(
+                    make_event(event_id, operation_id=LogicalId(operation), scope=scope)
+                )
+            pipeline.submit_authority(
+                OperationBound("engine", LogicalId(operation), number, LogicalId(model))
+            )
+        # Both models served before the first fact: the runs compare from the same start.
+        assert pipeline.wait_state(lambda s: len(available_models(s)) == 2, 10.0) is not None
+        pipeline.attach_engine("engine", ring)
+        for batch in batches:
+            ring.give(batch_of(batch))
+        dispatched = []
+        seen_exhausted = 0
+        while True:
+            # Up to the end marker's event, then what the same dispatch queued with it.
+            item = subscription.get(10.0 if seen_exhausted < exhausted else 0.05)
+            if item is None:
+                assert seen_exhausted == exhausted, "the last batch was never dispatched"
+                break
+            e = item.event
+            seen_exhausted += e.id is EventId.CONTEXT_EXHAUSTED
+            current = e.state.current if e.state else None
+            dispatched.append((e.id, e.operation_id, e.scope, current, e.summaries))
+        state = pipeline.state
+    finally:
+        pipeline.detach_engine("engine")
+        pipeline.shutdown()
+    kv = {key: dataclasses.astuple(view.kv) for key, view in state.models.items()}
+    figures = (kv, state.node, state.node_pressure, dataclasses.astuple(state.counters))
+    return dispatched, (figures, [e.id for e in state.recent_events])
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([7, 8]), st.sampled_from([PRESSURE, CLEARED, EXHAUSTED])),
+        min_size=1,
+        max_size=120,
+    ),
+    st.lists(st.integers(0, 120), max_size=4),
+    st.booleans(),
+)
+def test_pressure_runs_dispatch_what_the_per_event_path_dispatches(
+    facts: list[tuple[int, int]], cuts: list[int], gate_open: bool
+) -> None:
+    """Runs of one model's KV pressure facts, split by other facts and by batch boundaries;
+    with the warning gate open (every crossing raises: warnings split the runs) or not."""
+    sequences = {7: itertools.count(1), 8: itertools.count(1)}
+    records = [Record(op, next(sequences[op]), kind, category=3) for op, kind in facts]
+    records.append(Record(7, next(sequences[7]), EXHAUSTED, category=3))  # the end marker
+    bounds = sorted({0, len(records), *(c % len(records) for c in cuts)})
+    batches = [records[a:b] for a, b in itertools.pairwise(bounds)]
+    with pytest.MonkeyPatch.context() as patch:
+        if gate_open:
+            patch.setattr(warnings, "RAISE_MIN_INTERVAL_S", 0.0)
+        by_runs = _dispatched_through(batches)
+        patch.setattr(pipeline_module, "MIN_PRESSURE_RUN", len(records) + 1)
+        per_event = _dispatched_through(batches)
+    assert by_runs == per_event
+    if gate_open and PRESSURE in {kind for _, kind in facts}:
+        assert EventId.WARNING_RAISED in {d[0] for d in by_runs[0]}
