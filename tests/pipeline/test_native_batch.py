@@ -225,6 +225,21 @@ class ScriptedRing:
         )
 
 
+def _serve_model(
+    pipeline: Pipeline, model: LogicalId, operation: LogicalId, native_operation: int
+) -> None:
+    """`model` loaded and serving through `operation`, bound to the engine's operation id."""
+    for event_id in (
+        EventId.MODEL_LOAD_REQUESTED,
+        EventId.MODEL_LOAD_STARTED,
+        EventId.NATIVE_MODEL_LOAD_COMPLETED,
+        EventId.SERVING_BACKEND_INITIALIZATION_STARTED,
+        EventId.SERVING_BACKEND_INITIALIZATION_COMPLETED,
+    ):
+        pipeline.submit(make_event(event_id, operation_id=operation, scope=Scope(model_id=model)))
+    pipeline.submit_authority(OperationBound("engine", operation, native_operation, model))
+
+
 def test_kv_flapping_batches_publish_snapshots_that_later_batches_leave_untouched() -> None:
     """Every fact a distinct transition, in drained batches of ~100: each fact's node transition
     is dispatched, and a state read between two batches still reads the same after the next
@@ -248,17 +263,7 @@ def test_kv_flapping_batches_publish_snapshots_that_later_batches_leave_untouche
 
     try:
         pipeline.submit(make_event(EventId.RUNTIME_INITIALIZED))
-        for event_id in (
-            EventId.MODEL_LOAD_REQUESTED,
-            EventId.MODEL_LOAD_STARTED,
-            EventId.NATIVE_MODEL_LOAD_COMPLETED,
-            EventId.SERVING_BACKEND_INITIALIZATION_STARTED,
-            EventId.SERVING_BACKEND_INITIALIZATION_COMPLETED,
-        ):
-            pipeline.submit(
-                make_event(event_id, operation_id=operation, scope=Scope(model_id=model))
-            )
-        pipeline.submit_authority(OperationBound("engine", operation, 7, model))
+        _serve_model(pipeline, model, operation, 7)
         pipeline.attach_engine("engine", ring)
         ring.give(batch_of(records[:101]))
         take_changes(101)
@@ -469,20 +474,7 @@ def _dispatched_through(batches: list[list[Record]]) -> tuple[list[tuple[object,
     try:
         pipeline.submit(make_event(EventId.RUNTIME_INITIALIZED))
         for model, operation, number in (("m", "op-7", 7), ("n", "op-8", 8)):
-            for event_id in (
-                EventId.MODEL_LOAD_REQUESTED,
-                EventId.MODEL_LOAD_STARTED,
-                EventId.NATIVE_MODEL_LOAD_COMPLETED,
-                EventId.SERVING_BACKEND_INITIALIZATION_STARTED,
-                EventId.SERVING_BACKEND_INITIALIZATION_COMPLETED,
-            ):
-                scope = Scope(model_id=LogicalId(model))
-                pipeline.submit(
-                    make_event(event_id, operation_id=LogicalId(operation), scope=scope)
-                )
-            pipeline.submit_authority(
-                OperationBound("engine", LogicalId(operation), number, LogicalId(model))
-            )
+            _serve_model(pipeline, LogicalId(model), LogicalId(operation), number)
         # Both models served before the first fact: the runs compare from the same start.
         assert pipeline.wait_state(lambda s: len(available_models(s)) == 2, 10.0) is not None
         pipeline.attach_engine("engine", ring)
