@@ -25,6 +25,7 @@ from skippyctl.events.envelope import (
     SequenceEvidence,
     SummaryKey,
     make_event,
+    summaries,
 )
 from skippyctl.native import abi
 from skippyctl.native.ingress import (
@@ -337,6 +338,15 @@ def test_an_empty_batch_adapts_to_nothing() -> None:
     assert adapter.counters.facts == 0
 
 
+def _standing_for(adapted: AdaptedFact, facts: int) -> AdaptedFact:
+    """`adapted` as the first event of a folded run of `facts` facts: with their `count`."""
+    if facts == 1:
+        return adapted
+    event = adapted.event
+    folded = dataclasses.replace(event, summaries=event.summaries + summaries(count=facts))
+    return dataclasses.replace(adapted, event=folded)
+
+
 def _unstamped(event: Event) -> Event:
     """The event without the clocks of the moment it was made."""
     return dataclasses.replace(event, wall_ns=0, mono_ns=0)
@@ -374,7 +384,8 @@ def test_without_diagnostics_the_batch_path_matches_the_per_fact_path(
     first: list[Record], second: list[Record]
 ) -> None:
     """Same events, evidence and counters, over two consecutive batches (tracks carry over),
-    once the per-fact stream's contiguous repeats of a level state are folded as documented."""
+    once the per-fact stream's contiguous repeats of a level state are folded as documented
+    (into the run's first event, with the run's length as its `count`)."""
     per_fact, batched = bound_adapter(1, 2), bound_adapter(1, 2)
     expected: list[AdaptedFact] = []
     got: list[AdaptedFact] = []
@@ -383,6 +394,8 @@ def test_without_diagnostics_the_batch_path_matches_the_per_fact_path(
         batch = batch_of(records)
         ordered = sorted(batch, key=lambda f: (f.operation_id, f.sequence))
         singles: list[AdaptedFact] = []
+        stands_for: dict[int, int] = {}  # a folded run's first event: how many facts it stands for
+        head = -1
         previous: NativeFact | None = None
         for fact in ordered:
             adapted = per_fact.adapt(fact)
@@ -396,9 +409,15 @@ def test_without_diagnostics_the_batch_path_matches_the_per_fact_path(
                 and main.event.native is not None
                 and main.event.native.evidence is SequenceEvidence.CONTIGUOUS
             )
-            singles += adapted[:-1] if repeat else adapted
+            if repeat:
+                # Folded into its run's first event, which then stands for one fact more.
+                stands_for[head] = stands_for.get(head, 1) + 1
+            else:
+                singles += adapted
+                head = len(singles) - 1
             folded += repeat
             previous = fact
+        singles = [_standing_for(a, stands_for.get(n, 1)) for n, a in enumerate(singles)]
         many = batched.adapt_batch(batch)
         # The batch path reports one gap event per operation per batch; compare the rest.
         expected += [a for a in singles if a.event.id is not EventId.NATIVE_SEQUENCE_GAP_DETECTED]
