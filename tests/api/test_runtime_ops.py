@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from skippyctl.client.http import Frame
 from tests.api.conftest import Server, start_server, stop_server
 
 CANARY = "CANARY-q7Zx"
@@ -223,12 +224,19 @@ def test_sse_resumes_from_a_cursor_and_reports_gaps(ops: Server) -> None:
                 return int(http.get("/api/runtime/state").json()["event_system"]["replay_gaps"])
 
         assert _wait_for_value(gaps_counted, lambda n: n >= 2) >= 2
-        # A retained cursor resumes exactly after it.
-        retained = [
-            e
-            for e in ops.frames_since_start(lambda f: f.name == "runtime_event")
-            if e.name == "runtime_event"
-        ]
+        # A retained cursor resumes exactly after it. One from the middle of the retained
+        # window: the oldest one may be evicted by any event before the stream resumes.
+        events_seen: list[Frame] = []
+
+        def middle_reached(frame: Frame) -> bool:
+            if frame.name == "runtime_state":
+                events_seen.clear()  # a replay (again, after a 429) starts here
+            elif frame.name == "runtime_event":
+                events_seen.append(frame)
+            return len(events_seen) == 32  # of the 64 retained
+
+        ops.frames_since_start(middle_reached)
+        retained = events_seen[-1:]
         cursor = retained[0].cursor
         assert cursor is not None
         after = None

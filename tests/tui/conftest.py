@@ -17,6 +17,7 @@ from skippy_tui.sources import ScriptedSource, SourceItem
 from skippyctl.events.envelope import Event
 
 SETTLE_TIMEOUT_S = 20.0
+SETTLE_FRAMES = 50
 
 
 @pytest.fixture
@@ -44,7 +45,16 @@ async def settle(pilot: Pilot[None]) -> None:
     delivered = await asyncio.to_thread(source.done.wait, SETTLE_TIMEOUT_S)
     assert delivered, "the scripted source did not finish"
     app.poll()
-    await pilot.pause()
+    # Until the screen stops changing: a DataTable sizes its columns in a later refresh, and on a
+    # loaded machine one pause had drawn the rows under a header still at its old widths.
+    previous = None
+    for _ in range(SETTLE_FRAMES):
+        await pilot.pause()
+        screen = app.export_screenshot()
+        if screen == previous:
+            return
+        previous = screen
+    raise AssertionError(f"the screen still changed after {SETTLE_FRAMES} frames")
 
 
 def plain(renderable: object) -> str:
