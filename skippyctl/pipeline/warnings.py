@@ -199,7 +199,7 @@ class WarningDeriver:
                     is_suppressed = True  # what `_raise` does then
                     self.counters.suppressed += 1
                     continue
-                suppressed.discard(key)
+                suppressed.discard(key)  # the set catches up with the local flag first
                 derived = self._raise(
                     WarningCode.KV_NEAR_FULL, scope, event, _figures(event, _KV_KEYS)
                 )

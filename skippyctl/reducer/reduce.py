@@ -25,7 +25,7 @@ root view, the counters (`common.count`), the node derivation, and the KV path
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
 
 from skippyctl.events.catalog import EventId
@@ -39,6 +39,7 @@ from skippyctl.reducer.state import (
     MAX_RECENT_EVENTS,
     SERVING_MODEL_STATES,
     ModelState,
+    ModelView,
     NodeState,
     RuntimeView,
     available_models,
@@ -263,11 +264,14 @@ class BatchReducer:
         flag, cells_used = kv.pressure, kv.cells_used
         flag_moved = False
         serving = model.state in SERVING_MODEL_STATES
-        others = any(
-            m.kv.pressure
-            for m in state.models.values()
-            if m.state in SERVING_MODEL_STATES and m.model_id != model_id
-        ) or any(d.memory_pressure for d in state.devices.values())
+        others = _resource_pressure(
+            state,
+            (
+                m
+                for m in state.models.values()
+                if m.state in SERVING_MODEL_STATES and m.model_id != model_id
+            ),
+        )
         node_pressure = state.node_pressure
         duplicates = rejected = 0
         remembered = self._remembered
@@ -374,9 +378,7 @@ def _derive(
             )
         )
         state = revise(state, node_lanes=lanes)
-    pressure = any(m.kv.pressure for m in serving) or any(
-        d.memory_pressure for d in state.devices.values()
-    )
+    pressure = _resource_pressure(state, serving)
     if pressure is not state.node_pressure:
         out.append(_pressure_transition(cause, state.node_pressure, pressure))
         state = revise(state, node_pressure=pressure)
@@ -384,6 +386,13 @@ def _derive(
 
 
 _PRESSURE: Final = {False: "normal", True: "pressure"}
+
+
+def _resource_pressure(state: RuntimeView, serving: Iterable[ModelView]) -> bool:
+    """The node's resource pressure: a serving model's KV or any device's memory."""
+    return any(m.kv.pressure for m in serving) or any(
+        d.memory_pressure for d in state.devices.values()
+    )
 
 
 def _pressure_transition(cause: Event, before: bool, after: bool) -> Event:
