@@ -37,7 +37,7 @@ from skippyctl.api.schemas import (
 )
 from skippyctl.events.reasons import ReasonCode
 from skippyctl.reducer.state import SERVING_MODEL_STATES
-from skippyctl.runtime.admission import Rejection
+from skippyctl.runtime.model_server import Rejection
 from skippyctl.runtime.requests import (
     ChatTurn,
     Finished,

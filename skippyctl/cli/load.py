@@ -16,6 +16,8 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from skippyctl.acquisition.artifacts import split_parts
+from skippyctl.acquisition.references import is_remote_ref
 from skippyctl.cli.common import (
     EventFeed,
     InterruptRequests,
@@ -37,8 +39,6 @@ from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event
 from skippyctl.events.reasons import Category, ReasonCode
 from skippyctl.output.summary import reason_message, render_summary
-from skippyctl.runtime.acquisition import is_remote_ref
-from skippyctl.runtime.artifacts import split_parts
 from skippyctl.stages.plan import stage_options_problem
 
 TERMINALS = frozenset(

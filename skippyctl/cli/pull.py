@@ -1,6 +1,6 @@
 """`skippyctl pull REF`: fetch a model into the local cache and check it, told as events.
 
-The pull runs in this process (runtime/acquisition.py, a core module that only emits events):
+The pull runs in this process (acquisition/acquire.py, a core module that only emits events):
 a download needs no llama.cpp and no runtime, and a runtime route would need an operation API,
 cancellation over HTTP and a second progress path for the same bytes. Its events go through
 the same presenters and wire codec as `load`'s. They are not from a runtime's stream, so their
@@ -23,17 +23,13 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from skippyctl.acquisition.acquire import Acquisition, Prepared
+from skippyctl.acquisition.errors import PreparationCancelled, PreparationError
+from skippyctl.acquisition.hub import HubSettings
 from skippyctl.cli.exit_codes import ExitCode, exit_code_for
 from skippyctl.cli.presenters import NdjsonPresenter, Presenter, PullProgressPresenter
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event
-from skippyctl.runtime.acquisition import (
-    Acquisition,
-    HubSettings,
-    PreparationCancelled,
-    PreparationError,
-    Prepared,
-)
 
 _PULL_ENDS = frozenset(
     {

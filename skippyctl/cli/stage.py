@@ -2,11 +2,12 @@
 
 `stage serve` runs a stage worker (a ggml RPC server) in the foreground.
 
-The RPC server runs in a child process (`python -m skippyctl.stages.worker`) that this command
-supervises (skippyctl.stages.supervisor): its lifecycle is `stage_starting`, `stage_ready`, then
-`stage_stopping` and `stage_stopped` on Ctrl-C/SIGTERM, or `stage_failed` with a reason code.
-With `--json` those are the only lines on stdout (the same NDJSON records as every command);
-people get lines on stderr, and the endpoint alone on stdout once the stage is ready.
+The RPC server runs in a child process (`python -m skippyctl.stages.stage_worker`) that this
+command supervises (skippyctl.stages.stage_supervisor): its lifecycle is `stage_starting`,
+`stage_ready`, then `stage_stopping` and `stage_stopped` on Ctrl-C/SIGTERM, or `stage_failed`
+with a reason code. With `--json` those are the only lines on stdout (the same NDJSON records as
+every command); people get lines on stderr, and the endpoint alone on stdout once the stage is
+ready.
 
 `stage relay` is a FIFO TCP relay with a wire model (constant delay, exponential jitter,
 occasional stalls; skippyctl.stages.relay) for trying a split load over a slow or jittery link
@@ -31,7 +32,7 @@ from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event
 from skippyctl.events.reasons import ReasonCode
 from skippyctl.stages.relay import Relay, RelayOptions, RelayRefused, parse_host_port
-from skippyctl.stages.supervisor import (
+from skippyctl.stages.stage_supervisor import (
     StageOptions,
     StageRefused,
     StageSupervisor,

@@ -2,4 +2,4 @@
 
 What the host uses of this package is the protocol (``protocol``, ``channel``) and the spawn
 arguments (``options``); the supervisor that starts and watches workers is host code
-(``skippyctl.runtime.supervisor``)."""
+(``skippyctl.runtime.engine_supervisor``)."""

@@ -14,7 +14,8 @@ Contract:
   binds the endpoint itself (IPv4 only, ``SO_REUSEADDR``, backlog 1), serves one client connection
   at a time and never returns while it serves; it returns only when it could not start (bad
   arguments, a backend that failed to initialise, a bind or accept failure). It prints to the C
-  stdout and ggml's log (stderr). Run it in a process of its own (``skippyctl.stages.worker``).
+  stdout and ggml's log (stderr). Run it in a process of its own
+  (``skippyctl.stages.stage_worker``).
 - Client side: ``get_device_memory``, ``add_server`` and every graph computed on an RPC device go
   through one persistent connection per endpoint. **ggml aborts the calling process**
   (``GGML_ABORT``) when that endpoint cannot be reached ("Failed to connect to …"), the handshake

@@ -6,7 +6,7 @@
 `abi_feature_compatibility_failed` with that family's `feature_bits` for each announced family
 whose symbols are missing, which is off alone while the rest of the native path serves).
 `load_model` validates the request, pre-checks the artifact and starts an engine through the
-supervisor (``runtime/supervisor.py``), telling it the host's
+supervisor (``runtime/engine_supervisor.py``), telling it the host's
 :class:`~skippyctl.engine.options.EngineOptions` as spawn arguments; every outcome arrives as
 events through the pipeline, ending in exactly one terminal for the operation.
 
@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from skippyctl.acquisition.artifacts import check_artifact
 from skippyctl.engine.options import EngineOptions
 from skippyctl.engine.protocol import Load, SessionFile, Shutdown
 from skippyctl.engine.speculation import (
@@ -61,8 +62,12 @@ from skippyctl.reducer.state import (
     SERVING_MODEL_STATES,
     SETTLED_MODEL_STATES,
 )
-from skippyctl.runtime.artifacts import check_artifact
-from skippyctl.runtime.supervisor import EngineHello, EngineListener, EngineProcess, LoadCommand
+from skippyctl.runtime.engine_supervisor import (
+    EngineHello,
+    EngineListener,
+    EngineProcess,
+    LoadCommand,
+)
 from skippyctl.runtime.topology import (
     DEFAULT_LINK_P95_MS,
     Assembled,
@@ -74,7 +79,7 @@ from skippyctl.stages.plan import parse_endpoints, stage_options_problem
 ENGINE_HELLO_TIMEOUT_S: Final = 60.0
 SAVE_STOP_TIMEOUT_S: Final = 90.0
 """How long an unload that saves session state waits for its engine to exit (the engine gives
-the save 60 s, engine/worker.py)."""
+the save 60 s, engine/engine_worker.py)."""
 RestorePlan = Callable[[LogicalId], tuple[tuple[SessionFile, ...], int]]
 """Model id → the session state files its load restores and the largest file size to read."""
 

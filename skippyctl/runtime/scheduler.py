@@ -1,11 +1,12 @@
 """The scheduler: routes model ids to model servers, keeps sessions, loads and unloads.
 
 Admission itself — the bounded queue in front of a model's lanes, deadlines, exactly-once
-terminals, the engine heartbeat — is per model, in ``runtime/admission.py`` (:class:`ModelServer`);
-this module owns the servers by model id, the client-session registry (client keys → opaque
-session ids, LRU and idle TTL, sessions dropped from the engine when they go), unload (drain,
-then stop the engine) and the `skippy-scheduler` housekeeping thread, which expires deadlines
-(queued and running), idle sessions, and watches engine liveness for every server.
+terminals, the engine heartbeat — is per model, in ``runtime/model_server.py``
+(:class:`ModelServer`); this module owns the servers by model id, the client-session registry
+(client keys → opaque session ids, LRU and idle TTL, sessions dropped from the engine when they
+go), unload (drain, then stop the engine) and the `skippy-scheduler` housekeeping thread, which
+expires deadlines (queued and running), idle sessions, and watches engine liveness for every
+server.
 
 Serving events are on unless the host's :class:`~skippyctl.engine.options.EngineOptions` (or
 ``serving_events``) say otherwise — the engine and the scheduler are told the same value once,
@@ -38,7 +39,6 @@ from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import LogicalId, Scope, make_event, summaries
 from skippyctl.events.identity import OperationIds
 from skippyctl.events.reasons import Outcome, ReasonCode
-from skippyctl.runtime.admission import Liveness, ModelServer, Rejection
 from skippyctl.runtime.host import LoadHandle, LoadRequest, RuntimeHost
 from skippyctl.runtime.memory_pressure import (
     HostMemory,
@@ -46,6 +46,7 @@ from skippyctl.runtime.memory_pressure import (
     PressureChange,
     host_memory,
 )
+from skippyctl.runtime.model_server import Liveness, ModelServer, Rejection
 from skippyctl.runtime.observations import ServingEvents
 from skippyctl.runtime.receipts import ReceiptBook, receipt_of
 from skippyctl.runtime.requests import Finished, GenerationParams, RequestHandle

@@ -82,6 +82,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from skippyctl.acquisition.artifacts import split_parts
 from skippyctl.engine.protocol import Link, StagePlan
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import (
@@ -94,7 +95,6 @@ from skippyctl.events.envelope import (
     summaries,
 )
 from skippyctl.events.reasons import Outcome, ProgressUnit, ReasonCode
-from skippyctl.runtime.artifacts import split_parts
 from skippyctl.stages import plan as stage_plan
 from skippyctl.stages import ports
 from skippyctl.stages.probe import (
@@ -104,7 +104,7 @@ from skippyctl.stages.probe import (
     StageUnreachable,
     probe,
 )
-from skippyctl.stages.supervisor import (
+from skippyctl.stages.stage_supervisor import (
     STARTUP_TIMEOUT_S,
     StageOptions,
     StageOutcome,

@@ -2,9 +2,9 @@
 
 A stage is llama.cpp's own RPC server (``ggml_backend_rpc_start_server``, bound through
 skippyctl.native.rpc), run in a process of its own because the call blocks forever and executes
-whatever graph a client sends. ``supervisor`` starts that process (``python -m
-skippyctl.stages.worker``), reserves its port, probes it until it accepts connections, and turns
-its lifecycle into ``stage_*`` events; ``ports`` holds the socket helpers (reservation, probe,
+whatever graph a client sends. ``stage_supervisor`` starts that process (``python -m
+skippyctl.stages.stage_worker``), reserves its port, probes it until it accepts connections, and
+turns its lifecycle into ``stage_*`` events; ``ports`` holds the socket helpers (reservation, probe,
 listener ownership); ``probe`` speaks ggml's RPC HELLO and GET_DEVICE_MEMORY in plain Python (so
 the runtime host can check a stage without ggml, whose client aborts the process); ``plan`` parses
 stage endpoints and splits a model's layers across stages; ``relay`` is a FIFO TCP relay with a

@@ -60,7 +60,7 @@ def engines(server: Server) -> set[int]:
             cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
         except FileNotFoundError:
             continue
-        if b"skippyctl.engine.worker" in cmdline or not cmdline:
+        if b"skippyctl.engine.engine_worker" in cmdline or not cmdline:
             found.add(child)
     return found
 

@@ -17,9 +17,9 @@ import httpx
 import openai
 import pytest
 
+from skippyctl.acquisition.artifacts import check_artifact
 from skippyctl.api.edge import MAX_REQUEST_BODY_BYTES
 from skippyctl.events.reasons import ReasonCode
-from skippyctl.runtime.artifacts import check_artifact
 from tests.api.conftest import Server, assert_openai_error, start_server, stop_server
 
 

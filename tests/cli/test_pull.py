@@ -12,8 +12,8 @@ from pathlib import Path
 import orjson
 import pytest
 
+from tests.acquisition.fake_hub import FakeHub, FakeRepo, serve
 from tests.cli.helpers import CliResult, ndjson_objects, run_cli
-from tests.runtime.fake_hub import FakeHub, FakeRepo, serve
 
 REPO = "acme/tiny-GGUF"
 FILE = "tiny-Q4_K_M.gguf"

@@ -44,7 +44,7 @@ def engine_children(pid: int) -> set[int]:
             cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
         except FileNotFoundError:
             continue
-        if b"skippyctl.engine.worker" in cmdline or not cmdline:  # empty: a zombie
+        if b"skippyctl.engine.engine_worker" in cmdline or not cmdline:  # empty: a zombie
             engines.add(child)
     return engines
 

@@ -123,7 +123,7 @@ def _stage_workers() -> list[int]:
     out = []
     for pid in children_of(os.getpid()):
         with contextlib.suppress(OSError):
-            if b"skippyctl.stages.worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if b"skippyctl.stages.stage_worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
                 out.append(pid)
     return out
 

@@ -11,7 +11,7 @@ import pytest
 from skippyctl.events.envelope import LogicalId
 from skippyctl.events.reasons import ReasonCode
 from skippyctl.stages import ports
-from skippyctl.stages.supervisor import StageOptions, StageRefused, validate
+from skippyctl.stages.stage_supervisor import StageOptions, StageRefused, validate
 
 
 def _reuse_socket() -> socket.socket:

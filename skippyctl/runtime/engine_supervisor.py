@@ -253,7 +253,7 @@ class EngineProcess:
         self._send_closed = threading.Event()
         host_sock, child_sock = socket.socketpair()
         pass_fds = [child_sock.fileno()]
-        args = [sys.executable, "-m", "skippyctl.engine.worker"]
+        args = [sys.executable, "-m", "skippyctl.engine.engine_worker"]
         args += ["--control-fd", str(child_sock.fileno())]
         args += (options or EngineOptions()).argv()
         try:

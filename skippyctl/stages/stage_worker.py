@@ -1,8 +1,9 @@
-"""The stage worker process: ``python -m skippyctl.stages.worker --host A --port P --threads N``.
+"""The stage worker process: ``python -m skippyctl.stages.stage_worker --host A --port P
+--threads N``.
 
 It serves ggml's CPU device over llama.cpp's RPC protocol (``ggml_backend_rpc_start_server``),
 which blocks for as long as it serves. Started and supervised by
-``skippyctl.stages.supervisor``; not meant to be run by hand.
+``skippyctl.stages.stage_supervisor``; not meant to be run by hand.
 
 Contract with the supervisor:
 
@@ -69,7 +70,7 @@ def _address_in_use(address: str, port: int) -> bool:
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m skippyctl.stages.worker")
+    parser = argparse.ArgumentParser(prog="python -m skippyctl.stages.stage_worker")
     parser.add_argument("--host", required=True, help="IPv4 address to bind")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--threads", type=int, required=True)

@@ -1,4 +1,4 @@
-"""Model acquisition against a loopback Hugging Face Hub stand-in (tests/runtime/fake_hub.py):
+"""Model acquisition against a loopback Hugging Face Hub stand-in (tests/acquisition/fake_hub.py):
 the real huggingface_hub client, its real cache in a tmp dir, no network."""
 
 from __future__ import annotations
@@ -18,24 +18,16 @@ from typing import Any, BinaryIO, cast
 
 import pytest
 
+from skippyctl.acquisition.acquire import Acquisition, Prepared
+from skippyctl.acquisition.errors import PreparationCancelled, PreparationError
+from skippyctl.acquisition.hub import HubSettings
+from skippyctl.acquisition.references import RefError, RefKind, parse_ref
+from skippyctl.acquisition.transfer import MeterFactory, ProgressThrottle, Transfer
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event
 from skippyctl.events.reasons import Outcome, ProgressUnit, ReasonCode
 from skippyctl.output.codec import dumps_line, event_record
-from skippyctl.runtime.acquisition import (
-    Acquisition,
-    HubSettings,
-    PreparationCancelled,
-    PreparationError,
-    Prepared,
-    ProgressThrottle,
-    RefError,
-    RefKind,
-    _MeterFactory,
-    _Transfer,
-    parse_ref,
-)
-from tests.runtime.fake_hub import FakeHub, FakeRepo, serve
+from tests.acquisition.fake_hub import FakeHub, FakeRepo, serve
 
 REPO = "acme/tiny-GGUF"
 FILE = "tiny-Q4_K_M.gguf"
@@ -569,13 +561,13 @@ def test_no_token_path_or_url_in_any_record(hub: FakeHub, cache: Path) -> None:
 
 def test_acquisition_is_core_and_imports_the_hub_library_only_when_used() -> None:
     code = (
-        "import sys, skippyctl.runtime.acquisition, skippyctl.cli.app;"
+        "import sys, skippyctl.acquisition.acquire, skippyctl.cli.app;"
         "print(sorted(m for m in ('textual', 'huggingface_hub') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
     code = (
-        "import sys, skippyctl.runtime.acquisition;"
+        "import sys, skippyctl.acquisition.acquire;"
         "print(sorted(m for m in ('rich', 'typer', 'textual', 'fastapi') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -596,14 +588,14 @@ def test_a_xet_download_counts_the_file_bytes_once() -> None:
     ticks = itertools.count()
     recorder = Recorder()
     acq = Acquisition(recorder, clock=lambda: next(ticks) * 1.0)
-    transfer = _Transfer(
+    transfer = Transfer(
         acq, LogicalId("pull-1.download"), LogicalId("pull-1"), LogicalId("m"), 1000
     )
     with XetDownloadProgressReporter(
         reconstruction_desc="m.gguf: reconstructing file",
         total=1000,
         log_level=logging.WARNING,
-        tqdm_class=cast(type, _MeterFactory(transfer)),  # any callable, as in acquisition.py
+        tqdm_class=cast(type, MeterFactory(transfer)),  # any callable, as in acquire.py
     ) as progress:
         for done, sent in ((100, 80), (400, 300), (1000, 700)):
             report = SimpleNamespace(

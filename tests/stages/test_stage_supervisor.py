@@ -8,7 +8,7 @@ import threading
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event, SummaryKey
 from skippyctl.events.reasons import Outcome, ReasonCode
-from skippyctl.stages.supervisor import StageOptions, StageSupervisor
+from skippyctl.stages.stage_supervisor import StageOptions, StageSupervisor
 from tests.stages.helpers import alive, kill_quietly
 
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 import os
 import re
 import stat
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Final
 
 from skippyctl.events.reasons import ReasonCode
@@ -89,3 +90,21 @@ def check_artifact(path: Path) -> ArtifactProblem | None:
                 ReasonCode.MISSING_ARTIFACT, f"split set is missing part(s): {names}"
             )
     return None
+
+
+def split_group(name: str) -> str:
+    """The artifact a file belongs to: a split set's parts share one key (its first part)."""
+    parts = part_names(name)
+    return parts[0]
+
+
+def first_part(names: Sequence[str]) -> str:
+    return sorted(names)[0]
+
+
+def part_names(filename: str) -> list[str]:
+    parts = split_parts(Path(filename))
+    if parts is None:
+        return [filename]
+    parent = PurePosixPath(filename).parent
+    return [str(parent / p.name) if str(parent) != "." else p.name for p in parts]

@@ -1,4 +1,4 @@
-"""Per-model admission alone, through the EngineLink Protocol (runtime/admission.py).
+"""Per-model admission alone, through the EngineLink Protocol (runtime/model_server.py).
 
 The engine here is :class:`InMemoryEngine`, a test double: it runs nothing, records the commands
 admission sends, and the test plays the engine's side by handing the server the messages a real
@@ -27,7 +27,7 @@ from skippyctl.engine.protocol import (
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import BatchingMode, Event, LogicalId, StopReason
 from skippyctl.events.reasons import CacheResult, GenerationOutcome, Outcome, ReasonCode
-from skippyctl.runtime.admission import HOST_DEADLINE_GRACE_S, Liveness, ModelServer
+from skippyctl.runtime.model_server import HOST_DEADLINE_GRACE_S, Liveness, ModelServer
 from skippyctl.runtime.observations import ServingEvents
 from skippyctl.runtime.requests import Finished, GenerationParams, RequestHandle, TextChunk
 

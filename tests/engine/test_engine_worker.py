@@ -31,7 +31,7 @@ class Engine:
             [
                 sys.executable,
                 "-m",
-                "skippyctl.engine.worker",
+                "skippyctl.engine.engine_worker",
                 "--control-fd",
                 str(child.fileno()),
                 *args,

@@ -10,7 +10,7 @@ Contract of ``StageSupervisor.run(stop)``:
   the address is not this machine's) ends in ``stage_failed`` (``resource_allocation_failure``)
   with no ``stage_starting`` and no process: the stage never started.
 - Then ``stage_starting``; the worker process starts (its own session, so a terminal's Ctrl-C
-  reaches only this supervisor; it dies with the supervisor, see ``stages.worker``); once the
+  reaches only this supervisor; it dies with the supervisor, see ``stages.stage_worker``); once the
   worker said it serves, the port accepts a TCP connection **and** (where /proc can tell) the
   listening socket is the worker's, ``stage_ready``. The reservation is released then.
 - While it serves, the stage's client (``upstream``: the engine, or a relay in front of it)
@@ -268,7 +268,7 @@ class StageSupervisor:
         command = [
             self._python,
             "-m",
-            "skippyctl.stages.worker",
+            "skippyctl.stages.stage_worker",
             "--host",
             self.address,
             "--port",

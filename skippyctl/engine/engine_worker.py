@@ -1,7 +1,7 @@
 """The engine worker process: owns llama.cpp for one model.
 
-Run by the host's supervisor (``skippyctl/runtime/supervisor.py``) as
-`python -m skippyctl.engine.worker --control-fd N [--ring-fd M] [--capture-debug-log]
+Run by the host's supervisor (``skippyctl/runtime/engine_supervisor.py``) as
+`python -m skippyctl.engine.engine_worker --control-fd N [--ring-fd M] [--capture-debug-log]
 --serving-events on|off --debug-token-events on|off` (``engine/options.py``): everything the host
 decided about this engine arrives as arguments; the worker reads no configuration from its
 environment (only the test fault injections SKIPPY_TEST_PROGRESS_DELAY_US,

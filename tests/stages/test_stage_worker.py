@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 
-from skippyctl.stages.worker import EXIT_SERVER_RETURNED
+from skippyctl.stages.stage_worker import EXIT_SERVER_RETURNED
 from tests.stages.helpers import READ_TIMEOUT_S
 
 
@@ -22,7 +22,7 @@ def test_a_bind_failure_is_reported_as_address_in_use_and_the_worker_exits() -> 
             [
                 sys.executable,
                 "-m",
-                "skippyctl.stages.worker",
+                "skippyctl.stages.stage_worker",
                 "--host",
                 "127.0.0.1",
                 "--port",

@@ -15,7 +15,7 @@ from skippyctl.engine.protocol import GenDone, MalformedMessage, ServingMessage
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event, LogicalId
 from skippyctl.events.reasons import GenerationOutcome, ReasonCode
-from skippyctl.runtime.supervisor import EngineProcess
+from skippyctl.runtime.engine_supervisor import EngineProcess
 
 
 class Recorder:
