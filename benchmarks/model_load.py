@@ -82,16 +82,17 @@ class Row:
 
 def _child(path: str, timeout_s: float) -> int:
     """One measured load in this process; prints {"ms", "engine_start_ms", "native", "state"}."""
+    from skippyctl.config.load_options import LoadOptions
     from skippyctl.events.catalog import EventId
     from skippyctl.pipeline.dispatch import SubscriptionClosed
     from skippyctl.reducer.state import SETTLED_MODEL_STATES, ModelState, RuntimeView
-    from skippyctl.runtime.host import LoadRequest, RuntimeHost
+    from skippyctl.runtime.host import RuntimeHost
 
     host = RuntimeHost().start()
     try:
         started_ns = time.monotonic_ns()
         started = time.perf_counter()
-        handle = host.load_model(LoadRequest(path))
+        handle = host.load_model(LoadOptions(path))
         model_id = handle.model_id
         if handle.problem is not None or model_id is None:
             raise SystemExit(f"load refused: {handle.problem}")

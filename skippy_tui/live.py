@@ -156,9 +156,10 @@ class LiveControl:
 
     def load(self, path: str) -> None:
         from skippyctl.client.http import ApiError, RuntimeUnreachable
+        from skippyctl.config.load_options import LoadOptions
 
         try:
-            self._client.load({"model": path})
+            self._client.load(LoadOptions(path))
         except ApiError as error:
             raise RuntimeError(f"load refused: {error}") from error
         except RuntimeUnreachable as error:

@@ -51,6 +51,7 @@ from skippyctl.api.schemas import (
     read_body,
     sse_event,
 )
+from skippyctl.config.load_options import LoadOptions
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import InvalidLogicalId, LogicalId, make_event, summaries
 from skippyctl.events.reasons import ReasonCode
@@ -59,7 +60,6 @@ from skippyctl.output.redact import redact
 from skippyctl.output.state import state_document
 from skippyctl.pipeline.dispatch import Dispatched, SubscriptionClosed
 from skippyctl.reducer.state import LOADING_MODEL_STATES, NodeState
-from skippyctl.runtime.host import LoadRequest
 
 PUBLIC_PATHS = frozenset({"/health", "/metrics"})
 LOGICAL_ID_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9._:+=-]{0,63}$"
@@ -293,8 +293,9 @@ def create_app(ctx: ApiContext, on_ready: Callable[[], None] | None = None) -> F
         body = await read_body(request, LoadBody)
         if isinstance(body, Response):
             return body
+        options = LoadOptions.from_json(body.model_dump())
         try:
-            artifact = resolve_model_path(ctx.model_root, body.model)
+            artifact = resolve_model_path(ctx.model_root, options.model)
         except ModelPathRefused as refused:
             return error_response(
                 str(refused),
@@ -303,26 +304,7 @@ def create_app(ctx: ApiContext, on_ready: Callable[[], None] | None = None) -> F
                 code="invalid_value",
                 reason=ReasonCode.INVALID_CONFIGURATION,
             )
-        load_request = LoadRequest(
-            artifact=artifact,
-            alias=body.alias,
-            context_tokens=body.ctx,
-            lanes=body.lanes,
-            gpu_layers=body.gpu_layers or 0,
-            timeout_s=body.timeout_s,
-            stages=tuple(body.stages or ()),
-            local_stages=body.local_stages or 0,
-            local_stage_mem_mib=body.local_stage_mem_mib,
-            replan=body.replan,
-            stage_link_p95_ms=body.stage_link_p95_ms,
-            speculation=body.spec,
-            spec_draft_tokens=body.spec_draft_tokens,
-            plugins=tuple(body.plugins or ()),
-            spec_deadline_ms=body.spec_deadline_ms,
-            spec_runahead_tokens=body.spec_runahead_tokens,
-            draft=body.draft,
-        )
-        handle = await asyncio.to_thread(ctx.scheduler.load, load_request, body.max_queue)
+        handle = await asyncio.to_thread(ctx.scheduler.load, options.replace(model=artifact))
         return JsonResponse(
             {
                 "operation_id": str(handle.operation_id),

@@ -15,11 +15,13 @@ the schemathesis run in the test suite see exactly what is enforced.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Final, Literal, TypeVar
 
 import orjson
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -28,7 +30,7 @@ from pydantic import (
     GetJsonSchemaHandler,
     ValidationError,
     WithJsonSchema,
-    field_validator,
+    create_model,
 )
 from pydantic_core import PydanticCustomError, core_schema
 from starlette.requests import Request
@@ -41,14 +43,19 @@ from skippyctl.api.errors import (
     model_field_names,
     validation_error_response,
 )
+from skippyctl.config.load_options import (
+    MAX_DURATION_S,
+    OPTIONS,
+    REQUIRED,
+    OptionField,
+    SpecMode,
+)
 from skippyctl.events.reasons import ReasonCode
-from skippyctl.stages.plan import MAX_STAGES, EndpointError, parse_endpoints
 
 INT32_MAX: Final = 2**31 - 1
 MAX_SEED: Final = 0xFFFFFFFE
 """llama.cpp takes a 32-bit seed and reserves 0xFFFFFFFF for "random" (engine/sampling.py)."""
-MAX_DURATION_S: Final = 86_400.0
-"""A day: the longest load, drain or request timeout accepted (also keeps timers finite)."""
+NO_NUL: Final = "^[^\\u0000]+$"
 
 
 def _integral(value: Any) -> Any:
@@ -62,22 +69,32 @@ def _integral(value: Any) -> Any:
 # minimum/maximum (outside it, pydantic can only print them as raw `ge`/`le`).
 Int32 = Annotated[int, Field(ge=-INT32_MAX, le=INT32_MAX), BeforeValidator(_integral)]
 Count = Annotated[int, Field(ge=0, le=INT32_MAX), BeforeValidator(_integral)]
-QueueSize = Annotated[int, Field(ge=0, le=1_000_000), BeforeValidator(_integral)]
 Seed = Annotated[int, Field(ge=0, le=MAX_SEED), BeforeValidator(_integral)]
 MaxTokens = Annotated[int, Field(ge=1, le=1_000_000), BeforeValidator(_integral)]
-_OCTET: Final = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
-_PORT: Final = (
-    r"([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
-)
-StageEndpoint = Annotated[
-    str,
-    # Documents what the `stages` validator accepts (skippyctl.stages.plan.parse_endpoint).
-    Field(json_schema_extra={"pattern": rf"^{_OCTET}(\.{_OCTET}){{3}}:{_PORT}$"}),
-]
-StageCount = Annotated[int, Field(ge=0, le=MAX_STAGES), BeforeValidator(_integral)]
-Mebibytes = Annotated[int, Field(ge=1, le=INT32_MAX), BeforeValidator(_integral)]
-DraftTokens = Annotated[int, Field(ge=1, le=64), BeforeValidator(_integral)]
-RunaheadTokens = Annotated[int, Field(ge=0, le=256), BeforeValidator(_integral)]
+
+
+def _no_nul(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("a text value must not contain a NUL byte")
+    return value
+
+
+def _checked(rule: Callable[[Any], str | None]) -> Callable[[Any], Any]:
+    """A load option's own rule as a validator (its body value, a list as a tuple)."""
+
+    def check(value: Any) -> Any:
+        problem = rule(tuple(value) if isinstance(value, list) else value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
+    return check
+
+
+def _unique(values: list[str]) -> list[str]:
+    if len(set(values)) != len(values):
+        raise ValueError("a value is given twice")
+    return values
 
 
 class _Body(BaseModel):
@@ -95,120 +112,61 @@ def _unsupported(name: str, hint: str) -> PydanticCustomError:
 # -- management API --------------------------------------------------------------------------------
 
 
-class LoadBody(_Body):
-    """`POST /api/runtime/models/load`. Ranges beyond the integer bounds here are checked by the
-    host, which answers with a `problem` and a failed load operation."""
+def _load_option(spec: OptionField) -> tuple[Any, Any]:
+    """The body field of one load option: its JSON type and bounds from the option table.
+    ``null`` (or absent) is the option's default, which the schema states."""
+    option = spec.option
+    bounds: dict[str, Any] = {}
+    if option.minimum is not None:
+        bounds["ge"] = option.minimum
+    if option.maximum is not None:
+        bounds["le"] = option.maximum
+    if option.above is not None:
+        bounds["gt"] = option.above
+    # The pattern documents what is accepted; the option's check enforces it (below).
+    item: Any = Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=option.max_length,
+            json_schema_extra={"pattern": option.pattern or NO_NUL},
+        ),
+        AfterValidator(_no_nul),
+    ]
+    kinds: dict[type, Any] = {
+        int: Annotated[int, Field(**bounds), BeforeValidator(_integral)],
+        float: Annotated[float, Field(**bounds)],
+        bool: bool,
+        str: item,
+        tuple: Annotated[
+            list[item],
+            Field(max_length=option.max_items, json_schema_extra={"uniqueItems": True}),
+            AfterValidator(_unique),
+        ],
+        SpecMode: Literal[tuple(mode.value for mode in SpecMode)],
+    }
+    kind = kinds[spec.kind]
+    if option.check is not None:
+        kind = Annotated[kind, AfterValidator(_checked(option.check))]
+    default = spec.default
+    if isinstance(default, tuple):
+        default = list(default)
+    elif isinstance(default, SpecMode):
+        default = default.value
+    if default is REQUIRED:
+        return kind, Field(description=option.help)
+    return kind | None, Field(default=default, description=option.help)
 
-    model: str = Field(
-        min_length=1,
-        max_length=4096,
-        json_schema_extra={"pattern": "^[^\\u0000]+$"},
-        description="Path of a GGUF file; a relative path is resolved against --model-root, and "
-        "with a model root set the path must stay inside it.",
-    )
-    alias: str | None = Field(default=None, description="Model id to serve it under.")
-    ctx: Int32 | None = Field(default=None, description="Context size in tokens.")
-    lanes: Int32 | None = Field(
-        default=None,
-        description="Parallel sequences; absent: 4, or with ctx as many of up to 4 as keep "
-        "1024 tokens each.",
-    )
-    gpu_layers: Int32 | None = None
-    timeout_s: float | None = Field(default=None, le=MAX_DURATION_S)
-    max_queue: QueueSize | None = Field(
-        default=None, description="Queued requests beyond the lanes."
-    )
-    stages: list[StageEndpoint] | None = Field(
-        default=None,
-        max_length=MAX_STAGES,
-        json_schema_extra={"uniqueItems": True},
-        description="ggml RPC stages (`stage serve` workers) to split the model across, in "
-        f"order, as IPv4 `HOST:PORT`; at most {MAX_STAGES} (GGML_RPC_MAX_SERVERS), no "
-        "duplicates.",
-    )
-    local_stages: StageCount | None = Field(
-        default=None,
-        description="Stage workers the runtime starts for this model on loopback (after "
-        "`stages`); stopped when the model is unloaded or its load fails.",
-    )
-    local_stage_mem_mib: Mebibytes | None = Field(
-        default=None,
-        description="Memory each local stage offers to the plan, in MiB (as `stage serve --mem`).",
-    )
-    replan: bool = Field(
-        default=False,
-        description="When one of `stages` cannot be reached, plan onto the stages that remain "
-        "instead of failing (the lost one is still reported as `stage_unavailable`); the load "
-        "fails as without it when none remains.",
-    )
-    stage_link_p95_ms: float | None = Field(
-        default=None,
-        gt=0,
-        le=MAX_DURATION_S * 1000.0,
-        description="A split load's stage whose link p95 round trip exceeds this many ms is "
-        "`stage_degraded` (ready again below 0.8 x it); absent: 50.",
-    )
 
-    spec: Literal["off", "ngram", "plugin", "draft"] = Field(
-        default="off",
-        description="Speculative decoding: `ngram` verifies tokens proposed by prompt lookup "
-        "(the request's prompt and generated history) in the same decode step; `plugin` "
-        "verifies the serving plugins' proposals (`plugins`, or the runtime's own); `draft` "
-        "verifies a draft model's greedy continuation (`draft`); the committed text is what "
-        "decoding without it gives.",
-    )
-    spec_draft_tokens: DraftTokens | None = Field(
-        default=None,
-        description="Most proposed tokens a lane verifies in one step (it starts at 4 and "
-        "doubles while all are accepted; a step verifies at most 64 over all lanes); absent: "
-        "64.",
-    )
-    plugins: list[Annotated[str, Field(min_length=1, max_length=4096)]] | None = Field(
-        default=None,
-        max_length=16,
-        description="Serving plugins for this model, after the runtime's own: a C plugin's "
-        "absolute .so path on the runtime's machine, or a Python plugin's entry-point name "
-        "(group `skippyctl.plugins`). Each runs in its own process beside the engine; one that "
-        "fails is reported (`serving_plugin_*`) and disabled, never fails a request.",
-    )
-    spec_deadline_ms: float | None = Field(
-        default=None,
-        ge=0.1,
-        le=1000.0,
-        description="How long a decode step waits for the plugins' proposals; a later answer "
-        "is dropped and counted as late. Absent: 8.",
-    )
-    draft: str | None = Field(
-        default=None,
-        min_length=1,
-        max_length=4096,
-        description="With `spec: draft`: the draft model's GGUF file on the runtime's machine "
-        "(a smaller model with the same vocabulary); a missing file is `missing_artifact`.",
-    )
-    spec_runahead_tokens: RunaheadTokens | None = Field(
-        default=None,
-        description="With `spec: plugin` or `ngram`: proposals a query may ask for past the "
-        "window; they "
-        "are the next window when it verifies whole (no query then), and are discarded "
-        "unexecuted (counted) when it does not. Absent: 0 (fixed depth).",
-    )
-
-    @field_validator("model")
-    @classmethod
-    def _no_nul(cls, value: str) -> str:
-        if "\x00" in value:
-            raise ValueError("a path must not contain a NUL byte")
-        return value
-
-    @field_validator("stages")
-    @classmethod
-    def _endpoints(cls, value: list[str] | None) -> list[str] | None:
-        if value is not None:
-            try:
-                parse_endpoints(value)
-            except EndpointError as error:
-                raise ValueError(str(error)) from error
-        return value
+_LOAD_FIELDS: Final[dict[str, Any]] = {spec.name: _load_option(spec) for spec in OPTIONS}
+LoadBody: Final = create_model(
+    "LoadBody",
+    __base__=_Body,
+    __doc__="`POST /api/runtime/models/load`: the load's options (skippyctl.config.load_options; "
+    "`skippyctl load` takes the same). Out-of-range values are refused here (400); a "
+    "combination that cannot be served is the host's `problem`, with a failed load operation.",
+    **_LOAD_FIELDS,
+)
 
 
 class UnloadBody(_Body):

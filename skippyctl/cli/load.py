@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -28,6 +27,7 @@ from skippyctl.cli.common import (
 )
 from skippyctl.cli.events import fail
 from skippyctl.cli.exit_codes import ExitCode, exit_code_for, exit_code_for_text
+from skippyctl.cli.load_flags import load_flags
 from skippyctl.cli.presenters import (
     LoadProgressPresenter,
     NdjsonPresenter,
@@ -35,11 +35,11 @@ from skippyctl.cli.presenters import (
     PullProgressPresenter,
 )
 from skippyctl.cli.pull import PullResult, pull_ref
+from skippyctl.config.load_options import LoadOptions, SpecMode
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event
 from skippyctl.events.reasons import Category, ReasonCode
 from skippyctl.output.summary import reason_message, render_summary
-from skippyctl.stages.plan import stage_options_problem
 
 TERMINALS = frozenset(
     {EventId.MODEL_AVAILABLE, EventId.MODEL_LOAD_FAILED, EventId.MODEL_LOAD_CANCELLED}
@@ -50,6 +50,7 @@ _LOAD_CATEGORIES = frozenset(
 )
 
 
+@load_flags
 def load_command(
     model: Annotated[
         str,
@@ -62,32 +63,7 @@ def load_command(
     json_output: Annotated[
         bool, typer.Option("--json", help="NDJSON events on stdout, one per line; nothing else.")
     ] = False,
-    ctx: Annotated[
-        int | None,
-        typer.Option(
-            "--ctx",
-            help="Whole context in tokens, split evenly across the lanes (default: each lane "
-            "gets the model's training context, at most 4096, within half the free memory).",
-        ),
-    ] = None,
-    timeout: Annotated[
-        float | None,
-        typer.Option("--timeout", help="Give up (and cancel) after this many seconds."),
-    ] = None,
-    alias: Annotated[
-        str | None, typer.Option("--alias", help="Model id to use instead of the file's name.")
-    ] = None,
-    lanes: Annotated[
-        int | None,
-        typer.Option(
-            "--lanes",
-            help="Parallel sequences (lanes) for serving (default: 4; with --ctx, as many of "
-            "up to 4 as keep 1024 tokens each).",
-        ),
-    ] = None,
-    gpu_layers: Annotated[
-        int, typer.Option("--gpu-layers", help="Layers to offload to a GPU (-1: all).")
-    ] = 0,
+    options: LoadOptions | None = None,
     wait: Annotated[
         bool,
         typer.Option(
@@ -97,148 +73,25 @@ def load_command(
     embedded: Annotated[
         bool, typer.Option("--embedded", help="Run a one-shot host inside this process.")
     ] = False,
-    stage: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--stage",
-            help="A ggml RPC stage (`skippyctl stage serve`) as IPv4 HOST:PORT to split the "
-            "model across; repeat it for each stage, in order (at most 16).",
-        ),
-    ] = None,
-    local_stages: Annotated[
-        int,
-        typer.Option(
-            "--local-stages",
-            help="Start N stage workers on loopback for this model (after any --stage); they "
-            "stop when it is unloaded or its load fails.",
-        ),
-    ] = 0,
-    mem: Annotated[
-        int | None,
-        typer.Option(
-            "--mem",
-            help="Memory (MiB) each local stage offers to the plan (as `stage serve --mem`; "
-            "default: what its device reports free).",
-        ),
-    ] = None,
-    replan: Annotated[
-        bool,
-        typer.Option(
-            "--replan",
-            help="When a --stage cannot be reached, plan onto the stages that remain instead "
-            "of failing (the lost one is still reported as stage_unavailable).",
-        ),
-    ] = False,
-    stage_link_p95_ms: Annotated[
-        float | None,
-        typer.Option(
-            "--stage-link-p95-ms",
-            show_default=False,
-            help="A stage whose link p95 round trip (measured by the engine about once a "
-            "second) goes above this many ms is stage_degraded; ready again below 0.8 x it. "
-            "Default: 50.",
-        ),
-    ] = None,
-    spec: Annotated[
-        str,
-        typer.Option(
-            "--spec",
-            help="Speculative decoding: 'ngram' proposes the tokens that followed the latest "
-            "earlier occurrence of the text's last tokens (prompt lookup, no extra model: the "
-            "built-in plugin 'ngram', run in the engine process) and verifies them in the same "
-            "decode step; 'plugin' asks the --plugin plugins for "
-            "proposals, under --spec-deadline-ms; 'draft' verifies the --draft model's "
-            "continuation; the text is what decoding without it gives either way. 'off': one "
-            "token per step.",
-        ),
-    ] = "off",
-    spec_draft_tokens: Annotated[
-        int | None,
-        typer.Option(
-            "--spec-draft-tokens",
-            show_default=False,
-            help="Most proposed tokens a lane verifies in one step (1-64; a lane starts at 4 "
-            "and doubles while every proposal is accepted; a step verifies at most 64 over "
-            "all lanes). Default: 64.",
-        ),
-    ] = None,
-    plugin: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--plugin",
-            show_default=False,
-            help="A serving plugin for this model (repeatable): a C plugin's .so file or a "
-            "Python plugin's entry-point name (group skippyctl.plugins; built in: 'ngram'). "
-            "Each runs in its own "
-            "process beside the engine, sees every request's lifecycle and committed tokens, "
-            "and with --spec plugin proposes; a failing plugin is reported and disabled, "
-            "never fails a request. See examples/plugins.",
-        ),
-    ] = None,
-    spec_deadline_ms: Annotated[
-        float | None,
-        typer.Option(
-            "--spec-deadline-ms",
-            show_default=False,
-            help="How long a decode step waits for the plugins' proposals (0.1-1000 ms); a "
-            "later answer is dropped and counted as late. Default: 8.",
-        ),
-    ] = None,
-    draft: Annotated[
-        str | None,
-        typer.Option(
-            "--draft",
-            show_default=False,
-            help="A draft model (a smaller GGUF with the same vocabulary) whose greedy "
-            "continuation each decoding lane verifies in the same step (implies --spec draft); "
-            "the text is what decoding without it gives.",
-        ),
-    ] = None,
-    spec_runahead_tokens: Annotated[
-        int | None,
-        typer.Option(
-            "--spec-runahead-tokens",
-            show_default=False,
-            help="With --spec plugin or ngram: proposals a query may ask for past the window "
-            "(0-256). "
-            "They become the next window without a query when the window verifies whole, and "
-            "are discarded unexecuted (counted in the receipt) when it does not. Default: 0 "
-            "(fixed depth: one query a window).",
-        ),
-    ] = None,
 ) -> None:
     """Load MODEL and stream its load events until it is available or has failed.
 
     Exit code 0 once the model is available; otherwise the code of the failure's reason
-    (see the README's exit code table). Ctrl-C cancels the load.
+    (see the README's exit code table). Ctrl-C cancels the load. The options are those of
+    `POST /api/runtime/models/load`.
 
     Example:
 
         skippyctl load fixtures/tiny.gguf --json | jq -r .event
     """
+    assert options is not None  # given by load_flags
     stderr = Console(stderr=True)
-    from skippyctl.runtime.host import speculation_problem
-
-    plugins = plugin_specs(plugin)
-    if draft is not None:
-        spec = "draft" if spec == "off" else spec
-        draft = str(Path(draft).expanduser().resolve())
-    stages = ServingArgs(
-        tuple(stage or ()),
-        local_stages,
-        mem,
-        replan,
-        stage_link_p95_ms,
-        spec,
-        spec_draft_tokens,
-        plugins,
-        spec_deadline_ms,
-        spec_runahead_tokens,
-        draft,
-    )
-    problem = speculation_problem(
-        spec, spec_draft_tokens, plugins, spec_deadline_ms, spec_runahead_tokens, draft
-    ) or stages.problem(gpu_layers)
+    options = options.replace(plugins=plugin_specs(list(options.plugins)))
+    if options.draft is not None:
+        # A draft implies its mode; it is a file on this machine, named for the runtime.
+        spec = SpecMode.DRAFT if options.spec is SpecMode.OFF else options.spec
+        options = options.replace(draft=str(Path(options.draft).expanduser().resolve()), spec=spec)
+    problem = options.problem()
     if problem is not None:
         # Refused before any runtime is asked: no event says why, so with --json an error record
         # does (the message names no path; stderr says the same).
@@ -263,26 +116,15 @@ def load_command(
                 highlight=False,
             )
             raise typer.Exit(int(ExitCode.UNSUPPORTED_CAPABILITY))
-        alias = alias or str(pulled.prepared.model_id)
-        model = str(pulled.prepared.path)
+        options = options.replace(
+            model=str(pulled.prepared.path),
+            alias=options.alias or str(pulled.prepared.model_id),
+        )
     with InterruptRequests() as interrupts:
         if embedded:
-            code, message = _embedded(
-                model, json_output, ctx, timeout, alias, lanes, gpu_layers, interrupts, stages
-            )
+            code, message = _embedded(options, json_output, interrupts)
         else:
-            code, message = _attached(
-                model,
-                json_output,
-                ctx,
-                timeout,
-                alias,
-                lanes,
-                gpu_layers,
-                wait,
-                interrupts,
-                stages,
-            )
+            code, message = _attached(options, json_output, wait, interrupts)
     if code is ExitCode.SUCCESS:
         stderr.print(f"[green]✓[/] {message}", soft_wrap=True, highlight=False)
     else:
@@ -298,77 +140,21 @@ def _pull_first(ref: str, json_output: bool) -> PullResult:
         presenter.close()
 
 
-@dataclass(frozen=True, slots=True)
-class ServingArgs:
-    """The engine-shaping options of a load: ``--stage`` endpoints, ``--local-stages``,
-    ``--mem``, ``--replan``, the link threshold, and ``--spec``."""
-
-    endpoints: tuple[str, ...] = ()
-    local_stages: int = 0
-    mem_mib: int | None = None
-    replan: bool = False
-    link_p95_ms: float | None = None
-    speculation: str = "off"
-    spec_draft_tokens: int | None = None
-    plugins: tuple[str, ...] = ()
-    spec_deadline_ms: float | None = None
-    spec_runahead_tokens: int | None = None
-    draft: str | None = None
-
-    def problem(self, gpu_layers: int = 0) -> str | None:
-        """Why the options are invalid (before any runtime is reached), or None."""
-        return stage_options_problem(
-            self.endpoints,
-            self.local_stages,
-            self.mem_mib,
-            self.replan,
-            self.link_p95_ms,
-            gpu_layers,
-        )
-
-
 def _presenter(json_output: bool, label: str) -> Presenter:
     return NdjsonPresenter() if json_output else LoadProgressPresenter(label)
 
 
 def _embedded(
-    model: str,
-    json_output: bool,
-    ctx: int | None,
-    timeout: float | None,
-    alias: str | None,
-    lanes: int | None,
-    gpu_layers: int,
-    interrupts: InterruptRequests,
-    stages: ServingArgs,
+    options: LoadOptions, json_output: bool, interrupts: InterruptRequests
 ) -> tuple[ExitCode, str]:
-    from skippyctl.runtime.host import LoadRequest, RuntimeHost
+    from skippyctl.runtime.host import RuntimeHost
 
     host = RuntimeHost().start()
     subscription = host.pipeline.subscribe("cli-load", max_queue_size=65536, replay=True)
-    request = LoadRequest(
-        model,
-        alias,
-        ctx,
-        lanes,
-        gpu_layers,
-        timeout,
-        stages=stages.endpoints,
-        local_stages=stages.local_stages,
-        local_stage_mem_mib=stages.mem_mib,
-        replan=stages.replan,
-        stage_link_p95_ms=stages.link_p95_ms,
-        speculation=stages.speculation,
-        spec_draft_tokens=stages.spec_draft_tokens,
-        plugins=stages.plugins,
-        spec_deadline_ms=stages.spec_deadline_ms,
-        spec_runahead_tokens=stages.spec_runahead_tokens,
-        draft=stages.draft,
-    )
-    handle = host.load_model(request)
+    handle = host.load_model(options)
     if handle.already_available:  # cannot happen in a fresh host, kept for symmetry
         return ExitCode.SUCCESS, f"{handle.model_id}: already available"
-    presenter = _presenter(json_output, handle.model_id or model)
+    presenter = _presenter(json_output, handle.model_id or options.model)
     feed = SubscriptionFeed(subscription, host.pipeline.dispatcher.cursor)
     try:
         return _follow(
@@ -387,16 +173,7 @@ def _embedded(
 
 
 def _attached(
-    model: str,
-    json_output: bool,
-    ctx: int | None,
-    timeout: float | None,
-    alias: str | None,
-    lanes: int | None,
-    gpu_layers: int,
-    wait: bool,
-    interrupts: InterruptRequests,
-    stages: ServingArgs,
+    options: LoadOptions, json_output: bool, wait: bool, interrupts: InterruptRequests
 ) -> tuple[ExitCode, str]:
     from skippyctl.client.http import (
         ApiError,
@@ -407,37 +184,9 @@ def _attached(
 
     # The runtime resolves relative paths against its model root; a path that exists from here
     # is made absolute so it means what the user typed.
-    artifact = str(Path(model).resolve()) if Path(model).expanduser().exists() else model
-    body: dict[str, Any] = {
-        "model": artifact,
-        "alias": alias,
-        "ctx": ctx,
-        "lanes": lanes,
-        "gpu_layers": gpu_layers,
-        "timeout_s": timeout,
-    }
-    if stages.endpoints:
-        body["stages"] = list(stages.endpoints)
-    if stages.local_stages:
-        body["local_stages"] = stages.local_stages
-    if stages.mem_mib is not None:
-        body["local_stage_mem_mib"] = stages.mem_mib
-    if stages.replan:
-        body["replan"] = True
-    if stages.link_p95_ms is not None:
-        body["stage_link_p95_ms"] = stages.link_p95_ms
-    if stages.speculation != "off":
-        body["spec"] = stages.speculation
-    if stages.spec_draft_tokens is not None:
-        body["spec_draft_tokens"] = stages.spec_draft_tokens
-    if stages.plugins:
-        body["plugins"] = list(stages.plugins)
-    if stages.spec_deadline_ms is not None:
-        body["spec_deadline_ms"] = stages.spec_deadline_ms
-    if stages.spec_runahead_tokens is not None:
-        body["spec_runahead_tokens"] = stages.spec_runahead_tokens
-    if stages.draft is not None:
-        body["draft"] = stages.draft
+    model = options.model
+    if Path(model).expanduser().exists():
+        options = options.replace(model=str(Path(model).resolve()))
     try:
         client = connect()
     except RuntimeConfigurationError as error:
@@ -448,7 +197,7 @@ def _attached(
         feed = LiveStream(client)  # subscribed before the load is asked for: no event missed
         feed.wait_connected()
         try:
-            answer = client.load(body)
+            answer = client.load(options)
         except ApiError as error:
             return exit_code_for_text(error.reason_code), str(error)
         operation = str(answer["operation_id"])

@@ -92,6 +92,19 @@ def _context_cell(model: ModelEntry) -> str:
     return _or_dash(model.context_tokens)
 
 
+def options_line(model: ModelEntry) -> str:
+    """What the model's load asked for beyond the defaults, as `name=value` pairs (a line of
+    its own under the table: a column would not fit 80 characters)."""
+    pairs = " ".join(f"{key}={_setting(value)}" for key, value in model.settings)
+    return f"  [dim]{escape(model.model_id)} options:[/] {escape(pairs)}"
+
+
+def _setting(value: int | float | bool | str) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
 def models_table(state: StateDocumentView) -> Table:
     # Every session the document lists is open (a closed one leaves the state).
     sessions: dict[str, int] = {}
@@ -235,9 +248,10 @@ def ps_command(
     """Show the runtime's models, node state and event-system health.
 
     Per model: state (with load %), device, memory, context, lanes in use, queue, sessions and
-    decode rate. A model split across stages (`load --stage`/`--local-stages`) also gets its
-    topology: per stage its id, layer range, memory (the plan's share / what the stage offered),
-    state (with its reason) and link RTT/jitter when measured.
+    decode rate, then a line with the options its load asked for beyond the defaults. A model
+    split across stages (`load --stage`/`--local-stages`) also gets its topology: per stage its
+    id, layer range, memory (the plan's share / what the stage offered), state (with its
+    reason) and link RTT/jitter when measured.
 
     `--json` prints the state document (GET /api/runtime/state, schema_version 1) as one line.
     Starts a runtime when none runs. Exit 0; 3 when no runtime answers.
@@ -266,6 +280,9 @@ def ps_command(
     )
     if state.models:
         out.print(models_table(state))
+        for model in state.models:
+            if model.settings:
+                out.print(options_line(model))
         for model in state.models:
             topology = state.topology_of(model)
             if topology is not None:

@@ -136,7 +136,7 @@ PluginOption = Annotated[
 
 def _plugins(values: list[str] | None, command: str, json_output: bool = False) -> tuple[str, ...]:
     """``--plugin`` values, a .so file made absolute; an unusable one exits 10."""
-    from skippyctl.runtime.host import plugin_problem
+    from skippyctl.config.load_options import plugin_problem
 
     plugins = plugin_specs(values)
     for plugin in plugins:

@@ -13,12 +13,15 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from queue import Empty, SimpleQueue
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import orjson
 
 from skippyctl.client.discovery import Discovery
+
+if TYPE_CHECKING:  # only a type here: the client imports what a command uses when it runs
+    from skippyctl.config.load_options import LoadOptions
 
 
 class RuntimeUnreachable(Exception):
@@ -110,8 +113,8 @@ class RuntimeClient:
         engines = result.get("engines")
         return [e for e in engines if isinstance(e, dict)] if isinstance(engines, list) else []
 
-    def load(self, body: dict[str, Any]) -> dict[str, Any]:
-        result: dict[str, Any] = self._call("POST", "/api/runtime/models/load", body)
+    def load(self, options: LoadOptions) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", "/api/runtime/models/load", options.to_json())
         return result
 
     def unload(self, model_id: str, force: bool, drain_timeout_s: float | None) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Any, Final
 
+from skippyctl.config.load_options import SpecMode
 from skippyctl.engine import kv_state
 from skippyctl.engine.batch import StepBatch
 from skippyctl.engine.draft import DraftModel
@@ -69,7 +70,6 @@ from skippyctl.engine.speculation import (
     AdaptiveWindow,
     ServingPlugins,
     SpecConfig,
-    SpecMode,
 )
 from skippyctl.engine.text import (
     ChatTemplateError,

@@ -45,6 +45,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Final, assert_never
 
+from skippyctl.config.load_options import LoadOptions, SpecMode
 from skippyctl.engine import options as engine_options
 from skippyctl.engine.channel import ControlChannel, MalformedMessage, engine_side
 from skippyctl.engine.geometry import available_memory_bytes, kv_bytes_per_token, plan_context
@@ -78,14 +79,7 @@ from skippyctl.engine.protocol import (
     Shutdown,
     StateExported,
 )
-from skippyctl.engine.speculation import (
-    DEFAULT_DRAFT_TOKENS,
-    DEFAULT_PROPOSAL_DEADLINE_MS,
-    DEFAULT_RUNAHEAD_TOKENS,
-    SPEC_OFF,
-    SpecConfig,
-    SpecMode,
-)
+from skippyctl.engine.speculation import SPEC_OFF, SpecConfig
 from skippyctl.events.reasons import ReasonCode
 
 INITIAL_LINK_SAMPLES: Final = 3
@@ -312,13 +306,13 @@ class Worker:
         try:
             llama = self.llama
             native_operation = command.native_operation
-            gpu_layers = command.gpu_layers
-            path = os.fsencode(command.path)
+            gpu_layers = command.options.gpu_layers
+            path = os.fsencode(command.options.model)
             if b"\0" in path:
                 raise ValueError("a model path cannot contain NUL")  # C would truncate it
             params = llama.llama_model_default_params()
             params.n_gpu_layers = gpu_layers
-            if command.stages:
+            if command.stage_plan:
                 self._split_across_stages(params, command)
             adapter = self.adapter if self._load_events else None
             if adapter is not None:
@@ -340,8 +334,8 @@ class Worker:
                 scope_open = False
                 self._end_load_scope(ok)
             if ok:
-                self.loaded = _Loaded(model, fingerprint=_fingerprint(command.path))
-                if command.stages:
+                self.loaded = _Loaded(model, fingerprint=_fingerprint(command.options.model))
+                if command.stage_plan:
                     self._start_link_probes()
                 self._send(LoadPhase(operation_id, LoadPhaseName.WEIGHTS_LOADED))
                 reply = LoadReturned(
@@ -389,7 +383,7 @@ class Worker:
             return
         devices = ggml.devices()
         gpus = [d for d in devices if d.kind in _GPU_KINDS]
-        wants_gpu = command.gpu_layers != 0 and not command.stages
+        wants_gpu = command.options.gpu_layers != 0 and not command.stage_plan
         chosen = gpus[0].name if wants_gpu and gpus else CPU_DEVICE
         self._device = chosen
         self._send(
@@ -410,7 +404,7 @@ class Worker:
             )
         )
         if wants_gpu and not gpus:
-            self._send(CpuFallback(command.operation_id, command.gpu_layers, CPU_DEVICE))
+            self._send(CpuFallback(command.operation_id, command.options.gpu_layers, CPU_DEVICE))
 
     def _split_across_stages(self, params: Any, command: Load) -> None:
         """Point the model's layers at the RPC stages: one ``add_server`` per stage (ggml
@@ -424,7 +418,7 @@ class Worker:
         llama = self.llama
         rpc = GgmlRpc()
         devices: list[int] = []
-        for stage in command.stages:
+        for stage in command.stage_plan:
             registry = rpc.add_server(stage.endpoint)
             found = [] if registry is None else rpc.registry_devices(registry)
             if not found:
@@ -432,7 +426,7 @@ class Worker:
             devices.append(found[0])
         array = (ctypes.c_void_p * (len(devices) + 1))(*devices, None)
         split = (ctypes.c_float * int(llama.llama_max_devices()))()
-        for index, stage in enumerate(command.stages):
+        for index, stage in enumerate(command.stage_plan):
             split[index] = stage.split
         self._stage_arrays = (array, split)
         self._stage_devices = devices
@@ -481,14 +475,14 @@ class Worker:
         )
         available = _available_bytes()
         plan = plan_context(
-            lanes=command.lanes,
-            context_tokens=command.context_tokens,
+            lanes=command.options.lanes,
+            context_tokens=command.options.ctx,
             train_tokens=int(llama.llama_model_n_ctx_train(model)),
             kv_bytes_per_token=per_token,
             free_memory_bytes=available,
         )
         kv_bytes = per_token * plan.context_tokens
-        on_host = not command.stages and self._device == CPU_DEVICE
+        on_host = not command.stage_plan and self._device == CPU_DEVICE
         if on_host and available is not None and kv_bytes > available:
             # Refused before llama.cpp is asked: it would try to allocate the whole KV cache
             # (and may be killed by the kernel for it rather than return NULL). Only for a KV
@@ -505,7 +499,7 @@ class Worker:
         context_params = llama.llama_context_default_params()
         context_params.n_ctx = plan.context_tokens
         context_params.n_seq_max = plan.lanes
-        context_params.n_threads = context_params.n_threads_batch = max(1, os.cpu_count() or 1)
+        context_params.n_threads = context_params.n_threads_batch = _threads(command.options)
         self._send(LoadPhase(operation_id, LoadPhaseName.ALLOCATING))
         context = llama.llama_init_from_model(model, context_params)
         reply = ContextReturned(operation_id, ok=False)
@@ -537,6 +531,7 @@ class Worker:
                 speculation=speculation,
                 plugins=self.loaded.plugins,
                 draft=self.loaded.draft,
+                n_threads=_threads(command.options),
             )
             self._send(self._memory_allocated(operation_id, model, context, kv_bytes))
             self._send(LoadPhase(operation_id, LoadPhaseName.CONTEXT_READY))
@@ -547,6 +542,7 @@ class Worker:
                 lanes=lanes,
                 context_tokens_per_lane=self.loaded.generation.context_tokens_per_lane(),
                 batch_tokens=int(llama.llama_n_batch(context)),
+                threads=int(llama.llama_n_threads(context)),
             )
         self._send(reply)
         if self.loaded.generation is not None:
@@ -611,14 +607,15 @@ class Worker:
         """The ``--draft`` model with a context of the target's lanes and size; None without
         one. Raises ValueError (the load then fails) for a draft that does not load or whose
         vocabulary is not the target's: its proposals would be other tokens."""
-        if command.draft_path is None:
+        draft_path = command.options.draft
+        if draft_path is None:
             return None
         from skippyctl.engine.draft import DRAFT_BATCH_TOKENS, DraftModel
 
         llama = self.llama
         params = llama.llama_model_default_params()
-        params.n_gpu_layers = command.gpu_layers
-        draft = llama.llama_model_load_from_file(os.fsencode(command.draft_path), params)
+        params.n_gpu_layers = command.options.gpu_layers
+        draft = llama.llama_model_load_from_file(os.fsencode(draft_path), params)
         if not draft:
             raise ValueError("the draft model did not load")
         vocab = int(llama.llama_vocab_n_tokens(llama.llama_model_get_vocab(draft)))
@@ -629,7 +626,7 @@ class Worker:
         context_params.n_ctx = int(llama.llama_n_ctx(context))
         context_params.n_seq_max = lanes
         context_params.n_batch = context_params.n_ubatch = DRAFT_BATCH_TOKENS
-        context_params.n_threads = context_params.n_threads_batch = max(1, os.cpu_count() or 1)
+        context_params.n_threads = context_params.n_threads_batch = _threads(command.options)
         draft_context = llama.llama_init_from_model(draft, context_params)
         if not draft_context:
             llama.llama_model_free(draft)
@@ -640,19 +637,18 @@ class Worker:
         """The model's serving plugins, each in its own process (``skippyctl.plugins``); None
         without any. A plugin that cannot load is reported and left out: it never fails the
         load."""
-        if not command.plugins:
+        options = command.options
+        if not options.plugins:
             return None
         from skippyctl.plugins.link import PluginLink
 
         llama = self.llama
         n_vocab = int(llama.llama_vocab_n_tokens(llama.llama_model_get_vocab(model)))
-        deadline = (
-            DEFAULT_PROPOSAL_DEADLINE_MS
-            if command.spec_deadline_ms is None
-            else command.spec_deadline_ms
-        )
         return PluginLink.start(
-            command.plugins, n_vocab=n_vocab, deadline_ms=deadline, on_report=self._plugin_report
+            options.plugins,
+            n_vocab=n_vocab,
+            deadline_ms=options.spec_deadline_ms,
+            on_report=self._plugin_report,
         )
 
     def _plugin_report(self, report: Any) -> None:
@@ -778,15 +774,15 @@ def _test_address_space_limit() -> None:
 def speculation_of(command: Load) -> SpecConfig:
     """The speculation a load asks for (the host validated it; a value it could not have sent
     raises ValueError, which fails the context like any other context it cannot serve)."""
-    if command.speculation is None:
+    options = command.options
+    if options.spec is SpecMode.OFF:
         return SPEC_OFF
-    draft = DEFAULT_DRAFT_TOKENS if command.spec_draft_tokens is None else command.spec_draft_tokens
-    ahead = (
-        DEFAULT_RUNAHEAD_TOKENS
-        if command.spec_runahead_tokens is None
-        else command.spec_runahead_tokens
-    )
-    return SpecConfig(SpecMode(command.speculation), draft, ahead)
+    return SpecConfig(options.spec, options.spec_draft_tokens, options.spec_runahead_tokens)
+
+
+def _threads(options: LoadOptions) -> int:
+    """The load's decode threads: ``threads``, else one per core."""
+    return options.threads if options.threads is not None else max(1, os.cpu_count() or 1)
 
 
 if __name__ == "__main__":

@@ -74,6 +74,7 @@ from typing import Any, Final, Union, cast, get_args, get_origin, get_type_hints
 
 import orjson
 
+from skippyctl.config.load_options import LoadOptions
 from skippyctl.engine.text import ChatMessage
 from skippyctl.events.envelope import StopReason
 from skippyctl.events.reasons import CacheResult, GenerationOutcome, ReasonCode
@@ -149,29 +150,14 @@ class Load:
     native_operation: int
     serving_operation: int
     """Native scope the engine keeps open while it serves (its abort callback watches it)."""
-    path: str
-    context_tokens: int | None
-    """The whole context; None: the engine sizes it (engine/geometry.py)."""
-    lanes: int | None
-    """None: the engine picks (engine/geometry.py)."""
-    gpu_layers: int
-    stages: tuple[StagePlan, ...] = ()
+    options: LoadOptions
+    """What the load asked for, resolved by the host: ``model`` (and ``draft``) an absolute
+    path, ``plugins`` the host's own first, ``gpu_layers`` what the topology assembled (a split
+    load offloads every layer). ``ctx``/``lanes``/``threads`` None: the engine sizes them
+    (engine/geometry.py)."""
+    stage_plan: tuple[StagePlan, ...] = ()
     """A split load: the model's layers go to these RPC stages (in order, layer split, every
-    layer offloaded, ``gpu_layers`` then covers them all); empty: a load in this process."""
-    speculation: str | None = None
-    """A :class:`~skippyctl.engine.speculation.SpecMode` value; None: off."""
-    spec_draft_tokens: int | None = None
-    """Most proposed tokens a lane verifies in a step; None: the default."""
-    plugins: tuple[str, ...] = ()
-    """Serving plugins for this model (``skippyctl.plugins``: a C plugin's path, or a Python
-    plugin's entry-point name), each run in its own process beside the engine."""
-    spec_deadline_ms: float | None = None
-    """How long a step waits for the plugins' proposals; None: the default."""
-    spec_runahead_tokens: int | None = None
-    """Plugin proposals a query may ask for past the window; None: the default (0)."""
-    draft_path: str | None = None
-    """``--draft``: a draft model's file (its vocabulary must be the model's); with it the
-    speculation is ``draft``."""
+    layer offloaded); empty: a load in this process."""
     restore: tuple[SessionFile, ...] = ()
     """Session states to restore into lanes once the context exists, before any request
     (most recently used first; one :class:`StateImported` each)."""
@@ -315,6 +301,8 @@ class ContextReturned:
     returned no context)."""
     batch_tokens: int | None = None
     """``llama_n_batch``: the most tokens one ``llama_decode`` call takes."""
+    threads: int | None = None
+    """``llama_n_threads``: the threads that decode for the context."""
 
 
 @dataclass(frozen=True, slots=True)

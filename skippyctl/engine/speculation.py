@@ -29,23 +29,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Final, Protocol
 
+from skippyctl.config.load_options import MAX_DRAFT_TOKENS, MAX_RUNAHEAD_TOKENS, SpecMode
 
-class SpecMode(StrEnum):
-    """How a model's requests speculate (``load --spec``)."""
-
-    OFF = "off"
-    NGRAM = "ngram"
-    PLUGIN = "plugin"
-    """Proposals come from the model's serving plugins (``load --plugin``), under a deadline."""
-    DRAFT = "draft"
-    """Proposals come from a draft model's greedy continuation (``load --draft``)."""
-
-
-DEFAULT_DRAFT_TOKENS: Final = 64
-MAX_DRAFT_TOKENS: Final = 64
 STEP_PROPOSALS: Final = 192
 """Proposed tokens one step verifies over all its lanes: one or two lanes take their whole
 window (64), four lanes 48 each, eight 24 (measured side by side on the 8-layer F16 models, 2
@@ -54,18 +41,12 @@ threads, 4 sessions: windows of 48 a lane ran 1.06× windows of 16 on the succes
 FIRST_WINDOW: Final = 4
 """Proposals a request verifies in its first window; each window fully accepted doubles it (up
 to ``draft_tokens``), a rejection shrinks it to what was accepted plus one."""
-DEFAULT_PROPOSAL_DEADLINE_MS: Final = 8.0
-"""How long a step waits for serving plugins' proposals (``load --spec-deadline-ms``; the
-reference's deadline): a later answer is dropped and counted as late."""
-MAX_PROPOSAL_DEADLINE_MS: Final = 1000.0
-DEFAULT_RUNAHEAD_TOKENS: Final = 0
-MAX_RUNAHEAD_TOKENS: Final = 256
 
 
 @dataclass(frozen=True, slots=True)
 class SpecConfig:
     mode: SpecMode = SpecMode.OFF
-    draft_tokens: int = DEFAULT_DRAFT_TOKENS
+    draft_tokens: int = MAX_DRAFT_TOKENS
     """Most proposed tokens one lane verifies in a step (the window)."""
     runahead_tokens: int = 0
     """With plugin or n-gram proposals: how many tokens past the window a query may ask for

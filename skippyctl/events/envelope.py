@@ -10,6 +10,7 @@ the projection from the catalog and these typed fields. Fields that do not apply
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import time
 from collections.abc import Callable
@@ -193,6 +194,42 @@ class NumericSummary:
     value: int | float
 
 
+_SETTING_KEY: Final = re.compile(r"[a-z][a-z0-9_]{0,63}")
+MAX_SETTINGS: Final = 32
+
+
+class InvalidSetting(ValueError):
+    """A setting whose key is not a short snake_case name or whose value is not a number, a flag
+    or a short token."""
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One configuration value a component runs with (``model_load_requested``: a load's
+    options beyond their defaults). Validated at construction like a `LogicalId`: the key is a
+    snake_case name, a text value a short token — no path, prompt or endpoint fits."""
+
+    key: str
+    value: int | float | bool | str
+
+    def __post_init__(self) -> None:
+        if not _SETTING_KEY.fullmatch(self.key):
+            raise InvalidSetting("a setting key is a snake_case name of 1-64 characters")
+        if isinstance(self.value, str) and not _LOGICAL_ID.fullmatch(self.value):
+            raise InvalidSetting("a setting's text is 1-64 characters of [A-Za-z0-9._:+=-]")
+        if not isinstance(self.value, int | float | str):
+            raise InvalidSetting("a setting's value is a number, a flag or a short token")
+        if isinstance(self.value, float) and not math.isfinite(self.value):
+            raise InvalidSetting("a setting's number is finite")
+
+
+def settings(pairs: tuple[tuple[str, int | float | bool | str], ...]) -> tuple[Setting, ...]:
+    """Settings from (key, value) pairs (at most `MAX_SETTINGS`)."""
+    if len(pairs) > MAX_SETTINGS:
+        raise InvalidSetting(f"at most {MAX_SETTINGS} settings")
+    return tuple(Setting(key, value) for key, value in pairs)
+
+
 @dataclass(frozen=True, slots=True)
 class NativeStamp:
     """Where a native fact came from: its own clock and per-operation sequence."""
@@ -239,6 +276,7 @@ class Event:
     stop_reason: StopReason | None = None
     batching: BatchingMode | None = None
     summaries: tuple[NumericSummary, ...] = field(default=())
+    settings: tuple[Setting, ...] = field(default=())
 
     @property
     def category(self) -> Category:
@@ -272,6 +310,7 @@ def make_event(
     stop_reason: StopReason | None = None,
     batching: BatchingMode | None = None,
     summaries: tuple[NumericSummary, ...] = (),
+    settings: tuple[Setting, ...] = (),
     wall_ns: int | None = None,
     mono_ns: int | None = None,
 ) -> Event:
@@ -301,6 +340,7 @@ def make_event(
     _set_stop_reason(event, stop_reason)
     _set_batching(event, batching)
     _set_summaries(event, summaries)
+    _set_settings(event, settings)
     return event
 
 
@@ -328,6 +368,7 @@ _set_duration_ms: Final = _slot_setter("duration_ms")
 _set_stop_reason: Final = _slot_setter("stop_reason")
 _set_batching: Final = _slot_setter("batching")
 _set_summaries: Final = _slot_setter("summaries")
+_set_settings: Final = _slot_setter("settings")
 
 
 def _check_make_event_sets_every_field() -> None:

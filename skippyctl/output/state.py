@@ -72,6 +72,7 @@ def model_document(state: RuntimeView, view: ModelView) -> dict[str, Any]:
             "decode_tokens_per_s": view.decode_tokens_per_s,
             "spec_proposed_tokens": view.spec_proposed_tokens,
             "spec_accepted_tokens": view.spec_accepted_tokens,
+            "settings": {s.key: s.value for s in view.settings} or None,
         }
     )
 

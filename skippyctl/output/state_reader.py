@@ -102,6 +102,9 @@ class ModelEntry:
     lanes_in_use: int = 0
     queue_depth: int = 0
     decode_tokens_per_s: int | float | None = None
+    settings: tuple[tuple[str, int | float | bool | str], ...] = ()
+    """What the load asked for beyond the defaults, in the document's order (values that are
+    not a number, a flag or a text are left out)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +235,15 @@ def _model(entry: Mapping[str, Any]) -> ModelEntry | None:
         lanes_in_use=_int(entry.get("lanes_in_use")) or 0,
         queue_depth=_int(entry.get("queue_depth")) or 0,
         decode_tokens_per_s=_number(entry.get("decode_tokens_per_s")),
+        settings=_settings(entry.get("settings")),
+    )
+
+
+def _settings(value: object) -> tuple[tuple[str, int | float | bool | str], ...]:
+    if not isinstance(value, dict):
+        return ()
+    return tuple(
+        (str(key), item) for key, item in value.items() if isinstance(item, int | float | str)
     )
 
 

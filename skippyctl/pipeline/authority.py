@@ -62,6 +62,8 @@ class ContextReturned:
     context_tokens_per_lane: int | None = None
     batch_tokens: int | None = None
     """The context's n_batch: the most tokens one decode call takes."""
+    threads: int | None = None
+    """The context's n_threads: the threads that decode for it."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -220,6 +220,7 @@ class Reconciler:
                         lanes=item.lanes,
                         context_tokens_per_lane=item.context_tokens_per_lane,
                         batch_tokens=item.batch_tokens,
+                        threads=item.threads,
                     ),
                 )
             ]

@@ -249,6 +249,7 @@ def on_load_requested(state: RuntimeView, event: Event) -> Step:
         topology_id=event.scope.topology_id,
         requested_mono_ns=event.mono_ns,
         updated_mono_ns=event.mono_ns,
+        settings=event.settings,
     )
     placed = bounded_put(
         state.models,

@@ -15,7 +15,7 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any, Final
 
-from skippyctl.events.envelope import Event, LogicalId, Progress
+from skippyctl.events.envelope import Event, LogicalId, Progress, Setting
 from skippyctl.events.reasons import ReasonCode
 
 MAX_MODELS: Final = 64
@@ -154,6 +154,8 @@ class ModelView:
     (``generation_completed`` summaries)."""
     spec_accepted_tokens: int = 0
     updated_mono_ns: int = 0
+    settings: tuple[Setting, ...] = ()
+    """What its load asked for beyond the defaults (``model_load_requested``)."""
 
 
 @dataclass(frozen=True, slots=True)

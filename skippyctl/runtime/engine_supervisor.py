@@ -622,6 +622,7 @@ class EngineProcess:
                     context_tokens_per_lane=message.context_tokens_per_lane,
                     reason=message.reason,
                     batch_tokens=message.batch_tokens,
+                    threads=message.threads,
                 )
             )
             self._serving = message.ok and not cancelled

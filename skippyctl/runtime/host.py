@@ -26,8 +26,6 @@ Invariants:
 
 from __future__ import annotations
 
-import math
-import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,22 +33,12 @@ from pathlib import Path
 from typing import Any, Final
 
 from skippyctl.acquisition.artifacts import check_artifact
+from skippyctl.config.endpoints import parse_endpoints
+from skippyctl.config.load_options import LoadOptions, SpecMode, shown_settings
 from skippyctl.engine.options import EngineOptions
 from skippyctl.engine.protocol import Load, SessionFile, Shutdown
-from skippyctl.engine.speculation import (
-    MAX_DRAFT_TOKENS,
-    MAX_PROPOSAL_DEADLINE_MS,
-    MAX_RUNAHEAD_TOKENS,
-    SpecMode,
-)
 from skippyctl.events.catalog import EventId
-from skippyctl.events.envelope import (
-    InvalidLogicalId,
-    LogicalId,
-    Scope,
-    make_event,
-    summaries,
-)
+from skippyctl.events.envelope import LogicalId, Scope, make_event, settings, summaries
 from skippyctl.events.identity import OperationIds, model_id_for
 from skippyctl.events.reasons import DegradedMode, Outcome, ReasonCode
 from skippyctl.pipeline.authority import OperationBound, OperationRejected
@@ -68,13 +56,7 @@ from skippyctl.runtime.engine_supervisor import (
     EngineProcess,
     LoadCommand,
 )
-from skippyctl.runtime.topology import (
-    DEFAULT_LINK_P95_MS,
-    Assembled,
-    Topology,
-    TopologyRefused,
-)
-from skippyctl.stages.plan import parse_endpoints, stage_options_problem
+from skippyctl.runtime.topology import Assembled, Topology, TopologyRefused
 
 ENGINE_HELLO_TIMEOUT_S: Final = 60.0
 SAVE_STOP_TIMEOUT_S: Final = 90.0
@@ -82,47 +64,6 @@ SAVE_STOP_TIMEOUT_S: Final = 90.0
 the save 60 s, engine/engine_worker.py)."""
 RestorePlan = Callable[[LogicalId], tuple[tuple[SessionFile, ...], int]]
 """Model id → the session state files its load restores and the largest file size to read."""
-
-
-@dataclass(frozen=True, slots=True)
-class LoadRequest:
-    artifact: str
-    alias: str | None = None
-    context_tokens: int | None = None
-    lanes: int | None = None
-    """None: the engine picks (up to 4, engine/geometry.py)."""
-    gpu_layers: int = 0
-    timeout_s: float | None = None
-    stages: tuple[str, ...] = ()
-    """``HOST:PORT`` of ggml RPC stages to split the model across (in order)."""
-    local_stages: int = 0
-    """Stage workers this host starts for the model (after ``stages``), owned by it."""
-    local_stage_mem_mib: int | None = None
-    """Memory each local stage offers (``stage serve --mem``); None: what its device reports."""
-    replan: bool = False
-    """A listed stage that cannot be reached is left out of the plan instead of failing the
-    load (runtime/topology.py)."""
-    stage_link_p95_ms: float | None = None
-    """A stage whose link p95 round trip exceeds this is ``stage_degraded``; None: the default
-    (``runtime/topology.py``, ``DEFAULT_LINK_P95_MS``)."""
-    speculation: str = SpecMode.OFF.value
-    """How its requests speculate (``engine/speculation.py``): ``off`` or ``ngram``."""
-    spec_draft_tokens: int | None = None
-    """Most proposed tokens a lane verifies in a step; None: the default."""
-    plugins: tuple[str, ...] = ()
-    """Serving plugins for this model (a C plugin's path or a Python entry-point name), after
-    the host's own (``runtime serve --plugin``)."""
-    spec_deadline_ms: float | None = None
-    """How long a step waits for the plugins' proposals; None: the default."""
-    spec_runahead_tokens: int | None = None
-    """Plugin proposals a query may ask for past the window (run-ahead); None: 0."""
-    draft: str | None = None
-    """A draft model's file for ``speculation`` ``draft`` (its vocabulary must be the
-    model's)."""
-
-    @property
-    def split(self) -> bool:
-        return bool(self.stages) or self.local_stages > 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,105 +108,6 @@ def resolve_native() -> NativeStatus:
     except NativeAbiIncompatible as error:
         return NativeStatus(None, EventId.ABI_FEATURE_COMPATIBILITY_FAILED, str(error))
     return NativeStatus(library, None, None)
-
-
-def validate_request(request: LoadRequest) -> str | None:
-    """A message when the configuration is invalid (checked before anything is loaded)."""
-    if request.context_tokens is not None and request.context_tokens <= 0:
-        return "--ctx must be a positive number of tokens"
-    if request.timeout_s is not None and request.timeout_s < 0:
-        return "--timeout must not be negative"
-    if "\x00" in request.artifact:
-        return "the model path must not contain NUL characters"
-    if request.lanes is not None and request.lanes <= 0:
-        return "--lanes must be positive"
-    if request.gpu_layers < -1:
-        return "--gpu-layers must be -1 (all) or more"
-    if request.alias is not None:
-        try:
-            LogicalId(request.alias)
-        except InvalidLogicalId:
-            return "--alias must be 1-64 characters of [A-Za-z0-9._:+=-]"
-    return speculation_problem(
-        request.speculation,
-        request.spec_draft_tokens,
-        request.plugins,
-        request.spec_deadline_ms,
-        request.spec_runahead_tokens,
-        request.draft,
-    ) or (validate_stages(request))
-
-
-SPEC_MODES: Final = tuple(mode.value for mode in SpecMode)
-"""The values of ``load --spec`` / ``speculation``."""
-RUNAHEAD_MODES: Final = (SpecMode.PLUGIN.value, SpecMode.NGRAM.value)
-"""The modes whose proposals may run ahead (``--spec-runahead-tokens``): a draft model would
-pay a decode for every token drafted past the window."""
-PLUGIN_NAME: Final = re.compile(r"[A-Za-z0-9._-]{1,64}")
-"""A Python plugin's entry-point name (``skippyctl.plugins`` group)."""
-
-
-def speculation_problem(
-    mode: str,
-    draft_tokens: int | None,
-    plugins: tuple[str, ...] = (),
-    deadline_ms: float | None = None,
-    runahead_tokens: int | None = None,
-    draft: str | None = None,
-) -> str | None:
-    """Why a load's speculation and plugin options are invalid, or None (the CLI asks before
-    any runtime is reached, the host before anything starts). ``--spec plugin`` without a
-    plugin is the host's to refuse: it may have its own (``runtime serve --plugin``)."""
-    if mode not in SPEC_MODES:
-        return "--spec must be one of: " + ", ".join(SPEC_MODES)
-    if draft_tokens is not None and not 1 <= draft_tokens <= MAX_DRAFT_TOKENS:
-        return f"--spec-draft-tokens must be 1-{MAX_DRAFT_TOKENS}"
-    if deadline_ms is not None and not (
-        math.isfinite(deadline_ms) and 0.1 <= deadline_ms <= MAX_PROPOSAL_DEADLINE_MS
-    ):
-        return f"--spec-deadline-ms must be 0.1-{MAX_PROPOSAL_DEADLINE_MS:g}"
-    if runahead_tokens is not None and not 0 <= runahead_tokens <= MAX_RUNAHEAD_TOKENS:
-        return f"--spec-runahead-tokens must be 0-{MAX_RUNAHEAD_TOKENS}"
-    if runahead_tokens and mode not in RUNAHEAD_MODES:
-        return "--spec-runahead-tokens runs proposals ahead: it needs --spec plugin or ngram"
-    if (mode == SpecMode.DRAFT.value) != (draft is not None):
-        return "--spec draft and --draft DRAFT.gguf go together"
-    if draft is not None and ("\x00" in draft or not draft):
-        return "--draft must name a GGUF file"
-    for plugin in plugins:
-        problem = plugin_problem(plugin)
-        if problem is not None:
-            return problem
-    return None
-
-
-def plugin_problem(spec: str) -> str | None:
-    """Why a ``--plugin`` value cannot name a plugin, or None. The message names a file by its
-    basename only."""
-    if not spec or len(spec) > 4096 or "\x00" in spec:
-        return "--plugin must be a plugin's .so file or an entry-point name"
-    if spec.endswith(".so"):
-        path = Path(spec)
-        if not path.is_absolute():
-            return f"--plugin {path.name}: give the plugin's file as an absolute path"
-        if not path.is_file():
-            return f"--plugin {path.name}: no such file"
-        return None
-    if not PLUGIN_NAME.fullmatch(spec):
-        return "--plugin: an entry-point name is 1-64 characters of [A-Za-z0-9._-]"
-    return None
-
-
-def validate_stages(request: LoadRequest) -> str | None:
-    """A message when the stage options are invalid (checked before anything starts)."""
-    return stage_options_problem(
-        request.stages,
-        request.local_stages,
-        request.local_stage_mem_mib,
-        request.replan,
-        request.stage_link_p95_ms,
-        request.gpu_layers,
-    )
 
 
 class RuntimeHost:
@@ -359,7 +201,7 @@ class RuntimeHost:
     # -- loading --------------------------------------------------------------------------------
     def load_model(
         self,
-        request: LoadRequest,
+        options: LoadOptions,
         listener: EngineListener | None = None,
         restore: RestorePlan | None = None,
     ) -> LoadHandle:
@@ -367,15 +209,15 @@ class RuntimeHost:
         returned operation. `listener` receives the engine's serving messages from the start;
         `restore` names the session state files the engine restores once it serves."""
         operation_id, native_operation = self._ids.next("load")
-        topology_id = LogicalId(f"topology-{native_operation}") if request.split else None
+        topology_id = LogicalId(f"topology-{native_operation}") if options.split else None
         model_id: LogicalId | None = None
         try:
-            problem = validate_request(request)
-            plugin_less = not (self.default_plugins or request.plugins)
-            if problem is None and request.speculation == SpecMode.PLUGIN.value and plugin_less:
+            problem = options.problem()
+            plugin_less = not (self.default_plugins or options.plugins)
+            if problem is None and options.spec is SpecMode.PLUGIN and plugin_less:
                 problem = "--spec plugin needs a serving plugin (--plugin)"
             if problem is None:
-                model_id = model_id_for(request.artifact, request.alias)
+                model_id = model_id_for(options.model, options.alias)
         except Exception as error:  # noqa: BLE001 - refused below, with its own terminal
             problem = f"invalid load request ({type(error).__name__})"
         if problem is None:
@@ -393,7 +235,8 @@ class RuntimeHost:
                 EventId.MODEL_LOAD_REQUESTED,
                 operation_id=operation_id,
                 scope=Scope(model_id=model_id, topology_id=topology_id),
-                summaries=summaries(context_tokens=request.context_tokens, lanes=request.lanes),
+                summaries=summaries(context_tokens=options.ctx, lanes=options.lanes),
+                settings=settings(shown_settings(options)),
             )
         )
         if problem is not None:
@@ -409,19 +252,17 @@ class RuntimeHost:
                 model_id,
                 operation_id,
                 self.pipeline.submit,
-                parse_endpoints(request.stages),
-                request.local_stages,
-                request.local_stage_mem_mib,
-                replan=request.replan,
+                parse_endpoints(options.stages),
+                options.local_stages,
+                options.local_stage_mem_mib,
+                replan=options.replan,
                 lost_stages=self._lost_stages,
-                link_p95_threshold_ms=DEFAULT_LINK_P95_MS
-                if request.stage_link_p95_ms is None
-                else request.stage_link_p95_ms,
+                link_p95_threshold_ms=options.stage_link_p95_ms,
             )
         )
         try:
             return self._start_load(
-                request,
+                options,
                 listener,
                 operation_id,
                 native_operation,
@@ -447,7 +288,7 @@ class RuntimeHost:
 
     def _start_load(
         self,
-        request: LoadRequest,
+        options: LoadOptions,
         listener: EngineListener | None,
         operation_id: LogicalId,
         native_operation: int,
@@ -456,25 +297,25 @@ class RuntimeHost:
         topology: Topology | None = None,
         restore: RestorePlan | None = None,
     ) -> LoadHandle:
-        path = Path(request.artifact).expanduser()
+        path = Path(options.model).expanduser()
         artifact_problem = check_artifact(path)
         if artifact_problem is not None:
             self._reject(operation_id, native_operation, model_id, artifact_problem.reason)
             return LoadHandle(operation_id, model_id, artifact_problem.message)
         resolved = str(path.resolve())
         draft_path: str | None = None
-        if request.draft is not None:
-            draft = Path(request.draft).expanduser()
+        if options.draft is not None:
+            draft = Path(options.draft).expanduser()
             draft_problem = check_artifact(draft)
             if draft_problem is not None:
                 self._reject(operation_id, native_operation, model_id, draft_problem.reason)
                 return LoadHandle(operation_id, model_id, f"--draft: {draft_problem.message}")
             draft_path = str(draft.resolve())
-        assembled = Assembled((), request.gpu_layers)
+        assembled = Assembled((), options.gpu_layers)
         if topology is not None:
             # Before any engine exists: stages started and probed, the plan made (or refused).
             # The assembly counts against the load's timeout and can be cancelled (``cancel``).
-            self._start_timeout(request, operation_id)
+            self._start_timeout(options, operation_id)
             with self._lock:
                 self._assembling[operation_id] = topology
             try:
@@ -516,37 +357,31 @@ class RuntimeHost:
                     operation_id=str(operation_id),
                     native_operation=native_operation,
                     serving_operation=serving_operation,
-                    path=resolved,
-                    context_tokens=request.context_tokens,
-                    lanes=request.lanes,
-                    gpu_layers=assembled.gpu_layers,
-                    stages=assembled.stages,
-                    speculation=None
-                    if request.speculation == SpecMode.OFF.value
-                    else request.speculation,
-                    spec_draft_tokens=request.spec_draft_tokens,
-                    plugins=(*self.default_plugins, *request.plugins),
-                    spec_deadline_ms=request.spec_deadline_ms,
-                    spec_runahead_tokens=request.spec_runahead_tokens,
-                    draft_path=draft_path,
+                    options=options.replace(
+                        model=resolved,
+                        draft=draft_path,
+                        plugins=(*self.default_plugins, *options.plugins),
+                        gpu_layers=assembled.gpu_layers,
+                    ),
+                    stage_plan=assembled.stages,
                     restore=files,
                     state_max_bytes=max_bytes if files else 0,
                 ),
             )
         )
         if topology is None:
-            self._start_timeout(request, operation_id)
+            self._start_timeout(options, operation_id)
         elif topology.cancel_reason is not None:
             # Cancelled after the assembly's last check, before the engine could be asked.
             self.cancel(operation_id, topology.cancel_reason)
         return LoadHandle(operation_id, model_id)
 
-    def _start_timeout(self, request: LoadRequest, operation_id: LogicalId) -> None:
+    def _start_timeout(self, options: LoadOptions, operation_id: LogicalId) -> None:
         """``--timeout``: the load is cancelled with ``timeout`` once it has run that long."""
-        if request.timeout_s is None:
+        if options.timeout_s is None:
             return
         timer = threading.Timer(
-            request.timeout_s, self.cancel, args=(operation_id, ReasonCode.TIMEOUT)
+            options.timeout_s, self.cancel, args=(operation_id, ReasonCode.TIMEOUT)
         )
         timer.name = f"skippy-timeout-{operation_id}"
         timer.daemon = True

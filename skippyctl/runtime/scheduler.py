@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Final
 
+from skippyctl.config.load_options import LoadOptions
 from skippyctl.engine.protocol import (
     DropSession,
     SaveSessions,
@@ -39,7 +40,7 @@ from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import LogicalId, Scope, make_event, summaries
 from skippyctl.events.identity import OperationIds
 from skippyctl.events.reasons import Outcome, ReasonCode
-from skippyctl.runtime.host import LoadHandle, LoadRequest, RuntimeHost
+from skippyctl.runtime.host import LoadHandle, RuntimeHost
 from skippyctl.runtime.memory_pressure import (
     HostMemory,
     MemoryPressure,
@@ -129,19 +130,19 @@ class Scheduler:
         return self
 
     # -- models ---------------------------------------------------------------------------------
-    def load(self, request: LoadRequest, max_queue: int | None = None) -> LoadHandle:
+    def load(self, options: LoadOptions) -> LoadHandle:
         server = ModelServer(
             LogicalId("pending"),
-            request.lanes or 1,  # until the engine says how many it made (on_engine_serving)
-            max_queue or self.max_queue,
+            options.lanes or 1,  # until the engine says how many it made (on_engine_serving)
+            self.max_queue if options.max_queue is None else options.max_queue,
             self.events,
             self.liveness,
             self,
         )
-        server.speculation = request.speculation
+        server.speculation = options.spec.value
         server.on_state = self._on_state
         handle = self.host.load_model(
-            request,
+            options,
             listener=server,
             restore=None if self.session_state is None else self._restore_plan,
         )

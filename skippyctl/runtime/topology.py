@@ -83,6 +83,8 @@ from pathlib import Path
 from typing import Any, Final
 
 from skippyctl.acquisition.artifacts import split_parts
+from skippyctl.config.endpoints import Endpoint
+from skippyctl.config.load_options import DEFAULT_STAGE_LINK_P95_MS
 from skippyctl.engine.protocol import Link, StagePlan
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import (
@@ -116,8 +118,6 @@ LOCAL_STAGE_READY_TIMEOUT_S: Final = STARTUP_TIMEOUT_S + 10.0
 CANCEL_POLL_S: Final = 0.05
 """How often an assembly that waits (a local stage, the probes) looks for a cancel."""
 LOCAL_HOST: Final = "127.0.0.1"
-DEFAULT_LINK_P95_MS: Final = 50.0
-"""A stage link whose p95 round trip is above this is degraded (``--stage-link-p95-ms``)."""
 LINK_RECOVERY_RATIO: Final = 0.8
 """A degraded link is ready again once its p95 is below this fraction of the threshold."""
 LINK_REPORT_INTERVAL_S: Final = 5.0
@@ -210,7 +210,7 @@ class _LocalStage:
 
 @dataclass(slots=True, eq=False)
 class _Stage:
-    endpoint: stage_plan.Endpoint
+    endpoint: Endpoint
     stage_id: LogicalId
     index: int
     """Its position in the load's list: the ``stage_index`` of its events."""
@@ -234,14 +234,14 @@ class Topology:
         model_id: LogicalId,
         operation_id: LogicalId,
         submit: Callable[[Event], object],
-        endpoints: tuple[stage_plan.Endpoint, ...] = (),
+        endpoints: tuple[Endpoint, ...] = (),
         local_stages: int = 0,
         local_stage_mem_mib: int | None = None,
         probe_timeout_s: float = PROBE_TIMEOUT_S,
         *,
         replan: bool = False,
         lost_stages: set[LogicalId] | None = None,
-        link_p95_threshold_ms: float = DEFAULT_LINK_P95_MS,
+        link_p95_threshold_ms: float = DEFAULT_STAGE_LINK_P95_MS,
         link_report_interval_s: float = LINK_REPORT_INTERVAL_S,
     ) -> None:
         self.topology_id = topology_id
@@ -451,9 +451,7 @@ class Topology:
                 self._local_emitter(index),
             )
             # The id is known once the port is reserved; a placeholder until then.
-            self._stages.append(
-                _Stage(stage_plan.Endpoint(LOCAL_HOST, 0), LogicalId("stage"), index, local)
-            )
+            self._stages.append(_Stage(Endpoint(LOCAL_HOST, 0), LogicalId("stage"), index, local))
             local.thread.start()
             started.append(local)
         for position, local in enumerate(started):
@@ -462,7 +460,7 @@ class Topology:
             supervisor = local.supervisor
             if supervisor.stage_id is not None:
                 stage.stage_id = supervisor.stage_id
-                stage.endpoint = stage_plan.Endpoint(LOCAL_HOST, supervisor.port)
+                stage.endpoint = Endpoint(LOCAL_HOST, supervisor.port)
             if not local.ready.is_set():
                 local.close()  # it ended (or never got ready): reap it, read how it ended
                 if local.refused is not None:

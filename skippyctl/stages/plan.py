@@ -1,7 +1,5 @@
-"""Stage endpoints and the layer plan of a topology (pure functions, no I/O).
-
-Endpoints: ``HOST:PORT`` with a dotted IPv4 host (ggml's RPC client is IPv4 only) and a port
-1–65535; at most ``MAX_STAGES`` (``GGML_RPC_MAX_SERVERS``) per topology, no duplicates.
+"""The layer plan of a topology (pure functions, no I/O; its endpoints are
+``skippyctl.config.endpoints``).
 
 The plan rule (``plan_layers``):
 
@@ -26,51 +24,11 @@ exactly those ranges (see its docstring).
 
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import dataclass
 from typing import Final
 
-MAX_STAGES: Final = 16
-"""``GGML_RPC_MAX_SERVERS`` in ggml-rpc.h."""
-MAX_PORT: Final = 65535
 WEIGHT_MARGIN: Final = 0.10
 STAGE_RESERVE_BYTES: Final = 32 * 2**20
-
-
-class EndpointError(ValueError):
-    """An endpoint (or the list of them) is not acceptable; the message says why."""
-
-
-@dataclass(frozen=True, slots=True)
-class Endpoint:
-    host: str
-    port: int
-
-    def __str__(self) -> str:
-        return f"{self.host}:{self.port}"
-
-
-def parse_endpoint(text: str) -> Endpoint:
-    host, sep, port_text = text.strip().rpartition(":")
-    if not sep or not host:
-        raise EndpointError(f"{text!r} is not HOST:PORT")
-    try:
-        address = ipaddress.IPv4Address(host)
-    except ValueError as error:
-        raise EndpointError(f"{host!r} is not an IPv4 address") from error
-    if not port_text.isdigit() or not 1 <= int(port_text) <= MAX_PORT:
-        raise EndpointError(f"port {port_text!r} is not 1-{MAX_PORT}")
-    return Endpoint(str(address), int(port_text))
-
-
-def parse_endpoints(texts: list[str] | tuple[str, ...]) -> tuple[Endpoint, ...]:
-    """Every endpoint parsed; at most ``MAX_STAGES``, no duplicates (``EndpointError``)."""
-    if len(texts) > MAX_STAGES:
-        raise EndpointError(f"at most {MAX_STAGES} stages (GGML_RPC_MAX_SERVERS)")
-    endpoints = tuple(parse_endpoint(t) for t in texts)
-    if len(set(endpoints)) != len(endpoints):
-        raise EndpointError("the same stage is listed twice")
-    return endpoints
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,39 +127,3 @@ def device_of_layer(split: tuple[float, ...], n_layer: int, layer: int) -> int:
         if point > fraction:
             return device
     return len(points)
-
-
-def stage_options_problem(
-    endpoints: tuple[str, ...],
-    local_stages: int,
-    local_stage_mem_mib: int | None = None,
-    replan: bool = False,
-    link_p95_ms: float | None = None,
-    gpu_layers: int = 0,
-) -> str | None:
-    """Why a load's stage options are invalid, in the CLI's flag names, or None: one rule for
-    the CLI (before any runtime is reached) and the host (before anything starts)."""
-    try:
-        parse_endpoints(endpoints)
-    except EndpointError as error:
-        return f"--stage: {error}"
-    if not 0 <= local_stages <= MAX_STAGES:
-        return f"--local-stages must be 0-{MAX_STAGES}"
-    if len(endpoints) + local_stages > MAX_STAGES:
-        return f"at most {MAX_STAGES} stages in all (GGML_RPC_MAX_SERVERS)"
-    split = bool(endpoints) or local_stages > 0
-    if local_stage_mem_mib is not None:
-        if local_stages == 0:
-            return "--mem applies to local stages only (with --local-stages)"
-        if local_stage_mem_mib < 1:
-            return "--mem must be at least 1 MiB"
-    if link_p95_ms is not None:
-        if not split:
-            return "--stage-link-p95-ms applies to a split load only (with --stage/--local-stages)"
-        if not 0 < link_p95_ms < float("inf"):
-            return "--stage-link-p95-ms must be a positive number of ms"
-    if split and gpu_layers != 0:
-        return "--gpu-layers does not apply to a split load (every layer goes to the stages)"
-    if replan and not endpoints:
-        return "--replan needs --stage"
-    return None

@@ -85,3 +85,20 @@ def test_ps_shows_a_split_models_topology_in_its_table_and_its_json(fixture_dir:
         assert " / " in line and "ready" in line
         assert line.rstrip().endswith(" ms") and " ±" in line  # the engine's link figures
     assert "127.0.0.1" not in out.split("\n", 1)[1]  # the first line is the runtime's own URL
+
+
+def test_a_loads_options_reach_the_engine_the_state_and_ps(fixture_dir: Path) -> None:
+    """`--threads` (an option of the table, like any other): the engine decodes with it, as
+    llama.cpp reports it, and the state document and `ps` state what the load asked for."""
+    loaded = run_cli(
+        "load", str(fixture_dir / "tiny.gguf"), "--threads", "1", "--lanes", "2", "--json"
+    )
+    assert loaded.code == 0, loaded.stderr
+    records = {r["event"]: r for r in loaded.records()}
+    assert records["model_load_requested"]["settings"] == {"lanes": 2, "threads": 1}
+    assert records["serving_backend_initialization_completed"]["summaries"]["threads"] == 1
+    (document,) = run_cli("ps", "--json").records()
+    (model,) = document["models"]
+    assert model["settings"] == {"lanes": 2, "threads": 1}
+    table = run_cli("ps")
+    assert "tiny options: lanes=2 threads=1" in table.stdout, table.stdout

@@ -15,8 +15,10 @@ from typing import Any
 import orjson
 import pytest
 
+from skippyctl.config.load_options import LoadOptions
 from skippyctl.engine.channel import frame, host_side
 from skippyctl.engine.options import EngineOptions
+from skippyctl.engine.protocol import Load, encode
 from skippyctl.fixtures.generate import TINY
 
 Message = dict[str, Any]
@@ -99,18 +101,14 @@ class Engine:
         self.channel.close()
 
 
+def load_message(operation_id: str, native_operation: int, options: LoadOptions) -> Any:
+    """The load command as the host sends it (the protocol's own encoding)."""
+    return orjson.loads(encode(Load(operation_id, native_operation, 0, options)))
+
+
 def load_tiny(engine: Engine, fixture_dir: Path) -> None:
     engine.send(
-        {
-            "op": "load",
-            "operation_id": "load-1",
-            "native_operation": 1,
-            "serving_operation": 0,
-            "path": str(fixture_dir / "tiny.gguf"),
-            "context_tokens": 1024,
-            "lanes": 2,
-            "gpu_layers": 0,
-        }
+        load_message("load-1", 1, LoadOptions(str(fixture_dir / "tiny.gguf"), ctx=1024, lanes=2))
     )
     assert engine.next("context_returned")["ok"] is True
 
@@ -190,19 +188,10 @@ def test_a_context_the_engine_cannot_serve_fails_the_load_instead_of_the_process
 ) -> None:
     fresh = Engine()
     try:
-        fresh.send(
-            {
-                "op": "load",
-                "operation_id": "load-y",
-                "native_operation": 2,
-                "serving_operation": 0,
-                "path": str(fixture_dir / "tiny.gguf"),
-                "context_tokens": 256,
-                "lanes": 256,  # llama.cpp accepts it, but n_batch (256) must exceed the lanes:
-                # BatchEngine raises, which used to end the engine
-                "gpu_layers": 0,
-            }
-        )
+        # llama.cpp accepts 256 lanes, but n_batch (256) must exceed the lanes: BatchEngine
+        # raises, which used to end the engine.
+        options = LoadOptions(str(fixture_dir / "tiny.gguf"), ctx=256, lanes=256)
+        fresh.send(load_message("load-y", 2, options))
         assert fresh.next("load_returned")["ok"] is True
         assert fresh.next("context_returned")["ok"] is False
         fresh.send({"op": "ping", "seq": 2})
@@ -212,28 +201,18 @@ def test_a_context_the_engine_cannot_serve_fails_the_load_instead_of_the_process
 
 
 @pytest.mark.parametrize(
-    ("name", "files"),
-    [("tiny.gguf", 1), ("tiny-split-00001-of-00003.gguf", 3)],
-    ids=["single-file", "split-set"],
+    ("name", "files", "threads"),
+    [("tiny.gguf", 1, None), ("tiny-split-00001-of-00003.gguf", 3, 1)],
+    ids=["single-file", "split-set-one-thread"],
 )
 def test_the_load_returns_llama_cpps_model_and_context_figures(
-    fixture_dir: Path, name: str, files: int
+    fixture_dir: Path, name: str, files: int, threads: int | None
 ) -> None:
     """The figures llama.cpp's log prints about a model and its context, read from its API."""
     fresh = Engine()
     try:
-        fresh.send(
-            {
-                "op": "load",
-                "operation_id": "load-f",
-                "native_operation": 3,
-                "serving_operation": 0,
-                "path": str(fixture_dir / name),
-                "context_tokens": 256,
-                "lanes": 1,
-                "gpu_layers": 0,
-            }
-        )
+        options = LoadOptions(str(fixture_dir / name), ctx=256, lanes=1, threads=threads)
+        fresh.send(load_message("load-f", 3, options))
         loaded = fresh.next("load_returned")
         figures = ("layers", "context_train_tokens", "vocab_size", "files")
         assert {key: loaded[key] for key in figures} == {
@@ -245,6 +224,8 @@ def test_the_load_returns_llama_cpps_model_and_context_figures(
         serving = fresh.next("context_returned")
         # llama.cpp caps n_batch at n_ctx: 256 here, below its default of 2048.
         assert (serving["ok"], serving["batch_tokens"]) == (True, 256)
+        # The load's threads (else one per core) are the context's, as llama.cpp reports them.
+        assert serving["threads"] == (threads or os.cpu_count())
     finally:
         fresh.close()
 

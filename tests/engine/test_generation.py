@@ -18,6 +18,7 @@ import llama_cpp
 import orjson
 import pytest
 
+from skippyctl.config.load_options import SpecMode
 from skippyctl.engine.generation import (
     BatchEngine,
     ChatMessage,
@@ -25,7 +26,7 @@ from skippyctl.engine.generation import (
     SamplingParams,
 )
 from skippyctl.engine.protocol import EngineMessage, encode
-from skippyctl.engine.speculation import SpecConfig, SpecMode
+from skippyctl.engine.speculation import SpecConfig
 from skippyctl.engine.text import apply_chat_template, tokenize
 from skippyctl.fixtures.generate import TINY, make_model
 from skippyctl.fixtures.vocab import EOS_ID

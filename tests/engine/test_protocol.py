@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import skippyctl.engine
+from skippyctl.config.load_options import LoadOptions, SpecMode
 from skippyctl.engine import protocol
 from skippyctl.engine.protocol import (
     Cancel,
@@ -255,6 +256,7 @@ def test_commands_carry_chat_messages_and_sampling_as_nested_records() -> None:
     assert decoded == command
     assert isinstance(decoded, Generate) and decoded.sampling.temperature == 0.0
     assert decode_command(encode(Cancel("r"))) == Cancel("r")
-    assert decode_command(encode(Load("l", 1, 2, "m.gguf", None, 1, 0))) == Load(
-        "l", 1, 2, "m.gguf", None, 1, 0
+    load = Load(
+        "l", 1, 2, LoadOptions("m.gguf", lanes=1, spec=SpecMode.NGRAM, stages=("1.2.3.4:5",))
     )
+    assert decode_command(encode(load)) == load

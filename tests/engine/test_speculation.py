@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from skippyctl.config.load_options import MAX_DRAFT_TOKENS, SpecMode
 from skippyctl.engine.speculation import (
     FIRST_WINDOW,
-    MAX_DRAFT_TOKENS,
     STEP_PROPOSALS,
     AdaptiveWindow,
     SpecConfig,
-    SpecMode,
 )
 
 

@@ -22,6 +22,7 @@ from skippyctl.events.envelope import (
     Progress,
     Scope,
     SequenceEvidence,
+    Setting,
     StateChange,
     StopReason,
     SummaryKey,
@@ -99,6 +100,16 @@ events = st.builds(
     summaries=st.lists(
         st.builds(NumericSummary, st.sampled_from(list(SummaryKey)), _numbers),
         max_size=6,
+        unique_by=lambda s: s.key,
+    ).map(tuple),
+    # Distinct keys (an object); a value is a number, a flag or a short token.
+    settings=st.lists(
+        st.builds(
+            Setting,
+            st.from_regex(r"[a-z][a-z0-9_]{0,15}", fullmatch=True),
+            st.one_of(st.booleans(), _numbers, _ids),
+        ),
+        max_size=4,
         unique_by=lambda s: s.key,
     ).map(tuple),
 )

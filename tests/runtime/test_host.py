@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from skippyctl.config.load_options import LoadOptions
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event, LogicalId
 from skippyctl.events.reasons import Producer, ReasonCode
 from skippyctl.pipeline.dispatch import Subscription
 from skippyctl.reducer.state import ModelState, ModelView, NativeMode
-from skippyctl.runtime.host import LoadRequest, RuntimeHost
+from skippyctl.runtime.host import RuntimeHost
 
 TERMINALS = {EventId.MODEL_AVAILABLE, EventId.MODEL_LOAD_FAILED, EventId.MODEL_LOAD_CANCELLED}
 
@@ -41,7 +42,7 @@ def _until(subscription: Subscription, operation: LogicalId, ids: set[EventId]) 
 
 def test_load_facts_arrive_through_the_ring(host: RuntimeHost, fixture_dir: Path) -> None:
     watch = host.pipeline.subscribe("test", max_queue_size=10_000, replay=True)
-    handle = host.load_model(LoadRequest(str(fixture_dir / "tiny.gguf")))
+    handle = host.load_model(LoadOptions(str(fixture_dir / "tiny.gguf")))
     events = _until(watch, handle.operation_id, TERMINALS)
     assert events[-1].id is EventId.MODEL_AVAILABLE
     native = [e for e in events if e.producer is Producer.NATIVE]
@@ -63,7 +64,7 @@ def test_killed_engine_mid_load_is_a_process_crash_and_the_host_keeps_running(
 ) -> None:
     monkeypatch.setenv("SKIPPY_TEST_PROGRESS_DELAY_US", "200000")
     watch = host.pipeline.subscribe("test", max_queue_size=10_000, replay=True)
-    handle = host.load_model(LoadRequest(str(fixture_dir / "tiny.gguf")))
+    handle = host.load_model(LoadOptions(str(fixture_dir / "tiny.gguf")))
     _until(watch, handle.operation_id, {EventId.MODEL_LOAD_PROGRESS})
     engine = host.engine_for(LogicalId("tiny"))
     assert engine is not None
@@ -74,7 +75,7 @@ def test_killed_engine_mid_load_is_a_process_crash_and_the_host_keeps_running(
     assert failed.reason_code is ReasonCode.PROCESS_CRASH
     assert failed.producer is Producer.RECONCILED
     monkeypatch.delenv("SKIPPY_TEST_PROGRESS_DELAY_US")
-    retry = host.load_model(LoadRequest(str(fixture_dir / "tiny.gguf")))
+    retry = host.load_model(LoadOptions(str(fixture_dir / "tiny.gguf")))
     assert _until(watch, retry.operation_id, TERMINALS)[-1].id is EventId.MODEL_AVAILABLE
 
 
@@ -86,7 +87,7 @@ def _settled_view(fixture_dir: Path, capture: bool, monkeypatch: pytest.MonkeyPa
     runtime = RuntimeHost().start()
     try:
         watch = runtime.pipeline.subscribe("test", max_queue_size=10_000, replay=True)
-        handle = runtime.load_model(LoadRequest(str(fixture_dir / "tiny.gguf")))
+        handle = runtime.load_model(LoadOptions(str(fixture_dir / "tiny.gguf")))
         _until(watch, handle.operation_id, TERMINALS)
         engine = runtime.engine_for(LogicalId("tiny"))
         assert engine is not None and engine.ring is not None

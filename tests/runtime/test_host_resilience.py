@@ -14,13 +14,14 @@ from typing import Any
 
 import pytest
 
+from skippyctl.config.load_options import LoadOptions
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event, LogicalId
 from skippyctl.events.reasons import ReasonCode
 from skippyctl.pipeline.dispatch import Subscription
 from skippyctl.reducer.state import SETTLED_MODEL_STATES
 from skippyctl.runtime import host as host_module
-from skippyctl.runtime.host import LoadRequest, RuntimeHost
+from skippyctl.runtime.host import RuntimeHost
 
 TERMINALS = {EventId.MODEL_AVAILABLE, EventId.MODEL_LOAD_FAILED, EventId.MODEL_LOAD_CANCELLED}
 SETTLE_S = 30.0
@@ -86,7 +87,7 @@ def test_a_path_with_a_nul_byte_fails_the_load_and_frees_the_model_id(
     host: RuntimeHost, fixture_dir: Path
 ) -> None:
     watch = host.pipeline.subscribe("test", max_queue_size=10_000, replay=True)
-    handle = host.load_model(LoadRequest(str(fixture_dir / "ti\x00ny.gguf"), alias="nul"))
+    handle = host.load_model(LoadOptions(str(fixture_dir / "ti\x00ny.gguf"), alias="nul"))
     assert handle.problem is not None and "\x00" not in handle.problem
     events = _until(watch, handle.operation_id, TERMINALS)
     (failed,) = _terminals(events, handle.operation_id)
@@ -94,7 +95,7 @@ def test_a_path_with_a_nul_byte_fails_the_load_and_frees_the_model_id(
     assert failed.reason_code is ReasonCode.INVALID_CONFIGURATION
     view = host.pipeline.state.models.get(LogicalId("nul"))
     assert view is None or view.state in SETTLED_MODEL_STATES  # never stuck in `requested`
-    retry = host.load_model(LoadRequest(str(fixture_dir / "tiny.gguf"), alias="nul"))
+    retry = host.load_model(LoadOptions(str(fixture_dir / "tiny.gguf"), alias="nul"))
     assert _until(watch, retry.operation_id, TERMINALS)[-1].id is EventId.MODEL_AVAILABLE
 
 
@@ -107,13 +108,13 @@ def test_any_exception_after_the_load_was_requested_ends_in_model_load_failed(
 
     watch = host.pipeline.subscribe("test", max_queue_size=10_000, replay=True)
     monkeypatch.setattr(host_module, "EngineProcess", cannot_spawn)
-    handle = host.load_model(LoadRequest(str(fixture_dir / "tiny.gguf"), alias="nospawn"))
+    handle = host.load_model(LoadOptions(str(fixture_dir / "tiny.gguf"), alias="nospawn"))
     assert handle.problem is not None
     (failed,) = _terminals(_until(watch, handle.operation_id, TERMINALS), handle.operation_id)
     assert failed.id is EventId.MODEL_LOAD_FAILED
     assert failed.reason_code is ReasonCode.INTERNAL_RUNTIME_FAILURE
     monkeypatch.undo()
-    retry = host.load_model(LoadRequest(str(fixture_dir / "tiny.gguf"), alias="nospawn"))
+    retry = host.load_model(LoadOptions(str(fixture_dir / "tiny.gguf"), alias="nospawn"))
     assert _until(watch, retry.operation_id, TERMINALS)[-1].id is EventId.MODEL_AVAILABLE
 
 
@@ -122,7 +123,7 @@ def test_failed_loads_leave_no_engine_process_behind(host: RuntimeHost, fixture_
     before = engine_children(os.getpid())
     for alias in ("broken-1", "broken-2", "broken-3"):
         # truncated.gguf passes the host's header pre-check; llama.cpp returns NULL for it.
-        handle = host.load_model(LoadRequest(str(fixture_dir / "truncated.gguf"), alias=alias))
+        handle = host.load_model(LoadOptions(str(fixture_dir / "truncated.gguf"), alias=alias))
         assert handle.problem is None
         (failed,) = _terminals(_until(watch, handle.operation_id, TERMINALS), handle.operation_id)
         assert failed.id is EventId.MODEL_LOAD_FAILED
@@ -137,7 +138,7 @@ def test_a_cancelled_load_leaves_no_engine_process_behind(
     monkeypatch.setenv("SKIPPY_TEST_PROGRESS_DELAY_US", "200000")  # a load that takes seconds
     watch = host.pipeline.subscribe("test", max_queue_size=10_000, replay=True)
     before = engine_children(os.getpid())
-    handle = host.load_model(LoadRequest(str(fixture_dir / "tiny.gguf"), alias="cancelled"))
+    handle = host.load_model(LoadOptions(str(fixture_dir / "tiny.gguf"), alias="cancelled"))
     _until(watch, handle.operation_id, {EventId.MODEL_LOAD_PROGRESS})
     assert len(engine_children(os.getpid()) - before) == 1
     host.cancel(handle.operation_id)
@@ -150,7 +151,7 @@ def test_a_cancelled_load_leaves_no_engine_process_behind(
 def test_a_load_that_serves_keeps_its_engine(host: RuntimeHost, fixture_dir: Path) -> None:
     """The other side of retiring: only loads that end without serving lose their engine."""
     watch = host.pipeline.subscribe("test", max_queue_size=10_000, replay=True)
-    handle = host.load_model(LoadRequest(str(fixture_dir / "tiny.gguf"), alias="serves"))
+    handle = host.load_model(LoadOptions(str(fixture_dir / "tiny.gguf"), alias="serves"))
     assert _until(watch, handle.operation_id, TERMINALS)[-1].id is EventId.MODEL_AVAILABLE
     pid = host.engine_pids()["serves"]
     assert pid in engine_children(os.getpid())

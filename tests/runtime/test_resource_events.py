@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from skippyctl.config.load_options import LoadOptions
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event, LogicalId, SummaryKey
 from skippyctl.events.reasons import ReasonCode
 from skippyctl.pipeline.dispatch import Subscription
 from skippyctl.reducer.state import DeviceState, ModelState
-from skippyctl.runtime.host import LoadRequest, RuntimeHost
+from skippyctl.runtime.host import RuntimeHost
 
 TERMINALS = {EventId.MODEL_AVAILABLE, EventId.MODEL_LOAD_FAILED, EventId.MODEL_LOAD_CANCELLED}
 ABSURD_CONTEXT_TOKENS = 2_000_000_000
@@ -27,7 +28,7 @@ def host() -> Iterator[RuntimeHost]:
     runtime.shutdown()
 
 
-def _load(host: RuntimeHost, request: LoadRequest) -> list[Event]:
+def _load(host: RuntimeHost, request: LoadOptions) -> list[Event]:
     """Every event of the load (and the runtime's before it) up to its terminal."""
     watch: Subscription = host.pipeline.subscribe("test", max_queue_size=10_000, replay=True)
     handle = host.load_model(request)
@@ -56,7 +57,7 @@ def _value(event: Event, key: SummaryKey) -> int:
 def test_a_load_reports_its_devices_phases_and_memory_per_device(
     host: RuntimeHost, fixture_dir: Path, fixture: str
 ) -> None:
-    events = _load(host, LoadRequest(str(fixture_dir / fixture), context_tokens=2048, lanes=2))
+    events = _load(host, LoadOptions(str(fixture_dir / fixture), ctx=2048, lanes=2))
     ids = _ids(events)
     assert ids[-1] is EventId.MODEL_AVAILABLE
     # ggml's registry, in order: backends initialised, the CPU device selected and ready.
@@ -115,12 +116,12 @@ def test_a_load_reports_its_devices_phases_and_memory_per_device(
 
 
 def test_the_kv_figure_is_the_context_geometry(host: RuntimeHost, fixture_dir: Path) -> None:
-    small = _load(host, LoadRequest(str(fixture_dir / "tiny.gguf"), context_tokens=1024, lanes=1))
+    small = _load(host, LoadOptions(str(fixture_dir / "tiny.gguf"), ctx=1024, lanes=1))
     (first,) = [e for e in small if e.id is EventId.MODEL_MEMORY_ALLOCATION_SUMMARY]
     host.stop_engine(LogicalId("tiny"))
     large = _load(
         host,
-        LoadRequest(str(fixture_dir / "tiny.gguf"), alias="tiny4k", context_tokens=4096, lanes=1),
+        LoadOptions(str(fixture_dir / "tiny.gguf"), alias="tiny4k", ctx=4096, lanes=1),
     )
     (second,) = [
         e
@@ -133,9 +134,7 @@ def test_the_kv_figure_is_the_context_geometry(host: RuntimeHost, fixture_dir: P
 def test_an_absurd_context_fails_for_memory_and_the_host_serves_on(
     host: RuntimeHost, fixture_dir: Path
 ) -> None:
-    events = _load(
-        host, LoadRequest(str(fixture_dir / "tiny.gguf"), context_tokens=ABSURD_CONTEXT_TOKENS)
-    )
+    events = _load(host, LoadOptions(str(fixture_dir / "tiny.gguf"), ctx=ABSURD_CONTEXT_TOKENS))
     failed = events[-1]
     assert failed.id is EventId.MODEL_LOAD_FAILED
     assert failed.reason_code is ReasonCode.OUT_OF_MEMORY
@@ -155,7 +154,7 @@ def test_an_absurd_context_fails_for_memory_and_the_host_serves_on(
     assert EventId.MODEL_MEMORY_ALLOCATION_SUMMARY not in _ids(events)
     assert host.pipeline.state.devices[LogicalId("CPU")].out_of_memory == 1
     # The host is alive and the same model loads with a sane context.
-    again = _load(host, LoadRequest(str(fixture_dir / "tiny.gguf"), context_tokens=1024))
+    again = _load(host, LoadOptions(str(fixture_dir / "tiny.gguf"), ctx=1024))
     assert again[-1].id is EventId.MODEL_AVAILABLE
 
 
@@ -164,9 +163,7 @@ def test_a_context_beyond_the_engines_address_space_limit_fails_for_memory(
 ) -> None:
     # 1 Mi tokens of tiny.gguf's KV is 256 MiB: fits the machine, not a 64 MiB headroom.
     monkeypatch.setenv("SKIPPY_TEST_ENGINE_AS_LIMIT_MB", "64")
-    events = _load(
-        host, LoadRequest(str(fixture_dir / "tiny.gguf"), context_tokens=1 << 20, lanes=1)
-    )
+    events = _load(host, LoadOptions(str(fixture_dir / "tiny.gguf"), ctx=1 << 20, lanes=1))
     assert events[-1].id is EventId.MODEL_LOAD_FAILED
     assert events[-1].reason_code is ReasonCode.OUT_OF_MEMORY
     refused = next(e for e in events if e.id is EventId.RESOURCE_ALLOCATION_FAILED)
@@ -177,7 +174,7 @@ def test_a_context_beyond_the_engines_address_space_limit_fails_for_memory(
 def test_gpu_layers_without_a_gpu_fall_back_to_the_cpu_with_a_reason(
     host: RuntimeHost, fixture_dir: Path
 ) -> None:
-    events = _load(host, LoadRequest(str(fixture_dir / "tiny.gguf"), gpu_layers=-1))
+    events = _load(host, LoadOptions(str(fixture_dir / "tiny.gguf"), gpu_layers=-1))
     assert events[-1].id is EventId.MODEL_AVAILABLE
     fallback = next(e for e in events if e.id is EventId.CPU_FALLBACK_ACTIVATED)
     applied = next(e for e in events if e.id is EventId.FALLBACK_APPLIED)
@@ -194,9 +191,7 @@ def test_a_null_context_from_llama_cpp_is_a_resource_allocation_failure(
     # The 256 MiB KV cache passes the engine's pre-check (300 MiB headroom), but llama.cpp
     # cannot allocate KV and compute buffers together under the limit and returns NULL.
     monkeypatch.setenv("SKIPPY_TEST_ENGINE_AS_LIMIT_MB", "300")
-    events = _load(
-        host, LoadRequest(str(fixture_dir / "tiny.gguf"), context_tokens=1 << 20, lanes=1)
-    )
+    events = _load(host, LoadOptions(str(fixture_dir / "tiny.gguf"), ctx=1 << 20, lanes=1))
     assert events[-1].id is EventId.MODEL_LOAD_FAILED
     assert events[-1].reason_code is ReasonCode.RESOURCE_ALLOCATION_FAILURE
     ids = _ids(events)
@@ -207,5 +202,5 @@ def test_a_null_context_from_llama_cpp_is_a_resource_allocation_failure(
     assert refused.reason_code is ReasonCode.RESOURCE_ALLOCATION_FAILURE
     assert EventId.OUT_OF_MEMORY_CONDITION not in ids
     monkeypatch.delenv("SKIPPY_TEST_ENGINE_AS_LIMIT_MB")
-    again = _load(host, LoadRequest(str(fixture_dir / "tiny.gguf"), context_tokens=1024))
+    again = _load(host, LoadOptions(str(fixture_dir / "tiny.gguf"), ctx=1024))
     assert again[-1].id is EventId.MODEL_AVAILABLE

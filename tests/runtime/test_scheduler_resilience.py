@@ -15,12 +15,13 @@ from typing import Any
 
 import pytest
 
+from skippyctl.config.load_options import LoadOptions
 from skippyctl.engine.channel import MAX_MESSAGE_BYTES
 from skippyctl.engine.protocol import Ping
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event, LogicalId
 from skippyctl.events.reasons import ReasonCode
-from skippyctl.runtime.host import LoadRequest, RuntimeHost
+from skippyctl.runtime.host import RuntimeHost
 from skippyctl.runtime.requests import Finished, GenerationParams, RequestHandle
 from skippyctl.runtime.scheduler import ModelServer, Scheduler
 
@@ -39,7 +40,7 @@ class Runtime:
         self.host = RuntimeHost().start()
         self.scheduler = Scheduler(self.host, engine_unresponsive_after_s=unresponsive_s).start()
         self.watch = self.host.pipeline.subscribe("test", max_queue_size=100_000, replay=True)
-        handle = self.scheduler.load(LoadRequest(str(fixture_dir / "tiny.gguf"), lanes=lanes))
+        handle = self.scheduler.load(LoadOptions(str(fixture_dir / "tiny.gguf"), lanes=lanes))
         self.wait_event(EventId.MODEL_AVAILABLE)
         assert handle.model_id == LogicalId("tiny")
         self.seen: list[Event] = []

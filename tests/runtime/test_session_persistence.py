@@ -18,11 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from skippyctl.config.load_options import LoadOptions
 from skippyctl.engine.kv_state import HEADER_BYTES
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event, LogicalId, SummaryKey
 from skippyctl.events.reasons import Outcome, ReasonCode
-from skippyctl.runtime.host import LoadRequest, RuntimeHost
+from skippyctl.runtime.host import RuntimeHost
 from skippyctl.runtime.requests import Finished, GenerationParams, TextChunk
 from skippyctl.runtime.scheduler import Scheduler
 from skippyctl.runtime.session_state import SessionStateStore
@@ -64,7 +65,7 @@ class Runtime:
         return self.next_event({event_id})
 
     def load(self, artifact: Path, alias: str | None = None, lanes: int = 2) -> None:
-        handle = self.scheduler.load(LoadRequest(str(artifact), alias=alias, lanes=lanes))
+        handle = self.scheduler.load(LoadOptions(str(artifact), alias=alias, lanes=lanes))
         assert handle.problem is None
         self.wait(EventId.MODEL_AVAILABLE)
 

@@ -20,12 +20,13 @@ from typing import Any
 
 import pytest
 
+from skippyctl.config.load_options import LoadOptions
 from skippyctl.engine.options import EngineOptions
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event, LogicalId, SummaryKey
 from skippyctl.events.reasons import Category, ReasonCode
 from skippyctl.output.state import state_document
-from skippyctl.runtime.host import LoadRequest, RuntimeHost
+from skippyctl.runtime.host import RuntimeHost
 from skippyctl.runtime.requests import Finished, GenerationParams, TextChunk
 from skippyctl.runtime.scheduler import Scheduler
 from skippyctl.runtime.topology import Topology
@@ -74,7 +75,7 @@ class Runtime:
         raise AssertionError(f"none of {sorted(until)} seen")
 
     def load(self, model: Path, **fields: object) -> tuple[Event, str | None]:
-        handle = self.scheduler.load(LoadRequest(str(model), **fields))  # type: ignore[arg-type]  # test kwargs
+        handle = self.scheduler.load(LoadOptions(str(model), **fields))  # type: ignore[arg-type]  # test kwargs
         terminal = self.next_event(LOAD_TERMINALS)
         return terminal, handle.problem
 
@@ -336,7 +337,7 @@ def test_a_stage_killed_mid_generation_is_reported_and_the_load_works_again(
             first, second = _endpoint(one), _endpoint(stage_two)
             stages = (first, second)
             terminal, problem = runtime.load(
-                fixture_dir / "tiny.gguf", lanes=1, context_tokens=512, stages=stages
+                fixture_dir / "tiny.gguf", lanes=1, ctx=512, stages=stages
             )
             assert terminal.id is EventId.MODEL_AVAILABLE, problem
             engine = runtime.host.engine_pids()["tiny"]
@@ -377,7 +378,7 @@ def test_a_stage_killed_mid_generation_is_reported_and_the_load_works_again(
             assert _endpoint(stage_two) == second
             monkeypatch.delenv("SKIPPY_TEST_DECODE_DELAY_MS")
             terminal, problem = runtime.load(
-                fixture_dir / "tiny.gguf", lanes=1, context_tokens=512, stages=stages
+                fixture_dir / "tiny.gguf", lanes=1, ctx=512, stages=stages
             )
             assert terminal.id is EventId.MODEL_AVAILABLE, problem
             _, finished = runtime.generate("tiny", **GREEDY)

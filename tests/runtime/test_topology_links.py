@@ -4,11 +4,11 @@ would report."""
 
 from __future__ import annotations
 
+from skippyctl.config.endpoints import Endpoint
 from skippyctl.engine.protocol import Link
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event, LogicalId, SummaryKey
 from skippyctl.runtime import topology as topo
-from skippyctl.stages import plan as stage_plan
 
 
 def _topology(
@@ -24,7 +24,7 @@ def _topology(
         link_report_interval_s=report_interval_s,
     )
     for port in (1, 2):
-        endpoint = stage_plan.Endpoint("127.0.0.1", port)
+        endpoint = Endpoint("127.0.0.1", port)
         topology._stages.append(topo._Stage(endpoint, LogicalId(f"stage-{port}"), port - 1))
     return topology, events
 
@@ -167,7 +167,7 @@ def test_a_degraded_link_is_a_structured_warning_until_the_stage_is_ready_again(
             pipeline.submit,
             link_p95_threshold_ms=50.0,
         )
-        endpoint = stage_plan.Endpoint("127.0.0.1", 1)
+        endpoint = Endpoint("127.0.0.1", 1)
         topology._stages.append(topo._Stage(endpoint, LogicalId("stage-1"), 0))
         topology.engine_loaded(True)
         topology.engine_serving(True)

@@ -1,4 +1,4 @@
-"""The layer plan and the stage endpoints: pure functions, table-driven and property-based."""
+"""The layer plan: pure functions, table-driven and property-based."""
 
 from __future__ import annotations
 
@@ -6,49 +6,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from skippyctl.config.endpoints import MAX_STAGES
 from skippyctl.stages.plan import (
-    MAX_STAGES,
     STAGE_RESERVE_BYTES,
-    Endpoint,
-    EndpointError,
     PlanRefused,
     device_of_layer,
-    parse_endpoint,
-    parse_endpoints,
     plan_layers,
     tensor_split,
 )
 
 MIB = 2**20
-
-
-@pytest.mark.parametrize(
-    "text",
-    [
-        "",
-        "localhost:50052",
-        "127.0.0.1",
-        "127.0.0.1:0",
-        "127.0.0.1:65536",
-        "::1:5",
-        "1.2.3:4",
-        "127.0.0.1:x",
-    ],
-)
-def test_an_endpoint_that_is_not_ipv4_host_port_is_refused(text: str) -> None:
-    with pytest.raises(EndpointError):
-        parse_endpoint(text)
-
-
-def test_endpoints_parse_and_refuse_duplicates_and_more_than_ggml_takes() -> None:
-    assert parse_endpoints(["127.0.0.1:5", "10.0.0.2:50052"]) == (
-        Endpoint("127.0.0.1", 5),
-        Endpoint("10.0.0.2", 50052),
-    )
-    with pytest.raises(EndpointError, match="twice"):
-        parse_endpoints(["127.0.0.1:5", "127.0.0.1:5"])
-    with pytest.raises(EndpointError, match="at most 16"):
-        parse_endpoints([f"127.0.0.1:{p}" for p in range(1, MAX_STAGES + 2)])
 
 
 def test_layers_follow_the_offered_memory_and_the_output_goes_with_the_last_stage() -> None:

@@ -11,12 +11,13 @@ which parts an event has in each, in which order, under which keys); `encode` wr
   scope flat (`model_id`, `topology_id`, `stage_id`, `session_id`, `request_id`, `device_id`,
   `plugin_id`, `stage_index`), `progress` {current,total,unit}, `outcome`, `reason_code`,
   `duration_ms`, `stop_reason`, `batching`, `state` {current,previous}, `native`
-  {sequence,evidence}, `summaries` {key: number}; last `summary`.
+  {sequence,evidence}, `summaries` {key: number}, `settings` {key: number, flag or token}; last
+  `summary`.
 - The **event object** (`event_object`): the `event` of an SSE `runtime_event` frame (`frame`
   adds the envelope `version`, `cursor`, `process_instance_id`, `sequence`). Keys: `category`,
   `kind` (the id), `producer`, `severity`, `ts`, `scope` {the same ids}, `operation`
   {root,child}, the same outcome fields, `native` {sequence,timestamp_ns,evidence},
-  `numeric_summaries` [{key,value}]; last `summary`.
+  `numeric_summaries` [{key,value}], `settings` {key: value}; last `summary`.
 
 Both are version 1: fields are added, never renamed, and the key order is part of the contract
 (tests pin the bytes). `ts` is UTC RFC 3339 with microseconds.
@@ -33,7 +34,8 @@ field or value it did not take as it came:
 - an unknown key, at the top or inside a nested object, or an unknown summary key: the key is
   dropped and counted, the record kept (`unknown_field`);
 - an unknown enum value (severity, producer, outcome, reason code, stop reason, batching, unit,
-  evidence): dropped, or replaced by the catalog default, and counted (`unknown_value`).
+  evidence), or a setting whose key or value an `Event` cannot hold: dropped, or replaced by the
+  catalog default, and counted (`unknown_value`).
 
 What a shape does not carry is reconstructed, never invented as a sentinel: the monotonic time
 is the wall time (`ts`), the record's native stamp takes that same time, the record carries no

@@ -17,16 +17,19 @@ import orjson
 
 from skippyctl.events.catalog import EventId, spec_of
 from skippyctl.events.envelope import (
+    MAX_SETTINGS,
     SCHEMA_VERSION,
     BatchingMode,
     Event,
     InvalidLogicalId,
+    InvalidSetting,
     LogicalId,
     NativeStamp,
     NumericSummary,
     Progress,
     Scope,
     SequenceEvidence,
+    Setting,
     StateChange,
     StopReason,
     SummaryKey,
@@ -199,6 +202,7 @@ class _Decoder:
             stop_reason=self.optional_enum(StopReason, data.get("stop_reason")),
             batching=self.optional_enum(BatchingMode, data.get("batching")),
             summaries=self.summaries(),
+            settings=self.settings(),
         )
 
     @staticmethod
@@ -300,6 +304,20 @@ class _Decoder:
                 self.skipped.append(SkipReason.UNKNOWN_FIELD)
                 continue
             items.append(NumericSummary(summary_key, _number(number)))
+        return tuple(items)
+
+    def settings(self) -> tuple[Setting, ...]:
+        value = self.data.get("settings")
+        if value is None:
+            return ()
+        items: list[Setting] = []
+        for key, setting in _object(value).items():
+            try:
+                items.append(Setting(key, setting))
+            except InvalidSetting:
+                self.skipped.append(SkipReason.UNKNOWN_VALUE)
+        if len(items) > MAX_SETTINGS:
+            raise _Invalid
         return tuple(items)
 
     def summary_item(self, item: object) -> tuple[str, object]:

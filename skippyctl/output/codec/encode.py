@@ -184,6 +184,11 @@ def _summaries_writer(key: str, listed: bool) -> _Writer:
     return write
 
 
+def _settings(out: dict[str, Any], event: Event, seq: int | None, cursor: str | None) -> None:
+    if event.settings:
+        out["settings"] = {s.key: s.value for s in event.settings}
+
+
 def _writer(part: Part, layout: Layout) -> _Writer:
     """The writer of `part` in `layout` (resolved once per shape: encoding is a hot path)."""
     match part:
@@ -213,6 +218,8 @@ def _writer(part: Part, layout: Layout) -> _Writer:
             return _native_writer(layout.native_keys)
         case Part.SUMMARIES:
             return _summaries_writer(layout.summaries_key, layout.summaries_listed)
+        case Part.SETTINGS:
+            return _settings
         case Part.SUMMARY:
             return _summary
         case _:

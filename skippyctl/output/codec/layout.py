@@ -31,6 +31,7 @@ class Part(Enum):
     OUTCOME = auto()  # progress, outcome, reason_code, duration_ms, stop_reason, batching, state
     NATIVE = auto()
     SUMMARIES = auto()
+    SETTINGS = auto()
     SUMMARY = auto()
 
 
@@ -105,6 +106,8 @@ class Layout:
                     keys.add("native")
                 case Part.SUMMARIES:
                     keys.add(self.summaries_key)
+                case Part.SETTINGS:
+                    keys.add("settings")
                 case Part.SUMMARY:
                     keys.add("summary")
                 case _:
@@ -127,6 +130,7 @@ RECORD: Final = Layout(
         Part.OUTCOME,
         Part.NATIVE,
         Part.SUMMARIES,
+        Part.SETTINGS,
         Part.SUMMARY,
     ),
     id_key="event",
@@ -150,6 +154,7 @@ OBJECT: Final = Layout(
         Part.OUTCOME,
         Part.NATIVE,
         Part.SUMMARIES,
+        Part.SETTINGS,
         Part.SUMMARY,
     ),
     id_key="kind",
