@@ -2,9 +2,10 @@
 
 Host code (it moved here from the engine package): it depends on the engine only through the
 protocol (``engine/protocol.py``, ``engine/channel.py``) and the worker's spawn arguments
-(``engine/options.py``), and on the pipeline only through :class:`EnginePipeline`, the three
-things it needs — register and drain the engine's ring, submit authoritative items after the
-ring's facts, submit an event — never the concrete pipeline.
+(``engine/options.py``), and on the pipeline, its listener and its topology only through the
+protocols of ``runtime/engine_seams.py`` (:class:`EnginePipeline`: the three things it needs —
+register and drain the engine's ring, submit authoritative items after the ring's facts, submit
+an event — never the concrete pipeline).
 
 The supervisor never parses the engine's output. Its stderr goes to /dev/null unless the operator
 opts into a debug artifact (SKIPPY_ENGINE_STDERR=inherit). What the engine returns arrives on the
@@ -17,12 +18,9 @@ figures (`link` messages) go to it too. Resource messages (load phases, devices,
 compute failures) become events (``runtime/resource_events.py``) queued as ``Observed`` items,
 in order with the return values around them.
 
-Commands go out from the caller's thread when the socket takes them at once and nothing waits
-ahead of them; otherwise through one writer thread per engine (`skippy-engine-writer-…`), in
-order. `send` never blocks on the socket, so an engine that stops reading (SIGSTOP, a stuck
-process) can never block an API handler, the scheduler or this engine's reader thread. A message
-over the frame limit raises :class:`MessageTooLarge` in `send` itself, before anything is queued:
-the caller refuses the one request it belongs to.
+Commands go out through the engine's :class:`~skippyctl.runtime.engine_commands.CommandWriter`
+(``runtime/engine_commands.py``): in order, never blocking the caller, a message over the frame
+limit refused in `send` itself before anything is queued.
 
 An unusable frame or message from the engine is counted (`protocol_errors`) and reported as
 `invariant_protocol_violation`; it never ends the reader (only end of stream does). An unusable
@@ -42,7 +40,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import queue
 import signal
 import socket
 import subprocess
@@ -51,9 +48,9 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, Protocol, assert_never
+from typing import Final, assert_never
 
-from skippyctl.engine.channel import MalformedMessage, encode_frame, host_side
+from skippyctl.engine.channel import MalformedMessage, host_side
 from skippyctl.engine.options import EngineOptions
 from skippyctl.engine.protocol import (
     AllocationRefused,
@@ -84,14 +81,13 @@ from skippyctl.engine.protocol import (
     PluginReported,
     Pong,
     ProtocolError,
-    ServingMessage,
     SessionChanged,
     Shutdown,
     StateExported,
     StateImported,
 )
 from skippyctl.events.catalog import EventId
-from skippyctl.events.envelope import Event, LogicalId, Scope, make_event, summaries
+from skippyctl.events.envelope import LogicalId, Scope, make_event, summaries
 from skippyctl.events.reasons import Outcome, ReasonCode
 
 # Host side: imported with the supervisor at host start, not in EngineProcess.__init__, which
@@ -117,67 +113,13 @@ from skippyctl.pipeline.authority import (
 from skippyctl.pipeline.authority import (
     LoadReturned as LoadReturnedItem,
 )
+from skippyctl.runtime.engine_commands import CommandWriter
+from skippyctl.runtime.engine_seams import EngineListener, EnginePipeline, EngineTopology
 from skippyctl.runtime.plugin_events import plugin_events
 from skippyctl.runtime.resource_events import resource_events
 
 STOP_GRACE_S: Final = 3.0
 WRITER_JOIN_S: Final = 1.0
-
-
-class AuthoritySink(Protocol):
-    def submit_authority(self, item: Authoritative) -> None:
-        """Queue an authoritative item (after every native fact drained so far)."""
-        ...
-
-
-class EnginePipeline(AuthoritySink, Protocol):
-    """What an engine needs from the pipeline (``skippyctl.pipeline.pipeline.Pipeline`` is one):
-    its ring drained in order before its authoritative items, and a place for its events."""
-
-    def submit(self, event: Event) -> object: ...
-    def attach_engine(
-        self, key: str, ring: SharedIngress, model_id: LogicalId | None = None
-    ) -> AuthoritySink: ...
-    def detach_engine(self, key: str) -> None: ...
-
-
-class EngineListener(Protocol):
-    """Receives an engine's serving messages (generation observations) and its exit.
-
-    Called on the engine's reader thread: implementations hand work off, never block.
-    """
-
-    def on_engine_serving(self, engine: object, lanes: int) -> None: ...
-    def on_engine_message(self, engine: object, message: ServingMessage) -> None: ...
-    def on_engine_exit(
-        self, engine: object, crashed: bool, reason: ReasonCode | None = None
-    ) -> None: ...
-
-
-class EngineTopology(Protocol):
-    """The stages a split model's engine uses (``runtime/topology.py``), told what the engine
-    reports. Called on the engine's reader thread."""
-
-    def engine_loaded(self, ok: bool) -> None:
-        """The model load returned (``ok``: the split weights are on the stages)."""
-        ...
-
-    def engine_serving(self, ok: bool) -> None:
-        """The serving context was created (``ok``) or not."""
-        ...
-
-    def engine_link(self, link: Link) -> None:
-        """The engine measured its connection to one stage (``engine/links.py``)."""
-        ...
-
-    def engine_crashed(self) -> ReasonCode | None:
-        """The engine died unasked: the reason to report instead of ``process_crash`` (it may
-        probe the stages, bounded), None for none."""
-        ...
-
-    def close(self) -> None:
-        """The engine is done with the stages (its owner calls this; idempotent)."""
-        ...
 
 
 CANCEL_GRACE_S: Final = 2.0
@@ -244,13 +186,6 @@ class EngineProcess:
         self._pings = 0
         self.pongs = 0
         """Pings the engine answered (for operators and tests)."""
-        self._outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
-        self._queue_lock = threading.Lock()
-        """Held only around a non-blocking write or a queue put, never across blocking I/O."""
-        self._queued = 0
-        """Frames (or the rest of one) handed to the writer and not yet written: while any is,
-        `send` queues behind them to keep the order."""
-        self._send_closed = threading.Event()
         host_sock, child_sock = socket.socketpair()
         pass_fds = [child_sock.fileno()]
         args = [sys.executable, "-m", "skippyctl.engine.engine_worker"]
@@ -284,6 +219,7 @@ class EngineProcess:
         child_sock.close()
         try:
             self._channel = host_side(host_sock)
+            self._commands = CommandWriter(self._channel, key)
             self._engine_channel = (
                 pipeline.attach_engine(key, self._ring, model_id)
                 if self._ring is not None
@@ -292,11 +228,8 @@ class EngineProcess:
             self._reader = threading.Thread(
                 target=self._read_loop, name=f"skippy-engine-{key}", daemon=True
             )
-            self._writer = threading.Thread(
-                target=self._write_loop, name=f"skippy-engine-writer-{key}", daemon=True
-            )
             self._reader.start()
-            self._writer.start()
+            self._commands.start()
         except BaseException:
             # Never leave a process behind that nobody watches.
             self.process.kill()
@@ -353,34 +286,7 @@ class EngineProcess:
         """Queue a command for the writer thread; never blocks. False if the engine is gone.
         Raises :class:`MessageTooLarge` or :class:`UnencodableMessage` (nothing queued) for a
         command that cannot be framed."""
-        frame = encode_frame(command, self._channel.limit_bytes)
-        if self._send_closed.is_set():
-            return False
-        with self._queue_lock:
-            if self._queued == 0:
-                # Nothing ahead of it: write now, from the caller's thread. Handing the frame to
-                # the writer costs a thread switch, and on 2 busy cores the writer waits
-                # milliseconds for the GIL: simultaneous requests then reach the engine spread
-                # out and miss each other's prefill step.
-                sent = self._channel.send_frame_now(frame)
-                if sent is None:
-                    self._send_closed.set()
-                    return False
-                if sent == len(frame):
-                    return True
-                frame = frame[sent:]
-            self._queued += 1
-            self._outbox.put(frame)
-        return True
-
-    def _write_loop(self) -> None:
-        while True:
-            frame = self._outbox.get()
-            if frame is None or not self._channel.send_frame(frame):
-                self._send_closed.set()
-                return
-            with self._queue_lock:
-                self._queued -= 1
+        return self._commands.send(command)
 
     # -- liveness -------------------------------------------------------------------------------
     def silent_for_s(self, now_ns: int | None = None) -> float:
@@ -504,8 +410,7 @@ class EngineProcess:
 
     def _report_exit(self, returncode: int) -> None:
         crashed = not self._stopping.is_set()
-        self._send_closed.set()
-        self._outbox.put(None)
+        self._commands.close()
         reason: ReasonCode | None = None
         if crashed and self.topology is not None:
             try:
@@ -526,7 +431,7 @@ class EngineProcess:
         if self._engine_channel is not None:
             self._pipeline.detach_engine(self.key)
         # The peer is gone, so a write in flight fails at once; then the socket can close.
-        self._writer.join(WRITER_JOIN_S)
+        self._commands.join(WRITER_JOIN_S)
         self._channel.close()
         self._exited.set()
 

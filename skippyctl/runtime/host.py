@@ -50,12 +50,8 @@ from skippyctl.reducer.state import (
     SERVING_MODEL_STATES,
     SETTLED_MODEL_STATES,
 )
-from skippyctl.runtime.engine_supervisor import (
-    EngineHello,
-    EngineListener,
-    EngineProcess,
-    LoadCommand,
-)
+from skippyctl.runtime.engine_seams import EngineListener
+from skippyctl.runtime.engine_supervisor import EngineHello, EngineProcess, LoadCommand
 from skippyctl.runtime.topology import Assembled, Topology, TopologyRefused
 
 ENGINE_HELLO_TIMEOUT_S: Final = 60.0

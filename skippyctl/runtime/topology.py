@@ -50,30 +50,18 @@ built by the host before any engine exists. Contract:
   latest figures per stage. ``engine_loaded`` (ok) emits, per stage, ``stage_ready`` then
   ``downstream_connection_established`` (ggml connected and the first round trips came back),
   both with the figures measured right after the load (summaries ``link_rtt_ms``,
-  ``link_p95_ms``, ``link_jitter_ms``). While the model serves, a stage whose link p95 goes
-  above ``link_p95_threshold_ms`` gets ``stage_degraded`` (reason ``timeout``; summaries the
-  figures and ``link_p95_threshold_ms``), and once it is back below
-  ``LINK_RECOVERY_RATIO`` × the threshold (hysteresis) ``stage_ready`` with the figures. The
-  first degraded stage makes the topology ``topology_degraded`` (reason ``timeout``), the last
-  one to recover ``topology_ready`` again; the reducer projects that onto the model (degraded,
-  still serving — also when the topology is degraded before the engine's context return is
-  reduced, since the host cannot order its events after that authoritative item). Only those
-  transitions change state. The figures themselves are reported as ``stage_link_observed``
-  (progress class: the latest value per stage is kept, older undelivered ones coalesce;
-  progress ``current`` counts the link's figures so far, unit ``items``; summaries the figures):
-  a stage's first figures at once, then at most every ``LINK_REPORT_INTERVAL_S``, which keeps
-  the state document's, ``ps``'s and the Stages pane's figures live. When
-  ``engine_crashed`` finds a stage gone it emits ``downstream_connection_lost`` for it before
-  ``stage_unavailable``. The engine probes idle links too (each probe is a ggml call), so a
-  remote stage dying while the engine is idle ends the engine within a probe interval and is
-  attributed then.
+  ``link_p95_ms``, ``link_jitter_ms``). When ``engine_crashed`` finds a stage gone it emits
+  ``downstream_connection_lost`` for it before ``stage_unavailable``. The engine probes idle
+  links too (each probe is a ggml call), so a remote stage dying while the engine is idle ends
+  the engine within a probe interval and is attributed then. How the figures are reported
+  (``stage_link_observed``) and judged against ``link_p95_threshold_ms`` (``stage_degraded``,
+  ``topology_degraded``, with hysteresis) is ``runtime/topology_links.py``'s contract; the
+  stage records and the local stage workers are ``runtime/topology_stages.py``'s.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -87,16 +75,16 @@ from skippyctl.config.endpoints import Endpoint
 from skippyctl.config.load_options import DEFAULT_STAGE_LINK_P95_MS
 from skippyctl.engine.protocol import Link, StagePlan
 from skippyctl.events.catalog import EventId
-from skippyctl.events.envelope import (
-    Event,
-    LogicalId,
-    NumericSummary,
-    Progress,
-    Scope,
-    make_event,
-    summaries,
+from skippyctl.events.envelope import Event, LogicalId, Scope, make_event, summaries
+from skippyctl.events.reasons import Outcome, ReasonCode
+from skippyctl.runtime.topology_links import LINK_REPORT_INTERVAL_S, TopologyLinks
+from skippyctl.runtime.topology_stages import (
+    LOCAL_HOST,
+    LOCAL_STAGE_READY_TIMEOUT_S,
+    LocalStage,
+    TopologyStage,
+    local_stage_threads,
 )
-from skippyctl.events.reasons import Outcome, ProgressUnit, ReasonCode
 from skippyctl.stages import plan as stage_plan
 from skippyctl.stages import ports
 from skippyctl.stages.probe import (
@@ -106,30 +94,10 @@ from skippyctl.stages.probe import (
     StageUnreachable,
     probe,
 )
-from skippyctl.stages.stage_supervisor import (
-    STARTUP_TIMEOUT_S,
-    StageOptions,
-    StageOutcome,
-    StageRefused,
-    StageSupervisor,
-)
+from skippyctl.stages.stage_supervisor import StageOptions
 
-LOCAL_STAGE_READY_TIMEOUT_S: Final = STARTUP_TIMEOUT_S + 10.0
 CANCEL_POLL_S: Final = 0.05
 """How often an assembly that waits (a local stage, the probes) looks for a cancel."""
-LOCAL_HOST: Final = "127.0.0.1"
-LINK_RECOVERY_RATIO: Final = 0.8
-"""A degraded link is ready again once its p95 is below this fraction of the threshold."""
-LINK_REPORT_INTERVAL_S: Final = 5.0
-"""A stage's link figures become a ``stage_link_observed`` at most this often (its first ones at
-once): live enough for ``ps`` and the dashboard, while an idle runtime's one probe a second per
-stage does not fill the event replay buffer and the dashboard's log with measurements."""
-
-
-def local_stage_threads(count: int, cpus: int | None = None) -> int:
-    """Threads of each of ``count`` local stages: the CPUs shared by the stages and the engine
-    (which keeps one share for what stays on its CPU), at least one."""
-    return max(1, (cpus if cpus is not None else (os.cpu_count() or 1)) // (count + 1))
 
 
 class TopologyRefused(Exception):
@@ -169,62 +137,6 @@ def model_bytes(path: Path) -> int:
     return sum(part.stat().st_size for part in parts)
 
 
-class _LocalStage:
-    """A stage worker this host started for one topology (its supervisor on a thread)."""
-
-    def __init__(self, options: StageOptions, emit: Callable[[Event], None]) -> None:
-        self.stop = threading.Event()
-        self.ready = threading.Event()
-        self.settled = threading.Event()
-        """Ready, or ended before it was ready."""
-        self.outcome: StageOutcome | None = None
-        self.refused: StageRefused | None = None
-        self._emit = emit
-        self.supervisor = StageSupervisor(options, self._on_event, python=sys.executable)
-        self.thread = threading.Thread(target=self._run, name="skippy-stage", daemon=True)
-
-    def _on_event(self, event: Event) -> None:
-        self._emit(event)
-        if event.id is EventId.STAGE_READY:
-            self.ready.set()
-        if event.id in (EventId.STAGE_READY, EventId.STAGE_FAILED, EventId.STAGE_STOPPED):
-            self.settled.set()
-
-    def _run(self) -> None:
-        try:
-            self.outcome = self.supervisor.run(self.stop)
-        except StageRefused as refused:
-            self.refused = refused
-        finally:
-            self.settled.set()
-
-    @property
-    def ended(self) -> bool:
-        return not self.thread.is_alive() and self.settled.is_set()
-
-    def close(self) -> None:
-        self.stop.set()
-        if self.thread.is_alive():
-            self.thread.join()
-
-
-@dataclass(slots=True, eq=False)
-class _Stage:
-    endpoint: Endpoint
-    stage_id: LogicalId
-    index: int
-    """Its position in the load's list: the ``stage_index`` of its events."""
-    local: _LocalStage | None = None
-    share: stage_plan.StageShare | None = None
-    link: Link | None = None
-    """The engine's latest figures of its connection to this stage."""
-    link_probes: int = 0
-    """How many figures the engine sent for this link (the progress of ``stage_link_observed``)."""
-    link_reported_s: float | None = None
-    """When its figures were last reported (monotonic seconds)."""
-    link_degraded: bool = False
-
-
 class Topology:
     """The stages of one split load (see the module docstring). Thread-safe."""
 
@@ -255,12 +167,11 @@ class Topology:
         self._replan = replan
         self._lost_stages = set() if lost_stages is None else lost_stages
         """Shared with the host across loads: stages an engine lost and no load reached since."""
-        self.link_p95_threshold_ms = link_p95_threshold_ms
-        self._link_report_interval_s = link_report_interval_s
+        self._links = TopologyLinks(self._emit, link_p95_threshold_ms, link_report_interval_s)
         self._serving = False
-        self._stages: list[_Stage] = []
+        self._stages: list[TopologyStage] = []
         """The stages of the plan (all listed ones, less those ``replan`` left out)."""
-        self._left_out: list[_Stage] = []
+        self._left_out: list[TopologyStage] = []
         self._lock = threading.Lock()
         self._loading = True
         self._ended = False
@@ -277,7 +188,7 @@ class Topology:
         operation = self.operation_id if self._loading else event.operation_id
         return dataclasses.replace(event, scope=scope, operation_id=operation)
 
-    def _emit(self, event_id: EventId, stage: _Stage | None = None, **fields: Any) -> None:
+    def _emit(self, event_id: EventId, stage: TopologyStage | None = None, **fields: Any) -> None:
         if stage is not None:
             scope = Scope(
                 topology_id=self.topology_id,
@@ -338,7 +249,7 @@ class Topology:
         """Local stages started, every stage probed, the layers planned (module docstring)."""
         for index, endpoint in enumerate(self._endpoints):
             stage_id = ports.stage_id_for(endpoint.host, endpoint.port)
-            self._stages.append(_Stage(endpoint, stage_id, index))
+            self._stages.append(TopologyStage(endpoint, stage_id, index))
         self._check_cancelled()
         self._start_local_stages()
         probes = self._probe_all()
@@ -438,10 +349,10 @@ class Topology:
         if self._local_count <= 0:
             return
         threads = local_stage_threads(self._local_count)
-        started: list[_LocalStage] = []
+        started: list[LocalStage] = []
         for _ in range(self._local_count):
             index = len(self._stages)
-            local = _LocalStage(
+            local = LocalStage(
                 StageOptions(
                     host=LOCAL_HOST,
                     port=0,
@@ -451,7 +362,8 @@ class Topology:
                 self._local_emitter(index),
             )
             # The id is known once the port is reserved; a placeholder until then.
-            self._stages.append(_Stage(Endpoint(LOCAL_HOST, 0), LogicalId("stage"), index, local))
+            placeholder = TopologyStage(Endpoint(LOCAL_HOST, 0), LogicalId("stage"), index, local)
+            self._stages.append(placeholder)
             local.thread.start()
             started.append(local)
         for position, local in enumerate(started):
@@ -480,7 +392,7 @@ class Topology:
 
         return emit
 
-    def _probe_one(self, stage: _Stage) -> StageProbe | Exception:
+    def _probe_one(self, stage: TopologyStage) -> StageProbe | Exception:
         try:
             return probe(stage.endpoint.host, stage.endpoint.port, self._probe_timeout_s)
         except (StageUnreachable, StageIncompatible) as error:
@@ -514,7 +426,7 @@ class Topology:
                     layer_start=None if share is None else share.layer_start,
                     layer_count=None if share is None else share.layer_count,
                 )
-                + self._link_summaries(stage),
+                + self._links.summaries(stage),
             )
             recovered = stage.stage_id in self._lost_stages
             self._lost_stages.discard(stage.stage_id)
@@ -524,7 +436,7 @@ class Topology:
                 else EventId.DOWNSTREAM_CONNECTION_ESTABLISHED,
                 stage,
                 outcome=Outcome.SUCCESS,
-                summaries=self._link_summaries(stage),
+                summaries=self._links.summaries(stage),
             )
 
     def engine_serving(self, ok: bool) -> None:
@@ -541,15 +453,7 @@ class Topology:
             self._serving = not self._ended
             stages = list(self._stages) if self._serving else []
         for stage in stages:  # figures that arrived before the context existed
-            self._judge_link(stage)
-
-    def _link_summaries(self, stage: _Stage) -> tuple[NumericSummary, ...]:
-        link = stage.link
-        if link is None:
-            return ()
-        return summaries(
-            link_rtt_ms=link.rtt_ms, link_p95_ms=link.p95_ms, link_jitter_ms=link.jitter_ms
-        )
+            self._links.judge(stage, self._stages)
 
     def links(self) -> tuple[Link | None, ...]:
         """The latest link figures of each stage, in stage order (for operators and tests)."""
@@ -557,7 +461,7 @@ class Topology:
 
     def engine_link(self, link: Link) -> None:
         """The engine's figures of its connection to stage ``link.stage`` (its reader thread):
-        kept, and while the model serves judged against the threshold (module docstring)."""
+        kept, and reported and judged (``runtime/topology_links.py``)."""
         if not 0 <= link.stage < len(self._stages):
             return
         stage = self._stages[link.stage]
@@ -567,58 +471,7 @@ class Topology:
             serving = self._serving and not ended
         if ended:  # a late report of a topology that is gone: its stages are no longer live
             return
-        stage.link_probes += 1
-        now = time.monotonic()
-        last = stage.link_reported_s
-        if last is None or now - last >= self._link_report_interval_s:
-            stage.link_reported_s = now
-            self._emit(
-                EventId.STAGE_LINK_OBSERVED,
-                stage,
-                progress=Progress(stage.link_probes, None, ProgressUnit.ITEMS),
-                summaries=self._link_summaries(stage),
-            )
-        if serving:
-            self._judge_link(stage)
-
-    def _judge_link(self, stage: _Stage) -> None:
-        link = stage.link
-        if link is None:
-            return
-        threshold = self.link_p95_threshold_ms
-        if not stage.link_degraded and link.p95_ms > threshold:
-            stage.link_degraded = True
-            self._emit(
-                EventId.STAGE_DEGRADED,
-                stage,
-                outcome=Outcome.FAILURE,
-                reason_code=ReasonCode.TIMEOUT,
-                summaries=self._link_summaries(stage) + summaries(link_p95_threshold_ms=threshold),
-            )
-            if self._degraded_stages() == 1:  # the first slow link degrades the topology
-                self._emit(
-                    EventId.TOPOLOGY_DEGRADED,
-                    outcome=Outcome.FAILURE,
-                    reason_code=ReasonCode.TIMEOUT,
-                    summaries=summaries(stages=len(self._stages), count=1),
-                )
-        elif stage.link_degraded and link.p95_ms < threshold * LINK_RECOVERY_RATIO:
-            stage.link_degraded = False
-            self._emit(
-                EventId.STAGE_READY,
-                stage,
-                outcome=Outcome.SUCCESS,
-                summaries=self._link_summaries(stage) + summaries(link_p95_threshold_ms=threshold),
-            )
-            if self._degraded_stages() == 0:  # the last one recovered
-                self._emit(
-                    EventId.TOPOLOGY_READY,
-                    outcome=Outcome.SUCCESS,
-                    summaries=summaries(stages=len(self._stages)),
-                )
-
-    def _degraded_stages(self) -> int:
-        return sum(stage.link_degraded for stage in self._stages)
+        self._links.observe(stage, self._stages, serving=serving)
 
     def engine_crashed(self) -> ReasonCode | None:
         """Which stages are gone now that the engine died (module docstring)."""
@@ -637,7 +490,7 @@ class Topology:
                 stage,
                 outcome=Outcome.FAILURE,
                 reason_code=ReasonCode.STAGE_UNAVAILABLE,
-                summaries=self._link_summaries(stage),
+                summaries=self._links.summaries(stage),
             )
             self._emit(
                 EventId.STAGE_UNAVAILABLE,

@@ -170,7 +170,7 @@ def test_commands_for_a_stopped_engine_never_block_and_arrive_whole_and_in_order
         before = engine.pongs
         for number in range(pings):
             assert engine.send(Ping(1_000_000 + number))
-        assert engine._queued > 0  # the socket was full: the writer holds the rest
+        assert engine._commands.queued > 0  # the socket was full: the writer holds the rest
         assert process_state(pid) == "T"
     finally:
         os.kill(pid, signal.SIGCONT)

@@ -1,6 +1,6 @@
-"""A topology's link judgement (runtime/topology.py): thresholds, hysteresis, the figures in
-the events, connection events. No stage or engine runs: the topology is told what an engine
-would report."""
+"""A topology's link judgement (runtime/topology_links.py, through runtime/topology.py):
+thresholds, hysteresis, the figures in the events, connection events. No stage or engine runs:
+the topology is told what an engine would report."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ from skippyctl.engine.protocol import Link
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event, LogicalId, SummaryKey
 from skippyctl.runtime import topology as topo
+from skippyctl.runtime.topology_links import LINK_REPORT_INTERVAL_S
+from skippyctl.runtime.topology_stages import TopologyStage
 
 
 def _topology(
-    threshold_ms: float = 50.0, report_interval_s: float = topo.LINK_REPORT_INTERVAL_S
+    threshold_ms: float = 50.0, report_interval_s: float = LINK_REPORT_INTERVAL_S
 ) -> tuple[topo.Topology, list[Event]]:
     events: list[Event] = []
     topology = topo.Topology(
@@ -25,7 +27,7 @@ def _topology(
     )
     for port in (1, 2):
         endpoint = Endpoint("127.0.0.1", port)
-        topology._stages.append(topo._Stage(endpoint, LogicalId(f"stage-{port}"), port - 1))
+        topology._stages.append(TopologyStage(endpoint, LogicalId(f"stage-{port}"), port - 1))
     return topology, events
 
 
@@ -168,7 +170,7 @@ def test_a_degraded_link_is_a_structured_warning_until_the_stage_is_ready_again(
             link_p95_threshold_ms=50.0,
         )
         endpoint = Endpoint("127.0.0.1", 1)
-        topology._stages.append(topo._Stage(endpoint, LogicalId("stage-1"), 0))
+        topology._stages.append(TopologyStage(endpoint, LogicalId("stage-1"), 0))
         topology.engine_loaded(True)
         topology.engine_serving(True)
         topology.engine_link(_link(0, 80.0))
