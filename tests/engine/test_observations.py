@@ -5,13 +5,7 @@ from __future__ import annotations
 import json
 
 from skippyctl.engine.generation import GenerateRequest
-from tests.engine import test_generation as base
-from tests.engine.test_generation import PROMPT, EngineFactory, greedy
-
-# The engine fixtures of test_generation, shared by name.
-model = base.model
-eog_ban = base.eog_ban
-make_engine = base.make_engine
+from tests.engine.generation_harness import PROMPT, EngineFactory, greedy
 
 
 def test_without_observations_only_text_and_terminals_are_sent(
