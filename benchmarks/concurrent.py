@@ -3,6 +3,7 @@
     .venv/bin/python -m benchmarks.concurrent [--rounds N] [--sessions 1,2,4,8] [--tokens N]
         [--requests R] [--model mid|tiny] [--context-per-session N] [--threads T]
         [--contenders skippy,llama-server,llama_cpp.server] [--watch-events] [--skippy-defaults]
+        [--skippy-base DIR]
 
 For every S in --sessions, each contender is started fresh (benchmarks/servers.py: same model,
 threads, flash attention, S parallel sequences with the same context each, split KV), warmed up
@@ -22,6 +23,11 @@ Targets (issue 12), for the peer llama-server: aggregate tokens/s ≥ 1.00× at 
 sessions and TTFT p50 ≤ llama-server's; `--watch-events` repeats the run with a live SSE
 subscriber reading skippy's event stream. `--skippy-defaults` loads skippy without --lanes and
 --ctx, as an operator would (target: 4 sessions ≥ 1.8× one session).
+
+`--skippy-base DIR` with the contender `skippy-base` runs skippy from another checkout (e.g.
+`git worktree add DIR <previous head>`, its native library built with `python setup.py
+build_ext --inplace` there) in the same rounds: `skippy / skippy-base` is a change's effect,
+measured side by side.
 
 Prints a table and the verdicts on stderr, one JSON summary on stdout.
 """
@@ -50,7 +56,14 @@ from benchmarks.loadgen import (
     warm_up,
 )
 from benchmarks.models import model_path
-from benchmarks.servers import LLAMA_SERVER, SERVER_NAMES, SKIPPY, ServerSpec, start
+from benchmarks.servers import (
+    LLAMA_SERVER,
+    SERVER_NAMES,
+    SKIPPY,
+    SKIPPY_BASE,
+    ServerSpec,
+    start,
+)
 
 DEFAULT_TOKENS: Final = {"tiny": 256, "mid": 128}
 DEFAULT_REQUESTS: Final = 2
@@ -107,7 +120,9 @@ def _measure(name: str, spec: ServerSpec, work: Workload, sessions: int, watch: 
         try:
             warm_up(server, work)
             sample = asyncio.run(
-                run_sessions(server, work, sessions, watch_events=watch and name == SKIPPY)
+                run_sessions(
+                    server, work, sessions, watch_events=watch and name in (SKIPPY, SKIPPY_BASE)
+                )
             )
         finally:
             server.stop()
@@ -140,6 +155,7 @@ class Plan:
     threads: int
     watch_events: bool
     skippy_defaults: bool
+    skippy_base: Path | None = None
 
 
 def run(plan: Plan) -> tuple[list[Row], list[Ratio]]:
@@ -152,7 +168,12 @@ def run(plan: Plan) -> tuple[list[Row], list[Ratio]]:
         sys.stderr.write(f"round {index + 1}/{plan.rounds}\n")
         for sessions in plan.sessions:
             spec = ServerSpec(
-                plan.path, sessions, plan.context_per_session, plan.threads, plan.skippy_defaults
+                plan.path,
+                sessions,
+                plan.context_per_session,
+                plan.threads,
+                plan.skippy_defaults,
+                skippy_base=plan.skippy_base,
             )
             for name in orders[group % len(orders)]:
                 samples[name][sessions].append(
@@ -276,12 +297,20 @@ def main(argv: list[str] | None = None) -> int:
         "--context-per-session", type=int, default=DEFAULT_CONTEXT_PER_SESSION, metavar="N"
     )
     parser.add_argument("--threads", type=int, default=max(1, os.cpu_count() or 1))
-    parser.add_argument("--contenders", default=",".join(SERVER_NAMES))
+    parser.add_argument(
+        "--contenders", default=",".join(n for n in SERVER_NAMES if n != SKIPPY_BASE)
+    )
     parser.add_argument(
         "--watch-events", action="store_true", help="a live SSE subscriber on skippy's events"
     )
     parser.add_argument(
         "--skippy-defaults", action="store_true", help="load skippy without --lanes/--ctx"
+    )
+    parser.add_argument(
+        "--skippy-base",
+        type=Path,
+        metavar="DIR",
+        help="the checkout the contender skippy-base runs (e.g. the previous head's worktree)",
     )
     args = parser.parse_args(argv)
     sessions = tuple(sorted({int(s) for s in args.sessions.split(",") if s.strip()}))
@@ -291,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(contenders) - set(SERVER_NAMES)
     if unknown or not contenders:
         parser.error(f"--contenders: choose from {', '.join(SERVER_NAMES)}")
+    if (SKIPPY_BASE in contenders) != (args.skippy_base is not None):
+        parser.error("the contender skippy-base and --skippy-base DIR go together")
     tokens = args.tokens or DEFAULT_TOKENS[args.model]
     if tokens + 64 > args.context_per_session:
         parser.error("--context-per-session must hold the prompt and --tokens")
@@ -305,6 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         threads=args.threads,
         watch_events=args.watch_events,
         skippy_defaults=args.skippy_defaults,
+        skippy_base=args.skippy_base,
     )
     try:
         rows, ratios = run(plan)

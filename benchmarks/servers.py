@@ -5,6 +5,9 @@ Three OpenAI-compatible servers over HTTP on 127.0.0.1, each in its own process 
 - `skippy`: `skippyctl runtime serve --port 0` with a private SKIPPY_RUNTIME_DIR, then
   `skippyctl load MODEL --alias bench --lanes S --ctx S × per-session context` (or plain
   `load MODEL --alias bench` with `defaults=True`: what an operator gets without flags).
+- `skippy-base`: the same, from another checkout of skippy (`ServerSpec.skippy_base`: its
+  directory, with its native library built), run with that directory first on the module
+  path — the previous head side by side with this one, in the same rounds.
 - `llama-server`: llama.cpp's own server, built from the llama.cpp that llama-cpp-python vendors
   (`benchmarks/llama_server_build.py`): `-np S -c S × per-session context -t T -tb T -fa on`
   (split KV: each slot its own per-session context, like skippy's lanes), warm-up off (every
@@ -41,9 +44,10 @@ SEED: Final = 1234
 START_TIMEOUT_S: Final = 180.0
 STOP_TIMEOUT_S: Final = 15.0
 SKIPPY: Final = "skippy"
+SKIPPY_BASE: Final = "skippy-base"
 LLAMA_SERVER: Final = "llama-server"
 LLAMA_CPP_SERVER: Final = "llama_cpp.server"
-SERVER_NAMES: Final = (SKIPPY, LLAMA_SERVER, LLAMA_CPP_SERVER)
+SERVER_NAMES: Final = (SKIPPY, SKIPPY_BASE, LLAMA_SERVER, LLAMA_CPP_SERVER)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +65,8 @@ class ServerSpec:
     """More `skippyctl load` arguments (e.g. `--stage HOST:PORT …`, benchmarks/stages.py)."""
     llama_server_args: tuple[str, ...] = ()
     """More `llama-server` arguments (e.g. `--rpc HOST:PORT,… -ngl 999`)."""
+    skippy_base: Path | None = None
+    """`skippy-base`'s checkout (e.g. a `git worktree` of the previous head)."""
 
 
 def _children(pid: int) -> list[int]:
@@ -123,13 +129,17 @@ class Server:
 
 
 def popen(
-    name: str, command: list[str], log_path: Path, env: dict[str, str] | None = None
+    name: str,
+    command: list[str],
+    log_path: Path,
+    env: dict[str, str] | None = None,
+    cwd: Path = REPO,
 ) -> Server:
     log = open(log_path, "wb")  # noqa: SIM115 - closed by Server.stop
     try:
         process = subprocess.Popen(
             command,
-            cwd=REPO,
+            cwd=cwd,
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=log,
@@ -168,13 +178,24 @@ def _wait_ready(server: Server, log_path: Path, probe: str) -> None:
             time.sleep(0.1)
 
 
-def start_skippy(spec: ServerSpec, directory: Path, env: dict[str, str] | None = None) -> Server:
+def start_skippy(
+    spec: ServerSpec,
+    directory: Path,
+    env: dict[str, str] | None = None,
+    checkout: Path | None = None,
+) -> Server:
+    """skippy from this checkout, or from `checkout` (its code first on the module path, in the
+    runtime, the engine and the CLI alike)."""
     runtime_dir = directory / "runtime"
     runtime_dir.mkdir()
     environment = dict(os.environ if env is None else env, SKIPPY_RUNTIME_DIR=str(runtime_dir))
+    cwd = REPO if checkout is None else checkout
+    if checkout is not None:
+        environment["PYTHONPATH"] = str(checkout)
     log_path = directory / "skippy.log"
     command = [sys.executable, "-m", "skippyctl", "runtime", "serve", "--port", "0"]
-    server = popen(SKIPPY, command, log_path, environment)
+    name = SKIPPY if checkout is None else SKIPPY_BASE
+    server = popen(name, command, log_path, environment, cwd)
     try:
         discovery = runtime_dir / "runtime.json"
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -192,7 +213,7 @@ def start_skippy(spec: ServerSpec, directory: Path, env: dict[str, str] | None =
         load += spec.skippy_load_args
         result = subprocess.run(
             load,
-            cwd=REPO,
+            cwd=cwd,
             env=environment,
             capture_output=True,
             text=True,
@@ -255,6 +276,10 @@ def start_llama_cpp_server(spec: ServerSpec, directory: Path) -> Server:
 def start(name: str, spec: ServerSpec, directory: Path) -> Server:
     if name == SKIPPY:
         return start_skippy(spec, directory)
+    if name == SKIPPY_BASE:
+        if spec.skippy_base is None:
+            raise ValueError("skippy-base needs a checkout (--skippy-base DIR)")
+        return start_skippy(spec, directory, checkout=spec.skippy_base)
     if name == LLAMA_SERVER:
         return start_llama_server(spec, directory)
     if name == LLAMA_CPP_SERVER:
