@@ -131,7 +131,7 @@ def health_counters(ctx: ApiContext) -> dict[str, Any]:
             "keepalive_s": ctx.keepalive_s,
         },
     }
-    if ctx.metrics.exporter is not None:  # absent when no telemetry endpoint is configured
+    if ctx.metrics.exporter is not None:  # absent while OTLP is off
         counters["telemetry_exporter"] = ctx.metrics.exporter.stats().as_dict()
     return counters
 

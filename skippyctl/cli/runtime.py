@@ -68,34 +68,17 @@ QueueOption = Annotated[
 RemoteOption = Annotated[
     bool, typer.Option("--allow-remote", help="Allow listening on a non-loopback address.")
 ]
-TelemetryOption = Annotated[
-    str | None,
-    typer.Option(
-        "--telemetry-endpoint",
-        envvar="SKIPPY_TELEMETRY_ENDPOINT",
-        metavar="URL",
-        show_default=False,
-        help=(
-            "Optional push telemetry: POST batches of event records (the `events --json`"
-            " records, as application/x-ndjson) to this http:// or https:// URL. Never slows or"
-            " fails startup or serving: when the collector fails or stalls, batches are dropped"
-            " and counted (/metrics skippy_telemetry_*) and telemetry_exporter_degraded is"
-            " emitted once. User:password in the URL is sent as Basic auth; the URL is never"
-            " printed. Absent: no exporter."
-        ),
-    ),
-]
 
 
-def _telemetry_endpoint(value: str | None, command: str, json_output: bool = False) -> str | None:
-    """The endpoint if set and valid; exits with invalid_configuration (10) otherwise (with an
-    error record under --json). The message never repeats the URL (it may carry credentials)."""
-    if not value:
-        return None
-    from skippyctl.telemetry.exporter import TelemetryConfigError, exporter_config
+def _check_otlp(command: str, json_output: bool = False) -> None:
+    """Exit with invalid_configuration (10) when the OTEL_* variables ask for OTLP in a way the
+    runtime would refuse (with an error record under --json), before a background runtime is
+    started only to exit with it (`runtime serve` refuses them itself). The message names the
+    variable, never its value (an endpoint may carry credentials)."""
+    from skippyctl.telemetry.otlp import TelemetryConfigError, otlp_config
 
     try:
-        exporter_config(value, os.environ)
+        otlp_config(os.environ)
     except TelemetryConfigError as error:
         fail(
             command,
@@ -104,7 +87,6 @@ def _telemetry_endpoint(value: str | None, command: str, json_output: bool = Fal
             json_output,
             reason="invalid_configuration",
         )
-    return value
 
 
 DebugTokenOption = Annotated[
@@ -201,7 +183,6 @@ def serve_command(
         typer.Option("--replay-records", help="Events kept for resuming streams (Last-Event-ID)."),
     ] = 4096,
     debug_token_events: DebugTokenOption = False,
-    telemetry_endpoint: TelemetryOption = None,
     plugin: PluginOption = None,
 ) -> None:
     """Run the runtime host in the foreground (Ctrl-C stops it) and advertise it to other commands.
@@ -214,7 +195,6 @@ def serve_command(
         _err.print("[red]✗[/] --max-queue must be ≥ 0, --session-ttl > 0, --replay-records ≥ 16")
         raise typer.Exit(int(ExitCode.INVALID_CONFIGURATION))
     listen_port = _port(port, "runtime serve")
-    telemetry_endpoint = _telemetry_endpoint(telemetry_endpoint, "runtime serve")
     plugins = _plugins(plugin, "runtime serve")
     try:
         ensure_runtime_dir()
@@ -236,7 +216,6 @@ def serve_command(
         allow_remote,
         replay_records,
         debug_token_events=debug_token_events,
-        telemetry_endpoint=telemetry_endpoint,
         plugins=plugins,
     )
     from skippyctl.daemon.serve import serve
@@ -263,7 +242,6 @@ def start_command(
     max_queue: QueueOption = 64,
     allow_remote: RemoteOption = False,
     debug_token_events: DebugTokenOption = False,
-    telemetry_endpoint: TelemetryOption = None,
     plugin: PluginOption = None,
     json_output: Annotated[
         bool, typer.Option("--json", help="Print the runtime's status as one JSON object.")
@@ -284,7 +262,7 @@ def start_command(
     from skippyctl.client.launch import launch
 
     listen_port = _port(port, "runtime start", json_output)
-    telemetry_endpoint = _telemetry_endpoint(telemetry_endpoint, "runtime start", json_output)
+    _check_otlp("runtime start", json_output)
     plugins = _plugins(plugin, "runtime start", json_output)
     try:
         existing = read_discovery()
@@ -307,7 +285,6 @@ def start_command(
             max_queue,
             allow_remote=allow_remote,
             debug_token_events=debug_token_events,
-            telemetry_endpoint=telemetry_endpoint,
             plugins=plugins,
         )
         try:

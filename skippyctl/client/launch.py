@@ -62,9 +62,6 @@ class ServeOptions:
     debug_token_events: bool = False
     """Opt-in debug evidence: one `generation_token_observed` per sampled token (no token ids or
     text), through the droppable debug lane (drops counted)."""
-    telemetry_endpoint: str | None = None
-    """Push event records as NDJSON to this http(s) URL (telemetry/exporter.py); None: no
-    exporter at all. May carry credentials: never logged, printed or put on a command line."""
     plugins: tuple[str, ...] = ()
     """Serving plugins every model gets (``--plugin``: a C plugin's path or an entry-point
     name)."""
@@ -181,9 +178,6 @@ def start_background(options: ServeOptions) -> Discovery:
     env = dict(os.environ)
     if options.api_key:
         env["SKIPPY_API_KEY"] = options.api_key
-    if options.telemetry_endpoint:
-        # Through the environment, not argv: the URL may carry credentials (argv is public).
-        env["SKIPPY_TELEMETRY_ENDPOINT"] = options.telemetry_endpoint
     with open(log_path(), "ab") as log:
         process = subprocess.Popen(
             args,

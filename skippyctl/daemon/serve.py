@@ -112,18 +112,9 @@ def serve(options: ServeOptions) -> None:
         raise ServeError(
             "remote_not_allowed", f"{options.host} is not loopback; pass --allow-remote"
         )
-    telemetry = None
-    if options.telemetry_endpoint:
-        from skippyctl.telemetry.exporter import TelemetryConfigError, exporter_config
-
-        try:
-            telemetry = exporter_config(options.telemetry_endpoint, os.environ)
-        except TelemetryConfigError as error:
-            raise ServeError("invalid_configuration", str(error)) from error
     # OTLP is configured by the standard OTEL_* variables only (telemetry/otlp.py); this check
     # imports nothing from OpenTelemetry: the SDK is loaded below only when OTLP is on.
-    from skippyctl.telemetry.exporter import TelemetryConfigError
-    from skippyctl.telemetry.otlp import otlp_config
+    from skippyctl.telemetry.otlp import TelemetryConfigError, otlp_config
 
     try:
         otlp_settings = otlp_config(os.environ)
@@ -180,14 +171,6 @@ def serve(options: ServeOptions) -> None:
     ).start()
     metrics = MetricsCollector()
     metrics.attach(host.pipeline.dispatcher)
-    exporter = None
-    if telemetry is not None:
-        from skippyctl.telemetry.exporter import TelemetryExporter
-
-        # Replays what the dispatcher retained (startup events), then follows; never blocks.
-        exporter = TelemetryExporter(telemetry, submit=host.pipeline.submit)
-        exporter.start(host.pipeline.dispatcher)
-        metrics.exporter = exporter
     otlp = None
     if otlp_settings is not None:
         from skippyctl.telemetry.otlp_export import OtlpTelemetry
@@ -200,10 +183,8 @@ def serve(options: ServeOptions) -> None:
             state=lambda: pipeline.state,
             health=pipeline.health,
             instance_id=str(pipeline.dispatcher.instance_id),
-        ).start(pipeline.dispatcher)
-        metrics.otlp = otlp
-        if metrics.exporter is None:  # shown under telemetry_exporter unless NDJSON is too
-            metrics.exporter = otlp
+        ).start(pipeline.dispatcher)  # replays what the dispatcher retained, then follows
+        metrics.exporter = otlp
     config = uvicorn.Config(
         "skippyctl.api.app:create_app",  # replaced below; uvicorn needs some app reference
         log_level="warning",
@@ -258,10 +239,8 @@ def serve(options: ServeOptions) -> None:
         remove_discovery(expected_pid=os.getpid())
         scheduler.shutdown()
         host.shutdown()
-        if exporter is not None:
-            exporter.shutdown()  # after the host: runtime_stopped is exported too (bounded)
         if otlp is not None:
-            otlp.shutdown()  # likewise: bounded, idempotent
+            otlp.shutdown()  # after the host: runtime_stopped is exported too (bounded)
         sock.close()
 
 

@@ -1,17 +1,17 @@
-"""Prometheus metrics as an optional consumer of the event stream.
+"""The metrics collector and the Prometheus text of the metric table.
 
-The collector is a subscriber like any other: it counts requests, tokens and rejections from
-events on its own thread. If it fails it is disconnected (and counted by the pipeline); serving
-never notices. `/metrics` renders the counters plus gauges read from the reduced state. Labels
-carry only bounded values: model ids, outcomes, reason codes, delivery classes.
+The collector is a subscriber like any other: it counts requests, tokens and events from the
+events it is dispatched, on its own thread. If it fails it is disconnected (and counted by the
+pipeline); serving never notices. `/metrics` renders every row of `metric_table.METRICS` from
+one `Readings` (the collector's counters, the reduced state, the pipeline's health and, when
+OTLP runs, its exporter's counters); the OTLP metric reader exports the same rows.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import Counter
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import Final, Protocol
 
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import SummaryKey
@@ -22,34 +22,15 @@ from skippyctl.pipeline.dispatch import (
     run_callback_subscriber,
 )
 from skippyctl.pipeline.pipeline import EventSystemHealth
-from skippyctl.reducer.state import RuntimeView, lanes_in_use, queue_depth
-
-if TYPE_CHECKING:  # only a type here: no exporter configured, nothing of it imported
-    from skippyctl.telemetry.otlp_export import OtlpTelemetry
-
-
-class _StatsRecord(Protocol):
-    def as_dict(self) -> dict[str, Any]: ...
+from skippyctl.reducer.state import RuntimeView
+from skippyctl.telemetry.metric_table import METRICS, CounterSnapshot, Readings
+from skippyctl.telemetry.otlp import OtlpStats
 
 
-class PushExporter(Protocol):
-    """A push exporter whose counters the API shows under `telemetry_exporter` and /metrics
-    renders as `skippy_telemetry_*`: `as_dict()` has at least `degraded`, `exported`, `batches`,
-    `failures` {kind: n}, `dropped` {reason: n}, `pending`, `in_flight`."""
+class ExporterCounters(Protocol):
+    """The push exporter (OTLP) as the metric table and the state document read it."""
 
-    def stats(self) -> _StatsRecord: ...
-
-
-@dataclass(frozen=True, slots=True)
-class CounterSnapshot:
-    """A copy of the collector's counters (for the OTLP metric callbacks)."""
-
-    requests: dict[tuple[str, str, str], int]
-    """(model, outcome, reason) → requests."""
-    prompt_tokens: dict[str, int]
-    generated_tokens: dict[str, int]
-    events: dict[str, int]
-    """category → events."""
+    def stats(self) -> OtlpStats: ...
 
 
 _REQUEST_TERMINALS: Final = {
@@ -69,11 +50,9 @@ class MetricsCollector:
         self._generated_tokens: Counter[str] = Counter()
         self._events: Counter[str] = Counter()
         self.subscription_status = SubscriberStatus.DISCONNECTED
-        self.exporter: PushExporter | None = None
-        """The push exporter when one is configured (NDJSON if set, else OTLP): its counters
-        are rendered too and /api/runtime/state shows them under `telemetry_exporter`."""
-        self.otlp: OtlpTelemetry | None = None
-        """The OTLP exporter when configured: per-signal counters as `skippy_otlp_*`."""
+        self.exporter: ExporterCounters | None = None
+        """The OTLP exporter when one runs: the table's exporter rows read it, and
+        /api/runtime/state shows its counters under `health.telemetry_exporter`."""
 
     def attach(self, dispatcher: Dispatcher) -> None:
         subscription = dispatcher.subscribe("metrics", max_queue_size=8192)
@@ -107,212 +86,38 @@ class MetricsCollector:
                 prompt_tokens=dict(self._prompt_tokens),
                 generated_tokens=dict(self._generated_tokens),
                 events=dict(self._events),
+                collector_up=self.up,
             )
+
+    def readings(self, state: RuntimeView, health: EventSystemHealth) -> Readings:
+        exporter = self.exporter.stats() if self.exporter is not None else None
+        return Readings(self.snapshot(), state, health, exporter)
 
     def render(self, state: RuntimeView, health: EventSystemHealth) -> str:
-        lines: list[str] = []
+        """`/metrics`: the Prometheus text of every row of the table."""
+        return render_prometheus(self.readings(state, health))
 
-        def metric(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
-            lines.append(f"# HELP {name} {help_text}")
-            lines.append(f"# TYPE {name} {kind}")
-            for labels, value in samples:
-                lines.append(f"{name}{labels} {value}")
 
-        with self._lock:
-            requests = sorted(self._requests.items())
-            prompt = sorted(self._prompt_tokens.items())
-            generated = sorted(self._generated_tokens.items())
-            events = sorted(self._events.items())
-        metric(
-            "skippy_requests_total",
-            "counter",
-            "Requests by model, outcome and reason code.",
-            [
-                (f'{{model="{m}",outcome="{o}",reason="{r}"}}', float(n))
-                for (m, o, r), n in requests
-            ],
-        )
-        metric(
-            "skippy_prompt_tokens_total",
-            "counter",
-            "Prompt tokens processed.",
-            [(f'{{model="{m}"}}', float(n)) for m, n in prompt],
-        )
-        metric(
-            "skippy_generated_tokens_total",
-            "counter",
-            "Tokens generated.",
-            [(f'{{model="{m}"}}', float(n)) for m, n in generated],
-        )
-        metric(
-            "skippy_events_total",
-            "counter",
-            "Events dispatched, by category.",
-            [(f'{{category="{c}"}}', float(n)) for c, n in events],
-        )
-        models = list(state.models.values())
-        metric(
-            "skippy_model_up",
-            "gauge",
-            "1 when the model serves (available or degraded).",
-            [
-                (
-                    f'{{model="{m.model_id}",state="{m.state.value}"}}',
-                    1.0 if m.state.value in ("available", "degraded") else 0.0,
-                )
-                for m in models
-            ],
-        )
-        metric(
-            "skippy_queue_depth",
-            "gauge",
-            "Requests waiting for a lane.",
-            [(f'{{model="{m.model_id}"}}', float(queue_depth(state, m.model_id))) for m in models],
-        )
-        metric(
-            "skippy_lanes_in_use",
-            "gauge",
-            "Lanes decoding or prefilling.",
-            [(f'{{model="{m.model_id}"}}', float(lanes_in_use(state, m.model_id))) for m in models],
-        )
-        metric(
-            "skippy_kv_cells_used",
-            "gauge",
-            "KV cells in use at the last report.",
-            [
-                (f'{{model="{m.model_id}"}}', float(m.kv.cells_used))
-                for m in models
-                if m.kv.cells_used is not None
-            ],
-        )
-        metric(
-            "skippy_kv_cells_total",
-            "gauge",
-            "KV cells available.",
-            [
-                (f'{{model="{m.model_id}"}}', float(m.kv.cells_total))
-                for m in models
-                if m.kv.cells_total is not None
-            ],
-        )
-        drops = [
-            (f'{{class="{cls.value}"}}', float(lane.dropped))
-            for cls, lane in health.host_ingress.lanes.items()
-        ]
-        drops.append(('{class="native"}', float(health.native_dropped)))
-        metric(
-            "skippy_events_dropped_total", "counter", "Events dropped, by delivery class.", drops
-        )
-        metric(
-            "skippy_events_coalesced_total",
-            "counter",
-            "Progress values coalesced.",
-            [("", float(health.host_ingress.total("coalesced") + health.native_coalesced))],
-        )
-        metric(
-            "skippy_subscribers_disconnected_total",
-            "counter",
-            "Subscribers cut off.",
-            [
-                (
-                    "",
-                    float(
-                        health.dispatcher.disconnected_lag + health.dispatcher.disconnected_failed
-                    ),
-                )
-            ],
-        )
-        metric(
-            "skippy_metrics_collector_up",
-            "gauge",
-            "1 while this collector receives events.",
-            [("", 1.0 if self.up else 0.0)],
-        )
-        if self.exporter is not None:
-            exporter = self.exporter.stats().as_dict()
-            metric(
-                "skippy_telemetry_exported_events_total",
-                "counter",
-                "Events the telemetry exporter delivered to its collector.",
-                [("", float(exporter["exported"]))],
+def _label_value(value: str) -> str:
+    """Prometheus text escaping (values are bounded ids; this keeps the format valid anyway)."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def render_prometheus(readings: Readings) -> str:
+    """Prometheus text exposition (0.0.4) of `METRICS`; rows whose source is absent (the
+    exporter's, without OTLP) are left out."""
+    lines: list[str] = []
+    for metric in METRICS:
+        source = readings.of(metric.source)
+        if source is None:
+            continue
+        lines.append(f"# HELP {metric.prometheus} {metric.help}")
+        lines.append(f"# TYPE {metric.prometheus} {metric.kind.value}")
+        names = [label.prometheus for label in metric.labels]
+        for values, value in metric.read(source):
+            labels = ",".join(
+                f'{name}="{_label_value(v)}"' for name, v in zip(names, values, strict=True)
             )
-            metric(
-                "skippy_telemetry_export_batches_total",
-                "counter",
-                "Batches the telemetry exporter delivered.",
-                [("", float(exporter["batches"]))],
-            )
-            metric(
-                "skippy_telemetry_export_failures_total",
-                "counter",
-                "Failed export attempts, by kind (timeout, connection, http_status).",
-                [(f'{{kind="{k}"}}', float(n)) for k, n in exporter["failures"].items()],
-            )
-            metric(
-                "skippy_telemetry_dropped_events_total",
-                "counter",
-                "Events the telemetry exporter dropped, by reason.",
-                [(f'{{reason="{r}"}}', float(n)) for r, n in exporter["dropped"].items()],
-            )
-            metric(
-                "skippy_telemetry_queue_events",
-                "gauge",
-                "Events buffered for export.",
-                [("", float(exporter["pending"] + exporter["in_flight"]))],
-            )
-            metric(
-                "skippy_telemetry_exporter_degraded",
-                "gauge",
-                "1 while the telemetry exporter's last attempt failed.",
-                [("", 1.0 if exporter["degraded"] else 0.0)],
-            )
-        if self.otlp is not None:
-            otlp = self.otlp.stats()
-            metric(
-                "skippy_otlp_exported_total",
-                "counter",
-                "Items the OTLP exporter delivered, by signal (log records, spans, points).",
-                [(f'{{signal="{s.signal.value}"}}', float(s.exported)) for s in otlp.signals],
-            )
-            metric(
-                "skippy_otlp_export_failures_total",
-                "counter",
-                "Failed OTLP export attempts, by signal and kind.",
-                [
-                    (f'{{signal="{s.signal.value}",kind="{k.value}"}}', float(n))
-                    for s in otlp.signals
-                    for k, n in s.failures.items()
-                ],
-            )
-            metric(
-                "skippy_otlp_dropped_total",
-                "counter",
-                "Items the OTLP exporter dropped, by signal and reason.",
-                [
-                    (f'{{signal="{s.signal.value}",reason="{r.value}"}}', float(n))
-                    for s in otlp.signals
-                    for r, n in s.dropped.items()
-                ],
-            )
-            metric(
-                "skippy_otlp_queue_items",
-                "gauge",
-                "Items queued or in flight in the OTLP exporter, by signal.",
-                [
-                    (f'{{signal="{s.signal.value}"}}', float(s.pending + s.in_flight))
-                    for s in otlp.signals
-                ],
-            )
-            metric(
-                "skippy_otlp_spans_evicted_total",
-                "counter",
-                "Request span trees ended early because too many were open.",
-                [("", float(otlp.spans.evicted))],
-            )
-            metric(
-                "skippy_otlp_exporter_degraded",
-                "gauge",
-                "1 while the latest export of some OTLP signal failed.",
-                [("", 1.0 if otlp.degraded else 0.0)],
-            )
-        return "\n".join(lines) + "\n"
+            selector = f"{{{labels}}}" if labels else ""
+            lines.append(f"{metric.prometheus}{selector} {value}")
+    return "\n".join(lines) + "\n"

@@ -47,7 +47,6 @@ from typing import Any, Final
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event, make_event, summaries
 from skippyctl.events.reasons import Outcome, ReasonCode
-from skippyctl.telemetry.exporter import DropReason, FailureKind, TelemetryConfigError
 
 SDK_DISABLED_ENV: Final = "OTEL_SDK_DISABLED"
 ENDPOINT_ENV: Final = "OTEL_EXPORTER_OTLP_ENDPOINT"
@@ -60,6 +59,32 @@ DEFAULT_SERVICE_NAME: Final = "skippyctl"
 DEFAULT_SHUTDOWN_TIMEOUT_MILLIS: Final = 2000
 DEFAULT_MAX_OPEN_REQUESTS: Final = 1024
 """Requests with an open span tree; beyond it the oldest is ended early and counted."""
+
+
+class TelemetryConfigError(ValueError):
+    """The telemetry configuration is invalid (`invalid_configuration`). The message names the
+    variable, never its value: an endpoint may carry credentials."""
+
+
+class DropReason(StrEnum):
+    """Why an item the exporter was given was not exported (metric label values)."""
+
+    QUEUE_FULL = "queue_full"
+    """The signal's queue was full: the newest item was refused."""
+    EXPORT_FAILED = "export_failed"
+    """It was in a batch the collector refused, or that failed or timed out."""
+    SHUTTING_DOWN = "shutting_down"
+    """It was still queued when shutdown's time ran out (or the exporter was degraded)."""
+
+
+class FailureKind(StrEnum):
+    """What went wrong with one export request (metric label values)."""
+
+    TIMEOUT = "timeout"
+    CONNECTION = "connection"
+    """Refused, reset, unresolvable host, TLS failure, malformed answer."""
+    HTTP_STATUS = "http_status"
+    """The collector answered, but not with 2xx."""
 
 
 class Signal(StrEnum):
@@ -296,9 +321,9 @@ class SpanStats:
 
 @dataclass(frozen=True, slots=True)
 class OtlpStats:
-    """The OTLP exporter's local view. Top-level counters are the sums over signals (same keys
-    and meaning as the NDJSON exporter's stats, so /api/runtime/state and /metrics read both
-    alike); `signals` has each one; `spans` the request span builder."""
+    """The OTLP exporter's local view, the state document's `health.telemetry_exporter`.
+    Top-level counters are the sums over signals; `signals` has each one; `spans` the request
+    span builder."""
 
     degraded: bool
     signals: tuple[SignalStats, ...]

@@ -16,6 +16,7 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
+from opentelemetry.proto.metrics.v1.metrics_pb2 import Metric
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 _REQUESTS: dict[str, Any] = {
@@ -137,33 +138,24 @@ class Receiver:
             for span in scope.spans
         ]
 
-    def metric_names(self) -> set[str]:
-        return {
-            metric.name
+    def metrics(self) -> list[Metric]:
+        """Every metric of every accepted export, in order (one per instrument and export)."""
+        return [
+            metric
             for export in self.accepted("/v1/metrics")
             for resource in export.request.resource_metrics
             for scope in resource.scope_metrics
             for metric in scope.metrics
-        }
+        ]
+
+    def metric_names(self) -> set[str]:
+        return {metric.name for metric in self.metrics()}
 
     def metric_points(self, name: str) -> list[tuple[dict[str, Any], float]]:
         """Every data point of metric `name` (sum or gauge) with its attributes, in order."""
-        points: list[tuple[dict[str, Any], float]] = []
-        for export in self.accepted("/v1/metrics"):
-            for resource in export.request.resource_metrics:
-                for scope in resource.scope_metrics:
-                    for metric in scope.metrics:
-                        if metric.name != name:
-                            continue
-                        data = metric.sum if metric.HasField("sum") else metric.gauge
-                        for point in data.data_points:
-                            number = (
-                                point.as_double
-                                if point.HasField("as_double")
-                                else float(point.as_int)
-                            )
-                            points.append((attributes(point.attributes), number))
-        return points
+        return [
+            point for metric in self.metrics() if metric.name == name for point in points(metric)
+        ]
 
     def raw(self) -> bytes:
         with self.changed:
@@ -173,6 +165,18 @@ class Receiver:
         self.release.set()
         self.server.shutdown()
         self.server.server_close()
+
+
+def points(metric: Metric) -> list[tuple[dict[str, Any], float]]:
+    """One metric's data points (sum or gauge) as (attributes, value)."""
+    data = metric.sum if metric.HasField("sum") else metric.gauge
+    return [
+        (
+            attributes(point.attributes),
+            point.as_double if point.HasField("as_double") else float(point.as_int),
+        )
+        for point in data.data_points
+    ]
 
 
 def log_bodies(receiver: Receiver) -> list[str]:

@@ -16,14 +16,16 @@ from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import LogicalId, Scope, StopReason, make_event, summaries
 from skippyctl.events.reasons import Outcome, ReasonCode, Severity
 from skippyctl.pipeline.dispatch import Dispatcher
-from skippyctl.telemetry.exporter import DropReason, FailureKind, TelemetryConfigError
 from skippyctl.telemetry.otlp import (
     BatchKnobs,
+    DropReason,
+    FailureKind,
     HealthTracker,
     OtlpConfig,
     Signal,
     SignalConfig,
     SignalLedger,
+    TelemetryConfigError,
     otlp_config,
 )
 from tests.telemetry.otlp_receiver import Receiver, attributes, log_bodies
@@ -132,7 +134,7 @@ def test_signal_config_repr_shows_no_path_or_credentials() -> None:
 def test_importing_the_telemetry_and_daemon_modules_does_not_import_opentelemetry() -> None:
     code = (
         "import sys, skippyctl.telemetry.otlp, skippyctl.telemetry.metrics, "
-        "skippyctl.telemetry.exporter, skippyctl.daemon.serve; "
+        "skippyctl.telemetry.metric_table, skippyctl.daemon.serve; "
         "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))"
     )
     result = subprocess.run(
@@ -378,6 +380,26 @@ def test_a_failing_receiver_is_counted_and_reported_once_then_recovery(
         ids = [e.id for e in submitted]
     assert ids == [EventId.TELEMETRY_EXPORTER_DEGRADED, EventId.TELEMETRY_EXPORTER_RECOVERED]
     assert submitted[0].reason_code is ReasonCode.UNKNOWN_FAILURE
+
+
+def test_debug_evidence_is_never_exported_but_is_counted(receiver: Receiver) -> None:
+    from skippyctl.telemetry.otlp_export import OtlpTelemetry
+
+    dispatcher = Dispatcher()
+    telemetry = OtlpTelemetry(_config(receiver.url), submit=lambda _e: None)
+    try:
+        debug, warning = dispatcher.publish_many(
+            [make_event(EventId.GENERATION_TOKEN_OBSERVED), make_event(EventId.WARNING_RAISED)]
+        )
+        telemetry.accept(debug)  # called directly: this test is the intake thread
+        telemetry.accept(warning)
+        receiver.wait_for(lambda r: len(r.log_records()) == 1)
+    finally:
+        assert telemetry.shutdown(5000)
+    assert log_bodies(receiver) == ["warning_raised"]
+    stats = telemetry.stats()
+    assert (stats.skipped_debug, stats.received, stats.exported) == (1, 1, 1)
+    assert stats.as_dict()["skipped_debug"] == 1
 
 
 def test_full_sdk_queue_refuses_the_newest_and_counts_every_item_exactly() -> None:

@@ -6,6 +6,7 @@ counters and one `telemetry_exporter_degraded`, never loading or serving."""
 
 from __future__ import annotations
 
+import base64
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,9 +15,11 @@ from typing import Any
 import httpx
 import pytest
 
+from skippyctl.telemetry.metric_table import METRICS
 from tests.api.conftest import Server, start_server, stop_server
 from tests.telemetry.conftest import closed_port
 from tests.telemetry.otlp_receiver import Receiver, attributes, log_bodies
+from tests.telemetry.prometheus_text import families
 
 CANARY = "okapi-canary-31d7c2"
 HEADER_SECRET = "otlp-hdr-secret-9b2f"
@@ -88,7 +91,9 @@ def receiver() -> Iterator[Receiver]:
 def test_runtime_exports_logs_spans_and_metrics_without_private_data(
     tmp_path: Path, receiver: Receiver, fixture_dir: Path
 ) -> None:
-    server = _start(tmp_path / "runtime", receiver.url)
+    port = receiver.server.server_address[1]
+    # Credentials in the endpoint (sent as Basic auth by the SDK's HTTP session) never show.
+    server = _start(tmp_path / "runtime", f"http://otlp-user:pa55-secret@127.0.0.1:{port}")
     try:
         assert server.load(fixture_dir / "tiny.gguf")["state"] == "available"
         answer = _complete(server, f"{CANARY} tell nobody {CANARY}")
@@ -111,6 +116,12 @@ def test_runtime_exports_logs_spans_and_metrics_without_private_data(
                 http.get("/health").text,
             ]
         surfaces.append(repr(server.events()))
+        # The metric table: /metrics has every row; OTLP gets every row that has a sample.
+        prometheus = families(surfaces[0])
+        assert list(prometheus) == [m.prometheus for m in METRICS]
+        sampled = {m.otlp for m in METRICS if prometheus[m.prometheus].samples}
+        assert len(sampled) >= len(METRICS) - 1, sampled  # all but KV cells used (no pressure)
+        receiver.wait_for(lambda r: sampled <= r.metric_names())
         _stop_in_order(server)
     finally:
         stop_server(server)
@@ -155,15 +166,19 @@ def test_runtime_exports_logs_spans_and_metrics_without_private_data(
     assert spans["prefill"].end_time_unix_nano <= spans["decode"].start_time_unix_nano
     assert by_body["request_completed"].trace_id == root.trace_id
 
-    # Metrics: the collector's counters.
-    names = receiver.metric_names()
-    for name in ("skippy.requests", "skippy.events", "skippy.generated_tokens", "skippy.model.up"):
-        assert name in names
+    # Metrics: the table's rows, with the request counted.
+    assert receiver.metric_names() <= {m.otlp for m in METRICS}
+    assert any(
+        o == {"model_id": "tiny", "outcome": "completed", "reason_code": "none"}
+        for o, _ in receiver.metric_points("skippy.requests")
+    )
     assert all(e.headers.get("x-api-key") == HEADER_SECRET for e in receiver.exports)
+    basic = base64.b64encode(b"otlp-user:pa55-secret").decode()
+    assert all(e.headers.get("Authorization") == f"Basic {basic}" for e in receiver.exports)
 
-    # Local counters: the same shape as the NDJSON exporter's, per signal too.
+    # Local counters (`health.telemetry_exporter`): the sums, and each signal's.
     assert counters["protocol"] == "otlp" and counters["degraded"] is False
-    assert counters["endpoint"] == receiver.url
+    assert counters["endpoint"] == receiver.url  # scheme://host:port only
     assert _conserved(counters)
     for signal in ("logs", "traces", "metrics"):
         assert _conserved(counters["signals"][signal])
@@ -180,6 +195,7 @@ def test_runtime_exports_logs_spans_and_metrics_without_private_data(
     assert HEADER_SECRET.encode() not in raw  # a header, not a body
     for text in surfaces:
         assert HEADER_SECRET not in text and CANARY not in text
+        assert "pa55-secret" not in text and "otlp-user" not in text
 
 
 class _Stalled:

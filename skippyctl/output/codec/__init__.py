@@ -4,8 +4,8 @@ Two public shapes, both laid out by one field mapping (`RECORD` and `OBJECT` in 
 which parts an event has in each, in which order, under which keys); `encode` writes them,
 `decode` reads them:
 
-- The **record** (`event_record`): one `--json` NDJSON line; also the telemetry NDJSON body,
-  the OTLP log attributes, the state document's `recent_events` and
+- The **record** (`event_record`): one `--json` NDJSON line; also the OTLP log attributes,
+  the state document's `recent_events` and
   `GET /api/runtime/events/recent`. Keys: `schema_version`, `event` (the id), `category`,
   `severity`, `ts`, `seq`, `cursor`, `producer`, then only when they apply `operation_id`, the
   scope flat (`model_id`, `topology_id`, `stage_id`, `session_id`, `request_id`, `device_id`,
