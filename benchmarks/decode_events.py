@@ -13,15 +13,17 @@ non-streaming request's usage). One runtime per variant, all alive for the whole
   only text and terminals, the host submits no serving event, there is no native event layer.
 - on: the default runtime, with a live SSE subscriber on `/api/runtime/events/v1`.
 - debug: on + `--debug-token-events` (one debug-class event per sampled token), subscribed.
-- slow exporter: on + `--telemetry-endpoint` at a stub collector (this script, 127.0.0.1) that
-  accepts each POST and never answers (it closes after 10 s), subscribed.
-- failing exporter: the same with a stub that answers 503 at once.
+- stalled OTLP receiver: on + `OTEL_EXPORTER_OTLP_ENDPOINT` at a stub receiver (127.0.0.1)
+  that accepts each POST and never answers (it closes after 10 s), subscribed: every event a
+  log record, every request a span tree, the metric table every minute, all stuck.
+- failing OTLP receiver: the same with a stub that answers 503 at once.
 
-The exporter runs with its default pacing (1 s batches, 2 s deadline, backoff up to 30 s), as an
-operator's would; `--exporter-retry-fast` shortens its interval and backoff (100 ms, at most
-200 ms) so it keeps retrying through the measured window: a worst case. The SSE
-subscriber and the stub collectors are separate processes, so parsing the event stream does not
-share the timing client's interpreter.
+The exporter runs with the OpenTelemetry SDK's pacing as configured by default (log records and
+spans batched every 5 s, metrics every 60 s, each export bounded by a 10 s timeout within which
+the SDK retries a 503 with backoff), as an operator's would; `--exporter-retry-fast` batches
+every 100 ms and gives an export up after 200 ms, so it keeps retrying through the measured
+window: a worst case. The SSE subscriber and the stub receivers are separate processes, so
+parsing the event stream does not share the timing client's interpreter.
 
 Measured at the client: TTFT is from sending the request to the first streamed text; decode
 tokens/s is (tokens - 1) / (finish chunk - first text). Every round runs `--decode-samples`
@@ -39,7 +41,7 @@ including with a failing or stalled exporter; per-token debug is opt-in evidence
 without a target). Table on stderr, one JSON summary on stdout.
 
 This module runs the rounds; the runtimes are `decode_events_runtimes.py`, the requests
-`decode_events_requests.py`, the report `decode_events_report.py`, and the stub collectors and
+`decode_events_requests.py`, the report `decode_events_report.py`, and the stub receivers and
 the subscriber `decode_events_children.py`.
 """
 
@@ -77,7 +79,6 @@ from benchmarks.decode_events_runtimes import (
     REQUEST_TIMEOUT_S,
     VARIANTS,
     Runtime,
-    telemetry_available,
 )
 from benchmarks.models import model_path
 
@@ -97,7 +98,6 @@ class Measurements:
     health: dict[str, dict[str, Any]]
     telemetry: dict[str, dict[str, float]]
     collector_posts: dict[str, int]
-    pending: list[str]
 
 
 def run(
@@ -112,14 +112,7 @@ def run(
 ) -> Measurements:
     path = model_path(model)
     ban = eog_ban(path)
-    pending: list[str] = []
     variants = list(VARIANTS)
-    if not telemetry_available():
-        pending = [v.name for v in variants if v.collector is not None]
-        variants = [v for v in variants if v.collector is None]
-        progress.write(
-            "note: `runtime serve --telemetry-endpoint` is missing: exporter variants pending\n"
-        )
     names = tuple(v.name for v in variants)
     lanes = max(1, sessions)
     # Room for the prompt and the completion in every lane.
@@ -208,7 +201,7 @@ def run(
                 progress.write(f"{name}: stop failed: {error!r}\n")
         posts = collectors.finish().get("posts", {})
         shutil.rmtree(root, ignore_errors=True)
-    return Measurements(single, multi, seen, health, telemetry, posts, pending)
+    return Measurements(single, multi, seen, health, telemetry, posts)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -222,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--exporter-retry-fast",
         action="store_true",
-        help="exporter variants retry every 100-200 ms (worst case) instead of default pacing",
+        help="exporter variants export every 100 ms, giving up after 200 ms (worst case)",
     )
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.sessions < 1 or args.ttft_samples < 0 or args.decode_samples < 1:
@@ -249,20 +242,18 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.decode_samples}; ratios: median ÷ median (paired min..max)\n"
     )
     table(single + multi, write)
-    for name in measured.pending:
-        write(f"{name}: PENDING (the runtime has no --telemetry-endpoint yet)\n")
     for name, seen in measured.seen.items():
         lanes = measured.health.get(name, {}).get("host_ingress", {})
         dropped = {k: v.get("dropped", 0) for k, v in lanes.items() if v.get("dropped")}
         extra = ""
         if name in measured.telemetry:
             extra = " telemetry " + " ".join(
-                f"{k.removeprefix('skippy_telemetry_')}={v:g}"
+                f"{k.removeprefix('skippy_otlp_')}={v:g}"
                 for k, v in sorted(measured.telemetry[name].items())
             )
         write(f"{name}: subscriber saw {seen or '-'}; ingress drops {dropped or 0}{extra}\n")
     if measured.collector_posts:
-        write(f"stub collectors got POSTs: {measured.collector_posts}\n")
+        write(f"stub receivers got POSTs: {measured.collector_posts}\n")
     failed = [
         f"{r.variant}×{r.sessions}"
         for r in single + multi
@@ -280,7 +271,6 @@ def main(argv: list[str] | None = None) -> int:
         "exporter_retry_fast": args.exporter_retry_fast,
         "targets": {"tokens_per_s_vs_off_min": TARGET_TOKENS_PER_S, "ttft_vs_off_max": TARGET_TTFT},
         "rows": [asdict(r) for r in single + multi],
-        "pending": measured.pending,
         "subscribers": measured.seen,
         "host_ingress": {k: v.get("host_ingress") for k, v in measured.health.items()},
         "telemetry": measured.telemetry,

@@ -1,4 +1,4 @@
-"""The helper processes of `benchmarks/decode_events.py`: stub telemetry collectors and a live
+"""The helper processes of `benchmarks/decode_events.py`: stub OTLP/HTTP receivers and a live
 SSE subscriber, each in its own process so that parsing the event stream or answering POSTs never
 shares the timing client's interpreter.
 
@@ -6,11 +6,12 @@ shares the timing client's interpreter.
     .venv/bin/python -m benchmarks.decode_events_children --subscriber URL
 
 Contract: a child runs until its stdin closes, then prints one JSON line with what it saw and
-exits. ``--collectors`` first prints the collectors' ports (``{"slow": P, "failing": P}``): the
-slow one accepts each POST and never answers (it closes after ``SLOW_COLLECTOR_HOLD_S``), the
-failing one answers 503 at once; at the end it prints ``{"posts": {...}}``. ``--subscriber``
-reads ``/api/runtime/events/v1`` with the token in ``SKIPPY_BENCH_TOKEN`` and prints its counts
-of frames, events, per-token events and errors. :class:`Child` starts one and collects that
+exits. ``--collectors`` first prints the receivers' ports (``{"slow": P, "failing": P}``): the
+slow one accepts each POST (to any path: `/v1/logs`, `/v1/traces`, `/v1/metrics`) and never
+answers (it closes after ``SLOW_COLLECTOR_HOLD_S``), the failing one answers 503 at once; at
+the end it prints ``{"posts": {...}}``. ``--subscriber`` reads ``/api/runtime/events/v1`` with
+the token in ``SKIPPY_BENCH_TOKEN`` and prints its counts of frames, events, per-token events
+and errors. :class:`Child` starts one and collects that
 last line.
 """
 
@@ -34,7 +35,7 @@ SLOW_COLLECTOR_HOLD_S: Final = 10.0
 
 
 def collectors() -> int:
-    """Child: the stub telemetry collectors. Prints their ports, serves until stdin closes, then
+    """Child: the stub OTLP receivers. Prints their ports, serves until stdin closes, then
     prints how many POSTs each got."""
     counts = {"slow": 0, "failing": 0}
     lock = threading.Lock()
@@ -143,7 +144,7 @@ class Child:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     which = parser.add_mutually_exclusive_group(required=True)
-    which.add_argument("--collectors", action="store_true", help="the stub collectors")
+    which.add_argument("--collectors", action="store_true", help="the stub OTLP receivers")
     which.add_argument("--subscriber", metavar="URL", help="a live SSE subscriber of URL")
     args = parser.parse_args(argv)
     if args.collectors:

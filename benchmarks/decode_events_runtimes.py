@@ -2,14 +2,15 @@
 variant, each in a private runtime directory, alive for the whole run.
 
 Contract: a :class:`Runtime` starts with the environment of this process less every runtime
-knob (serving events, native layer, telemetry, test and runtime-directory settings), plus its
+knob (serving events, native layer, OTEL_*, test and runtime-directory settings), plus its
 :class:`Variant`'s own; it is ready once its discovery file names its URL
 and token (``START_TIMEOUT_S``), and ``load`` loads the model as ``MODEL_ALIAS`` with the
 benchmark's lanes and context through `skippyctl load`, then starts the variant's live SSE
-subscriber (``benchmarks/decode_events_children.py``). An exporter variant's runtime pushes to
-its stub collector, with ``exporter_knobs`` (``EXPORTER_RETRY_FAST`` or none) in its
-environment. ``stop`` ends the subscriber (returning what it saw) and the runtime (SIGTERM,
-SIGKILL after 30 s). ``cpu_ms`` reads the host's and its engine's CPU time from /proc schedstat.
+subscriber (``benchmarks/decode_events_children.py``). An exporter variant's runtime exports
+OTLP (``OTEL_EXPORTER_OTLP_ENDPOINT``) to its stub receiver, with ``exporter_knobs``
+(``EXPORTER_RETRY_FAST`` or none) in its environment. ``stop`` ends the subscriber (returning
+what it saw) and the runtime (SIGTERM, SIGKILL after 30 s). ``cpu_ms`` reads the host's and
+its engine's CPU time from /proc schedstat.
 """
 
 from __future__ import annotations
@@ -35,12 +36,16 @@ MODEL_ALIAS: Final = "bench"
 START_TIMEOUT_S: Final = 60.0
 REQUEST_TIMEOUT_S: Final = 600.0
 EXPORTER_RETRY_FAST: Final = {
-    "SKIPPY_TELEMETRY_EXPORT_INTERVAL_MILLIS": "100",
-    "SKIPPY_TELEMETRY_MAX_BACKOFF_MILLIS": "200",
+    # Batches every 100 ms, metrics every 200 ms, each export given up after 200 ms (the SDK
+    # retries a 503 with backoff only within that): the exporter keeps trying, a worst case.
+    "OTEL_BLRP_SCHEDULE_DELAY": "100",
+    "OTEL_BSP_SCHEDULE_DELAY": "100",
+    "OTEL_METRIC_EXPORT_INTERVAL": "200",
+    "OTEL_EXPORTER_OTLP_TIMEOUT": "0.2",
 }
 _INHERITED_KNOBS: Final = re.compile(
-    r"SKIPPY_(SERVING_EVENTS|NATIVE_DISABLE|DEBUG_TOKEN_EVENTS|TELEMETRY_.*|TEST_.*|RUNTIME_DIR|"
-    r"API_KEY|CAPTURE_NATIVE_LOG|ENGINE_STDERR)"
+    r"SKIPPY_(SERVING_EVENTS|NATIVE_DISABLE|DEBUG_TOKEN_EVENTS|TEST_.*|RUNTIME_DIR|"
+    r"API_KEY|CAPTURE_NATIVE_LOG|ENGINE_STDERR)|OTEL_.*"
 )
 
 
@@ -66,8 +71,8 @@ VARIANTS: Final = (
     ),
     Variant("on", "events on"),
     Variant("debug", "on + per-token debug", args=("--debug-token-events",), target=False),
-    Variant("slow", "on + stalled exporter", collector="slow"),
-    Variant("failing", "on + failing exporter (503)", collector="failing"),
+    Variant("slow", "on + stalled OTLP receiver", collector="slow"),
+    Variant("failing", "on + failing OTLP receiver", collector="failing"),
 )
 MULTI_VARIANTS: Final = ("off", "on")
 
@@ -108,7 +113,7 @@ class Runtime:
         args = ["--port", "0", *variant.args]
         if variant.collector is not None:
             port = collectors[variant.collector]
-            args += ["--telemetry-endpoint", f"http://127.0.0.1:{port}/v1/events"]
+            self.env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{port}"
             self.env.update(exporter_knobs)
         self._log = open(self.directory / "serve.log", "wb")  # noqa: SIM115 - the server's life
         self.process = subprocess.Popen(
@@ -174,10 +179,10 @@ class Runtime:
         return health
 
     def telemetry(self) -> dict[str, float]:
-        """The exporter's counters from /metrics (skippy_telemetry_*), summed over labels."""
+        """The OTLP exporter's counters from /metrics (skippy_otlp_*), summed over labels."""
         out: dict[str, float] = {}
         for line in self.client.get("/metrics").text.splitlines():
-            if line.startswith("skippy_telemetry_"):
+            if line.startswith("skippy_otlp_"):
                 name, _, value = line.rpartition(" ")
                 key = name.split("{")[0]
                 with contextlib.suppress(ValueError):
@@ -195,16 +200,3 @@ class Runtime:
             self.process.wait()
         self._log.close()
         return seen
-
-
-def telemetry_available() -> bool:
-    """Whether `runtime serve` has `--telemetry-endpoint` (the exporter variants need it)."""
-    result = subprocess.run(
-        [sys.executable, "-m", "skippyctl", "runtime", "serve", "--help"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env=dict(_clean_env(), COLUMNS="200"),
-        timeout=60,
-    )
-    return "--telemetry-endpoint" in result.stdout
