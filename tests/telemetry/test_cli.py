@@ -71,26 +71,22 @@ def test_start_json_says_why_as_one_error_record(isolated: Path) -> None:
 
 
 def test_start_hands_otlp_to_the_background_runtime_off_its_command_line(
-    isolated: Path,
+    isolated: Path, receiver: Receiver
 ) -> None:
-    receiver = Receiver()
-    try:
-        port = receiver.server.server_address[1]
-        env = {
-            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://bob:hunter2-secret@127.0.0.1:{port}",
-            "OTEL_BLRP_SCHEDULE_DELAY": "50",
-        }
-        started = run_cli("runtime", "start", "--port", "0", env=env)
-        assert started.code == 0, started.stderr
-        assert "hunter2" not in started.stderr + started.stdout
-        receiver.wait_for(lambda r: "runtime_initialized" in log_bodies(r))
-        pid = int(orjson.loads((isolated / "runtime.json").read_bytes())["pid"])
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        assert b"hunter2" not in cmdline and str(port).encode() not in cmdline
-        stopped = run_cli("runtime", "stop")
-        assert stopped.code == 0
-        assert "runtime_stopped" in log_bodies(receiver)  # the orderly stop flushed the tail
-        log = isolated / "runtime.log"
-        assert not log.exists() or "hunter2" not in log.read_text(errors="replace")
-    finally:
-        receiver.close()
+    port = receiver.server.server_address[1]
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://bob:hunter2-secret@127.0.0.1:{port}",
+        "OTEL_BLRP_SCHEDULE_DELAY": "50",
+    }
+    started = run_cli("runtime", "start", "--port", "0", env=env)
+    assert started.code == 0, started.stderr
+    assert "hunter2" not in started.stderr + started.stdout
+    receiver.wait_for(lambda r: "runtime_initialized" in log_bodies(r))
+    pid = int(orjson.loads((isolated / "runtime.json").read_bytes())["pid"])
+    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    assert b"hunter2" not in cmdline and str(port).encode() not in cmdline
+    stopped = run_cli("runtime", "stop")
+    assert stopped.code == 0
+    assert "runtime_stopped" in log_bodies(receiver)  # the orderly stop flushed the tail
+    log = isolated / "runtime.log"
+    assert not log.exists() or "hunter2" not in log.read_text(errors="replace")

@@ -5,10 +5,7 @@ real loopback receiver gets from the real SDK metric reader."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from typing import Any
-
-import pytest
 
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import LogicalId, Scope, make_event, summaries
@@ -85,15 +82,6 @@ def _otlp_samples(points_: list[tuple[dict[str, Any], float]]) -> set[tuple[tupl
         (*sorted((k, str(v)) for k, v in attributes.items()), ("=", str(value)))
         for attributes, value in points_
     }
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    running = Receiver()
-    try:
-        yield running
-    finally:
-        running.close()
 
 
 def test_prometheus_and_otlp_expose_exactly_the_table_with_the_same_values(

@@ -7,7 +7,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -209,15 +208,6 @@ def test_health_reports_transitions_only() -> None:
 
 
 # -- against a real receiver ---------------------------------------------------------------------
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    running = Receiver()
-    try:
-        yield running
-    finally:
-        running.close()
-
-
 def _config(url: str, **knobs: Any) -> OtlpConfig:
     fast = BatchKnobs(schedule_delay_millis=20, max_queue_size=256, max_export_batch_size=64)
     signals = tuple(

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -77,15 +76,6 @@ def _stop_in_order(server: Server) -> None:
     finally:
         client.close()
     assert server.process.wait(30) == 0
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    running = Receiver()
-    try:
-        yield running
-    finally:
-        running.close()
 
 
 def test_runtime_exports_logs_spans_and_metrics_without_private_data(
