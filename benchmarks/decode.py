@@ -131,12 +131,13 @@ def _run_engine(llama: Any, path: str, n_tokens: int) -> Sample:
         engine.stop()
         llama.llama_free(context)
         llama.llama_model_free(model)
-    if result is None or result.ttft_ms is None or result.decode_tokens_per_s is None:
+    figures = None if result is None else result.figures
+    if figures is None or figures.ttft_ms is None or figures.decode_tokens_per_s is None:
         raise SystemExit(f"engine request measured has no timings: {result}")
     return Sample(
-        ttft_ms=result.ttft_ms,
-        tokens_per_s=result.decode_tokens_per_s,
-        tokens=result.completion_tokens,
+        ttft_ms=figures.ttft_ms,
+        tokens_per_s=figures.decode_tokens_per_s,
+        tokens=figures.generated_tokens,
     )
 
 

@@ -182,8 +182,8 @@ def _failure_message(finished: Finished) -> str:
     if finished.reason is ReasonCode.CONTEXT_EXHAUSTED:
         # OpenAI clients show this text as it is: say what did not fit (never the prompt).
         return (
-            f"the prompt ({finished.prompt_tokens} tokens) does not fit the model's context per "
-            "lane; shorten it, or load the model with a larger --ctx or fewer --lanes"
+            f"the prompt ({finished.figures.prompt_tokens} tokens) does not fit the model's "
+            "context per lane; shorten it, or load the model with a larger --ctx or fewer --lanes"
         )
     return f"generation {finished.outcome}"
 
@@ -275,10 +275,11 @@ async def _generate(
 
 
 def _usage(finished: Finished) -> dict[str, int]:
+    prompt, generated = finished.figures.prompt_tokens, finished.figures.generated_tokens
     return {
-        "prompt_tokens": finished.prompt_tokens,
-        "completion_tokens": finished.completion_tokens,
-        "total_tokens": finished.prompt_tokens + finished.completion_tokens,
+        "prompt_tokens": prompt,
+        "completion_tokens": generated,
+        "total_tokens": prompt + generated,
     }
 
 

@@ -50,6 +50,7 @@ from skippyctl.config.load_options import (
     OptionField,
     SpecMode,
 )
+from skippyctl.events.figures import FIGURES
 from skippyctl.events.reasons import ReasonCode
 
 INT32_MAX: Final = 2**31 - 1
@@ -193,39 +194,37 @@ class CancelAccepted(BaseModel):
     cancel_requested: bool
 
 
-class SpeculativeFiguresDocument(BaseModel):
-    mode: str
-    windows: int
-    proposed: int
-    accepted: int
-    rejected: int
-    late: int
-    discarded: int
+def _figure_fields(speculative: bool) -> dict[str, Any]:
+    """The receipt's figure fields (events/figures.py's table), typed and described from it."""
+    return {
+        f.receipt: (int if f.count else float | None, Field(description=f.help))
+        for f in FIGURES
+        if f.speculative is speculative
+    }
 
 
-class ReceiptDocument(BaseModel):
-    """A request's generation receipt (runtime/receipts.py): opaque ids, counts, timings in ms
-    (null where they do not apply), stop reason and speculative figures."""
-
-    request_id: str
-    model_id: str
-    session_id: str | None
-    outcome: str
-    reason_code: str | None
-    stop_reason: str | None
-    prompt_tokens: int
-    reused_tokens: int
-    generated_tokens: int
-    queue_ms: float
-    prefill_ms: float | None
-    ttft_ms: float | None
-    decode_ms: float | None
-    total_ms: float
-    prefill_tokens_per_s: float | None
-    decode_tokens_per_s: float | None
-    shared_decode_steps: int
-    max_batch: int
-    speculative: SpeculativeFiguresDocument
+SpeculativeFiguresDocument: Final = create_model(
+    "SpeculativeFiguresDocument",
+    __doc__="A receipt's proposal figures and the model's speculation mode.",
+    mode=(str, Field(description="The load's `--spec` (`off`: every count is 0).")),
+    **_figure_fields(speculative=True),
+)
+ReceiptDocument: Final = create_model(
+    "ReceiptDocument",
+    __doc__="A request's generation receipt (runtime/receipts.py): opaque ids, how it ended, "
+    "the host's timings and the engine's figures (events/figures.py), in ms where they are "
+    "times (null where they do not apply).",
+    request_id=(str, ...),
+    model_id=(str, ...),
+    session_id=(str | None, ...),
+    outcome=(str, ...),
+    reason_code=(str | None, ...),
+    stop_reason=(str | None, ...),
+    queue_ms=(float, Field(description="The host's queue: received → handed to the engine.")),
+    total_ms=(float, Field(description="Received → the terminal.")),
+    **_figure_fields(speculative=False),
+    speculative=(SpeculativeFiguresDocument, ...),
+)
 
 
 class SessionSaveAccepted(BaseModel):

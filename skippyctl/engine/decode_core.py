@@ -590,7 +590,7 @@ class DecodeCore:
         n_seqs = len(participants)
         if n_seqs > 1:
             for r in participants:
-                r.shared_steps += 1
+                r.shared_decode_steps += 1
                 if n_seqs > r.max_batch:
                     r.max_batch = n_seqs
         else:
@@ -707,7 +707,7 @@ class DecodeCore:
                 limit,
                 window.window,
                 self._ctx_per_lane - len(lane.tokens) - 1,
-                r.spec.max_tokens - r.completion_tokens - 1,
+                r.spec.max_tokens - r.generated_tokens - 1,
             )
             if room <= 0:
                 r.draft = []
@@ -832,7 +832,7 @@ class DecodeCore:
         if eog:
             self.finish(r, _COMPLETED, StopReason.EOS)
             return False
-        r.completion_tokens += 1
+        r.generated_tokens += 1
         if r.plugin_commits is not None:
             r.plugin_commits.append(token)
         detok = r.detok
@@ -849,7 +849,7 @@ class DecodeCore:
                 return False
         # A finishing request sends this token's text together with the flushed tail (one
         # GenText per request per step).
-        if r.completion_tokens >= r.spec.max_tokens:
+        if r.generated_tokens >= r.spec.max_tokens:
             self.finish(r, _COMPLETED, StopReason.LENGTH, text=text)
             return False
         lane = r.lane
@@ -865,7 +865,7 @@ class DecodeCore:
             self._release_observations(r)
         if now - r.t_progress >= GEN_PROGRESS_INTERVAL_S:
             r.t_progress = now
-            self.emit(GenProgress(r.id, r.completion_tokens))
+            self.emit(GenProgress(r.id, r.generated_tokens))
         r.pending_token = token
         if not r.approaching_sent and used + 1 >= self._approaching_tokens:
             r.approaching_sent = True
@@ -962,8 +962,8 @@ class DecodeCore:
         self.emit(message)
 
     def _plugins_end(self, r: RequestState, done: GenDone) -> None:
-        """The plugins' last word on ``r``: its receipt when it completed (the final committed
-        suffix goes with it), else an abort with the reason."""
+        """The plugins' last word on ``r``: its stop reason and figures when it completed (the
+        final committed suffix goes with them), else an abort with the reason."""
         self._hand_commits(r)
         r.plugin_commits = None
         if done.outcome is not _COMPLETED:
@@ -973,24 +973,8 @@ class DecodeCore:
             for plugins in self._streams:
                 self._to_plugins(plugins.abort, r.id, reason)
             return
-        queue_ms = (r.t_prefill_start - r.submitted) * 1000.0 if r.t_prefill_start else 0.0
-        receipt: dict[str, object] = {
-            "prompt_tokens": done.prompt_tokens,
-            "reused_tokens": done.reused_tokens,
-            "generated_tokens": done.completion_tokens,
-            "queue_ms": round(max(0.0, queue_ms), 3),
-            "prefill_ms": done.prefill_ms,
-            "ttft_ms": done.ttft_ms,
-            "decode_ms": done.decode_ms,
-            "stop_reason": done.stop_reason.value,
-            "spec_proposed": done.spec_proposed,
-            "spec_accepted": done.spec_accepted,
-            "spec_rejected": done.spec_proposed - done.spec_accepted,
-            "spec_late": done.spec_late,
-            "spec_discarded": done.spec_discarded,
-        }
         for plugins in self._streams:
-            self._to_plugins(plugins.finish, r.id, receipt)
+            self._to_plugins(plugins.finish, r.id, done.stop_reason, done.figures)
 
     def _clear_lane(self, lane: Lane) -> None:
         if lane.tokens:

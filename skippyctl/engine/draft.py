@@ -37,6 +37,8 @@ from types import ModuleType
 from typing import Any, Final
 
 from skippyctl.engine.lanes import common_prefix
+from skippyctl.events.envelope import StopReason
+from skippyctl.events.figures import GenerationFigures
 
 DRAFT_BATCH_TOKENS: Final = 512
 """Slots of the draft's batch (and its context's n_batch): a catch-up longer than this is
@@ -116,7 +118,7 @@ class DraftModel:
     def outcome(self, request: str, proposed: int, accepted: int) -> None:
         """Nothing to learn: the next catch-up keeps what was accepted."""
 
-    def finish(self, request: str, receipt: Mapping[str, object]) -> None:
+    def finish(self, request: str, stop_reason: StopReason, figures: GenerationFigures) -> None:
         self._release(request)
 
     def abort(self, request: str, reason: str) -> None:

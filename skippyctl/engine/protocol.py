@@ -38,7 +38,7 @@ Serving messages (sent by ``engine/decode_core.py``; with serving events off onl
   committed proposed tokens too).
 - :class:`GenProgress` at most every 500 ms per request; :class:`GenToken` only with debug token
   events, one per sampled token (its index and the ms since the previous one), never the token.
-- :class:`GenDone`: exactly one per submitted request (see its docstring for the counters).
+- :class:`GenDone`: exactly one per submitted request, with the request's figures.
 - :class:`Kv`: ``initialized`` once; ``pressure_crossed``/``pressure_cleared`` with hysteresis
   over the cells the lanes can use; ``approaching_limit`` once per request with its lane's numbers.
 - :class:`SessionChanged`: ``created`` (tokens 0), ``reused``/``trimmed`` (tokens kept),
@@ -77,6 +77,7 @@ import orjson
 from skippyctl.config.load_options import LoadOptions
 from skippyctl.engine.text import ChatMessage
 from skippyctl.events.envelope import StopReason
+from skippyctl.events.figures import GenerationFigures
 from skippyctl.events.reasons import CacheResult, GenerationOutcome, ReasonCode
 
 Payload = dict[str, Any]
@@ -356,59 +357,28 @@ class GenToken:
 
 @dataclass(frozen=True, slots=True)
 class GenDone:
-    """The one terminal of a submitted request.
+    """The one terminal of a submitted request: how it ended and what the engine measured.
 
-    ``completion_tokens`` excludes an end-of-generation token. ``decode_ms`` spans first to last
-    sampled token and ``decode_tokens_per_s`` is the inter-token rate over it (None with fewer
-    than two tokens); ``ttft_ms`` and ``prefill_tokens_per_s`` are None when not applicable.
-    ``shared_steps`` counts this request's steps whose batch held another request; ``max_batch``
-    is the most sequences in one of its batches. A generation that fills its lane ends
-    completed/length with reason ``context_exhausted``; a prompt longer than a lane fails with it
-    before any decode. With speculation (``engine/speculation.py``) ``spec_windows`` counts the
-    steps in which it verified proposed tokens, ``spec_proposed`` those tokens and
-    ``spec_accepted`` the ones committed (each saved a decode step), ``spec_late`` the
-    plugin proposal queries that missed their deadline."""
+    ``figures`` (:class:`~skippyctl.events.figures.GenerationFigures`, a nested record on the
+    wire) goes unchanged to the request's receipt, its terminal events and the serving plugins.
+    A generation that fills its lane ends completed/length with reason ``context_exhausted``; a
+    prompt longer than a lane fails with it before any decode."""
 
     request_id: str
     outcome: GenerationOutcome
     reason: ReasonCode | None
     stop_reason: StopReason
-    prompt_tokens: int
-    completion_tokens: int
-    reused_tokens: int
-    prefill_ms: float
-    decode_ms: float
-    ttft_ms: float | None
-    prefill_tokens_per_s: float | None
-    decode_tokens_per_s: float | None
-    shared_steps: int
-    max_batch: int
-    spec_windows: int = 0
-    spec_proposed: int = 0
-    spec_accepted: int = 0
-    spec_late: int = 0
-    """Proposal queries (serving plugins) answered after their deadline: dropped unused."""
-    spec_discarded: int = 0
-    """Run-ahead proposals dropped unexecuted after the window before them diverged."""
+    figures: GenerationFigures
 
     @classmethod
     def refused(cls, request_id: str, reason: ReasonCode) -> GenDone:
-        """The terminal of a request that never started (nothing counted)."""
+        """The terminal of a request that never started (nothing counted, no time spent)."""
         return cls(
             request_id,
             GenerationOutcome.FAILED,
             reason,
             StopReason.ERROR,
-            prompt_tokens=0,
-            completion_tokens=0,
-            reused_tokens=0,
-            prefill_ms=0.0,
-            decode_ms=0.0,
-            ttft_ms=None,
-            prefill_tokens_per_s=None,
-            decode_tokens_per_s=None,
-            shared_steps=0,
-            max_batch=0,
+            GenerationFigures(prefill_ms=0.0, decode_ms=0.0),
         )
 
 

@@ -8,7 +8,7 @@ and counts those with a deadline, so the per-step path skips deadline checks whe
 
 Pure Python (no llama.cpp); decode thread only, except :class:`RequestState` construction in
 ``submit``. Nothing here holds prompt text beyond the request spec itself, and the messages built
-here (:meth:`RequestState.done_message`) carry counts and durations only.
+here (:meth:`RequestState.done_message`) carry counts and durations only (its figures).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from skippyctl.engine.sampling import SamplerChain, SamplingParams
 from skippyctl.engine.speculation import AdaptiveWindow
 from skippyctl.engine.text import ChatMessage, Detokenizer, StopMatcher
 from skippyctl.events.envelope import StopReason
+from skippyctl.events.figures import GenerationFigures
 from skippyctl.events.reasons import GenerationOutcome, ReasonCode
 
 
@@ -97,11 +98,11 @@ class RequestState:
 
     __slots__ = (
         "approaching_sent",
-        "completion_tokens",
         "deadline",
         "detok",
         "draft",
         "error",
+        "generated_tokens",
         "held_observations",
         "id",
         "lane",
@@ -117,7 +118,7 @@ class RequestState:
         "runahead",
         "sampled",
         "sampler",
-        "shared_steps",
+        "shared_decode_steps",
         "spec",
         "spec_accepted",
         "spec_discarded",
@@ -153,12 +154,12 @@ class RequestState:
         self.stops: StopMatcher | None = None
         self.pending_token = -1
         self.out_index = -1
-        self.completion_tokens = 0
+        self.generated_tokens = 0
         self.sampled = 0
         self.held_observations: list[GenPrefillDone | GenFirstToken] = []
         """Sent after the first token's text (the client's first text must not wait for the
         host to turn them into events), and before gen_done if the request ends first."""
-        self.shared_steps = 0
+        self.shared_decode_steps = 0
         self.max_batch = 0
         self.window: AdaptiveWindow | None = None
         """How many proposals the request verifies next; None when its model does not
@@ -196,35 +197,38 @@ class RequestState:
         stop_reason: StopReason,
         reason: ReasonCode | None = None,
     ) -> GenDone:
-        """This request's terminal with its counters (see :class:`GenDone`)."""
+        """This request's terminal with its figures (see :class:`GenerationFigures`)."""
         if reason is None and outcome is GenerationOutcome.CANCELLED:
             reason = ReasonCode.CANCELLATION
         elif reason is None and outcome is GenerationOutcome.TIMED_OUT:
             reason = ReasonCode.TIMEOUT
+        return GenDone(self.id, outcome, reason, stop_reason, self.figures())
+
+    def figures(self) -> GenerationFigures:
+        """What this request measured so far (its terminal's, when it has ended)."""
         prefill_s = 0.0
         if self.t_prefill_start:
             prefill_s = (self.t_prefill_end or time.monotonic()) - self.t_prefill_start
         prefilled = self.prefill_pos - self.reused
         decode_s = self.t_last - self.t_first if self.sampled >= 2 else 0.0
-        return GenDone(
-            request_id=self.id,
-            outcome=outcome,
-            reason=reason,
-            stop_reason=stop_reason,
+        waited_s = self.t_prefill_start - self.submitted
+        return GenerationFigures(
             prompt_tokens=len(self.prompt) if self.prompt_count is None else self.prompt_count,
-            completion_tokens=self.completion_tokens,
             reused_tokens=self.reused,
+            generated_tokens=self.generated_tokens,
+            engine_wait_ms=round(max(0.0, waited_s) * 1000.0, 3) if self.t_prefill_start else None,
             prefill_ms=round(prefill_s * 1000.0, 3),
-            decode_ms=round(decode_s * 1000.0, 3),
             ttft_ms=round((self.t_first - self.submitted) * 1000.0, 3) if self.sampled else None,
+            decode_ms=round(decode_s * 1000.0, 3),
             prefill_tokens_per_s=round(prefilled / prefill_s, 2) if prefill_s > 0 else None,
             # Inter-token rate: tokens after the first over the time between first and last.
             decode_tokens_per_s=round((self.sampled - 1) / decode_s, 2) if decode_s > 0 else None,
-            shared_steps=self.shared_steps,
+            shared_decode_steps=self.shared_decode_steps,
             max_batch=self.max_batch,
             spec_windows=self.spec_windows,
             spec_proposed=self.spec_proposed,
             spec_accepted=self.spec_accepted,
+            spec_rejected=self.spec_proposed - self.spec_accepted,
             spec_late=self.spec_late,
             spec_discarded=self.spec_discarded,
         )

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from typing import Final, Protocol
 
 from skippyctl.config.load_options import MAX_DRAFT_TOKENS, MAX_RUNAHEAD_TOKENS, SpecMode
+from skippyctl.events.envelope import StopReason
+from skippyctl.events.figures import GenerationFigures
 
 STEP_PROPOSALS: Final = 192
 """Proposed tokens one step verifies over all its lanes: one or two lanes take their whole
@@ -102,8 +104,9 @@ class ServingPlugins(Protocol):
     def outcome(self, request: str, proposed: int, accepted: int) -> None:
         """How a window of the plugins' proposals verified."""
 
-    def finish(self, request: str, receipt: Mapping[str, object]) -> None:
-        """The request completed (its final committed suffix travels with this)."""
+    def finish(self, request: str, stop_reason: StopReason, figures: GenerationFigures) -> None:
+        """The request completed, with its terminal's stop reason and figures (its final
+        committed suffix travels with them)."""
 
     def abort(self, request: str, reason: str) -> None:
         """The request ended without completing (cancelled, timed out, failed)."""

@@ -142,10 +142,12 @@ class SummaryKey(StrEnum):
     REQUESTED_BYTES = "requested_bytes"
     """What a failed allocation asked for (resource_allocation_failed, out_of_memory_condition)."""
     RETURN_CODE = "return_code"
+    """A llama.cpp call's return code (compute_failure: llama_decode's)."""
     SPEC_REJECTED_TOKENS = "spec_rejected_tokens"
     SPEC_LATE_QUERIES = "spec_late_queries"
     SPEC_DISCARDED_TOKENS = "spec_discarded_tokens"
-    """A llama.cpp call's return code (compute_failure: llama_decode's)."""
+    ENGINE_WAIT_MS = "engine_wait_ms"
+    """The engine's wait for a lane (events/figures.py); not ``queue_wait_ms``, the host's."""
 
 
 class StopReason(StrEnum):

@@ -34,9 +34,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from importlib import metadata
-from typing import Final, Protocol, runtime_checkable
+from typing import Any, Final, Protocol, runtime_checkable
 
-from skippyctl.plugins.abi import AbortReasonCode, StopReasonCode
+from skippyctl.events.envelope import StopReason
+from skippyctl.events.figures import FIGURES, NO_FIGURES, GenerationFigures
+from skippyctl.plugins.abi import AbortReasonCode, StopReasonCode, skippy_plugin_receipt_v1
 
 __all__ = [
     "ABORT_REASON_CODES",
@@ -84,7 +86,12 @@ class ProposalQuery:
 @dataclass(frozen=True, slots=True)
 class PluginReceipt:
     """``skippy_plugin_receipt_v1``: a request's generation receipt. Timings in ms; ``nan``
-    when a timing does not apply."""
+    when a timing does not apply. ``queue_ms`` is the C field's name for the engine's wait
+    (``figures.engine_wait_ms``: the request reached the engine → its prefill began).
+
+    ``figures`` holds every figure by its one name (``skippyctl.events.figures``), those the
+    v1 struct has no field for too; the other fields are the struct's, filled from it by
+    :meth:`of` (the engine's way to make one)."""
 
     stop_reason: StopReasonCode = StopReasonCode.UNKNOWN
     prompt_tokens: int = 0
@@ -99,30 +106,46 @@ class PluginReceipt:
     spec_rejected: int = 0
     spec_late: int = 0
     spec_discarded: int = 0
+    figures: GenerationFigures = NO_FIGURES
+
+    @classmethod
+    def of(cls, stop_reason: StopReasonCode, figures: GenerationFigures) -> PluginReceipt:
+        """The receipt of a request that stopped for ``stop_reason`` with ``figures``: each
+        struct field is its figure's (:data:`~skippyctl.events.figures.FIGURES`), NaN for
+        None."""
+        fields: dict[str, Any] = {
+            f.plugin_abi: f.number(figures) for f in FIGURES if f.plugin_abi is not None
+        }
+        return cls(stop_reason=stop_reason, figures=figures, **fields)
+
+
+ABI_RECEIPT_FIELDS: Final = tuple(
+    field[0]
+    for field in skippy_plugin_receipt_v1._fields_
+    if field[0] not in ("abi_version", "struct_size", "stop_reason", "reserved")
+)
+"""The struct's figure fields in ABI order (:func:`receipt_fields`, :func:`receipt_from_fields`)."""
+_FIGURE_OF_FIELD: Final = {f.plugin_abi: f for f in FIGURES if f.plugin_abi is not None}
+if set(_FIGURE_OF_FIELD) != set(ABI_RECEIPT_FIELDS):
+    raise TypeError("every skippy_plugin_receipt_v1 field is one figure's (events/figures.py)")
+
+
+def stop_reason_code(value: int) -> StopReasonCode:
+    """The ABI code of ``value``; ``UNKNOWN`` for a number the ABI does not have."""
+    known = value in StopReasonCode._value2member_map_
+    return StopReasonCode(value) if known else StopReasonCode.UNKNOWN
 
 
 def receipt_from_fields(fields: Sequence[int | float]) -> PluginReceipt:
-    """A receipt from its fields in the ABI's order (stop reason, prompt, reused, generated,
-    queue/prefill/ttft/decode ms, spec proposed/accepted/rejected/late/discarded: the wire's
-    FINISH header, :func:`receipt_fields`); an unknown stop reason is ``UNKNOWN``."""
-    stop = int(fields[0])
-    return PluginReceipt(
-        stop_reason=StopReasonCode(stop)
-        if stop in StopReasonCode._value2member_map_
-        else StopReasonCode.UNKNOWN,
-        prompt_tokens=int(fields[1]),
-        reused_tokens=int(fields[2]),
-        generated_tokens=int(fields[3]),
-        queue_ms=float(fields[4]),
-        prefill_ms=float(fields[5]),
-        ttft_ms=float(fields[6]),
-        decode_ms=float(fields[7]),
-        spec_proposed=int(fields[8]),
-        spec_accepted=int(fields[9]),
-        spec_rejected=int(fields[10]),
-        spec_late=int(fields[11]),
-        spec_discarded=int(fields[12]),
-    )
+    """A receipt from its fields in the ABI's order (stop reason, then
+    :data:`ABI_RECEIPT_FIELDS`: prompt, reused, generated, queue/prefill/ttft/decode ms, spec
+    proposed/accepted/rejected/late/discarded; :func:`receipt_fields`); an unknown stop
+    reason is ``UNKNOWN``, and the figures the struct has no field for are 0 / None."""
+    values: dict[str, Any] = {}  # each value typed by its row
+    for name, value in zip(ABI_RECEIPT_FIELDS, fields[1:], strict=True):
+        figure = _FIGURE_OF_FIELD[name]
+        values[figure.name] = figure.from_number(value)
+    return PluginReceipt.of(stop_reason_code(int(fields[0])), GenerationFigures(**values))
 
 
 @runtime_checkable
@@ -241,25 +264,25 @@ def _count(value: object) -> int:
 
 
 def receipt_fields(receipt: Mapping[str, object]) -> tuple[int | float, ...]:
-    """A receipt mapping (``Receipt.document()``'s keys, or flat ``spec_*`` keys) → the
-    receipt's fields in the ABI's order (the wire's FINISH header, :func:`receipt_from_fields`).
-    Missing or unusable values: 0 for counts, NaN for times."""
+    """A receipt mapping → the receipt's fields in the ABI's order (:func:`receipt_from_fields`):
+    each struct field read by its own name (``spec_proposed``), a speculative one also from a
+    ``speculative`` object by its receipt key (``Receipt.document()``'s ``proposed``). Missing
+    or unusable values: 0 for counts, NaN for times. The engine does not use it: it gives
+    plugins :meth:`PluginReceipt.of` the request's figures."""
     spec = receipt.get("speculative")
     spec_map: Mapping[str, object] = spec if isinstance(spec, Mapping) else {}
-
-    def spec_count(key: str) -> int:
-        return _count(spec_map.get(key, receipt.get(f"spec_{key}")))
-
     stop = receipt.get("stop_reason")
     code = STOP_REASON_CODES.get(str(stop), StopReasonCode.UNKNOWN) if stop is not None else 0
-    return (
-        int(code),
-        _count(receipt.get("prompt_tokens")),
-        _count(receipt.get("reused_tokens")),
-        _count(receipt.get("generated_tokens")),
-        *(
-            _number(receipt.get(k), math.nan)
-            for k in ("queue_ms", "prefill_ms", "ttft_ms", "decode_ms")
-        ),
-        *(spec_count(k) for k in ("proposed", "accepted", "rejected", "late", "discarded")),
-    )
+    values: list[int | float] = [int(code)]
+    for name in ABI_RECEIPT_FIELDS:
+        figure = _FIGURE_OF_FIELD[name]
+        value = receipt.get(name)
+        if figure.speculative:
+            value = spec_map.get(figure.receipt, value)
+        values.append(_count(value) if figure.count else _number(value, math.nan))
+    return tuple(values)
+
+
+def plugin_stop_reason(stop_reason: StopReason) -> StopReasonCode:
+    """The ABI code of the engine's stop reason."""
+    return STOP_REASON_CODES.get(stop_reason.value, StopReasonCode.UNKNOWN)

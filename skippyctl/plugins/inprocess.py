@@ -33,14 +33,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from skippyctl.events.envelope import StopReason
+from skippyctl.events.figures import GenerationFigures
 from skippyctl.plugins.api import (
     ABORT_REASON_CODES,
     AbortReasonCode,
     Plugin,
+    PluginReceipt,
     ProposalQuery,
     RequestIds,
-    receipt_fields,
-    receipt_from_fields,
+    plugin_stop_reason,
 )
 
 __all__ = ["NO_DEADLINE_NS", "InProcessPlugin"]
@@ -158,15 +160,15 @@ class InProcessPlugin:
         except Exception:  # noqa: BLE001 - counted; the request is over for the plugin
             self._failed(request)
 
-    def finish(self, request: str, receipt: Mapping[str, object]) -> None:
-        """The request completed: an empty suffix (every commit was delivered) and the receipt."""
+    def finish(self, request: str, stop_reason: StopReason, figures: GenerationFigures) -> None:
+        """The request completed: an empty suffix (every commit was delivered) and its
+        receipt, made of its stop reason and figures."""
         stream = self._streams.pop(request, None)
         if stream is None:
             return
+        receipt = PluginReceipt.of(plugin_stop_reason(stop_reason), figures)
         try:
-            self._plugin.finish(
-                stream.ids, stream.handed, (), receipt_from_fields(receipt_fields(receipt))
-            )
+            self._plugin.finish(stream.ids, stream.handed, (), receipt)
         except Exception:  # noqa: BLE001 - counted; finish was the last call anyway
             self.failures += 1
 

@@ -67,8 +67,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, Final
 
+from skippyctl.events.envelope import StopReason
+from skippyctl.events.figures import GenerationFigures
 from skippyctl.plugins.abi import AbortReasonCode, IdsFlag
-from skippyctl.plugins.api import ABORT_REASON_CODES, parse_spec, receipt_fields
+from skippyctl.plugins.api import ABORT_REASON_CODES, parse_spec, plugin_stop_reason
 from skippyctl.plugins.wire import (
     AnswerStatus,
     Fault,
@@ -76,6 +78,7 @@ from skippyctl.plugins.wire import (
     Malformed,
     Msg,
     encode,
+    figure_fields,
     read_frame,
 )
 
@@ -656,10 +659,10 @@ class PluginLink:
                     )
                 self._put(p, data)
 
-    def finish(self, request: str, receipt: Mapping[str, object]) -> None:
-        """The request finished: its final committed suffix (everything not yet handed over)
-        and its receipt go to every plugin that began it. Never dropped."""
-        fields = receipt_fields(receipt)
+    def finish(self, request: str, stop_reason: StopReason, figures: GenerationFigures) -> None:
+        """The request finished: its final committed suffix (everything not yet handed over),
+        its stop reason and figures go to every plugin that began it. Never dropped."""
+        fields = (int(plugin_stop_reason(stop_reason)), *figure_fields(figures))
         with self._lock:
             self._requests.pop(request, None)
             for p in self._plugins:

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 from skippyctl.plugins import abi
 from skippyctl.plugins.api import (
+    ABI_RECEIPT_FIELDS,
     PluginNotFound,
     PluginReceipt,
     ProposalQuery,
@@ -42,9 +43,18 @@ from skippyctl.plugins.api import (
     SpecKind,
     load_entry_point,
     parse_spec,
-    receipt_from_fields,
+    stop_reason_code,
 )
-from skippyctl.plugins.wire import AnswerStatus, Fault, Frame, Malformed, Msg, encode, read_frame
+from skippyctl.plugins.wire import (
+    AnswerStatus,
+    Fault,
+    Frame,
+    Malformed,
+    Msg,
+    encode,
+    figures_from_fields,
+    read_frame,
+)
 
 Status = abi.PluginStatus
 
@@ -253,23 +263,7 @@ class CHost:
     ) -> None:
         if not self._vt.finish:
             return
-        r = abi.skippy_plugin_receipt_v1(
-            abi_version=abi.PLUGIN_ABI_VERSION,
-            struct_size=ctypes.sizeof(abi.skippy_plugin_receipt_v1),
-            stop_reason=receipt.stop_reason,
-            prompt_tokens=receipt.prompt_tokens,
-            reused_tokens=receipt.reused_tokens,
-            generated_tokens=receipt.generated_tokens,
-            queue_ms=receipt.queue_ms,
-            prefill_ms=receipt.prefill_ms,
-            ttft_ms=receipt.ttft_ms,
-            decode_ms=receipt.decode_ms,
-            spec_proposed=receipt.spec_proposed,
-            spec_accepted=receipt.spec_accepted,
-            spec_rejected=receipt.spec_rejected,
-            spec_late=receipt.spec_late,
-            spec_discarded=receipt.spec_discarded,
-        )
+        r = receipt_struct(receipt)
         t = self._tokens(start, suffix)
         self._check(
             self._vt.finish(
@@ -288,6 +282,16 @@ class CHost:
 
 
 Host = PythonHost | CHost
+
+
+def receipt_struct(receipt: PluginReceipt) -> abi.skippy_plugin_receipt_v1:
+    """``receipt`` as the C struct: every field the v1 struct has (``ABI_RECEIPT_FIELDS``)."""
+    return abi.skippy_plugin_receipt_v1(
+        abi_version=abi.PLUGIN_ABI_VERSION,
+        struct_size=ctypes.sizeof(abi.skippy_plugin_receipt_v1),
+        stop_reason=receipt.stop_reason,
+        **{name: getattr(receipt, name) for name in ABI_RECEIPT_FIELDS},
+    )
 
 
 def load(spec: str) -> Host:
@@ -391,7 +395,10 @@ class Sidecar:
                 stream = self._stream(request, start, Msg.FINISH)
                 self._streams.pop(request, None)
                 if stream is not None:
-                    host.finish(stream.ids, start, frame.tokens, receipt_from_fields(f[2:]))
+                    receipt = PluginReceipt.of(
+                        stop_reason_code(int(f[2])), figures_from_fields(f[3:])
+                    )
+                    host.finish(stream.ids, start, frame.tokens, receipt)
             case Msg.ABORT:
                 request, reason = int(f[0]), int(f[1])
                 stream = self._stream(request, None, Msg.ABORT)

@@ -24,7 +24,9 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Final
+from typing import Any, Final
+
+from skippyctl.events.figures import FIGURES, GenerationFigures
 
 MAX_FRAME_BYTES: Final = 64 << 20
 """Largest body a reader accepts (64 MiB: 16 Mi tokens, far above any context)."""
@@ -56,9 +58,9 @@ HEADERS: Final[dict[Msg, struct.Struct]] = {
     Msg.QUERY: struct.Struct("<QQIQQ"),
     # request, proposed, accepted, rejected
     Msg.OUTCOME: struct.Struct("<QIII"),
-    # request, suffix start, then the receipt: stop reason, prompt, reused, generated,
-    # queue/prefill/ttft/decode ms, spec proposed/accepted/rejected/late/discarded; suffix ids
-    Msg.FINISH: struct.Struct("<QQIQQQddddQQQQQ"),
+    # request, suffix start, stop reason code, then every figure in FIGURES' order (a count
+    # u64, a measure f64 with NaN for None: :func:`figure_fields`); suffix ids
+    Msg.FINISH: struct.Struct("<QQI" + "".join("Q" if f.count else "d" for f in FIGURES)),
     # request, reason code
     Msg.ABORT: struct.Struct("<QI"),
     # abi version; the plugin's own name (utf-8) follows
@@ -72,6 +74,19 @@ HEADERS: Final[dict[Msg, struct.Struct]] = {
 }
 CARRIES_TOKENS: Final = frozenset({Msg.BEGIN, Msg.COMMIT, Msg.QUERY, Msg.FINISH, Msg.ANSWER})
 CARRIES_TEXT: Final = frozenset({Msg.READY, Msg.LOAD_FAILED})
+
+
+def figure_fields(figures: GenerationFigures) -> tuple[int | float, ...]:
+    """A FINISH's figure fields: each figure in :data:`FIGURES`' order, NaN for None."""
+    return tuple(f.number(figures) for f in FIGURES)
+
+
+def figures_from_fields(fields: Sequence[int | float]) -> GenerationFigures:
+    """The figures of a FINISH's figure fields (:func:`figure_fields` read back)."""
+    values: dict[str, Any] = {  # each value typed by its row
+        f.name: f.from_number(v) for f, v in zip(FIGURES, fields, strict=True)
+    }
+    return GenerationFigures(**values)
 
 
 class AnswerStatus(IntEnum):

@@ -425,29 +425,9 @@ class ModelServer:
         with self._lock:
             self._next_locked()
         self.owner.session_released(handle)
-        handle.deliver(
-            Finished(
-                message.outcome,
-                message.reason,
-                message.stop_reason.value,
-                message.prompt_tokens,
-                message.completion_tokens,
-                reused_tokens=message.reused_tokens,
-                prefill_ms=message.prefill_ms,
-                ttft_ms=message.ttft_ms,
-                decode_ms=message.decode_ms,
-                prefill_tokens_per_s=message.prefill_tokens_per_s,
-                decode_tokens_per_s=message.decode_tokens_per_s,
-                shared_steps=message.shared_steps,
-                max_batch=message.max_batch,
-                spec_mode=self.speculation,
-                spec_windows=message.spec_windows,
-                spec_proposed=message.spec_proposed,
-                spec_accepted=message.spec_accepted,
-                spec_late=message.spec_late,
-                spec_discarded=message.spec_discarded,
-            )
-        )
+        # The engine's figures go on unchanged (the request's receipt is made of them).
+        stop, spec_mode = message.stop_reason.value, self.speculation
+        handle.deliver(Finished(message.outcome, message.reason, stop, message.figures, spec_mode))
 
     def _on_kv(self, message: Kv) -> None:
         request_id = message.request_id

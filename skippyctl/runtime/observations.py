@@ -43,6 +43,7 @@ from skippyctl.events.envelope import (
     make_event,
     summaries,
 )
+from skippyctl.events.figures import speculation_summaries, terminal_summaries
 from skippyctl.events.reasons import (
     CacheResult,
     GenerationOutcome,
@@ -187,52 +188,24 @@ def observation_emissions(message: Observation, has_session: bool) -> tuple[Emis
 
 
 def done_emissions(message: GenDone, has_session: bool, duration_ms: float) -> tuple[Emission, ...]:
-    """The events of the engine's terminal for a request; ``duration_ms`` since it was received."""
+    """The events of the engine's terminal for a request; ``duration_ms`` since it was received.
+    Its figures become the generation terminal's numbers (``events/figures.py``: one table),
+    and, when the request speculated, ``speculation_summarized``'s."""
     generation_event, request_event, outcome = OUTCOME_EVENTS[message.outcome]
-    reason, stop = message.reason, message.stop_reason
-    prompt = message.prompt_tokens
+    reason, stop, figures = message.reason, message.stop_reason, message.figures
     found: list[Emission] = []
     if reason is ReasonCode.CONTEXT_EXHAUSTED:
-        found.append(
-            Emission(EventId.CONTEXT_EXHAUSTED, summaries(prompt_tokens=prompt), reason=reason)
-        )
+        numbers = summaries(prompt_tokens=figures.prompt_tokens)
+        found.append(Emission(EventId.CONTEXT_EXHAUSTED, numbers, reason=reason))
     if message.outcome is GenerationOutcome.COMPLETED and stop in _STOP_CONDITIONS:
         found.append(Emission(EventId.STOP_CONDITION_REACHED, stop_reason=stop))
-    numbers = summaries(
-        prompt_tokens=prompt,
-        generated_tokens=message.completion_tokens,
-        reused_tokens=message.reused_tokens,
-        time_to_first_token_ms=message.ttft_ms,
-        prefill_ms=message.prefill_ms,
-        decode_ms=message.decode_ms,
-        prefill_tokens_per_s=message.prefill_tokens_per_s,
-        decode_tokens_per_s=message.decode_tokens_per_s,
-        shared_decode_steps=message.shared_steps,
-        batch_size=message.max_batch,
-        # Only a request that verified proposals says so (absent, not 0, without speculation).
-        spec_windows=message.spec_windows or None,
-        spec_proposed_tokens=message.spec_proposed if message.spec_windows else None,
-        spec_accepted_tokens=message.spec_accepted if message.spec_windows else None,
-    )
-    if message.spec_windows or message.spec_late or message.spec_discarded:
-        found.append(
-            Emission(
-                EventId.SPECULATION_SUMMARIZED,
-                summaries(
-                    spec_windows=message.spec_windows,
-                    spec_proposed_tokens=message.spec_proposed,
-                    spec_accepted_tokens=message.spec_accepted,
-                    spec_rejected_tokens=message.spec_proposed - message.spec_accepted,
-                    spec_late_queries=message.spec_late,
-                    spec_discarded_tokens=message.spec_discarded,
-                ),
-            )
-        )
-    batching = BatchingMode.CONTINUOUS if message.shared_steps > 0 else BatchingMode.SINGLE
+    if figures.speculated:
+        found.append(Emission(EventId.SPECULATION_SUMMARIZED, speculation_summaries(figures)))
+    batching = BatchingMode.CONTINUOUS if figures.shared_decode_steps > 0 else BatchingMode.SINGLE
     found.append(
         Emission(
             generation_event,
-            numbers,
+            terminal_summaries(figures),
             outcome=outcome,
             reason=reason,
             stop_reason=stop,

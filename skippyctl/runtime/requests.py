@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from skippyctl.engine.protocol import Generate, Sampling
 from skippyctl.engine.text import ChatMessage
 from skippyctl.events.envelope import LogicalId
+from skippyctl.events.figures import NO_FIGURES, GenerationFigures
 from skippyctl.events.reasons import ReasonCode
 
 
@@ -109,23 +110,12 @@ class Finished:
     before it reached a lane)."""
     reason: ReasonCode | None
     stop_reason: str | None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    # The engine's own figures, when the engine finished the request (its GenDone).
-    reused_tokens: int = 0
-    prefill_ms: float | None = None
-    ttft_ms: float | None = None
-    decode_ms: float | None = None
-    prefill_tokens_per_s: float | None = None
-    decode_tokens_per_s: float | None = None
-    shared_steps: int = 0
-    max_batch: int = 0
+    figures: GenerationFigures = NO_FIGURES
+    """The engine's figures when the engine ended the request (its ``GenDone.figures``,
+    unchanged); :data:`~skippyctl.events.figures.NO_FIGURES` on every path the host ended."""
     spec_mode: str = "off"
-    spec_windows: int = 0
-    spec_proposed: int = 0
-    spec_accepted: int = 0
-    spec_late: int = 0
-    spec_discarded: int = 0
+    """How the model's engine speculates (its load's ``speculation``) when the engine ended the
+    request; ``off`` on the paths the host ended (whose figures are all 0)."""
 
 
 Chunk = TextChunk | Finished

@@ -128,8 +128,9 @@ def test_a_megabyte_prompt_is_refused_with_context_exhausted_before_decode(
 ) -> None:
     done = engine.generate("big", prompt=MEGABYTE_PROMPT, max_tokens=4)
     assert (done["outcome"], done["reason"]) == ("failed", "context_exhausted")
-    assert done["prompt_tokens"] > 512  # counted, though never kept: more than a lane holds
-    assert done["completion_tokens"] == 0 and done["prefill_ms"] == 0.0
+    figures = done["figures"]
+    assert figures["prompt_tokens"] > 512  # counted, though never kept: more than a lane holds
+    assert figures["generated_tokens"] == 0 and figures["prefill_ms"] == 0.0
     assert engine.alive()
 
 

@@ -20,9 +20,9 @@ def test_concurrent_requests_share_decode_batches(
         )
     done = h.recorder.wait_done(3)
     assert all(m["outcome"] == "completed" for m in done)
-    assert all(m["shared_steps"] > 0 for m in done)
-    assert max(m["max_batch"] for m in done) == 3
-    assert all(m["max_batch"] >= 2 for m in done)
+    assert all(m["figures"]["shared_decode_steps"] > 0 for m in done)
+    assert max(m["figures"]["max_batch"] for m in done) == 3
+    assert all(m["figures"]["max_batch"] >= 2 for m in done)
     assert {h.recorder.one(f"b{i}", "gen_started")["lane"] for i in range(3)} == {0, 1, 2}
 
 
@@ -41,7 +41,8 @@ def test_requests_that_arrive_together_prefill_in_one_step(
     done = h.recorder.wait_done(3)
     # Four steps each (the prefill that samples the first token, three decodes), all three
     # requests in every one of them: none waited for another's prefill.
-    assert [(m["shared_steps"], m["max_batch"]) for m in done] == [(4, 3)] * 3, done
+    figures = [m["figures"] for m in done]
+    assert [(f["shared_decode_steps"], f["max_batch"]) for f in figures] == [(4, 3)] * 3, done
 
 
 def test_with_emit_many_each_iteration_sends_its_messages_in_one_call(
@@ -85,11 +86,11 @@ def test_long_prefill_is_chunked_beside_running_generation(
     long_prompt = "the quick brown fox jumps " * 40
     h.engine.submit(GenerateRequest("pre", prompt=long_prompt, max_tokens=2))
     h.recorder.wait_done(2)
-    gen = h.recorder.one("gen", "gen_done")
-    pre = h.recorder.one("pre", "gen_done")
+    gen = h.recorder.one("gen", "gen_done")["figures"]
+    pre = h.recorder.one("pre", "gen_done")["figures"]
     # Every chunk of the long prefill rode along with a token of the running generation.
     assert pre["prompt_tokens"] > 16 * 5
-    assert gen["shared_steps"] >= 5
+    assert gen["shared_decode_steps"] >= 5
     assert pre["max_batch"] == 2
 
 
@@ -103,18 +104,19 @@ def test_progress_messages_are_rate_limited(
         GenerateRequest("p", prompt=long_prompt, max_tokens=1200, sampling=greedy(eog_ban))
     )
     (done,) = h.recorder.wait_done(1)
+    figures = done["figures"]
     prefill = h.recorder.of("p", "gen_prefill_progress")
-    assert len(prefill) <= done["prefill_ms"] / 250
-    if done["prefill_ms"] >= 500:
+    assert len(prefill) <= figures["prefill_ms"] / 250
+    if figures["prefill_ms"] >= 500:
         assert prefill
-    assert all(m["total"] == done["prompt_tokens"] for m in prefill)
+    assert all(m["total"] == figures["prompt_tokens"] for m in prefill)
     assert [m["done"] for m in prefill] == sorted({m["done"] for m in prefill})
     assert all(0 < m["done"] < m["total"] for m in prefill)
     times = h.recorder.times("p", "gen_prefill_progress")
     assert all(b - a >= 0.2 for a, b in zip(times, times[1:], strict=False))
 
     generated = h.recorder.of("p", "gen_progress")
-    assert len(generated) <= done["decode_ms"] / 500 + 1
+    assert len(generated) <= figures["decode_ms"] / 500 + 1
     assert [m["generated"] for m in generated] == sorted({m["generated"] for m in generated})
     times = h.recorder.times("p", "gen_progress")
     assert all(b - a >= 0.4 for a, b in zip(times, times[1:], strict=False))

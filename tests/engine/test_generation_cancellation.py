@@ -30,7 +30,7 @@ def test_cancel_takes_effect_before_the_next_step(
         "cancellation",
         "cancelled",
     )
-    assert done["completion_tokens"] == 1  # the token of the step in which cancel arrived
+    assert done["figures"]["generated_tokens"] == 1  # the token of the step in which cancel arrived
 
 
 def test_cancel_from_another_thread_keeps_the_session_prefix(
@@ -46,7 +46,7 @@ def test_cancel_from_another_thread_keeps_the_session_prefix(
     h.engine.cancel("c")
     (done,) = h.recorder.wait_done(1)
     assert done["outcome"] == "cancelled"
-    assert done["completion_tokens"] < 2000
+    assert done["figures"]["generated_tokens"] < 2000
     h.engine.submit(
         GenerateRequest("d", prompt=PROMPT, session="s-c", max_tokens=1, sampling=greedy(eog_ban))
     )
@@ -90,7 +90,7 @@ def test_deadline_times_out_running_and_queued_requests(
             "timeout",
         )
     assert h.recorder.of("late", "gen_started") == []
-    assert h.recorder.one("run", "gen_done")["completion_tokens"] < 2000
+    assert h.recorder.one("run", "gen_done")["figures"]["generated_tokens"] < 2000
 
 
 def test_stop_cancels_everything_pending_and_later_submits(

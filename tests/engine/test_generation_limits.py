@@ -79,7 +79,7 @@ def test_max_tokens_ends_with_length(
     h = make_engine(lanes=1)
     h.engine.submit(GenerateRequest("r", prompt=PROMPT, max_tokens=3, sampling=greedy(eog_ban)))
     (done,) = h.recorder.wait_done(1)
-    assert (done["stop_reason"], done["completion_tokens"]) == ("length", 3)
+    assert (done["stop_reason"], done["figures"]["generated_tokens"]) == ("length", 3)
 
 
 def test_prompt_longer_than_the_lane_fails_without_decoding_and_engine_goes_on(
@@ -93,7 +93,7 @@ def test_prompt_longer_than_the_lane_fails_without_decoding_and_engine_goes_on(
     long_done = h.recorder.one("long", "gen_done")
     assert long_done["outcome"] == "failed"
     assert long_done["reason"] == "context_exhausted"
-    assert long_done["prompt_tokens"] > 256
+    assert long_done["figures"]["prompt_tokens"] > 256
     assert h.recorder.of("long", "gen_started") == []
     assert h.recorder.of("long", "gen_prefill_done") == []
     assert h.recorder.one("ok", "gen_done")["outcome"] == "completed"
@@ -110,7 +110,8 @@ def test_generation_stops_when_the_lane_context_is_full_and_kv_reports_pressure(
     assert done["outcome"] == "completed"
     assert done["stop_reason"] == "length"
     assert done["reason"] == "context_exhausted"
-    assert done["prompt_tokens"] + done["completion_tokens"] == 256 + 1  # last one never decoded
+    figures = done["figures"]
+    assert figures["prompt_tokens"] + figures["generated_tokens"] == 256 + 1  # last one not decoded
     kv = h.recorder.kind("kv")
     assert [m["event"] for m in kv] == [
         "initialized",

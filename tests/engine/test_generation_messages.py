@@ -15,6 +15,7 @@ import llama_cpp
 
 from skippyctl.engine.generation import ChatMessage, GenerateRequest, SamplingParams
 from skippyctl.engine.text import apply_chat_template, tokenize
+from skippyctl.events.figures import FIGURES
 from skippyctl.fixtures.generate import TINY, make_model
 from skippyctl.fixtures.vocab import EOS_ID
 from tests.engine.generation_harness import PROMPT, EngineFactory, greedy
@@ -41,24 +42,22 @@ def test_generation_completes_with_counts_and_ordered_messages(
     assert started["prompt_tokens"] > 5
     assert prefill["tokens"] == started["prompt_tokens"]
     assert first["ttft_ms"] > 0
-    assert set(done) == {
-        "msg", "request_id", "outcome", "reason", "stop_reason", "prompt_tokens",
-        "completion_tokens", "reused_tokens", "prefill_ms", "decode_ms", "ttft_ms",
-        "prefill_tokens_per_s", "decode_tokens_per_s", "shared_steps", "max_batch",
-        "spec_windows", "spec_proposed", "spec_accepted", "spec_late", "spec_discarded",
-    }  # fmt: skip
+    assert set(done) == {"msg", "request_id", "outcome", "reason", "stop_reason", "figures"}
+    figures = done["figures"]
+    assert set(figures) == {f.name for f in FIGURES}  # every figure, measured or not
     assert done["outcome"] == "completed"
     assert done["reason"] is None
     assert done["stop_reason"] == "length"
-    assert done["prompt_tokens"] == started["prompt_tokens"]
-    assert done["completion_tokens"] == 16
-    assert done["ttft_ms"] == first["ttft_ms"]
-    assert done["decode_tokens_per_s"] > 0
-    assert done["prefill_tokens_per_s"] > 0
-    assert done["shared_steps"] == 0
-    assert done["max_batch"] == 1
+    assert figures["prompt_tokens"] == started["prompt_tokens"]
+    assert figures["generated_tokens"] == 16
+    assert figures["ttft_ms"] == first["ttft_ms"]
+    assert 0 <= figures["engine_wait_ms"] <= figures["ttft_ms"]
+    assert figures["decode_tokens_per_s"] > 0
+    assert figures["prefill_tokens_per_s"] > 0
+    assert figures["shared_decode_steps"] == 0
+    assert figures["max_batch"] == 1
     assert h.recorder.text("r1")
-    if done["prefill_ms"] < 250:
+    if figures["prefill_ms"] < 250:
         assert h.recorder.of("r1", "gen_prefill_progress") == []
     order = [m["msg"] for m in h.recorder.messages if m.get("request_id") == "r1"]
     # This prompt's first token is a partial UTF-8 character (no text yet): the observations
@@ -76,8 +75,8 @@ def test_eos_token_ends_generation_without_counting_it(make_engine: EngineFactor
     (done,) = h.recorder.wait_done(1)
     assert done["outcome"] == "completed"
     assert done["stop_reason"] == "eos"
-    assert done["completion_tokens"] == 0
-    assert done["ttft_ms"] is not None  # a token (the EOS) was sampled
+    assert done["figures"]["generated_tokens"] == 0
+    assert done["figures"]["ttft_ms"] is not None  # a token (the EOS) was sampled
     assert h.recorder.text("r") == ""
 
 
@@ -92,7 +91,7 @@ def test_first_token_text_goes_out_before_the_prefill_and_first_token_observatio
     forced = greedy((*eog_ban, (word, 100.0)))
     h.engine.submit(GenerateRequest("t", prompt=PROMPT, max_tokens=3, sampling=forced))
     (done,) = h.recorder.wait_done(1)
-    assert done["completion_tokens"] == 3
+    assert done["figures"]["generated_tokens"] == 3
     messages = [m for m in h.recorder.messages if m.get("request_id") == "t"]
     assert [m["msg"] for m in messages] == [
         "gen_started",
@@ -117,7 +116,7 @@ def test_observations_held_for_the_first_text_are_sent_before_gen_done(
     order = [m["msg"] for m in h.recorder.messages if m.get("request_id") == "one"]
     assert order[0] == "gen_started" and order[-1] == "gen_done"
     assert order.index("gen_prefill_done") + 1 == order.index("gen_first_token")
-    assert done["completion_tokens"] == 1
+    assert done["figures"]["generated_tokens"] == 1
 
 
 def test_chat_messages_use_the_model_template(
@@ -130,7 +129,7 @@ def test_chat_messages_use_the_model_template(
     vocab = llama_cpp.llama_model_get_vocab(model)
     rendered = apply_chat_template(llama_cpp, None, messages)
     assert done["outcome"] == "completed"
-    assert done["prompt_tokens"] == len(tokenize(llama_cpp, vocab, rendered))
+    assert done["figures"]["prompt_tokens"] == len(tokenize(llama_cpp, vocab, rendered))
 
 
 def test_chat_on_a_model_without_template_uses_chatml(
@@ -152,7 +151,7 @@ def test_chat_on_a_model_without_template_uses_chatml(
         vocab = llama_cpp.llama_model_get_vocab(plain)
         chatml = apply_chat_template(llama_cpp, "chatml", messages)
         assert done["outcome"] == "completed"
-        assert done["prompt_tokens"] == len(tokenize(llama_cpp, vocab, chatml))
+        assert done["figures"]["prompt_tokens"] == len(tokenize(llama_cpp, vocab, chatml))
         h.engine.stop()
     finally:
         llama_cpp.llama_model_free(plain)
@@ -202,4 +201,8 @@ def test_no_message_but_gen_text_carries_prompt_words(
             continue
         encoded = json.dumps(message).lower()
         assert not any(word in encoded for word in canaries), message
-        assert not any(isinstance(v, list | dict) for v in message.values()), message
+        flat = dict(message)
+        # gen_done's one record is its figures: numbers only (counts and durations).
+        figures = flat.pop("figures") if message["msg"] == "gen_done" else {}
+        assert not any(isinstance(v, list | dict) for v in flat.values()), message
+        assert all(v is None or type(v) in (int, float) for v in figures.values()), message

@@ -32,7 +32,7 @@ def test_session_reuses_its_prefix_and_prefills_only_the_suffix(
     assert started["lane"] == first["lane"]
     assert started["reused_tokens"] > first["prompt_tokens"] // 2
     assert prefill["tokens"] == started["prompt_tokens"] - started["reused_tokens"]
-    assert done["reused_tokens"] == started["reused_tokens"]
+    assert done["figures"]["reused_tokens"] == started["reused_tokens"]
     events = [(m["event"], m["session"]) for m in h.recorder.kind("session")]
     # Re-tokenized completion text may split differently from the sampled tokens: then the
     # diverging tail of the KV is trimmed rather than reused as is.

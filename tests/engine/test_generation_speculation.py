@@ -49,10 +49,10 @@ def test_speculation_commits_exactly_what_one_token_a_step_gives(
     plain, speculated = _both_modes(make_engine, requests, lanes=lanes, n_threads=2)
     accepted = 0
     for request in requests:
-        off = plain.one(request.request_id, "gen_done")
-        on = speculated.one(request.request_id, "gen_done")
+        off = plain.one(request.request_id, "gen_done")["figures"]
+        on = speculated.one(request.request_id, "gen_done")["figures"]
         assert speculated.text(request.request_id) == plain.text(request.request_id)
-        assert on["completion_tokens"] == off["completion_tokens"] == 120
+        assert on["generated_tokens"] == off["generated_tokens"] == 120
         assert off["spec_windows"] == off["spec_proposed"] == off["spec_accepted"] == 0
         assert 0 <= on["spec_accepted"] <= on["spec_proposed"] <= 8 * on["spec_windows"]
         accepted += on["spec_accepted"]
@@ -102,8 +102,10 @@ def test_speculation_keeps_the_lane_limit_stop_strings_and_max_tokens(
     for request_id in ("full", "stop", "short"):
         assert on.text(request_id) == off.text(request_id), request_id
         done_on, done_off = on.one(request_id, "gen_done"), off.one(request_id, "gen_done")
-        for key in ("completion_tokens", "stop_reason", "reason"):
+        for key in ("stop_reason", "reason"):
             assert done_on[key] == done_off[key], (request_id, key)
+        generated = done_on["figures"]["generated_tokens"]
+        assert generated == done_off["figures"]["generated_tokens"], request_id
     assert on.one("full", "gen_done")["reason"] == "context_exhausted"
     assert on.one("stop", "gen_done")["stop_reason"] == "stop"
-    assert on.one("short", "gen_done")["completion_tokens"] == 13
+    assert on.one("short", "gen_done")["figures"]["generated_tokens"] == 13

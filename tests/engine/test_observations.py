@@ -21,7 +21,7 @@ def test_without_observations_only_text_and_terminals_are_sent(
     h.engine.submit(GenerateRequest("o3", prompt=PROMPT, max_tokens=1, sampling=greedy(eog_ban)))
     h.recorder.wait_done(3)
     assert {m["msg"] for m in h.recorder.messages} == {"gen_text", "gen_done"}
-    assert all(d["completion_tokens"] == 12 for d in done)
+    assert all(d["figures"]["generated_tokens"] == 12 for d in done)
     assert h.recorder.text("o1") == h.recorder.text("o2")
 
 
@@ -50,7 +50,7 @@ def test_a_sampled_end_of_generation_token_is_observed_too(make_engine: EngineFa
     h = make_engine(lanes=1, n_ctx=512, token_observations=True)
     h.engine.submit(GenerateRequest("e1", prompt=PROMPT, max_tokens=64, sampling=greedy()))
     (done,) = h.recorder.wait_done(1)
-    sampled = done["completion_tokens"] + (done["stop_reason"] == "eos")
+    sampled = done["figures"]["generated_tokens"] + (done["stop_reason"] == "eos")
     assert len(h.recorder.of("e1", "gen_token")) == sampled
 
 

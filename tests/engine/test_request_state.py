@@ -107,19 +107,25 @@ def test_the_terminal_counts_rates_and_defaults_reasons() -> None:
     r.reused = 1
     r.prefill_pos = 5
     r.t_prefill_start, r.t_prefill_end = 10.0, 10.5
-    r.sampled, r.completion_tokens = 3, 2
+    r.sampled, r.generated_tokens = 3, 2
     r.t_first, r.t_last = 10.6, 11.6
-    r.shared_steps, r.max_batch = 2, 3
+    r.shared_decode_steps, r.max_batch = 2, 3
+    r.spec_proposed, r.spec_accepted = 5, 3
     done = r.done_message(GenerationOutcome.COMPLETED, StopReason.EOS)
     assert done.reason is None
-    assert (done.prompt_tokens, done.completion_tokens, done.reused_tokens) == (5, 2, 1)
-    assert (done.prefill_ms, done.decode_ms, done.ttft_ms) == (500.0, 1000.0, 600.0)
-    assert done.prefill_tokens_per_s == 8.0  # 4 prefilled tokens in 0.5 s
-    assert done.decode_tokens_per_s == 2.0  # 2 tokens after the first in 1 s
-    assert (done.shared_steps, done.max_batch) == (2, 3)
+    figures = done.figures
+    assert (figures.prompt_tokens, figures.generated_tokens, figures.reused_tokens) == (5, 2, 1)
+    assert (figures.prefill_ms, figures.decode_ms, figures.ttft_ms) == (500.0, 1000.0, 600.0)
+    assert figures.engine_wait_ms == 0.0  # its prefill began the moment it arrived
+    assert figures.prefill_tokens_per_s == 8.0  # 4 prefilled tokens in 0.5 s
+    assert figures.decode_tokens_per_s == 2.0  # 2 tokens after the first in 1 s
+    assert (figures.shared_decode_steps, figures.max_batch) == (2, 3)
+    assert figures.spec_rejected == 2
     cancelled = state("c").done_message(GenerationOutcome.CANCELLED, StopReason.CANCELLED)
     assert cancelled.reason is ReasonCode.CANCELLATION
-    assert cancelled.ttft_ms is None and cancelled.decode_tokens_per_s is None
+    unmeasured = cancelled.figures
+    assert unmeasured.ttft_ms is None and unmeasured.decode_tokens_per_s is None
+    assert unmeasured.engine_wait_ms is None  # it never reached a lane
     timed_out = state("t").done_message(GenerationOutcome.TIMED_OUT, StopReason.TIMEOUT)
     assert timed_out.reason is ReasonCode.TIMEOUT
 
@@ -128,7 +134,7 @@ def test_a_refused_prompt_reports_the_tokens_it_counted() -> None:
     r = state("long")
     r.prompt_count = 70_000
     done = r.done_message(GenerationOutcome.FAILED, StopReason.ERROR, ReasonCode.CONTEXT_EXHAUSTED)
-    assert (done.prompt_tokens, done.reason) == (70_000, ReasonCode.CONTEXT_EXHAUSTED)
+    assert (done.figures.prompt_tokens, done.reason) == (70_000, ReasonCode.CONTEXT_EXHAUSTED)
 
 
 def test_sampling_defaults_match_the_protocol_defaults() -> None:

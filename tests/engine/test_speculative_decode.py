@@ -114,13 +114,13 @@ def test_speculated_text_is_the_known_cycle_and_most_tokens_come_from_proposals(
         assert plain.text[request.request_id] == expected
         assert speculated.text[request.request_id] == expected
         done = speculated.done[request.request_id]
-        assert done.completion_tokens == n and done.stop_reason.value == "length"
+        assert done.figures.generated_tokens == n and done.stop_reason.value == "length"
         # The first cycle (48 words) has no earlier occurrence to propose from; after it every
         # proposal is right (the window grows from 4 to 8), so most tokens came from proposals.
-        assert done.spec_accepted == done.spec_proposed
-        assert done.spec_accepted >= (n - 48) * 3 // 4
-        assert done.spec_windows < (n - 48) // 4  # far fewer steps than tokens
-        assert plain.done[request.request_id].spec_windows == 0
+        assert done.figures.spec_accepted == done.figures.spec_proposed
+        assert done.figures.spec_accepted >= (n - 48) * 3 // 4
+        assert done.figures.spec_windows < (n - 48) // 4  # far fewer steps than tokens
+        assert plain.done[request.request_id].figures.spec_windows == 0
 
 
 def test_a_session_continues_from_speculated_kv(model: Any) -> None:
@@ -144,8 +144,8 @@ def test_a_session_continues_from_speculated_kv(model: Any) -> None:
     assert runs[0].text == runs[1].text
     last_word = table.continuation(table.word_id("fox"), 70)[-1]
     assert runs[1].text["b"] == table.text(table.continuation(last_word, 60))
-    assert runs[1].done["b"].reused_tokens == runs[0].done["b"].reused_tokens > 0
-    assert runs[1].done["b"].spec_accepted > 40  # the prompt held whole cycles already
+    assert runs[1].done["b"].figures.reused_tokens == runs[0].done["b"].figures.reused_tokens > 0
+    assert runs[1].done["b"].figures.spec_accepted > 40  # the prompt held whole cycles already
 
 
 class OracleProposals:
@@ -184,7 +184,7 @@ class OracleProposals:
     def outcome(self, request: str, proposed: int, accepted: int) -> None:
         pass
 
-    def finish(self, request: str, receipt: Any) -> None:
+    def finish(self, request: str, stop_reason: Any, figures: Any) -> None:
         self.finished.add(request)
 
     def abort(self, request: str, reason: str) -> None:
@@ -222,14 +222,14 @@ def test_plugin_windows_verify_and_run_ahead_saves_queries(model: Any, ahead: in
     run = _with_plugins(model, spec, plugins, n)
     assert run.text["r"] == table.text(table.continuation(table.word_id("fox"), n))
     done = run.done["r"]
-    assert done.spec_accepted == done.spec_proposed > n // 2
-    assert done.spec_discarded == 0
+    assert done.figures.spec_accepted == done.figures.spec_proposed > n // 2
+    assert done.figures.spec_discarded == 0
     assert plugins.finished == {"r"}
     if ahead == 0:
-        assert plugins.queries >= done.spec_windows  # fixed depth: a query per window
+        assert plugins.queries >= done.figures.spec_windows  # fixed depth: a query per window
     else:
         # Every run-ahead window verified whole: most windows needed no query.
-        assert plugins.queries * 2 < done.spec_windows
+        assert plugins.queries * 2 < done.figures.spec_windows
 
 
 def test_stale_run_ahead_is_discarded_and_never_changes_the_text(model: Any) -> None:
@@ -240,10 +240,10 @@ def test_stale_run_ahead_is_discarded_and_never_changes_the_text(model: Any) -> 
     run = _with_plugins(model, spec, plugins, n)
     assert run.text["r"] == table.text(table.continuation(table.word_id("fox"), n))
     done = run.done["r"]
-    assert done.spec_accepted > 0
+    assert done.figures.spec_accepted > 0
     # A window of 4 verified whole, but the token after it is not the run-ahead's first:
     # the other 16 are dropped unexecuted, every time.
-    assert done.spec_discarded > 0 and done.spec_discarded % 16 == 0
+    assert done.figures.spec_discarded > 0 and done.figures.spec_discarded % 16 == 0
 
 
 @pytest.fixture(scope="module")
@@ -300,8 +300,8 @@ def test_a_draft_model_proposes_from_the_first_token_and_never_changes_the_text(
         )
         done = run.done[request.request_id]
         # The draft knows the cycle from the start (n-gram lookup needs one cycle first).
-        assert done.spec_accepted == done.spec_proposed > n * 3 // 4
-        assert done.spec_windows < n // 4
+        assert done.figures.spec_accepted == done.figures.spec_proposed > n * 3 // 4
+        assert done.figures.spec_windows < n // 4
 
 
 def test_a_sessions_next_request_is_drafted_from_the_lanes_kv_too(
@@ -321,8 +321,8 @@ def test_a_sessions_next_request_is_drafted_from_the_lanes_kv_too(
     last_word = table.continuation(table.word_id("fox"), 40)[-1]
     assert again.text["b"] == table.text(table.continuation(last_word, 40))
     done = again.done["b"]
-    assert done.reused_tokens > 0  # the target reused the session's KV, the draft its own
-    assert done.spec_accepted == done.spec_proposed > 20
+    assert done.figures.reused_tokens > 0  # the target reused the session's KV, the draft its own
+    assert done.figures.spec_accepted == done.figures.spec_proposed > 20
 
 
 @pytest.mark.parametrize("lanes", [1, 4])
@@ -339,8 +339,8 @@ def test_ngram_proposals_may_run_ahead_without_changing_the_text(model: Any, lan
         done = run.done[request.request_id]
         # Prompt lookup on the cycle is never wrong: every window verifies, and so does the
         # run-ahead behind it (nothing discarded).
-        assert done.spec_accepted == done.spec_proposed >= (n - 48) * 3 // 4
-        assert done.spec_discarded == 0
+        assert done.figures.spec_accepted == done.figures.spec_proposed >= (n - 48) * 3 // 4
+        assert done.figures.spec_discarded == 0
 
 
 class RecordingNgram(NgramPlugin):
@@ -378,13 +378,13 @@ def test_the_in_process_adapter_hands_the_plugin_every_committed_token_once_in_o
     run = _with_plugins(model, spec, adapter, n)
     assert run.text["r"] == table.text(table.continuation(table.word_id("fox"), n))
     done = run.done["r"]
-    assert done.spec_accepted == done.spec_proposed >= (n - 48) * 3 // 4
+    assert done.figures.spec_accepted == done.figures.spec_proposed >= (n - 48) * 3 // 4
     (runs,) = recorder.runs.values()
     position = 0
     for start, count in runs:
         assert start == position  # each run starts where the last ended
         position += count
-    assert position == done.completion_tokens == n  # every committed token, once
+    assert position == done.figures.generated_tokens == n  # every committed token, once
     assert runs[-1] == (n, 0)  # delivered as committed: the finish suffix is empty
     assert list(recorder.generated.values()) == [n]
     assert recorder.requests() == 0 and adapter.failures == 0

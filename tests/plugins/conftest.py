@@ -41,6 +41,7 @@ TEST_ENTRY_POINTS = {
     "ngram-py": "skippy_ngram_plugin:NgramPlugin",
     "raising": "plugin_faults:RaisingPlugin",
     "raising-lifecycle": "plugin_faults:RaisingLifecyclePlugin",
+    "receipt-recorder": "plugin_recorders:ReceiptRecorder",
 }
 
 
@@ -82,7 +83,7 @@ def write_entry_points(site: Path) -> Path:
 
 def plugin_path(entry_points: Path) -> str:
     """A PYTHONPATH with the checkout, the test entry points, the example package and the
-    fault module importable."""
+    test plugins' modules importable."""
     path = [str(ROOT), str(entry_points), str(EXAMPLES / "python" / "src"), str(HERE)]
     return os.pathsep.join(path)
 

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from skippyctl.events.envelope import StopReason
+from skippyctl.events.figures import GenerationFigures
 from skippyctl.plugins.link import (
     DISABLE_AFTER_FAILURES,
     LATE_STREAK_FAILURE,
@@ -34,7 +36,7 @@ def _round(link: PluginLink, n: int) -> dict[str, list[int]]:
     link.begin(name, "s", PROMPT, 0)
     proposals = link.propose({name: 4})
     link.commit(name, [12])
-    link.finish(name, {"stop_reason": "eos", "generated_tokens": 1})
+    link.finish(name, StopReason.EOS, GenerationFigures(generated_tokens=1))
     return proposals
 
 

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from skippyctl.events.envelope import StopReason
+from skippyctl.events.figures import GenerationFigures
 from skippyctl.plugins.api import (
     AbortReasonCode,
     BasePlugin,
@@ -87,22 +89,19 @@ class Recorder(BasePlugin):
         self.closed = True
 
 
-def _receipt(generated: int) -> dict[str, object]:
-    return {
-        "prompt_tokens": 3,
-        "reused_tokens": 1,
-        "generated_tokens": generated,
-        "queue_ms": 0.5,
-        "prefill_ms": 1.0,
-        "ttft_ms": 2.0,
-        "decode_ms": None,
-        "stop_reason": "length",
-        "spec_proposed": 6,
-        "spec_accepted": 4,
-        "spec_rejected": 2,
-        "spec_late": 0,
-        "spec_discarded": 0,
-    }
+def _figures(generated: int) -> GenerationFigures:
+    return GenerationFigures(
+        prompt_tokens=3,
+        reused_tokens=1,
+        generated_tokens=generated,
+        engine_wait_ms=0.5,
+        prefill_ms=1.0,
+        ttft_ms=2.0,
+        decode_ms=None,
+        spec_proposed=6,
+        spec_accepted=4,
+        spec_rejected=2,
+    )
 
 
 def test_the_committed_stream_arrives_contiguous_and_complete_with_the_receipt() -> None:
@@ -115,7 +114,7 @@ def test_the_committed_stream_arrives_contiguous_and_complete_with_the_receipt()
     assert plugins.propose({"req-a": 3}) == {"req-a": [7, 8]}
     plugins.outcome("req-a", 2, 1)
     plugins.commit("req-a", [7, 9])
-    plugins.finish("req-a", _receipt(5))
+    plugins.finish("req-a", StopReason.LENGTH, _figures(5))
 
     (seen,) = recorder.seen.values()
     assert seen.prompt == (1, 2, 3)
@@ -129,7 +128,8 @@ def test_the_committed_stream_arrives_contiguous_and_complete_with_the_receipt()
     assert receipt is not None
     assert receipt.stop_reason is StopReasonCode.LENGTH and receipt.generated_tokens == 5
     assert (receipt.spec_proposed, receipt.spec_accepted, receipt.spec_rejected) == (6, 4, 2)
-    assert math.isnan(receipt.decode_ms) and receipt.queue_ms == 0.5
+    assert math.isnan(receipt.decode_ms) and receipt.queue_ms == 0.5  # the engine's wait
+    assert receipt.figures == _figures(5)  # every figure, by its one name
     assert plugins.requests() == 0 and plugins.failures == 0
 
 
@@ -185,8 +185,8 @@ def test_a_call_that_raises_ends_only_its_own_request_for_the_plugin() -> None:
     # Nothing more about it reaches the plugin (Recorder asserts on a call after the end).
     plugins.commit("bad", [3])
     assert plugins.propose({"bad": 2, "good": 2}) == {"good": [5]}
-    plugins.finish("bad", _receipt(2))
-    plugins.finish("good", _receipt(1))
+    plugins.finish("bad", StopReason.LENGTH, _figures(2))
+    plugins.finish("good", StopReason.LENGTH, _figures(1))
     assert good.tokens == [2] and good.receipt is not None
     assert plugins.failures == 1
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from skippyctl.events.envelope import StopReason
+from skippyctl.events.figures import NO_FIGURES, GenerationFigures
 from skippyctl.plugins.link import PluginLink
 from tests.plugins.conftest import Built, LinkFactory, Reports, read_streams
 
@@ -47,7 +49,8 @@ def _drive(
             zero = capacity_zero_every is not None and step % capacity_zero_every == 0
             link.propose({n: 0 if zero else rng.randrange(1, 8) for n in live})
         if len(committed[name]) > 150:
-            link.finish(name, {"stop_reason": "length", "generated_tokens": len(committed[name])})
+            figures = GenerationFigures(generated_tokens=len(committed[name]))
+            link.finish(name, StopReason.LENGTH, figures)
             live.remove(name)
     return committed
 
@@ -104,7 +107,7 @@ def test_capacity_zero_is_not_queried_and_leaves_the_delta_pending(
     link.commit("a", [4, 5])
     assert link.propose({"a": 0}) == {}
     assert link.counters()["ngram_plugin.so"]["queries"] == 0
-    link.finish("a", {})
+    link.finish("a", StopReason.EOS, NO_FIGURES)
     link.close()
     (stream,) = read_streams(Path(plugin_env["SKIPPY_PLUGIN_RECORD"])).values()
     assert stream.tokens == [4, 5]
@@ -120,7 +123,7 @@ def test_proposals_follow_the_prompt_lookup_and_the_committed_tokens(
     assert link.propose({"a": 4}) == {"a": [12, 13, 10, 11]}
     link.commit("a", [12])
     assert link.propose({"a": 2}) == {"a": [13, 10]}
-    link.finish("a", {})
+    link.finish("a", StopReason.EOS, NO_FIGURES)
     counters = link.counters()
     assert counters["ngram_plugin.so"]["proposals"] == 2
     assert counters["ngram-py"]["proposals"] == 2
@@ -160,7 +163,7 @@ def test_tiny_queue_defers_deltas_and_the_stream_stays_complete(
         os.kill(pid, signal.SIGCONT)
     link.commit("a", [7, 8])
     committed += [7, 8]
-    link.finish("a", {"generated_tokens": len(committed)})
+    link.finish("a", StopReason.LENGTH, GenerationFigures(generated_tokens=len(committed)))
     link.close()
     (stream,) = read_streams(Path(plugin_env["SKIPPY_PLUGIN_RECORD"])).values()
     assert stream.tokens == committed

@@ -8,6 +8,7 @@ tests/runtime/test_scheduler_resilience.py and tests/api.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +27,7 @@ from skippyctl.engine.protocol import (
 )
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import BatchingMode, Event, LogicalId, StopReason
+from skippyctl.events.figures import GenerationFigures
 from skippyctl.events.reasons import CacheResult, GenerationOutcome, Outcome, ReasonCode
 from skippyctl.runtime.model_server import HOST_DEADLINE_GRACE_S, Liveness, ModelServer
 from skippyctl.runtime.observations import ServingEvents
@@ -155,10 +157,15 @@ def chunks(handle: RequestHandle) -> list[TextChunk | Finished]:
 
 
 def done(request_id: str, **fields: Any) -> GenDone:
+    """The engine's terminal: completed/eos unless ``fields`` say otherwise; the fields that
+    are figures go into its figures (a refused request's, so far)."""
     base = GenDone.refused(request_id, ReasonCode.INTERNAL_RUNTIME_FAILURE)
+    figures = {
+        k: fields.pop(k) for k in list(fields) if k in GenerationFigures.__dataclass_fields__
+    }
     values = {f: getattr(base, f) for f in GenDone.__dataclass_fields__}
     values.update(outcome=GenerationOutcome.COMPLETED, reason=None, stop_reason=StopReason.EOS)
-    values.update(fields)
+    values.update(fields, figures=dataclasses.replace(base.figures, **figures))
     return GenDone(**values)
 
 
@@ -189,7 +196,7 @@ def test_the_engines_terminal_ends_the_request_once_and_starts_the_next() -> Non
     h.server.submit(second)
     h.server.on_engine_message(h.engine, GenText("req-1", "hello"))
     h.server.on_engine_message(
-        h.engine, done("req-1", prompt_tokens=4, completion_tokens=2, shared_steps=1)
+        h.engine, done("req-1", prompt_tokens=4, generated_tokens=2, shared_decode_steps=1)
     )
     h.server.on_engine_message(h.engine, done("req-1"))  # a duplicate: nobody's any more
     text, finished = chunks(first)
@@ -199,11 +206,13 @@ def test_the_engines_terminal_ends_the_request_once_and_starts_the_next() -> Non
         GenerationOutcome.COMPLETED,
         None,
         "eos",
-        4,
-        2,
-        prefill_ms=0.0,
-        decode_ms=0.0,
-        shared_steps=1,
+        GenerationFigures(
+            prompt_tokens=4,
+            generated_tokens=2,
+            prefill_ms=0.0,
+            decode_ms=0.0,
+            shared_decode_steps=1,
+        ),
     )
     assert h.engine.generated() == ["req-1", "req-2"]
     assert h.terminals(first) == [EventId.REQUEST_COMPLETED]
@@ -345,7 +354,12 @@ def test_with_serving_events_off_only_availability_is_reported() -> None:
     h.server.check_engine(SECOND_NS)
     assert [e.id for e in h.events] == [EventId.MODEL_DEGRADED, EventId.MODEL_RECOVERY_STARTED]
     assert chunks(handle) == [
-        Finished(GenerationOutcome.COMPLETED, None, "eos", 0, 0, prefill_ms=0.0, decode_ms=0.0)
+        Finished(
+            GenerationOutcome.COMPLETED,
+            None,
+            "eos",
+            GenerationFigures(prefill_ms=0.0, decode_ms=0.0),
+        )
     ]
 
 

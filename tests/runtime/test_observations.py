@@ -21,6 +21,7 @@ from skippyctl.engine.protocol import (
 )
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import BatchingMode, Progress, StopReason, summaries
+from skippyctl.events.figures import GenerationFigures
 from skippyctl.events.reasons import (
     CacheResult,
     GenerationOutcome,
@@ -132,21 +133,18 @@ def test_each_observation_builds_its_events(
 
 
 def test_a_terminal_that_filled_its_lane_reports_context_exhausted_and_its_stop() -> None:
-    message = GenDone(
-        "r",
-        GenerationOutcome.COMPLETED,
-        ReasonCode.CONTEXT_EXHAUSTED,
-        StopReason.LENGTH,
+    figures = GenerationFigures(
         prompt_tokens=200,
-        completion_tokens=57,
-        reused_tokens=0,
+        generated_tokens=57,
         prefill_ms=5.0,
         decode_ms=50.0,
         ttft_ms=6.0,
         prefill_tokens_per_s=40_000.0,
         decode_tokens_per_s=1_120.0,
-        shared_steps=0,
         max_batch=1,
+    )
+    message = GenDone(
+        "r", GenerationOutcome.COMPLETED, ReasonCode.CONTEXT_EXHAUSTED, StopReason.LENGTH, figures
     )
     emitted = done_emissions(message, has_session=True, duration_ms=70.0)
     assert [e.event_id for e in emitted] == [

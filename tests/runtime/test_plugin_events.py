@@ -7,6 +7,7 @@ import pytest
 from skippyctl.engine.protocol import GenDone, PluginReported
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import LogicalId, StopReason, SummaryKey
+from skippyctl.events.figures import GenerationFigures
 from skippyctl.events.reasons import GenerationOutcome, Outcome, ReasonCode
 from skippyctl.output.summary import render_summary
 from skippyctl.runtime.observations import done_emissions
@@ -69,26 +70,20 @@ def test_every_report_kind_has_an_event_and_unknown_ones_or_unsafe_names_are_lef
 
 
 def _done(windows: int, proposed: int, accepted: int, late: int) -> GenDone:
-    return GenDone(
-        "r1",
-        GenerationOutcome.COMPLETED,
-        None,
-        StopReason.LENGTH,
+    figures = GenerationFigures(
         prompt_tokens=3,
-        completion_tokens=10,
-        reused_tokens=0,
+        generated_tokens=10,
         prefill_ms=1.0,
         decode_ms=2.0,
         ttft_ms=1.5,
-        prefill_tokens_per_s=None,
-        decode_tokens_per_s=None,
-        shared_steps=0,
         max_batch=1,
         spec_windows=windows,
         spec_proposed=proposed,
         spec_accepted=accepted,
+        spec_rejected=proposed - accepted,
         spec_late=late,
     )
+    return GenDone("r1", GenerationOutcome.COMPLETED, None, StopReason.LENGTH, figures)
 
 
 def test_a_speculating_request_ends_with_its_speculation_summary() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from skippyctl.events.envelope import LogicalId
+from skippyctl.events.figures import GenerationFigures
 from skippyctl.events.reasons import ReasonCode
 from skippyctl.runtime.receipts import ReceiptBook, receipt_of
 from skippyctl.runtime.requests import Finished, GenerationParams, RequestHandle
@@ -25,21 +26,21 @@ def _handle(
 
 
 def test_a_receipt_times_the_queue_until_the_engine_got_the_request() -> None:
-    finished = Finished(
-        "completed",
-        None,
-        "length",
-        5,
-        3,
+    figures = GenerationFigures(
+        prompt_tokens=5,
         reused_tokens=2,
+        generated_tokens=3,
         prefill_ms=1.5,
         ttft_ms=4.0,
         decode_ms=6.0,
     )
+    finished = Finished("completed", None, "length", figures)
     receipt = receipt_of(_handle("req-1", 1_000_000, 3_000_000), finished, 21_000_000)
     assert (receipt.queue_ms, receipt.total_ms) == (2.0, 20.0)
-    assert (receipt.prompt_tokens, receipt.reused_tokens, receipt.generated_tokens) == (5, 2, 3)
+    assert receipt.figures is figures  # carried unchanged
     document = receipt.document()
+    assert (document["prompt_tokens"], document["reused_tokens"]) == (5, 2)
+    assert document["generated_tokens"] == 3
     assert document["ttft_ms"] == 4.0 and document["speculative"]["mode"] == "off"
     never = receipt_of(
         _handle("req-2"), Finished("rejected", ReasonCode.MISSING_ARTIFACT, None), 9_000_000

@@ -162,7 +162,7 @@ typedef struct skippy_plugin_receipt_v1 {
     uint64_t prompt_tokens;   /*  16 */
     uint64_t reused_tokens;   /*  24  prompt tokens whose KV was already there */
     uint64_t generated_tokens;/*  32  without an end-of-generation token */
-    double queue_ms;          /*  40  received -> handed to the engine */
+    double queue_ms;          /*  40  the engine's wait: reached the engine -> prefill began */
     double prefill_ms;        /*  48 */
     double ttft_ms;           /*  56  time to first token */
     double decode_ms;         /*  64  first to last sampled token */
