@@ -22,6 +22,7 @@ from opentelemetry.util.types import AttributeValue
 
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event, SummaryKey
+from skippyctl.events.figures import SUMMARY_KEYS
 from skippyctl.events.reasons import Outcome
 from skippyctl.telemetry.otlp import SpanStats
 
@@ -46,21 +47,9 @@ _GENERATION_ENDS: Final = frozenset(
         EventId.GENERATION_FAILED,
     }
 )
-# Numbers copied onto the request span (and the child that measured them), by summary key.
-_SPAN_NUMBERS: Final = (
-    SummaryKey.PROMPT_TOKENS,
-    SummaryKey.GENERATED_TOKENS,
-    SummaryKey.REUSED_TOKENS,
-    SummaryKey.QUEUE_DEPTH,
-    SummaryKey.QUEUE_WAIT_MS,
-    SummaryKey.TIME_TO_FIRST_TOKEN_MS,
-    SummaryKey.PREFILL_MS,
-    SummaryKey.DECODE_MS,
-    SummaryKey.PREFILL_TOKENS_PER_S,
-    SummaryKey.DECODE_TOKENS_PER_S,
-    SummaryKey.SHARED_DECODE_STEPS,
-    SummaryKey.BATCH_SIZE,
-)
+# Numbers copied onto the request span (and the child that measured them), by summary key: a
+# request's generation figures (the one table, events/figures.py) and the host's queue figures.
+_SPAN_NUMBERS: Final = (*SUMMARY_KEYS, SummaryKey.QUEUE_DEPTH, SummaryKey.QUEUE_WAIT_MS)
 
 
 @dataclass(slots=True)

@@ -7,12 +7,20 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-from typing import Any
+from typing import Any, Final
 
 import pytest
 
 from skippyctl.events.catalog import EventId
-from skippyctl.events.envelope import LogicalId, Scope, StopReason, make_event, summaries
+from skippyctl.events.envelope import (
+    LogicalId,
+    NumericSummary,
+    Scope,
+    StopReason,
+    make_event,
+    summaries,
+)
+from skippyctl.events.figures import SUMMARY_KEYS
 from skippyctl.events.reasons import Outcome, ReasonCode, Severity
 from skippyctl.pipeline.dispatch import Dispatcher
 from skippyctl.telemetry.otlp import (
@@ -217,6 +225,13 @@ def _config(url: str, **knobs: Any) -> OtlpConfig:
     return OtlpConfig(signals=signals, logs=fast, traces=fast, **knobs)
 
 
+EVERY_FIGURE: Final = tuple(
+    NumericSummary(key, {"prompt_tokens": 5, "generated_tokens": 6}.get(key.value, 100 + index))
+    for index, key in enumerate(SUMMARY_KEYS)
+)
+"""A generation terminal's summaries with every figure of events/figures.py, each distinct."""
+
+
 def _request_events(request: str, model: str = "tiny") -> list[Any]:
     scope = Scope(
         model_id=LogicalId(model), session_id=LogicalId("s-1"), request_id=LogicalId(request)
@@ -241,7 +256,7 @@ def _request_events(request: str, model: str = "tiny") -> list[Any]:
         at(
             12,
             EventId.GENERATION_COMPLETED,
-            summaries=summaries(prompt_tokens=5, generated_tokens=6),
+            summaries=EVERY_FIGURE,
             outcome=Outcome.SUCCESS,
             stop_reason=StopReason.LENGTH,
         ),
@@ -305,6 +320,10 @@ def test_events_become_log_records_and_a_request_becomes_a_span_tree(
     assert root_fields["model_id"] == "tiny" and root_fields["session_id"] == "s-1"
     assert root_fields["prompt_tokens"] == 5 and root_fields["generated_tokens"] == 6
     assert root_fields["stop_reason"] == "length" and root_fields["outcome"] == "success"
+    # Every generation figure reaches the request span (the figures table, not a hand list).
+    assert {s.key.value: root_fields.get(s.key.value) for s in EVERY_FIGURE} == {
+        s.key.value: s.value for s in EVERY_FIGURE
+    }
     assert root.status.code != 2  # not ERROR
     assert [e.name for e in spans["decode"].events] == ["first_token_produced"]
     # Logs of a request carry its trace: they correlate with the span tree.
