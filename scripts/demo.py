@@ -26,6 +26,7 @@ import orjson
 from skippyctl.client.discovery import DiscoveryProblem, read_discovery
 from skippyctl.client.http import FrameReader, RuntimeClient, RuntimeUnreachable
 from skippyctl.client.launch import connect
+from skippyctl.config.runtime_settings import InvalidSettings, read_runtime_settings
 from skippyctl.output.codec import decode_frame_event, event_record
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -93,11 +94,16 @@ def main(argv: list[str] | None = None) -> int:
 
         make_fixtures(FIXTURE.parent)
     try:
-        running = read_discovery() is not None
+        settings = read_runtime_settings()  # this script's entry reads them once
+    except InvalidSettings as error:
+        say(f"invalid settings: {error}")
+        return 10
+    try:
+        running = read_discovery(settings) is not None
     except DiscoveryProblem:
         running = False
     try:
-        client = connect()
+        client = connect(settings)
     except RuntimeUnreachable as error:
         say(f"no runtime: {error}")
         return 3

@@ -23,6 +23,7 @@ from skippyctl.output.codec import decode_frame_event
 
 if TYPE_CHECKING:
     from skippyctl.client.http import FrameReader, RuntimeClient
+    from skippyctl.config.runtime_settings import RuntimeSettings
 
 BACKOFF_S: Final = (0.5, 1.0, 2.0, 5.0)
 POLL_S: Final = 0.1
@@ -39,8 +40,11 @@ def _cursor_for(client: RuntimeClient, cursor: str | None) -> str:
 class LiveSource:
     """An `EventSource` over the runtime's live SSE stream, reconnecting when it breaks."""
 
-    def __init__(self, client: RuntimeClient) -> None:
+    def __init__(self, client: RuntimeClient, settings: RuntimeSettings) -> None:
+        """``settings``: the process's (read once at its start), which say where the discovery
+        file is to find a restarted runtime again."""
         self._client = client
+        self._settings = settings
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._sink: Sink | None = None
@@ -108,7 +112,7 @@ class LiveSource:
         from skippyctl.client.launch import connect
 
         try:
-            client = connect(autostart=False)
+            client = connect(self._settings, autostart=False)
         except RuntimeUnreachable:
             return False
         self._client.close()

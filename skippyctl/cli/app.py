@@ -55,6 +55,9 @@ def root(
     ),
 ) -> None:
     """Operate a local llama.cpp runtime: load models and watch structured events."""
+    from skippyctl.cli.settings import remember_settings
+
+    remember_settings()  # the process's settings, read once (cli/settings.py)
 
 
 def main() -> None:

@@ -138,6 +138,7 @@ def record_command(
     """
     from skippyctl.cli.doctor import doctor_records, run_checks
     from skippyctl.cli.events import attach_or_exit
+    from skippyctl.cli.settings import runtime_settings
     from skippyctl.client.http import ApiError, RuntimeUnreachable
 
     target = out or Path(f"skippy-diagnostics-{time.strftime('%Y%m%dT%H%M%S')}.tar.gz")
@@ -159,7 +160,7 @@ def record_command(
         )
     finally:
         client.close()
-    findings, doctor_code = run_checks()
+    findings, doctor_code = run_checks(runtime_settings("diagnostics", json_output))
     raw_members = {
         "events.ndjson": _ndjson(recent),
         "stream.ndjson": _ndjson(stream),

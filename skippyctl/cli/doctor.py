@@ -14,6 +14,8 @@ from rich.table import Table
 
 from skippyctl.cli.events import RECORD_SCHEMA_VERSION, emit_json
 from skippyctl.cli.exit_codes import ExitCode
+from skippyctl.cli.settings import runtime_settings
+from skippyctl.config.runtime_settings import RuntimeSettings
 
 Status = Literal["ok", "warning", "error"]
 SYSTEM_INFO_CHARS: Final = 400
@@ -38,15 +40,15 @@ class Finding:
         }
 
 
-def _native() -> tuple[list[Finding], Any]:
+def _native(settings: RuntimeSettings) -> tuple[list[Finding], Any]:
     from skippyctl.native.library import (
         NativeAbiIncompatible,
         NativeLibraryUnavailable,
-        load_native_library,
+        open_native_library,
     )
 
     try:
-        library = load_native_library()
+        library = open_native_library(settings.native_library, settings.native_disabled)
     except NativeLibraryUnavailable as error:
         return [
             Finding(
@@ -170,13 +172,13 @@ def _devices(library: Any) -> list[Finding]:
     return findings
 
 
-def _runtime() -> tuple[list[Finding], bool]:
+def _runtime(settings: RuntimeSettings) -> tuple[list[Finding], bool]:
     from skippyctl.client.discovery import DiscoveryProblem, discovery_path, read_discovery
     from skippyctl.client.http import RuntimeClient, RuntimeUnreachable
 
-    path = discovery_path()
+    path = discovery_path(settings)
     try:
-        discovery = read_discovery()
+        discovery = read_discovery(settings)
     except DiscoveryProblem as problem:
         return [
             Finding(
@@ -232,11 +234,11 @@ def _runtime() -> tuple[list[Finding], bool]:
     return findings, True
 
 
-def run_checks() -> tuple[list[Finding], ExitCode]:
+def run_checks(settings: RuntimeSettings) -> tuple[list[Finding], ExitCode]:
     """Every check, and the exit code `doctor` would end with."""
-    native, library = _native()
+    native, library = _native(settings)
     findings = [*native, _llama_cpp(), *_devices(library)]
-    runtime, reachable = _runtime()
+    runtime, reachable = _runtime(settings)
     findings.extend(runtime)
     if any(f.status == "error" for f in findings):
         code = ExitCode.FAILURE
@@ -279,7 +281,7 @@ def doctor_command(
 
         skippyctl doctor --json | jq -r 'select(.status != "ok") | "\\(.check): \\(.fix)"'
     """
-    findings, code = run_checks()
+    findings, code = run_checks(runtime_settings("doctor", json_output))
     errors = sum(f.status == "error" for f in findings)
     warnings = sum(f.status == "warning" for f in findings)
     if json_output:

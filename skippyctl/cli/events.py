@@ -22,6 +22,7 @@ from rich.table import Table
 
 from skippyctl.cli.common import InterruptRequests, LiveStream, StreamEnded
 from skippyctl.cli.exit_codes import ExitCode
+from skippyctl.cli.settings import runtime_settings
 from skippyctl.events.catalog import CATALOG, EventId
 from skippyctl.events.envelope import Event
 from skippyctl.events.reasons import Category, Severity
@@ -29,6 +30,7 @@ from skippyctl.output.codec import event_record
 
 if TYPE_CHECKING:
     from skippyctl.client.http import RuntimeClient
+    from skippyctl.config.runtime_settings import RuntimeSettings
 
 events_app = typer.Typer(invoke_without_command=True)  # help: events_command's docstring
 _err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -87,36 +89,29 @@ def fail(
     raise typer.Exit(int(code))
 
 
-def runtime_dir_hint() -> str:
+def runtime_dir_hint(settings: RuntimeSettings) -> str:
     """Where the runtime directory is, for people (stderr only)."""
     from skippyctl.client.discovery import runtime_dir
 
-    return f"runtime directory: {runtime_dir()} (SKIPPY_RUNTIME_DIR overrides it)"
+    return f"runtime directory: {runtime_dir(settings)} (SKIPPY_RUNTIME_DIR overrides it)"
 
 
 def attach_or_exit(command: str, json_output: bool, autostart: bool = True) -> RuntimeClient:
     """Launch-or-attach; exit 3 (with a message, never a traceback) when no runtime answers,
-    10 when none can be started because SKIPPY_PORT is invalid."""
-    from skippyctl.client.http import RuntimeConfigurationError, RuntimeUnreachable
+    10 when a setting is invalid (SKIPPY_PORT, …: cli/settings.py)."""
+    from skippyctl.client.http import RuntimeUnreachable
     from skippyctl.client.launch import connect
 
+    settings = runtime_settings(command, json_output)
     try:
-        return connect(autostart=autostart)
-    except RuntimeConfigurationError as error:
-        fail(
-            command,
-            ExitCode.INVALID_CONFIGURATION,
-            str(error),
-            json_output,
-            reason="invalid_configuration",
-        )
+        return connect(settings, autostart=autostart)
     except RuntimeUnreachable as error:
         fail(
             command,
             ExitCode.RUNTIME_UNREACHABLE,
             str(error),
             json_output,
-            hint=runtime_dir_hint(),
+            hint=runtime_dir_hint(settings),
         )
 
 

@@ -35,7 +35,9 @@ from skippyctl.cli.presenters import (
     PullProgressPresenter,
 )
 from skippyctl.cli.pull import PullResult, pull_ref
+from skippyctl.cli.settings import runtime_settings
 from skippyctl.config.load_options import LoadOptions, SpecMode
+from skippyctl.config.runtime_settings import RuntimeSettings
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event
 from skippyctl.events.reasons import Category, ReasonCode
@@ -97,11 +99,12 @@ def load_command(
         # does (the message names no path; stderr says the same).
         reason = ReasonCode.INVALID_CONFIGURATION.value
         fail("load", ExitCode.INVALID_CONFIGURATION, problem, json_output, reason)
+    settings = runtime_settings("load", json_output)
     shown = model
     if is_remote_ref(model):
         # Resolve and download first (this process, as `pull`), then load the local file by
         # the id of the file's name (its cache path is a hash).
-        pulled = _pull_first(model, json_output)
+        pulled = _pull_first(model, json_output, settings)
         if pulled.prepared is None:
             stderr.print(f"[red]✗[/] {model}: {pulled.message}", soft_wrap=True, highlight=False)
             raise typer.Exit(int(pulled.code))
@@ -122,9 +125,9 @@ def load_command(
         )
     with InterruptRequests() as interrupts:
         if embedded:
-            code, message = _embedded(options, json_output, interrupts)
+            code, message = _embedded(options, settings, json_output, interrupts)
         else:
-            code, message = _attached(options, json_output, wait, interrupts)
+            code, message = _attached(options, settings, json_output, wait, interrupts)
     if code is ExitCode.SUCCESS:
         stderr.print(f"[green]✓[/] {message}", soft_wrap=True, highlight=False)
     else:
@@ -132,10 +135,10 @@ def load_command(
     raise typer.Exit(int(code))
 
 
-def _pull_first(ref: str, json_output: bool) -> PullResult:
+def _pull_first(ref: str, json_output: bool, settings: RuntimeSettings) -> PullResult:
     presenter: Presenter = NdjsonPresenter() if json_output else PullProgressPresenter(ref)
     try:
-        return pull_ref(ref, presenter)
+        return pull_ref(ref, presenter, settings)
     finally:
         presenter.close()
 
@@ -145,11 +148,14 @@ def _presenter(json_output: bool, label: str) -> Presenter:
 
 
 def _embedded(
-    options: LoadOptions, json_output: bool, interrupts: InterruptRequests
+    options: LoadOptions,
+    settings: RuntimeSettings,
+    json_output: bool,
+    interrupts: InterruptRequests,
 ) -> tuple[ExitCode, str]:
     from skippyctl.runtime.host import RuntimeHost
 
-    host = RuntimeHost().start()
+    host = RuntimeHost(settings=settings).start()
     subscription = host.pipeline.subscribe("cli-load", max_queue_size=65536, replay=True)
     handle = host.load_model(options)
     if handle.already_available:  # cannot happen in a fresh host, kept for symmetry
@@ -173,13 +179,13 @@ def _embedded(
 
 
 def _attached(
-    options: LoadOptions, json_output: bool, wait: bool, interrupts: InterruptRequests
+    options: LoadOptions,
+    settings: RuntimeSettings,
+    json_output: bool,
+    wait: bool,
+    interrupts: InterruptRequests,
 ) -> tuple[ExitCode, str]:
-    from skippyctl.client.http import (
-        ApiError,
-        RuntimeConfigurationError,
-        RuntimeUnreachable,
-    )
+    from skippyctl.client.http import ApiError, RuntimeUnreachable
     from skippyctl.client.launch import connect
 
     # The runtime resolves relative paths against its model root; a path that exists from here
@@ -188,9 +194,7 @@ def _attached(
     if Path(model).expanduser().exists():
         options = options.replace(model=str(Path(model).resolve()))
     try:
-        client = connect()
-    except RuntimeConfigurationError as error:
-        return ExitCode.INVALID_CONFIGURATION, str(error)
+        client = connect(settings)
     except RuntimeUnreachable as error:
         return ExitCode.RUNTIME_UNREACHABLE, str(error)
     try:

@@ -15,7 +15,6 @@ cut in half) and the pull ends `model_download_cancelled` + `model_preparation_c
 from __future__ import annotations
 
 import logging
-import os
 import signal
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -28,6 +27,8 @@ from skippyctl.acquisition.errors import PreparationCancelled, PreparationError
 from skippyctl.acquisition.hub import HubSettings
 from skippyctl.cli.exit_codes import ExitCode, exit_code_for
 from skippyctl.cli.presenters import NdjsonPresenter, Presenter, PullProgressPresenter
+from skippyctl.cli.settings import runtime_settings
+from skippyctl.config.runtime_settings import RuntimeSettings
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event
 
@@ -97,12 +98,14 @@ class PullResult:
     prepared: Prepared | None = None
 
 
-def pull_ref(ref: str, presenter: Presenter, hub: HubSettings | None = None) -> PullResult:
+def pull_ref(
+    ref: str, presenter: Presenter, settings: RuntimeSettings, hub: HubSettings | None = None
+) -> PullResult:
     """Run one pull, showing its events on `presenter`; never raises for a failed pull."""
     # The hub library's own warnings (a retried transfer) quote URLs, signed CDN ones among
     # them; the events and the closing message say what happened without them. (Importing it
     # first: its import sets its logger's level from HF_HUB_VERBOSITY, which still wins.)
-    if "HF_HUB_VERBOSITY" not in os.environ:
+    if not settings.hub_verbosity_set:
         import huggingface_hub.utils.logging  # noqa: F401 - sets the level we then override
 
         logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
@@ -156,9 +159,10 @@ def pull_command(
         skippyctl pull hf://ggml-org/models/tinyllamas/stories15M-q4_0.gguf --json | jq -r .event
     """
     stderr = Console(stderr=True)
+    settings = runtime_settings("pull", json_output)
     presenter: Presenter = NdjsonPresenter() if json_output else PullProgressPresenter(ref)
     try:
-        result = pull_ref(ref, presenter, HubSettings(revision=revision))
+        result = pull_ref(ref, presenter, settings, HubSettings(revision=revision))
     finally:
         presenter.close()
     if result.code is ExitCode.SUCCESS:

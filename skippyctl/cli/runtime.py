@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 from pathlib import Path
@@ -15,6 +14,7 @@ from rich.console import Console
 from skippyctl.cli.common import plugin_specs
 from skippyctl.cli.events import fail, runtime_dir_hint
 from skippyctl.cli.exit_codes import ExitCode
+from skippyctl.cli.settings import runtime_settings
 from skippyctl.client.discovery import (
     UNUSABLE_DIRECTORY,
     Discovery,
@@ -27,7 +27,13 @@ from skippyctl.client.discovery import (
     signal_runtime,
     verify_runtime,
 )
-from skippyctl.client.launch import DEFAULT_PORT, ServeError, ServeOptions, log_path
+from skippyctl.client.launch import ServeError, ServeOptions, log_path
+from skippyctl.config.runtime_settings import (
+    DEFAULT_PORT,
+    MAX_PORT,
+    RuntimeSettings,
+    help_text,
+)
 
 runtime_app = typer.Typer(
     help="Run, start, stop and inspect the runtime host.", no_args_is_help=True
@@ -50,8 +56,8 @@ KeyOption = Annotated[
     str | None,
     typer.Option(
         "--api-key",
-        envvar="SKIPPY_API_KEY",
-        help="Bearer token clients must send (generated when absent).",
+        show_default=False,
+        help="Bearer token clients must send. Default: SKIPPY_API_KEY, else generated.",
     ),
 ]
 RootOption = Annotated[
@@ -68,9 +74,7 @@ QueueOption = Annotated[
 RemoteOption = Annotated[
     bool, typer.Option("--allow-remote", help="Allow listening on a non-loopback address.")
 ]
-
-
-def _check_otlp(command: str, json_output: bool = False) -> None:
+def _check_otlp(settings: RuntimeSettings, command: str, json_output: bool = False) -> None:
     """Exit with invalid_configuration (10) when the OTEL_* variables ask for OTLP in a way the
     runtime would refuse (with an error record under --json), before a background runtime is
     started only to exit with it (`runtime serve` refuses them itself). The message names the
@@ -78,7 +82,7 @@ def _check_otlp(command: str, json_output: bool = False) -> None:
     from skippyctl.telemetry.otlp import TelemetryConfigError, otlp_config
 
     try:
-        otlp_config(os.environ)
+        otlp_config(settings.otel_environment)
     except TelemetryConfigError as error:
         fail(
             command,
@@ -93,10 +97,10 @@ DebugTokenOption = Annotated[
     bool,
     typer.Option(
         "--debug-token-events",
-        envvar="SKIPPY_DEBUG_TOKEN_EVENTS",
         help=(
             "Debug: one generation_token_observed event per sampled token (index and step"
-            " time, never the token). Droppable; drops are counted."
+            " time, never the token). Droppable; drops are counted. Default:"
+            " SKIPPY_DEBUG_TOKEN_EVENTS."
         ),
     ),
 ]
@@ -138,36 +142,25 @@ def _echo_json(record: dict[str, Any]) -> None:
     typer.echo(orjson.dumps(record).decode())
 
 
-def _port(flag: int | None, command: str, json_output: bool = False) -> int:
-    """The port to listen on: --port, else SKIPPY_PORT, else the default. An invalid value
-    exits with invalid_configuration (10), never a traceback."""
-    from skippyctl.client.http import RuntimeConfigurationError
-    from skippyctl.client.launch import MAX_PORT, port_from_environment
-
-    if flag is not None:
-        if not 0 <= flag <= MAX_PORT:
-            fail(
-                command,
-                ExitCode.INVALID_CONFIGURATION,
-                f"--port {flag} is not a port number (0-{MAX_PORT}; 0: any free port)",
-                json_output,
-                reason="invalid_configuration",
-            )
-        return flag
-    try:
-        port = port_from_environment()
-    except RuntimeConfigurationError as error:
+def _port(
+    flag: int | None, settings: RuntimeSettings, command: str, json_output: bool = False
+) -> int:
+    """The port to listen on: --port, else SKIPPY_PORT (its setting, checked when read), else
+    the default. An invalid flag exits with invalid_configuration (10), never a traceback."""
+    if flag is None:
+        return settings.port
+    if not 0 <= flag <= MAX_PORT:
         fail(
             command,
             ExitCode.INVALID_CONFIGURATION,
-            str(error),
+            f"--port {flag} is not a port number (0-{MAX_PORT}; 0: any free port)",
             json_output,
             reason="invalid_configuration",
         )
-    return DEFAULT_PORT if port is None else port
+    return flag
 
 
-@runtime_app.command("serve")
+@runtime_app.command("serve", epilog=help_text())
 def serve_command(
     host: HostOption = "127.0.0.1",
     port: PortOption = None,
@@ -194,34 +187,35 @@ def serve_command(
     if max_queue < 0 or session_ttl <= 0 or replay_records < 16:
         _err.print("[red]✗[/] --max-queue must be ≥ 0, --session-ttl > 0, --replay-records ≥ 16")
         raise typer.Exit(int(ExitCode.INVALID_CONFIGURATION))
-    listen_port = _port(port, "runtime serve")
+    settings = runtime_settings("runtime serve")
+    listen_port = _port(port, settings, "runtime serve")
     plugins = _plugins(plugin, "runtime serve")
     try:
-        ensure_runtime_dir()
+        ensure_runtime_dir(settings)
     except DiscoveryProblem as problem:
         fail(
             "runtime serve",
             ExitCode.RUNTIME_UNREACHABLE,
             f"cannot serve: {problem}",
             False,
-            hint=runtime_dir_hint(),
+            hint=runtime_dir_hint(settings),
         )
     options = ServeOptions(
         host,
         listen_port,
-        api_key,
+        api_key or settings.api_key,
         model_root,
         max_queue,
         session_ttl,
         allow_remote,
         replay_records,
-        debug_token_events=debug_token_events,
+        debug_token_events=debug_token_events or settings.debug_token_events,
         plugins=plugins,
     )
     from skippyctl.daemon.serve import serve
 
     try:
-        serve(options)
+        serve(options, settings)
     except ServeError as error:
         _err.print(f"[red]✗[/] {error}", soft_wrap=True)
         raise typer.Exit(
@@ -261,11 +255,12 @@ def start_command(
     from skippyctl.client.http import RuntimeUnreachable
     from skippyctl.client.launch import launch
 
-    listen_port = _port(port, "runtime start", json_output)
-    _check_otlp("runtime start", json_output)
+    settings = runtime_settings("runtime start", json_output)
+    listen_port = _port(port, settings, "runtime start", json_output)
+    _check_otlp(settings, "runtime start", json_output)
     plugins = _plugins(plugin, "runtime start", json_output)
     try:
-        existing = read_discovery()
+        existing = read_discovery(settings)
     except DiscoveryProblem as problem:
         if problem.reason == UNUSABLE_DIRECTORY:
             fail(
@@ -273,29 +268,29 @@ def start_command(
                 ExitCode.RUNTIME_UNREACHABLE,
                 f"cannot start a runtime: {problem}",
                 json_output,
-                hint=runtime_dir_hint(),
+                hint=runtime_dir_hint(settings),
             )
         existing = None
     if existing is None:
         options = ServeOptions(
             host,
             listen_port,
-            api_key,
+            api_key or settings.api_key,
             model_root,
             max_queue,
             allow_remote=allow_remote,
-            debug_token_events=debug_token_events,
+            debug_token_events=debug_token_events or settings.debug_token_events,
             plugins=plugins,
         )
         try:
-            existing = launch(options)
+            existing = launch(options, settings)
         except RuntimeUnreachable as error:
             fail(
                 "runtime start",
                 ExitCode.RUNTIME_UNREACHABLE,
                 str(error),
                 json_output,
-                hint=runtime_dir_hint(),
+                hint=runtime_dir_hint(settings),
             )
         _err.print(
             f"[green]✓[/] runtime started at {existing.url} (pid {existing.pid})", soft_wrap=True
@@ -305,16 +300,18 @@ def start_command(
             f"runtime already running at {existing.url} (pid {existing.pid})", soft_wrap=True
         )
     if json_output:
-        _echo_json(_status_record())
+        _echo_json(_status_record(settings))
 
 
-def _not_running(problem: DiscoveryProblem, json_output: bool) -> NoReturn:
+def _not_running(
+    problem: DiscoveryProblem, settings: RuntimeSettings, json_output: bool
+) -> NoReturn:
     """`runtime stop` found a file it cannot trust: remove it if possible, signal nothing, say
     so, exit 3 (the runtime is not running)."""
     removed = False
     if problem.reason != UNUSABLE_DIRECTORY:
         try:
-            discovery_path().unlink()
+            discovery_path(settings).unlink()
             removed = True
         except FileNotFoundError:
             pass
@@ -343,7 +340,7 @@ def _not_running(problem: DiscoveryProblem, json_output: bool) -> NoReturn:
         highlight=False,
     )
     if problem.reason == UNUSABLE_DIRECTORY:
-        _err.print(f"  {runtime_dir_hint()}", soft_wrap=True, highlight=False)
+        _err.print(f"  {runtime_dir_hint(settings)}", soft_wrap=True, highlight=False)
     raise typer.Exit(int(ExitCode.RUNTIME_UNREACHABLE))
 
 
@@ -383,10 +380,11 @@ def stop_command(
     """
     from skippyctl.client.http import ApiError, RuntimeClient, RuntimeUnreachable
 
+    settings = runtime_settings("runtime stop", json_output)
     try:
-        discovery = read_discovery()
+        discovery = read_discovery(settings)
     except DiscoveryProblem as problem:
-        _not_running(problem, json_output)
+        _not_running(problem, settings, json_output)
     if discovery is None:
         if json_output:
             _echo_json(
@@ -409,6 +407,7 @@ def stop_command(
         if verdict in (Verdict.GONE, Verdict.FOREIGN):
             _not_running(
                 DiscoveryProblem("stale", f"the runtime (pid {discovery.pid}) is gone"),
+                settings,
                 json_output,
             )
         fail(
@@ -429,7 +428,8 @@ def stop_command(
                 + ("" if killed else " and cannot be verified: not killing it"),
                 json_output,
             )
-    remove_discovery(expected_pid=discovery.pid)  # a killed runtime could not remove it itself
+    # A killed runtime could not remove it itself.
+    remove_discovery(settings, expected_pid=discovery.pid)
     if json_output:
         _echo_json(
             {
@@ -447,12 +447,12 @@ def stop_command(
         )
 
 
-def _status_record() -> dict[str, Any]:
+def _status_record(settings: RuntimeSettings) -> dict[str, Any]:
     from skippyctl.client.http import RuntimeClient, RuntimeUnreachable
 
     record: dict[str, Any] = {"schema_version": 1, "record": "runtime_status"}
     try:
-        discovery = read_discovery()
+        discovery = read_discovery(settings)
     except DiscoveryProblem as problem:
         record.update(
             {
@@ -473,7 +473,7 @@ def _status_record() -> dict[str, Any]:
             "version": discovery.version,
             "process_instance_id": discovery.process_instance_id,
             "started_at": discovery.started_at,
-            "log": str(log_path()),
+            "log": str(log_path(settings)),
         }
     )
     client = RuntimeClient(discovery)
@@ -510,7 +510,8 @@ def status_command(
 
         skippyctl runtime status --json | jq -r .url
     """
-    record = _status_record()
+    settings = runtime_settings("runtime status", json_output)
+    record = _status_record(settings)
     if json_output:
         _echo_json(record)
     elif not record.get("running"):
@@ -522,7 +523,7 @@ def status_command(
             highlight=False,
         )
         if record.get("discovery") == UNUSABLE_DIRECTORY:
-            _err.print(f"  {runtime_dir_hint()}", soft_wrap=True, highlight=False)
+            _err.print(f"  {runtime_dir_hint(settings)}", soft_wrap=True, highlight=False)
     else:
         _err.print(
             f"runtime: {record.get('state')} at {record.get('url')} (pid {record.get('pid')}, "

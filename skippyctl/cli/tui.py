@@ -14,6 +14,7 @@ from rich.console import Console
 
 from skippyctl.cli.events import attach_or_exit
 from skippyctl.cli.exit_codes import ExitCode
+from skippyctl.cli.settings import runtime_settings
 
 
 def tui_command(
@@ -59,7 +60,7 @@ def tui_command(
     from skippy_tui.app import SkippyDashboard
     from skippy_tui.live import LiveControl, LiveSource
 
-    source = LiveSource(client)
+    source = LiveSource(client, runtime_settings("tui"))
     try:
         SkippyDashboard(source, LiveControl(client, source), title="skippy").run()
     finally:

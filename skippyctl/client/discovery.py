@@ -24,6 +24,8 @@ Invariants:
   fallback platformdirs uses). A derived directory must be a real directory owned by the user
   with no group/other access (0700); it is refused otherwise, never repaired behind the user's
   back. `SKIPPY_RUNTIME_DIR` is the user's explicit choice: it only has to be a directory.
+  Both variables come from the process's settings (`RuntimeSettings`, read once at start),
+  which every function here that touches the directory takes.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ from typing import Any, Final
 from urllib.parse import urlsplit
 
 import orjson
+
+from skippyctl.config.runtime_settings import RuntimeSettings
 
 FILE_NAME: Final = "runtime.json"
 SCHEMA_VERSION: Final = 1
@@ -145,10 +149,9 @@ def _private_dir_problem(path: Path, missing_ok: bool) -> str | None:
     return None
 
 
-def _location() -> _Location:
-    override = os.environ.get("SKIPPY_RUNTIME_DIR")
-    if override:
-        return _Location(Path(override), explicit=True)
+def _location(settings: RuntimeSettings) -> _Location:
+    if settings.runtime_dir is not None:
+        return _Location(settings.runtime_dir, explicit=True)
     if sys.platform in ("win32", "darwin") or not hasattr(os, "geteuid"):
         import platformdirs
 
@@ -156,23 +159,24 @@ def _location() -> _Location:
         return _Location(
             Path(platformdirs.user_runtime_dir(APP_NAME, ensure_exists=False)), explicit=False
         )
-    xdg = os.environ.get("XDG_RUNTIME_DIR", "").strip()
-    if xdg and Path(xdg).is_absolute() and _private_dir_problem(Path(xdg), False) is None:
-        return _Location(Path(xdg) / APP_NAME, explicit=False)
+    xdg = settings.xdg_runtime_dir
+    if xdg is not None and xdg.is_absolute() and _private_dir_problem(xdg, False) is None:
+        return _Location(xdg / APP_NAME, explicit=False)
     run_user = Path(f"/run/user/{os.geteuid()}")
     if _private_dir_problem(run_user, False) is None:
         return _Location(run_user / APP_NAME, explicit=False)
+    # tempfile reads TMPDIR (and TEMP, TMP) itself: the standard library's own variables.
     base = Path(tempfile.gettempdir()) / f"runtime-{os.geteuid()}"
     return _Location(base / APP_NAME, explicit=False, base=base)
 
 
-def runtime_dir() -> Path:
+def runtime_dir(settings: RuntimeSettings) -> Path:
     """Where the discovery file and the runtime log live (not created, not checked)."""
-    return _location().path
+    return _location(settings).path
 
 
-def discovery_path() -> Path:
-    return runtime_dir() / FILE_NAME
+def discovery_path(settings: RuntimeSettings) -> Path:
+    return runtime_dir(settings) / FILE_NAME
 
 
 def _directory_problem(location: _Location) -> DiscoveryProblem | None:
@@ -206,20 +210,20 @@ def _directory_problem(location: _Location) -> DiscoveryProblem | None:
     return None
 
 
-def check_runtime_dir() -> None:
+def check_runtime_dir(settings: RuntimeSettings) -> None:
     """Raise DiscoveryProblem(`unusable_directory`) if the runtime directory cannot be used as
     it is (without creating it)."""
-    problem = _directory_problem(_location())
+    problem = _directory_problem(_location(settings))
     if problem is not None:
         raise problem
 
 
-def ensure_runtime_dir() -> Path:
+def ensure_runtime_dir(settings: RuntimeSettings) -> Path:
     """Create the runtime directory (0700) if needed and prove it usable for writing.
 
     Raises DiscoveryProblem(`unusable_directory`) when it is not a directory, not private (when
     derived), or not writable (for example read-only)."""
-    location = _location()
+    location = _location(settings)
     problem = _directory_problem(location)
     if problem is not None:
         raise problem
@@ -377,12 +381,12 @@ def signal_runtime(discovery: Discovery, signum: int) -> bool:
 # -- the file -----------------------------------------------------------------------------------
 
 
-def write_discovery(discovery: Discovery) -> Path:
+def write_discovery(discovery: Discovery, settings: RuntimeSettings) -> Path:
     """Write the file atomically (0600). For the writer's own pid the identity (`boot_id`,
     `start_ticks`) is stamped when absent."""
     if discovery.pid == os.getpid() and discovery.start_ticks is None:
         discovery = replace(discovery, boot_id=boot_id(), start_ticks=start_ticks(os.getpid()))
-    path = ensure_runtime_dir() / FILE_NAME
+    path = ensure_runtime_dir(settings) / FILE_NAME
     fd, temp = tempfile.mkstemp(dir=path.parent, prefix=".runtime-", suffix=".json")
     try:
         os.fchmod(fd, 0o600)
@@ -496,7 +500,7 @@ def parse_discovery(raw: bytes) -> Discovery:
     return discovery
 
 
-def read_discovery() -> Discovery | None:
+def read_discovery(settings: RuntimeSettings) -> Discovery | None:
     """The live host's discovery, None when there is no file.
 
     Raises DiscoveryProblem: `stale` when the file names a dead pid or one now held by another
@@ -504,8 +508,8 @@ def read_discovery() -> Discovery | None:
     symlink or another user's file, `unusable_directory` when the runtime directory is not a
     (private) directory. Never signals anything but kill(pid, 0) on a valid pid.
     """
-    check_runtime_dir()
-    raw = _read_bytes(discovery_path())
+    check_runtime_dir(settings)
+    raw = _read_bytes(discovery_path(settings))
     if raw is None:
         return None
     discovery = parse_discovery(raw)
@@ -523,14 +527,14 @@ def read_discovery() -> Discovery | None:
     return discovery
 
 
-def crashed_host() -> Discovery | None:
+def crashed_host(settings: RuntimeSettings) -> Discovery | None:
     """The discovery of a host that died without removing its file (its pid is gone, or now
     another process's), else None: no file, a live host, or a file that is corrupt, untrusted
     or in an unusable directory (those say nothing about a crash). An orderly exit removes the
     file, so a file left behind by a dead pid means the host ended abnormally."""
     try:
-        check_runtime_dir()
-        raw = _read_bytes(discovery_path())
+        check_runtime_dir(settings)
+        raw = _read_bytes(discovery_path(settings))
         if raw is None:
             return None
         discovery = parse_discovery(raw)
@@ -546,13 +550,13 @@ CRASH_NOTE_NAME: Final = "runtime.crashed.json"
 instance id only (no token, url or pid), for the next host to report (`take_crashed_host`)."""
 
 
-def note_crashed_host() -> None:
+def note_crashed_host(settings: RuntimeSettings) -> None:
     """Before a stale file is removed: if it names a host that died, keep a note of it for the
     next host. Best effort, never raises (the removal matters more)."""
-    crashed = crashed_host()
+    crashed = crashed_host(settings)
     if crashed is None:
         return
-    path = discovery_path().with_name(CRASH_NOTE_NAME)
+    path = discovery_path(settings).with_name(CRASH_NOTE_NAME)
     try:
         fd, temp = tempfile.mkstemp(dir=path.parent, prefix=".crashed-", suffix=".json")
         try:
@@ -565,12 +569,12 @@ def note_crashed_host() -> None:
         return
 
 
-def take_crashed_host() -> str | None:
+def take_crashed_host(settings: RuntimeSettings) -> str | None:
     """The process instance id of a host that died without removing its discovery file — still
     in place, or noted by the command that removed it — consuming the note, so one crash is
     reported once. None when there is nothing to report."""
-    crashed = crashed_host()
-    note = discovery_path().with_name(CRASH_NOTE_NAME)
+    crashed = crashed_host(settings)
+    note = discovery_path(settings).with_name(CRASH_NOTE_NAME)
     noted: str | None = None
     try:
         raw = note.read_bytes() if not note.is_symlink() else b""
@@ -585,10 +589,10 @@ def take_crashed_host() -> str | None:
     return noted
 
 
-def remove_discovery(expected_pid: int | None = None) -> None:
+def remove_discovery(settings: RuntimeSettings, expected_pid: int | None = None) -> None:
     """Delete the file (only if it still belongs to `expected_pid`, when given). Never raises
     for a file or directory that is gone or cannot be changed (it runs on shutdown paths)."""
-    path = discovery_path()
+    path = discovery_path(settings)
     if expected_pid is not None:
         try:
             data = orjson.loads(path.read_bytes())
@@ -600,18 +604,18 @@ def remove_discovery(expected_pid: int | None = None) -> None:
         path.unlink()
 
 
-def remove_if_stale() -> bool:
+def remove_if_stale(settings: RuntimeSettings) -> bool:
     """Delete a stale, corrupt or untrusted file; True if one was removed. A file in an
     unusable directory is left alone. OSError from the deletion (a read-only directory)
     propagates."""
     try:
-        read_discovery()
+        read_discovery(settings)
     except DiscoveryProblem as problem:
         if problem.reason == UNUSABLE_DIRECTORY:
             return False
-        note_crashed_host()
+        note_crashed_host(settings)
         try:
-            discovery_path().unlink()
+            discovery_path(settings).unlink()
         except FileNotFoundError:
             return False
         return True

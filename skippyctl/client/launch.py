@@ -2,19 +2,21 @@
 
 `connect()` reads the discovery file: a live runtime → attach; none (or a stale one) → start a
 background `skippyctl runtime serve` and attach. `ServeOptions` is what a runtime is started
-with: the composition root (`skippyctl.daemon.serve`) runs with them in the foreground, and
-`start_background` turns them into that command line (credentials through the environment,
-never argv). Errors surface as `RuntimeUnreachable` (`RuntimeConfigurationError` for an invalid
-configuration), never as a raw traceback — also for an unusable runtime directory or a stale
-file that cannot be replaced. Messages carry no absolute path (they may become JSON error
-records), except the runtime log's, which the operator needs to read.
+with (its command line, the environment's fallbacks resolved): the composition root
+(`skippyctl.daemon.serve`) runs with them in the foreground, and `start_background` turns them
+into that command line (credentials through the environment, never argv). Where the runtime
+directory is and which port a runtime launched on demand takes come from the caller's
+`RuntimeSettings` (read once at its start); the background runtime inherits this process's
+environment and reads its own. Errors surface as `RuntimeUnreachable`, never as a raw
+traceback — also for an unusable runtime directory or a stale file that cannot be replaced.
+Messages carry no absolute path (they may become JSON error records), except the runtime log's,
+which the operator needs to read.
 
 This module starts a process; it imports nothing of the runtime itself.
 """
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -33,10 +35,9 @@ from skippyctl.client.discovery import (
     remove_if_stale,
     runtime_dir,
 )
-from skippyctl.client.http import RuntimeClient, RuntimeConfigurationError, RuntimeUnreachable
+from skippyctl.client.http import RuntimeClient, RuntimeUnreachable
+from skippyctl.config.runtime_settings import DEFAULT_PORT, RuntimeSettings, inherited_environment
 
-MAX_PORT: Final = 65535
-DEFAULT_PORT: Final = 8750
 LOOPBACK_HOSTS: Final = frozenset({"127.0.0.1", "localhost", "::1"})
 START_TIMEOUT_S: Final = 60.0
 
@@ -51,6 +52,11 @@ class ServeError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class ServeOptions:
+    """What `runtime serve` is asked for on its command line: each flag, or the setting it falls
+    back to (`--port`: SKIPPY_PORT, `--api-key`: SKIPPY_API_KEY, `--debug-token-events`:
+    SKIPPY_DEBUG_TOKEN_EVENTS) resolved by the CLI. The rest of the runtime's configuration is
+    its `RuntimeSettings`."""
+
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
     api_key: str | None = None
@@ -67,31 +73,13 @@ class ServeOptions:
     name)."""
 
 
-def port_from_environment() -> int | None:
-    """SKIPPY_PORT as a port number (0: any free port), None when unset or empty; raises
-    RuntimeConfigurationError for anything else."""
-    raw = os.environ.get("SKIPPY_PORT")
-    if raw is None or not raw.strip():
-        return None
-    try:
-        port = int(raw.strip())
-    except ValueError:
-        port = -1
-    if not 0 <= port <= MAX_PORT:
-        raise RuntimeConfigurationError(
-            f"SKIPPY_PORT={raw.strip()[:32]!r} is not a port number "
-            f"(0-{MAX_PORT}; 0: any free port)"
-        )
-    return port
-
-
-def _remove_stale(problem: DiscoveryProblem) -> None:
+def _remove_stale(problem: DiscoveryProblem, settings: RuntimeSettings) -> None:
     """Delete a stale/corrupt/untrusted discovery file so a new runtime can take its place."""
     if problem.reason == UNUSABLE_DIRECTORY:
         raise RuntimeUnreachable(str(problem))
-    note_crashed_host()  # the next host reports the crash the file was evidence of
+    note_crashed_host(settings)  # the next host reports the crash the file was evidence of
     try:
-        discovery_path().unlink(missing_ok=True)
+        discovery_path(settings).unlink(missing_ok=True)
     except OSError as error:
         raise RuntimeUnreachable(
             f"{problem} ({problem.reason}), and it cannot be replaced: the runtime directory "
@@ -99,11 +87,15 @@ def _remove_stale(problem: DiscoveryProblem) -> None:
         ) from error
 
 
-def connect(autostart: bool = True, options: ServeOptions | None = None) -> RuntimeClient:
+def connect(
+    settings: RuntimeSettings, autostart: bool = True, options: ServeOptions | None = None
+) -> RuntimeClient:
+    """A client of the running runtime; with ``autostart``, one is started in the background
+    when none runs (``options``, else the defaults on ``settings.port``)."""
     try:
-        discovery = read_discovery()
+        discovery = read_discovery(settings)
     except DiscoveryProblem as problem:
-        _remove_stale(problem)
+        _remove_stale(problem, settings)
         discovery = None
     if discovery is not None:
         client = RuntimeClient(discovery)
@@ -115,26 +107,27 @@ def connect(autostart: bool = True, options: ServeOptions | None = None) -> Runt
     if not autostart:
         raise RuntimeUnreachable("no runtime is running (start one with `skippyctl runtime start`)")
     if options is None:
-        port = port_from_environment()
-        options = ServeOptions(port=DEFAULT_PORT if port is None else port)
-    return RuntimeClient(launch(options, fall_back_to_any_port=True))
+        options = ServeOptions(port=settings.port)
+    return RuntimeClient(launch(options, settings, fall_back_to_any_port=True))
 
 
-def launch(options: ServeOptions, fall_back_to_any_port: bool = False) -> Discovery:
+def launch(
+    options: ServeOptions, settings: RuntimeSettings, fall_back_to_any_port: bool = False
+) -> Discovery:
     """Start a background runtime and return its discovery; RuntimeUnreachable (never an
     OSError) when it cannot be started, e.g. the runtime directory is not writable."""
     try:
-        ensure_runtime_dir()
+        ensure_runtime_dir(settings)
     except DiscoveryProblem as problem:
         raise RuntimeUnreachable(f"cannot start a runtime: {problem}") from problem
     try:
         try:
-            return start_background(options)
+            return start_background(options, settings)
         except ServeError as error:
             if error.reason != "address_in_use" or not fall_back_to_any_port:
                 raise RuntimeUnreachable(str(error)) from error
         try:
-            return start_background(replace(options, port=0))
+            return start_background(replace(options, port=0), settings)
         except ServeError as again:
             raise RuntimeUnreachable(str(again)) from again
     except OSError as error:
@@ -143,16 +136,16 @@ def launch(options: ServeOptions, fall_back_to_any_port: bool = False) -> Discov
         ) from error
 
 
-def log_path() -> Path:
-    return runtime_dir() / "runtime.log"
+def log_path(settings: RuntimeSettings) -> Path:
+    return runtime_dir(settings) / "runtime.log"
 
 
-def start_background(options: ServeOptions) -> Discovery:
+def start_background(options: ServeOptions, settings: RuntimeSettings) -> Discovery:
     """Start `runtime serve` detached and wait until it answers; returns its discovery."""
     import httpx
 
-    remove_if_stale()
-    directory = runtime_dir()
+    remove_if_stale(settings)
+    directory = runtime_dir(settings)
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     args = [
         sys.executable,
@@ -175,15 +168,16 @@ def start_background(options: ServeOptions) -> Discovery:
         args.append("--debug-token-events")
     for plugin in options.plugins:
         args += ["--plugin", plugin]
-    env = dict(os.environ)
+    env = inherited_environment()
     if options.api_key:
         env["SKIPPY_API_KEY"] = options.api_key
-    with open(log_path(), "ab") as log:
+    log = log_path(settings)
+    with open(log, "ab") as log_file:
         process = subprocess.Popen(
             args,
             stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
+            stdout=log_file,
+            stderr=log_file,
             env=env,
             start_new_session=True,
             close_fds=True,
@@ -193,10 +187,10 @@ def start_background(options: ServeOptions) -> Discovery:
         if process.poll() is not None:
             raise ServeError(
                 "start_failed",
-                f"the runtime exited at start (status {process.returncode}); see {log_path()}",
+                f"the runtime exited at start (status {process.returncode}); see {log}",
             )
         try:
-            discovery = read_discovery()
+            discovery = read_discovery(settings)
         except DiscoveryProblem:
             discovery = None
         if discovery is not None and discovery.pid == process.pid:

@@ -6,6 +6,13 @@ know how the runtime is built; the runtime does not know it is served over HTTP)
 background launcher (`runtime start`, launch-or-attach) is `skippyctl.client.launch`: it
 starts this in a new process with the same `ServeOptions`.
 
+Its configuration is its command line (`ServeOptions`) and the process's `RuntimeSettings`
+(read once when the CLI started, config/runtime_settings.py), handed to each step: `serve` runs
+the checks that need nothing started (`_check_can_serve`, `_claim_discovery`), binds the
+socket, builds the runtime (`build_runtime`: pipeline and host, scheduler, metrics, OTLP
+export), the HTTP server and its API (`_build_server`), runs it (`_run`) and shuts down
+(`_shut_down`).
+
 Binds loopback unless told otherwise. Writes the discovery file once the socket accepts
 connections and removes it on the way out (SIGINT/SIGTERM shut down in order: API, scheduler,
 engines, pipeline).
@@ -20,6 +27,7 @@ import signal
 import socket
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING
 
@@ -30,16 +38,25 @@ from skippyctl.client.discovery import (
     read_discovery,
     remove_discovery,
     remove_if_stale,
+    runtime_dir,
     take_crashed_host,
     write_discovery,
 )
 from skippyctl.client.launch import LOOPBACK_HOSTS, ServeError, ServeOptions
+from skippyctl.config.runtime_settings import RuntimeSettings
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event, InvalidLogicalId, LogicalId, make_event
 from skippyctl.events.reasons import Outcome, Producer, ReasonCode
 
 if TYPE_CHECKING:
+    import uvicorn
+
+    from skippyctl.runtime.host import RuntimeHost
+    from skippyctl.runtime.scheduler import Scheduler
     from skippyctl.runtime.session_state import SessionStateStore
+    from skippyctl.telemetry.metrics import MetricsCollector
+    from skippyctl.telemetry.otlp import OtlpConfig
+    from skippyctl.telemetry.otlp_export import OtlpTelemetry
 
 
 def bind_listener(host: str, port: int) -> socket.socket:
@@ -66,64 +83,58 @@ def bind_listener(host: str, port: int) -> socket.socket:
     return sock
 
 
-SESSION_STATE_MAX_MIB_ENV = "SKIPPY_SESSION_STATE_MAX_MIB"
-"""Cap of the session KV state files an unload keeps for the next load (MiB; 0 turns session
-persistence off; default 256)."""
+def serve(options: ServeOptions, settings: RuntimeSettings) -> None:
+    """Run the host in the foreground until SIGINT/SIGTERM or `POST /api/runtime/shutdown`.
 
-
-def _session_state_store() -> SessionStateStore | None:
-    """The runtime's session state directory (``<runtime dir>/sessions``, mode 0700), or None
-    when persistence is off or the directory cannot be used (sessions then prefill again after
-    a reload, as before)."""
-    from skippyctl.client.discovery import runtime_dir
-    from skippyctl.runtime.session_state import (
-        DEFAULT_MAX_BYTES,
-        DIRECTORY_NAME,
-        SessionStateStore,
-        StateDirectoryUnusable,
-    )
-
-    raw = os.environ.get(SESSION_STATE_MAX_MIB_ENV, "").strip()
+    ``options`` is the command line (its env fallbacks resolved), ``settings`` the process's
+    settings, read once when it started."""
+    otlp = _check_can_serve(options, settings)
+    crashed = _claim_discovery(settings)
+    sock = bind_listener(options.host, options.port)
+    runtime = build_runtime(options, settings, otlp, crashed)
+    server = _build_server(runtime, options, settings, sock)
     try:
-        max_bytes = int(raw) * 1024 * 1024 if raw else DEFAULT_MAX_BYTES
-    except ValueError:
-        max_bytes = DEFAULT_MAX_BYTES
-    if max_bytes <= 0:
-        return None
-    try:
-        return SessionStateStore(runtime_dir() / DIRECTORY_NAME, max_bytes)
-    except (OSError, StateDirectoryUnusable):
-        return None
+        _run(server, sock)
+    finally:
+        _shut_down(runtime, settings, sock)
 
 
-def serve(options: ServeOptions) -> None:
-    """Run the host in the foreground until SIGINT/SIGTERM or `POST /api/runtime/shutdown`."""
-    import uvicorn
+@dataclass(frozen=True, slots=True)
+class Runtime:
+    """What `build_runtime` started, for the API to serve and `_shut_down` to stop in order."""
 
-    from skippyctl.api.app import create_app
-    from skippyctl.api.context import ApiContext
-    from skippyctl.pipeline.pipeline import Pipeline
-    from skippyctl.runtime.host import RuntimeHost
-    from skippyctl.runtime.scheduler import Scheduler
-    from skippyctl.runtime.sessions import SessionRegistry
-    from skippyctl.telemetry.metrics import MetricsCollector
+    host: RuntimeHost
+    scheduler: Scheduler
+    metrics: MetricsCollector
+    otlp: OtlpTelemetry | None
 
+
+def _check_can_serve(options: ServeOptions, settings: RuntimeSettings) -> OtlpConfig | None:
+    """Refuse what needs nothing started to refuse: a remote address without --allow-remote,
+    OTLP that is configured wrong (ServeError, `invalid_configuration`). Returns OTLP's
+    configuration (None: off)."""
     if options.host not in LOOPBACK_HOSTS and not options.allow_remote:
         raise ServeError(
             "remote_not_allowed", f"{options.host} is not loopback; pass --allow-remote"
         )
-    # OTLP is configured by the standard OTEL_* variables only (telemetry/otlp.py); this check
-    # imports nothing from OpenTelemetry: the SDK is loaded below only when OTLP is on.
+    # OTLP is configured by the standard OTEL_* variables only (telemetry/otlp.py), as read at
+    # start; this check imports nothing from OpenTelemetry: the SDK is loaded only when OTLP is on.
     from skippyctl.telemetry.otlp import TelemetryConfigError, otlp_config
 
     try:
-        otlp_settings = otlp_config(os.environ)
+        return otlp_config(settings.otel_environment)
     except TelemetryConfigError as error:
         raise ServeError("invalid_configuration", str(error)) from error
+
+
+def _claim_discovery(settings: RuntimeSettings) -> str | None:
+    """Refuse to start beside a live runtime (ServeError, `already_running`); a stale discovery
+    file is removed. Returns the process instance id of a host that died without removing its
+    file, for this host to report once (the note is consumed)."""
     try:
-        existing = read_discovery()
+        existing = read_discovery(settings)
     except DiscoveryProblem:
-        remove_if_stale()
+        remove_if_stale(settings)
         existing = None
     if existing is not None and existing.pid != os.getpid():
         raise ServeError(
@@ -132,61 +143,152 @@ def serve(options: ServeOptions) -> None:
         )
     # A stale file was just removed (and noted), or a command removed one before: report the
     # host it was evidence of, once (the note is consumed).
-    crashed = take_crashed_host()
-    sock = bind_listener(options.host, options.port)
-    port = sock.getsockname()[1]
-    shown_host = f"[{options.host}]" if ":" in options.host else options.host
-    url = f"http://{shown_host}:{port}"
-    token = options.api_key or os.environ.get("SKIPPY_API_KEY") or secrets.token_urlsafe(32)
+    return take_crashed_host(settings)
 
-    from skippyctl.engine.options import (
-        LINK_PROBE_INTERVAL_ENV,
-        SERVING_EVENTS_ENV,
-        EngineOptions,
-        link_probe_interval_from,
-        serving_events_from,
-    )
+
+def build_runtime(
+    options: ServeOptions,
+    settings: RuntimeSettings,
+    otlp_config: OtlpConfig | None,
+    crashed: str | None,
+) -> Runtime:
+    """The pipeline and host (started), the scheduler, the metrics and OTLP's export."""
+    from skippyctl.runtime.scheduler import Scheduler
+    from skippyctl.runtime.sessions import SessionRegistry
+    from skippyctl.telemetry.metrics import MetricsCollector
+
+    host = _start_host(options, settings, crashed)
+    scheduler = Scheduler(
+        host,
+        max_queue=options.max_queue,
+        sessions=SessionRegistry(ttl_s=options.session_ttl_s),
+        engine_unresponsive_after_s=settings.engine_unresponsive_s,
+        session_state=_session_state_store(settings),
+    ).start()
+    metrics = MetricsCollector()
+    metrics.attach(host.pipeline.dispatcher)
+    otlp = None if otlp_config is None else _start_otlp(host, metrics, otlp_config)
+    return Runtime(host, scheduler, metrics, otlp)
+
+
+def _start_host(
+    options: ServeOptions, settings: RuntimeSettings, crashed: str | None
+) -> RuntimeHost:
+    from skippyctl.engine.options import EngineOptions
     from skippyctl.ingress.host import HostIngressConfig
+    from skippyctl.pipeline.pipeline import Pipeline
+    from skippyctl.runtime.host import RuntimeHost
 
     # Decided once, here; every engine gets them as spawn arguments (nothing mutates os.environ).
-    engine_options = EngineOptions(
-        serving_events=serving_events_from(os.environ.get(SERVING_EVENTS_ENV)),
-        debug_token_events=options.debug_token_events,
-        link_probe_interval_ms=link_probe_interval_from(os.environ.get(LINK_PROBE_INTERVAL_ENV)),
+    engine_options = EngineOptions.from_settings(
+        settings, debug_token_events=options.debug_token_events
     )
     ingress = HostIngressConfig(debug_enabled=options.debug_token_events)
     host = RuntimeHost(
         Pipeline(ingress_config=ingress, max_replay_records=options.replay_records),
         engine_options,
+        settings,
     )
     host.default_plugins = options.plugins
     host.start()
     if crashed is not None:
         report_crashed_host(host.pipeline.submit, crashed)
-    scheduler = Scheduler(
-        host,
-        max_queue=options.max_queue,
-        sessions=SessionRegistry(ttl_s=options.session_ttl_s),
-        session_state=_session_state_store(),
-    ).start()
-    metrics = MetricsCollector()
-    metrics.attach(host.pipeline.dispatcher)
-    otlp = None
-    if otlp_settings is not None:
-        from skippyctl.telemetry.otlp_export import OtlpTelemetry
+    return host
 
-        pipeline = host.pipeline
-        otlp = OtlpTelemetry(
-            otlp_settings,
-            submit=pipeline.submit,
-            collector=metrics,
-            state=lambda: pipeline.state,
-            health=pipeline.health,
-            instance_id=str(pipeline.dispatcher.instance_id),
-        ).start(pipeline.dispatcher)  # replays what the dispatcher retained, then follows
-        metrics.exporter = otlp
-    config = uvicorn.Config(
-        "skippyctl.api.app:create_app",  # replaced below; uvicorn needs some app reference
+
+def _session_state_store(settings: RuntimeSettings) -> SessionStateStore | None:
+    """The runtime's session state directory (``<runtime dir>/sessions``, mode 0700), or None
+    when persistence is off (SKIPPY_SESSION_STATE_MAX_MIB=0) or the directory cannot be used
+    (sessions then prefill again after a reload, as before)."""
+    from skippyctl.runtime.session_state import (
+        DIRECTORY_NAME,
+        SessionStateStore,
+        StateDirectoryUnusable,
+    )
+
+    if settings.session_state_max_mib <= 0:
+        return None
+    try:
+        return SessionStateStore(
+            runtime_dir(settings) / DIRECTORY_NAME, settings.session_state_max_mib * 1024 * 1024
+        )
+    except (OSError, StateDirectoryUnusable):
+        return None
+
+
+def _start_otlp(
+    host: RuntimeHost, metrics: MetricsCollector, config: OtlpConfig
+) -> OtlpTelemetry:
+    from skippyctl.telemetry.otlp_export import OtlpTelemetry
+
+    pipeline = host.pipeline
+    otlp = OtlpTelemetry(
+        config,
+        submit=pipeline.submit,
+        collector=metrics,
+        state=lambda: pipeline.state,
+        health=pipeline.health,
+        instance_id=str(pipeline.dispatcher.instance_id),
+    ).start(pipeline.dispatcher)  # replays what the dispatcher retained, then follows
+    metrics.exporter = otlp
+    return otlp
+
+
+def _build_server(
+    runtime: Runtime, options: ServeOptions, settings: RuntimeSettings, sock: socket.socket
+) -> uvicorn.Server:
+    """The HTTP server with the API on the runtime; it advertises the runtime (writes the
+    discovery file) once it accepts connections."""
+    import uvicorn
+
+    from skippyctl.api.app import create_app
+    from skippyctl.api.context import ApiContext
+
+    token = options.api_key or secrets.token_urlsafe(32)
+    config = _uvicorn_config()
+    server = uvicorn.Server(config)
+    discovery = _discovery(runtime, options.host, sock, token)
+
+    def request_shutdown() -> None:
+        server.should_exit = True
+
+    ctx = ApiContext(
+        host=runtime.host,
+        scheduler=runtime.scheduler,
+        token=token,
+        version=__version__,
+        model_root=options.model_root,
+        metrics=runtime.metrics,
+        request_shutdown=request_shutdown,
+        stopping=lambda: bool(server.should_exit),
+    )
+
+    def advertise() -> None:
+        write_discovery(discovery, settings)
+
+    config.app = create_app(ctx, on_ready=advertise)
+    return server
+
+
+def _discovery(runtime: Runtime, host: str, sock: socket.socket, token: str) -> Discovery:
+    """What the runtime advertises once it accepts connections."""
+    port = sock.getsockname()[1]
+    shown_host = f"[{host}]" if ":" in host else host
+    return Discovery(
+        pid=os.getpid(),
+        url=f"http://{shown_host}:{port}",
+        token=token,
+        version=__version__,
+        process_instance_id=str(runtime.host.pipeline.dispatcher.instance_id),
+        started_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    )
+
+
+def _uvicorn_config() -> uvicorn.Config:
+    import uvicorn
+
+    return uvicorn.Config(
+        "skippyctl.api.app:create_app",  # replaced by _build_server; uvicorn needs an app ref
         log_level="warning",
         access_log=False,  # request lines are not needed and could carry client-chosen names
         lifespan="on",
@@ -197,38 +299,16 @@ def serve(options: ServeOptions) -> None:
         loop="asyncio",
         http="h11",
     )
-    server = uvicorn.Server(config)
-    discovery = Discovery(
-        pid=os.getpid(),
-        url=url,
-        token=token,
-        version=__version__,
-        process_instance_id=str(host.pipeline.dispatcher.instance_id),
-        started_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-    )
 
-    def request_shutdown() -> None:
-        server.should_exit = True
 
-    ctx = ApiContext(
-        host=host,
-        scheduler=scheduler,
-        token=token,
-        version=__version__,
-        model_root=options.model_root,
-        metrics=metrics,
-        request_shutdown=request_shutdown,
-        stopping=lambda: bool(server.should_exit),
-    )
+def _run(server: uvicorn.Server, sock: socket.socket) -> None:
+    """Serve until the server exits.
 
-    def advertise() -> None:
-        write_discovery(discovery)
-
-    config.app = create_app(ctx, on_ready=advertise)
-    # uvicorn shuts down gracefully on SIGTERM, then re-raises the signal with the handler that
-    # was installed before it started; with the default handler that kills the process before
-    # the `finally` below (discovery file left, no runtime_stopped). This handler ends it as an
-    # orderly exit instead, also for a SIGTERM that arrives before uvicorn is listening.
+    uvicorn shuts down gracefully on SIGTERM, then re-raises the signal with the handler that
+    was installed before it started; with the default handler that kills the process before
+    `serve`'s shutdown (discovery file left, no runtime_stopped). The handler installed here
+    ends it as an orderly exit instead, also for a SIGTERM that arrives before uvicorn is
+    listening."""
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous_sigterm = signal.signal(signal.SIGTERM, _exit_on_sigterm) if in_main_thread else None
     try:
@@ -236,12 +316,16 @@ def serve(options: ServeOptions) -> None:
     finally:
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous_sigterm)
-        remove_discovery(expected_pid=os.getpid())
-        scheduler.shutdown()
-        host.shutdown()
-        if otlp is not None:
-            otlp.shutdown()  # after the host: runtime_stopped is exported too (bounded)
-        sock.close()
+
+
+def _shut_down(runtime: Runtime, settings: RuntimeSettings, sock: socket.socket) -> None:
+    """In order: the discovery file, the scheduler, the engines and pipeline, OTLP's export."""
+    remove_discovery(settings, expected_pid=os.getpid())
+    runtime.scheduler.shutdown()
+    runtime.host.shutdown()
+    if runtime.otlp is not None:
+        runtime.otlp.shutdown()  # after the host: runtime_stopped is exported too (bounded)
+    sock.close()
 
 
 def report_crashed_host(submit: Callable[[Event], object], instance_id: str) -> None:

@@ -1,14 +1,12 @@
 """The engine worker process: owns llama.cpp for one model.
 
 Run by the host's supervisor (``skippyctl/runtime/engine_supervisor.py``) as
-`python -m skippyctl.engine.engine_worker --control-fd N [--ring-fd M] [--capture-debug-log]
---serving-events on|off --debug-token-events on|off` (``engine/options.py``): everything the host
-decided about this engine arrives as arguments; the worker reads no configuration from its
-environment (only the test fault injections SKIPPY_TEST_PROGRESS_DELAY_US,
-SKIPPY_TEST_DECODE_DELAY_MS and SKIPPY_TEST_ENGINE_AS_LIMIT_MB, which are inherited, never set by
-the code). With a ring, llama.cpp's progress and log callbacks point straight at C functions of
-the native library (no Python on the callback path), and the worker brackets each load in a
-native operation scope.
+`python -m skippyctl.engine.engine_worker --control-fd N [--ring-fd M --native-library PATH]
+--serving-events on|off --debug-token-events on|off …` (``engine/options.py``): everything the
+host decided about this engine arrives as arguments — the test fault injections too — and the
+worker reads no configuration from its environment. With a ring, llama.cpp's progress and log
+callbacks point straight at C functions of the native library (no Python on the callback path),
+and the worker brackets each load in a native operation scope.
 Without one (legacy mode) it only reports return values. Either way the authoritative result of
 every llama.cpp call is sent on the control channel after the native scope has ended, so the host
 drains every native fact of the operation before it sees the return.
@@ -43,6 +41,7 @@ import socket
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final, assert_never
 
 from skippyctl.config.load_options import LoadOptions, SpecMode
@@ -114,6 +113,7 @@ class Worker:
         ring_fd: int | None,
         capture_debug_log: bool,
         options: EngineOptions | None = None,
+        native_library: str | None = None,
     ) -> None:
         self.channel = channel
         self.options = options or EngineOptions()
@@ -137,9 +137,13 @@ class Worker:
         self.llama = llama_cpp
         llama_cpp.llama_backend_init()
         if ring_fd is not None:
-            self._setup_native(ring_fd, capture_debug_log)
+            self._setup_native(ring_fd, capture_debug_log, native_library)
 
-    def _setup_native(self, ring_fd: int, capture_debug_log: bool) -> None:
+    def _setup_native(
+        self, ring_fd: int, capture_debug_log: bool, native_library: str | None
+    ) -> None:
+        """Attach the host's ring, with the library the host checked (``native_library``; None:
+        the one built in the package)."""
         try:
             # Only the engine-side modules: this runs in every engine start, inside the time
             # to model_available (the host's fact decoding in native.ingress is not needed here).
@@ -152,7 +156,7 @@ class Worker:
             )
             from skippyctl.native.region import EngineAdapter, IngressRegion
 
-            library = load_native_library()
+            library = load_native_library(None if native_library is None else Path(native_library))
             ring = IngressRegion.attach(ring_fd, library=library)
             self.adapter = EngineAdapter(ring, capture_debug_log=capture_debug_log)
             self.features = library.features
@@ -163,9 +167,8 @@ class Worker:
             self.adapter = None
             self.native_problem = type(error).__name__
             return
-        delay = int(os.environ.get("SKIPPY_TEST_PROGRESS_DELAY_US", "0") or 0)
-        if delay > 0:
-            self.adapter.set_test_progress_delay_us(delay)
+        if self.options.test_progress_delay_us > 0:
+            self.adapter.set_test_progress_delay_us(self.options.test_progress_delay_us)
         if log_counting:
             log_callback = self.llama.llama_log_callback(self.adapter.log_callback_address)
             self._log_callback = log_callback  # keep the function pointer object alive
@@ -519,7 +522,7 @@ class Worker:
             self.loaded.draft = self._load_draft(command, model, context, lanes)
             self.loaded.plugins = self._start_plugins(command, model)
             self.loaded.generation = BatchEngine(
-                _with_test_decode_delay(llama),
+                _with_test_decode_delay(llama, self.options.test_decode_delay_ms),
                 model,
                 context,
                 lanes=lanes,
@@ -671,7 +674,7 @@ class Worker:
 
 
 class _SlowDecode:
-    """Test fault injection (SKIPPY_TEST_DECODE_DELAY_MS): every llama_decode takes at least
+    """Test fault injection (`--test-decode-delay-ms`): every llama_decode takes at least
     this long, so tests can hold requests in flight on a model that decodes in microseconds."""
 
     def __init__(self, llama: Any, delay_s: float) -> None:
@@ -738,8 +741,7 @@ def _fingerprint(path: str) -> bytes | None:
         return None
 
 
-def _with_test_decode_delay(llama: Any) -> Any:
-    delay_ms = float(os.environ.get("SKIPPY_TEST_DECODE_DELAY_MS", "0") or 0)
+def _with_test_decode_delay(llama: Any, delay_ms: float) -> Any:
     return _SlowDecode(llama, delay_ms / 1000) if delay_ms > 0 else llama
 
 
@@ -747,27 +749,27 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="skippyctl-engine", description=__doc__)
     parser.add_argument("--control-fd", type=int, required=True)
     parser.add_argument("--ring-fd", type=int)
-    parser.add_argument("--capture-debug-log", action="store_true")
+    parser.add_argument("--native-library")
     engine_options.add_arguments(parser)
     args = parser.parse_args(argv)
+    options = engine_options.from_arguments(args)
     channel = engine_side(socket.socket(fileno=args.control_fd))
-    worker = Worker(
-        channel, args.ring_fd, args.capture_debug_log, engine_options.from_arguments(args)
-    )
-    _test_address_space_limit()  # after llama.cpp and the native library are mapped
+    worker = Worker(channel, args.ring_fd, options.capture_debug_log, options, args.native_library)
+    # After llama.cpp and the native library are mapped.
+    _test_address_space_limit(options.test_address_space_limit_mib)
     return worker.serve()
 
 
-def _test_address_space_limit() -> None:
-    """Test fault injection (SKIPPY_TEST_ENGINE_AS_LIMIT_MB): run this engine under an
-    address-space limit (RLIMIT_AS) of that many MiB above what it maps once llama.cpp is
-    loaded, so a context that fits the machine but not the limit is refused for memory."""
-    raw = os.environ.get("SKIPPY_TEST_ENGINE_AS_LIMIT_MB", "").strip()
-    if not raw:
+def _test_address_space_limit(limit_mib: int | None) -> None:
+    """Test fault injection (``--test-address-space-limit-mib``, the host's
+    SKIPPY_TEST_ENGINE_AS_LIMIT_MB): run this engine under an address-space limit (RLIMIT_AS) of
+    that many MiB above what it maps once llama.cpp is loaded, so a context that fits the
+    machine but not the limit is refused for memory."""
+    if limit_mib is None:
         return
     import resource
 
-    limit = _address_space_bytes() + int(raw) * 1024 * 1024
+    limit = _address_space_bytes() + limit_mib * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (limit, resource.RLIM_INFINITY))
 
 

@@ -1,29 +1,26 @@
 """What an engine worker is told at spawn: its options, as command-line arguments.
 
-The host decides these once, from its own options (the composition root reads
-`SKIPPY_SERVING_EVENTS` and `--debug-token-events`), and every engine it starts gets them as
-arguments (`--serving-events on|off --debug-token-events on|off`). Nothing here reads or writes
-the environment: the options are values, so the engine and the scheduler cannot disagree about
-them. Defaults are the operator defaults; a worker started without the flags (a test) gets them.
+The host decides these once — the composition root makes them from the runtime's settings
+(``config/runtime_settings.py``: SKIPPY_SERVING_EVENTS, SKIPPY_STAGE_LINK_PROBE_MS,
+SKIPPY_CAPTURE_NATIVE_LOG and the SKIPPY_TEST_* fault injections) and ``--debug-token-events``
+(:meth:`EngineOptions.from_settings`) — and every engine it starts gets them as arguments
+(``--serving-events on|off --debug-token-events on|off …``). Nothing here reads or writes the
+environment, and the worker reads none: the options are values, so the engine and the scheduler
+cannot disagree about them. Defaults are the operator defaults; a worker started without the
+flags (a test) gets them. The test fault injections are rendered only when set.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 from dataclasses import dataclass
 from typing import Final
 
-SERVING_EVENTS_ENV: Final = "SKIPPY_SERVING_EVENTS"
-"""`off`: a benchmark baseline, not an operator feature. The engine sends only text and terminals
-and the host submits no serving events (request, prefill, generation, session, KV); model
-lifecycle events still flow. Read once by the composition root (:func:`serving_events_from`)."""
-
-LINK_PROBE_INTERVAL_ENV: Final = "SKIPPY_STAGE_LINK_PROBE_MS"
-"""How often a split model's engine probes each stage link, in ms (default 1000). Read once by
-the composition root (:func:`link_probe_interval_from`); tests set a short one."""
-DEFAULT_LINK_PROBE_INTERVAL_MS: Final = 1000.0
-MIN_LINK_PROBE_INTERVAL_MS: Final = 10.0
+from skippyctl.config.runtime_settings import (
+    DEFAULT_LINK_PROBE_INTERVAL_MS,
+    MIN_LINK_PROBE_INTERVAL_MS,
+    RuntimeSettings,
+)
 
 _ON: Final = "on"
 _OFF: Final = "off"
@@ -32,16 +29,42 @@ _OFF: Final = "off"
 @dataclass(frozen=True, slots=True)
 class EngineOptions:
     serving_events: bool = True
-    """False only for the events-off benchmark baseline (see :data:`SERVING_EVENTS_ENV`)."""
+    """False only for the events-off benchmark baseline (SKIPPY_SERVING_EVENTS=off). The engine
+    sends only text and terminals and the host submits no serving events (request, prefill,
+    generation, session, KV); model lifecycle events still flow."""
     debug_token_events: bool = False
     """Opt-in debug evidence: one `gen_token` observation per sampled token, which the host
     maps to the debug-class `generation_token_observed` (never the token id or text)."""
     link_probe_interval_ms: float = DEFAULT_LINK_PROBE_INTERVAL_MS
     """A split model's engine probes each stage link at most this often (engine/links.py)."""
+    capture_debug_log: bool = False
+    """llama.cpp's raw log lines go to the engine's opt-in debug ring (with a native ring only;
+    SKIPPY_CAPTURE_NATIVE_LOG)."""
+    test_progress_delay_us: int = 0
+    """Test fault injection: the native load-progress callback waits this long each call."""
+    test_decode_delay_ms: float = 0.0
+    """Test fault injection: every llama_decode takes at least this long."""
+    test_address_space_limit_mib: int | None = None
+    """Test fault injection: the engine runs under an RLIMIT_AS this many MiB above what it
+    maps once llama.cpp is loaded."""
+
+    @classmethod
+    def from_settings(cls, settings: RuntimeSettings, *, debug_token_events: bool) -> EngineOptions:
+        """What a host with these settings tells its engines (``debug_token_events``: the
+        ``--debug-token-events`` flag, or its setting)."""
+        return cls(
+            serving_events=settings.serving_events,
+            debug_token_events=debug_token_events,
+            link_probe_interval_ms=settings.stage_link_probe_ms,
+            capture_debug_log=settings.capture_native_log,
+            test_progress_delay_us=settings.test_progress_delay_us,
+            test_decode_delay_ms=settings.test_decode_delay_ms,
+            test_address_space_limit_mib=settings.test_engine_as_limit_mib,
+        )
 
     def argv(self) -> list[str]:
         """These options as the worker's command-line arguments."""
-        return [
+        args = [
             "--serving-events",
             _ON if self.serving_events else _OFF,
             "--debug-token-events",
@@ -49,6 +72,15 @@ class EngineOptions:
             "--link-probe-interval-ms",
             repr(float(self.link_probe_interval_ms)),
         ]
+        if self.capture_debug_log:
+            args.append("--capture-debug-log")
+        if self.test_progress_delay_us:
+            args += ["--test-progress-delay-us", str(self.test_progress_delay_us)]
+        if self.test_decode_delay_ms:
+            args += ["--test-decode-delay-ms", repr(float(self.test_decode_delay_ms))]
+        if self.test_address_space_limit_mib is not None:
+            args += ["--test-address-space-limit-mib", str(self.test_address_space_limit_mib)]
+        return args
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -65,6 +97,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--link-probe-interval-ms", type=float, default=defaults.link_probe_interval_ms
     )
+    parser.add_argument("--capture-debug-log", action="store_true")
+    parser.add_argument("--test-progress-delay-us", type=int, default=0)
+    parser.add_argument("--test-decode-delay-ms", type=float, default=0.0)
+    parser.add_argument("--test-address-space-limit-mib", type=int, default=None)
 
 
 def from_arguments(args: argparse.Namespace) -> EngineOptions:
@@ -72,21 +108,8 @@ def from_arguments(args: argparse.Namespace) -> EngineOptions:
         serving_events=args.serving_events == _ON,
         debug_token_events=args.debug_token_events == _ON,
         link_probe_interval_ms=max(MIN_LINK_PROBE_INTERVAL_MS, args.link_probe_interval_ms),
+        capture_debug_log=args.capture_debug_log,
+        test_progress_delay_us=max(0, args.test_progress_delay_us),
+        test_decode_delay_ms=max(0.0, args.test_decode_delay_ms),
+        test_address_space_limit_mib=args.test_address_space_limit_mib,
     )
-
-
-def serving_events_from(value: str | None) -> bool:
-    """The `SKIPPY_SERVING_EVENTS` convention: only `off` (any case, padded) turns them off."""
-    return (value or _ON).strip().lower() != _OFF
-
-
-def link_probe_interval_from(value: str | None) -> float:
-    """The `SKIPPY_STAGE_LINK_PROBE_MS` convention: a number of ms (at least
-    ``MIN_LINK_PROBE_INTERVAL_MS``); unset or unusable: the default."""
-    try:
-        interval = float(value) if value else DEFAULT_LINK_PROBE_INTERVAL_MS
-    except ValueError:
-        return DEFAULT_LINK_PROBE_INTERVAL_MS
-    if not math.isfinite(interval):
-        return DEFAULT_LINK_PROBE_INTERVAL_MS
-    return max(MIN_LINK_PROBE_INTERVAL_MS, interval)

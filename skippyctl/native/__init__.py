@@ -32,6 +32,7 @@ if TYPE_CHECKING:
         NativeLibraryUnavailable,
         load_native_library,
         native_library,
+        open_native_library,
     )
     from skippyctl.native.region import EngineAdapter, IngressClosed, IngressRegion
 
@@ -54,6 +55,7 @@ _EXPORTS: Final = {
     "WaitResult": "ingress",
     "load_native_library": "library",
     "native_library": "library",
+    "open_native_library": "library",
 }
 
 __all__ = [
@@ -78,6 +80,7 @@ __all__ = [
     "library",
     "load_native_library",
     "native_library",
+    "open_native_library",
     "region",
     "rpc",
 ]

@@ -3,8 +3,11 @@
 Contract:
 
 - ``load_native_library()`` finds ``_skippy_native*.so`` next to this package (any suffix of
-  ``importlib.machinery.EXTENSION_SUFFIXES``), or the file named by ``SKIPPY_NATIVE_LIBRARY``, or
-  an explicit path; ``SKIPPY_NATIVE_DISABLE=1`` forces legacy mode.
+  ``importlib.machinery.EXTENSION_SUFFIXES``), or loads an explicit path.
+  ``open_native_library(override, disabled)`` is the library a process's settings choose
+  (``SKIPPY_NATIVE_LIBRARY``, ``SKIPPY_NATIVE_DISABLE``: read once at start by
+  ``config/runtime_settings.py`` and passed here; nothing in this package reads the
+  environment).
 - It raises ``NativeLibraryUnavailable`` when the library is absent, disabled or cannot be
   opened, and ``NativeAbiIncompatible`` when the event/ingress ABI versions, a core symbol, or
   ANY struct size or field offset/size reported by ``skippy_abi_fields()`` disagrees with the
@@ -27,7 +30,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import importlib.machinery
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -35,7 +37,10 @@ from typing import Any, Final
 from skippyctl.native import abi
 
 ENV_LIBRARY: Final = "SKIPPY_NATIVE_LIBRARY"
+"""The setting that names another library file (``RuntimeSettings.native_library``), for
+messages."""
 ENV_DISABLE: Final = "SKIPPY_NATIVE_DISABLE"
+"""The setting that turns the library off (``RuntimeSettings.native_disabled``), for messages."""
 LIBRARY_STEM: Final = "_skippy_native"
 
 
@@ -295,14 +300,13 @@ def _candidate_paths() -> list[Path]:
     return [here / f"{LIBRARY_STEM}{suffix}" for suffix in importlib.machinery.EXTENSION_SUFFIXES]
 
 
-def find_native_library() -> Path:
-    """The library file to load, per ``SKIPPY_NATIVE_LIBRARY`` or next to this package."""
-    override = os.environ.get(ENV_LIBRARY)
-    if override:
-        path = Path(override)
-        if not path.is_file():
-            raise NativeLibraryUnavailable(f"{ENV_LIBRARY} names a missing file: {path.name}")
-        return path
+def find_native_library(override: Path | None = None) -> Path:
+    """The library file to load: ``override`` (``SKIPPY_NATIVE_LIBRARY``), else the one next to
+    this package."""
+    if override is not None:
+        if not override.is_file():
+            raise NativeLibraryUnavailable(f"{ENV_LIBRARY} names a missing file: {override.name}")
+        return override
     for candidate in _candidate_paths():
         if candidate.is_file():
             return candidate
@@ -371,10 +375,18 @@ def check_layout(library: NativeLibrary) -> None:
         raise NativeAbiIncompatible(f"library does not describe {', '.join(missing)}")
 
 
-def load_native_library(path: Path | None = None) -> NativeLibrary:
-    """Opens and checks the native library. Never cached: each call re-checks the layout."""
-    if os.environ.get(ENV_DISABLE, "") not in ("", "0"):
+def open_native_library(override: Path | None = None, disabled: bool = False) -> NativeLibrary:
+    """The library a process's settings choose: none when ``disabled`` (SKIPPY_NATIVE_DISABLE),
+    else ``override`` (SKIPPY_NATIVE_LIBRARY) or the one next to this package, opened and
+    checked (:func:`load_native_library`)."""
+    if disabled:
         raise NativeLibraryUnavailable(f"disabled by {ENV_DISABLE}")
+    return load_native_library(find_native_library(override))
+
+
+def load_native_library(path: Path | None = None) -> NativeLibrary:
+    """Opens and checks the native library (``path``, else the one next to this package).
+    Never cached: each call re-checks the layout."""
     resolved = path if path is not None else find_native_library()
     if not resolved.is_file():
         raise NativeLibraryUnavailable(f"native library missing: {resolved.name}")

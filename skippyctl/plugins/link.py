@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 import secrets
 import socket
 import subprocess
@@ -120,7 +119,9 @@ CREDENTIAL_VARIABLES: Final = frozenset(
     }
 )
 """The runtime's credentials (its bearer token, a telemetry URL that may carry one, the hub
-token, OTLP headers): a plugin's process never gets them."""
+token, OTLP headers): a plugin's process never gets them. The host starts its engines without
+them (``runtime/engine_supervisor.py``), so a sidecar that inherits its engine's environment has
+none; an environment given to the link explicitly loses them here."""
 
 
 def sidecar_environment(environment: Mapping[str, str]) -> dict[str, str]:
@@ -223,7 +224,9 @@ class PluginLink:
         self._capacity = queue_capacity
         self._on_report = on_report
         self._python = python
-        self._env = sidecar_environment(os.environ if env is None else env)
+        # None: the sidecars inherit this (engine) process's environment, which its host
+        # started without credentials; this module never reads the environment.
+        self._env = None if env is None else sidecar_environment(env)
         self._stderr = subprocess.DEVNULL if stderr is None else stderr
         self._lock = threading.Lock()
         self._answered = threading.Condition(self._lock)
@@ -261,8 +264,9 @@ class PluginLink:
     ) -> PluginLink:
         """Start one sidecar per spec and wait (up to ``load_timeout_s`` in all) until each
         is loaded or has failed to load (reported ``load_failed``; the link works without it).
-        ``env``: the sidecars' environment (default: this process'); ``stderr``: where their
-        stderr goes (default /dev/null)."""
+        ``env``: the sidecars' environment, without :data:`CREDENTIAL_VARIABLES` (default: this
+        process's, inherited as it is); ``stderr``: where their stderr goes (default
+        /dev/null)."""
         link = cls(
             specs,
             n_vocab=n_vocab,

@@ -18,6 +18,11 @@ figures (`link` messages) go to it too. Resource messages (load phases, devices,
 compute failures) become events (``runtime/resource_events.py``) queued as ``Observed`` items,
 in order with the return values around them.
 
+An engine gets the host's environment without its credentials (``CREDENTIAL_VARIABLES``: it
+needs none, and the plugin sidecars it starts inherit its environment) and its configuration as
+arguments (``engine/options.py``), never through the environment; its stderr goes to the host's
+only with ``inherit_stderr`` (the SKIPPY_ENGINE_STDERR setting).
+
 Commands go out through the engine's :class:`~skippyctl.runtime.engine_commands.CommandWriter`
 (``runtime/engine_commands.py``): in order, never blocking the caller, a message over the frame
 limit refused in `send` itself before anything is queued.
@@ -50,6 +55,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, assert_never
 
+from skippyctl.config.runtime_settings import inherited_environment
 from skippyctl.engine.channel import MalformedMessage, host_side
 from skippyctl.engine.options import EngineOptions
 from skippyctl.engine.protocol import (
@@ -113,12 +119,16 @@ from skippyctl.pipeline.authority import (
 from skippyctl.pipeline.authority import (
     LoadReturned as LoadReturnedItem,
 )
+from skippyctl.plugins.link import CREDENTIAL_VARIABLES
 from skippyctl.runtime.engine_commands import CommandWriter
 from skippyctl.runtime.engine_seams import EngineListener, EnginePipeline, EngineTopology
 from skippyctl.runtime.plugin_events import plugin_events
 from skippyctl.runtime.resource_events import resource_events
 
 STOP_GRACE_S: Final = 3.0
+_ENGINE_ENVIRONMENT: Final = {"GGML_NO_BACKTRACE": "1", "PYTHONUNBUFFERED": "1"}
+"""Set for every engine: an abort must not run gdb for a backtrace, and its output is not
+buffered."""
 WRITER_JOIN_S: Final = 1.0
 
 
@@ -152,6 +162,7 @@ class EngineProcess:
         on_retire: Callable[[EngineProcess], None] | None = None,
         options: EngineOptions | None = None,
         topology: EngineTopology | None = None,
+        inherit_stderr: bool = False,
     ) -> None:
         self.key = key
         self.topology = topology
@@ -196,12 +207,9 @@ class EngineProcess:
                 self._ring = SharedIngress.create(library=native_library)
                 pass_fds.append(self._ring.fd)
                 args += ["--ring-fd", str(self._ring.fd)]
-                if os.environ.get("SKIPPY_CAPTURE_NATIVE_LOG") == "1":
-                    args.append("--capture-debug-log")
-            env = dict(os.environ, GGML_NO_BACKTRACE="1", PYTHONUNBUFFERED="1")
-            stderr = (
-                None if os.environ.get("SKIPPY_ENGINE_STDERR") == "inherit" else subprocess.DEVNULL
-            )
+                args += ["--native-library", str(native_library.path)]  # the one the host checked
+            env = inherited_environment(drop=CREDENTIAL_VARIABLES, overrides=_ENGINE_ENVIRONMENT)
+            stderr = None if inherit_stderr else subprocess.DEVNULL
             self.process = subprocess.Popen(
                 args,
                 pass_fds=pass_fds,

@@ -1,6 +1,7 @@
 """The runtime host: owns the pipeline, the native library status and one engine per model.
 
-`RuntimeHost.start()` resolves the native event library once and says what it found as events
+`RuntimeHost.start()` resolves the native event library once — the one its settings choose
+(``RuntimeSettings.native_library``/``native_disabled``) — and says what it found as events
 (`native_library_loaded` + `abi_feature_compatibility_established`, or `native_library_unavailable`
 / `abi_feature_compatibility_failed` — legacy mode, state from return values only; and one
 `abi_feature_compatibility_failed` with that family's `feature_bits` for each announced family
@@ -35,6 +36,7 @@ from typing import Any, Final
 from skippyctl.acquisition.artifacts import check_artifact
 from skippyctl.config.endpoints import parse_endpoints
 from skippyctl.config.load_options import LoadOptions, SpecMode, shown_settings
+from skippyctl.config.runtime_settings import EngineStderr, RuntimeSettings
 from skippyctl.engine.options import EngineOptions
 from skippyctl.engine.protocol import Load, SessionFile, Shutdown
 from skippyctl.events.catalog import EventId
@@ -90,15 +92,15 @@ def llama_cpp_importable() -> bool:
         return False
 
 
-def resolve_native() -> NativeStatus:
+def resolve_native(settings: RuntimeSettings) -> NativeStatus:
     from skippyctl.native.library import (
         NativeAbiIncompatible,
         NativeLibraryUnavailable,
-        load_native_library,
+        open_native_library,
     )
 
     try:
-        library = load_native_library()
+        library = open_native_library(settings.native_library, settings.native_disabled)
     except NativeLibraryUnavailable as error:
         return NativeStatus(None, EventId.NATIVE_LIBRARY_UNAVAILABLE, str(error))
     except NativeAbiIncompatible as error:
@@ -108,13 +110,20 @@ def resolve_native() -> NativeStatus:
 
 class RuntimeHost:
     def __init__(
-        self, pipeline: Pipeline | None = None, options: EngineOptions | None = None
+        self,
+        pipeline: Pipeline | None = None,
+        options: EngineOptions | None = None,
+        settings: RuntimeSettings | None = None,
     ) -> None:
         self.pipeline = pipeline or Pipeline()
-        self.options = options or EngineOptions()
+        self.settings = settings or RuntimeSettings()
+        """The process's settings (read once at its start; the defaults when not given)."""
+        self.options = options or EngineOptions.from_settings(
+            self.settings, debug_token_events=self.settings.debug_token_events
+        )
+        """What every engine this host starts is told (spawn arguments, decided once)."""
         self.default_plugins: tuple[str, ...] = ()
         """Serving plugins every model gets before its own (``runtime serve --plugin``)."""
-        """What every engine this host starts is told (spawn arguments, decided once)."""
         self.native = NativeStatus(None, None, None)
         self._ids = OperationIds()
         self._engines: dict[LogicalId, EngineProcess] = {}
@@ -131,7 +140,7 @@ class RuntimeHost:
         self.pipeline.start()
         self.pipeline.submit(make_event(EventId.RUNTIME_RESOLUTION_STARTED))
         llama_found = llama_cpp_importable()
-        self.native = resolve_native()
+        self.native = resolve_native(self.settings)
         if llama_found:
             # llama.cpp is what serves; the native event library is optional (legacy without).
             self.pipeline.submit(
@@ -332,6 +341,7 @@ class RuntimeHost:
             self._on_retire,
             self.options,
             topology,
+            inherit_stderr=self.settings.engine_stderr is EngineStderr.INHERIT,
         )
         started.append(engine)
         with self._lock:

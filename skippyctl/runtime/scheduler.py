@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import Final
 
 from skippyctl.config.load_options import LoadOptions
+from skippyctl.config.runtime_settings import DEFAULT_ENGINE_UNRESPONSIVE_S
 from skippyctl.engine.protocol import (
     DropSession,
     SaveSessions,
@@ -60,21 +61,21 @@ DEFAULT_MAX_QUEUE: Final = 64
 HOUSEKEEPING_INTERVAL_S: Final = 0.2
 DEFAULT_DRAIN_TIMEOUT_S: Final = 30.0
 MEMORY_OBSERVATION_INTERVAL_S: Final = 10.0
-ENGINE_UNRESPONSIVE_ENV: Final = "SKIPPY_ENGINE_UNRESPONSIVE_S"
-"""Seconds without a word from a serving engine before `model_degraded` (default below)."""
-DEFAULT_ENGINE_UNRESPONSIVE_S: Final = 5.0
 MAX_HEARTBEAT_INTERVAL_S: Final = 1.0
 
 
 class Scheduler:
-    """Owns the model servers and sessions; the API and CLI talk to this."""
+    """Owns the model servers and sessions; the API and CLI talk to this.
+
+    ``engine_unresponsive_after_s``: the runtime's SKIPPY_ENGINE_UNRESPONSIVE_S setting, which
+    the composition root passes (this module reads no environment)."""
 
     def __init__(
         self,
         host: RuntimeHost,
         max_queue: int = DEFAULT_MAX_QUEUE,
         sessions: SessionRegistry | None = None,
-        engine_unresponsive_after_s: float | None = None,
+        engine_unresponsive_after_s: float = DEFAULT_ENGINE_UNRESPONSIVE_S,
         serving_events: bool | None = None,
         session_state: SessionStateStore | None = None,
     ) -> None:
@@ -82,10 +83,6 @@ class Scheduler:
         self.session_state = session_state
         """Where unloads save sessions' KV state for the next load (None: they do not)."""
         self.max_queue = max_queue
-        if engine_unresponsive_after_s is None:
-            engine_unresponsive_after_s = _env_seconds(
-                ENGINE_UNRESPONSIVE_ENV, DEFAULT_ENGINE_UNRESPONSIVE_S
-            )
         if engine_unresponsive_after_s <= 0:
             raise ValueError("engine_unresponsive_after_s must be positive")
         self.liveness = Liveness(
@@ -454,15 +451,6 @@ class Scheduler:
             server.drain(force=True, drain_timeout_s=0.5)
         if self._thread.is_alive():
             self._thread.join(2)
-
-
-def _env_seconds(name: str, default: float) -> float:
-    raw = os.environ.get(name, "").strip()
-    try:
-        value = float(raw) if raw else default
-    except ValueError:
-        return default
-    return value if value > 0 and value == value else default  # NaN and <= 0: the default
 
 
 def _valid(model_id: str) -> bool:

@@ -31,11 +31,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from skippyctl.config.runtime_settings import DEFAULT_SESSION_STATE_MAX_MIB
 from skippyctl.engine.protocol import SessionFile, StateExported, StateImported
 from skippyctl.events.envelope import LogicalId
 
-DEFAULT_MAX_BYTES: Final = 256 * 1024 * 1024
-"""Default cap of all stored session state files (256 MiB)."""
+DEFAULT_MAX_BYTES: Final = DEFAULT_SESSION_STATE_MAX_MIB * 1024 * 1024
+"""Default cap of all stored session state files (the SKIPPY_SESSION_STATE_MAX_MIB setting's
+default, 256 MiB)."""
 FILE_SUFFIX: Final = ".kvs"
 DIRECTORY_NAME: Final = "sessions"
 

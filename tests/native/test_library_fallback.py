@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,24 +16,21 @@ from skippyctl.native import (
     NativeLibraryUnavailable,
     abi,
     load_native_library,
+    open_native_library,
 )
 from skippyctl.native.library import ENV_DISABLE, ENV_LIBRARY, find_native_library
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_disable_env_forces_legacy_mode(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(ENV_DISABLE, "1")
+def test_the_disable_setting_forces_legacy_mode() -> None:
     with pytest.raises(NativeLibraryUnavailable, match=ENV_DISABLE):
-        load_native_library()
+        open_native_library(find_native_library(), disabled=True)
 
 
-def test_library_env_naming_a_missing_file_is_unavailable(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    monkeypatch.setenv(ENV_LIBRARY, str(tmp_path / "nope.so"))
-    with pytest.raises(NativeLibraryUnavailable) as info:
-        load_native_library()
+def test_the_library_setting_naming_a_missing_file_is_unavailable(tmp_path: Path) -> None:
+    with pytest.raises(NativeLibraryUnavailable, match=ENV_LIBRARY) as info:
+        open_native_library(tmp_path / "nope.so")
     assert str(tmp_path) not in info.value.detail  # never an absolute path
 
 
@@ -44,10 +42,12 @@ def test_a_file_that_is_not_a_shared_library_is_unavailable(tmp_path: Path) -> N
     assert str(tmp_path) not in info.value.detail
 
 
-def test_library_env_selects_the_file(monkeypatch: pytest.MonkeyPatch) -> None:
-    built = find_native_library()
-    monkeypatch.setenv(ENV_LIBRARY, str(built))
-    assert load_native_library().path == built
+def test_the_library_setting_selects_the_file(tmp_path: Path) -> None:
+    copy = tmp_path / "copy" / find_native_library().name
+    copy.parent.mkdir()
+    shutil.copy(find_native_library(), copy)
+    assert open_native_library(copy).path == copy
+    assert open_native_library().path == find_native_library()  # unset: the one built here
 
 
 def test_wrong_struct_size_in_the_binding_is_incompatible(monkeypatch: pytest.MonkeyPatch) -> None:

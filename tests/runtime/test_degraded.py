@@ -4,23 +4,18 @@ that real: the library is not loaded and engines get no ring): it says so once, 
 
 from __future__ import annotations
 
-import pytest
-
+from skippyctl.config.runtime_settings import RuntimeSettings
 from skippyctl.events.catalog import EventId
 from skippyctl.events.reasons import ReasonCode
-from skippyctl.native.library import ENV_DISABLE
 from skippyctl.pipeline.pipeline import Pipeline
 from skippyctl.reducer.state import NativeMode
 from skippyctl.runtime.host import RuntimeHost
 
 
-def test_a_host_without_the_native_library_enters_degraded_operation_once(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setenv(ENV_DISABLE, "1")
+def test_a_host_without_the_native_library_enters_degraded_operation_once() -> None:
     pipeline = Pipeline(health_interval_s=0.05)
     watcher = pipeline.subscribe("watcher", max_queue_size=1 << 12)
-    host = RuntimeHost(pipeline).start()
+    host = RuntimeHost(pipeline, settings=RuntimeSettings(native_disabled=True)).start()
     try:
         state = pipeline.wait_state(lambda s: bool(s.degraded_modes), 5.0)
         assert state is not None

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from skippyctl.config.load_options import LoadOptions
+from skippyctl.config.runtime_settings import RuntimeSettings
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event, LogicalId
 from skippyctl.events.reasons import Producer, ReasonCode
@@ -60,9 +61,11 @@ def test_load_facts_arrive_through_the_ring(host: RuntimeHost, fixture_dir: Path
 
 
 def test_killed_engine_mid_load_is_a_process_crash_and_the_host_keeps_running(
-    host: RuntimeHost, fixture_dir: Path, monkeypatch: pytest.MonkeyPatch
+    host: RuntimeHost, fixture_dir: Path
 ) -> None:
-    monkeypatch.setenv("SKIPPY_TEST_PROGRESS_DELAY_US", "200000")
+    # A load that takes seconds: what SKIPPY_TEST_PROGRESS_DELAY_US=200000 makes a runtime
+    # tell its engines (the settings are read once, by a process's entry: here, the test).
+    host.options = dataclasses.replace(host.options, test_progress_delay_us=200_000)
     watch = host.pipeline.subscribe("test", max_queue_size=10_000, replay=True)
     handle = host.load_model(LoadOptions(str(fixture_dir / "tiny.gguf")))
     _until(watch, handle.operation_id, {EventId.MODEL_LOAD_PROGRESS})
@@ -74,17 +77,13 @@ def test_killed_engine_mid_load_is_a_process_crash_and_the_host_keeps_running(
     assert failed.id is EventId.MODEL_LOAD_FAILED
     assert failed.reason_code is ReasonCode.PROCESS_CRASH
     assert failed.producer is Producer.RECONCILED
-    monkeypatch.delenv("SKIPPY_TEST_PROGRESS_DELAY_US")
+    host.options = dataclasses.replace(host.options, test_progress_delay_us=0)
     retry = host.load_model(LoadOptions(str(fixture_dir / "tiny.gguf")))
     assert _until(watch, retry.operation_id, TERMINALS)[-1].id is EventId.MODEL_AVAILABLE
 
 
-def _settled_view(fixture_dir: Path, capture: bool, monkeypatch: pytest.MonkeyPatch) -> ModelView:
-    if capture:
-        monkeypatch.setenv("SKIPPY_CAPTURE_NATIVE_LOG", "1")
-    else:
-        monkeypatch.delenv("SKIPPY_CAPTURE_NATIVE_LOG", raising=False)
-    runtime = RuntimeHost().start()
+def _settled_view(fixture_dir: Path, capture: bool) -> ModelView:
+    runtime = RuntimeHost(settings=RuntimeSettings(capture_native_log=capture)).start()
     try:
         watch = runtime.pipeline.subscribe("test", max_queue_size=10_000, replay=True)
         handle = runtime.load_model(LoadOptions(str(fixture_dir / "tiny.gguf")))
@@ -106,10 +105,8 @@ def _settled_view(fixture_dir: Path, capture: bool, monkeypatch: pytest.MonkeyPa
     )
 
 
-def test_native_log_capture_never_changes_reduced_state(
-    fixture_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    with_logs = _settled_view(fixture_dir, True, monkeypatch)
-    without_logs = _settled_view(fixture_dir, False, monkeypatch)
+def test_native_log_capture_never_changes_reduced_state(fixture_dir: Path) -> None:
+    with_logs = _settled_view(fixture_dir, True)
+    without_logs = _settled_view(fixture_dir, False)
     assert with_logs == without_logs
     assert with_logs.state is ModelState.AVAILABLE

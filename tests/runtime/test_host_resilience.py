@@ -6,6 +6,7 @@ host's) process through /proc.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Iterator
@@ -133,9 +134,10 @@ def test_failed_loads_leave_no_engine_process_behind(host: RuntimeHost, fixture_
 
 
 def test_a_cancelled_load_leaves_no_engine_process_behind(
-    host: RuntimeHost, fixture_dir: Path, monkeypatch: pytest.MonkeyPatch
+    host: RuntimeHost, fixture_dir: Path
 ) -> None:
-    monkeypatch.setenv("SKIPPY_TEST_PROGRESS_DELAY_US", "200000")  # a load that takes seconds
+    # A load that takes seconds (what SKIPPY_TEST_PROGRESS_DELAY_US=200000 tells engines).
+    host.options = dataclasses.replace(host.options, test_progress_delay_us=200_000)
     watch = host.pipeline.subscribe("test", max_queue_size=10_000, replay=True)
     before = engine_children(os.getpid())
     handle = host.load_model(LoadOptions(str(fixture_dir / "tiny.gguf"), alias="cancelled"))

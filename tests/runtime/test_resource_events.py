@@ -4,6 +4,7 @@ reducer (issue 15, native resource facts)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -159,10 +160,11 @@ def test_an_absurd_context_fails_for_memory_and_the_host_serves_on(
 
 
 def test_a_context_beyond_the_engines_address_space_limit_fails_for_memory(
-    host: RuntimeHost, fixture_dir: Path, monkeypatch: pytest.MonkeyPatch
+    host: RuntimeHost, fixture_dir: Path
 ) -> None:
-    # 1 Mi tokens of tiny.gguf's KV is 256 MiB: fits the machine, not a 64 MiB headroom.
-    monkeypatch.setenv("SKIPPY_TEST_ENGINE_AS_LIMIT_MB", "64")
+    # 1 Mi tokens of tiny.gguf's KV is 256 MiB: fits the machine, not a 64 MiB headroom
+    # (what SKIPPY_TEST_ENGINE_AS_LIMIT_MB=64 makes a runtime tell its engines).
+    host.options = dataclasses.replace(host.options, test_address_space_limit_mib=64)
     events = _load(host, LoadOptions(str(fixture_dir / "tiny.gguf"), ctx=1 << 20, lanes=1))
     assert events[-1].id is EventId.MODEL_LOAD_FAILED
     assert events[-1].reason_code is ReasonCode.OUT_OF_MEMORY
@@ -186,11 +188,11 @@ def test_gpu_layers_without_a_gpu_fall_back_to_the_cpu_with_a_reason(
 
 
 def test_a_null_context_from_llama_cpp_is_a_resource_allocation_failure(
-    host: RuntimeHost, fixture_dir: Path, monkeypatch: pytest.MonkeyPatch
+    host: RuntimeHost, fixture_dir: Path
 ) -> None:
     # The 256 MiB KV cache passes the engine's pre-check (300 MiB headroom), but llama.cpp
     # cannot allocate KV and compute buffers together under the limit and returns NULL.
-    monkeypatch.setenv("SKIPPY_TEST_ENGINE_AS_LIMIT_MB", "300")
+    host.options = dataclasses.replace(host.options, test_address_space_limit_mib=300)
     events = _load(host, LoadOptions(str(fixture_dir / "tiny.gguf"), ctx=1 << 20, lanes=1))
     assert events[-1].id is EventId.MODEL_LOAD_FAILED
     assert events[-1].reason_code is ReasonCode.RESOURCE_ALLOCATION_FAILURE
@@ -201,6 +203,6 @@ def test_a_null_context_from_llama_cpp_is_a_resource_allocation_failure(
     refused = next(e for e in events if e.id is EventId.RESOURCE_ALLOCATION_FAILED)
     assert refused.reason_code is ReasonCode.RESOURCE_ALLOCATION_FAILURE
     assert EventId.OUT_OF_MEMORY_CONDITION not in ids
-    monkeypatch.delenv("SKIPPY_TEST_ENGINE_AS_LIMIT_MB")
+    host.options = dataclasses.replace(host.options, test_address_space_limit_mib=None)
     again = _load(host, LoadOptions(str(fixture_dir / "tiny.gguf"), ctx=1024))
     assert again[-1].id is EventId.MODEL_AVAILABLE

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from skippyctl.config.load_options import LoadOptions
+from skippyctl.config.runtime_settings import RuntimeSettings
 from skippyctl.engine.channel import MAX_MESSAGE_BYTES
 from skippyctl.engine.protocol import Ping
 from skippyctl.events.catalog import EventId
@@ -36,8 +37,14 @@ REQUEST_TERMINALS = {
 
 
 class Runtime:
-    def __init__(self, fixture_dir: Path, lanes: int, unresponsive_s: float = 0.5) -> None:
-        self.host = RuntimeHost().start()
+    def __init__(
+        self,
+        fixture_dir: Path,
+        lanes: int,
+        unresponsive_s: float = 0.5,
+        settings: RuntimeSettings | None = None,
+    ) -> None:
+        self.host = RuntimeHost(settings=settings).start()
         self.scheduler = Scheduler(self.host, engine_unresponsive_after_s=unresponsive_s).start()
         self.watch = self.host.pipeline.subscribe("test", max_queue_size=100_000, replay=True)
         handle = self.scheduler.load(LoadOptions(str(fixture_dir / "tiny.gguf"), lanes=lanes))
@@ -198,11 +205,9 @@ def test_a_request_queued_behind_a_stopped_engine_still_ends_at_its_deadline(
     assert finished(runtime.submit(prompt="three", max_tokens=2)).outcome == "completed"
 
 
-def test_engine_and_host_deadlines_racing_still_give_one_terminal(
-    fixture_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("SKIPPY_TEST_DECODE_DELAY_MS", "20")  # long enough to hit the deadline
-    running = Runtime(fixture_dir, lanes=2)
+def test_engine_and_host_deadlines_racing_still_give_one_terminal(fixture_dir: Path) -> None:
+    slow = RuntimeSettings(test_decode_delay_ms=20)  # long enough to hit the deadline
+    running = Runtime(fixture_dir, lanes=2, settings=slow)
     try:
         handles = [running.submit(prompt="tick", max_tokens=400, timeout_s=0.3) for _ in range(6)]
         ends = [finished(h) for h in handles]

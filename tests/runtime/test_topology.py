@@ -328,9 +328,10 @@ def test_a_local_stage_that_cannot_start_fails_the_load(
 
 
 def test_a_stage_killed_mid_generation_is_reported_and_the_load_works_again(
-    runtime: Runtime, fixture_dir: Path, monkeypatch: pytest.MonkeyPatch
+    runtime: Runtime, fixture_dir: Path
 ) -> None:
-    monkeypatch.setenv("SKIPPY_TEST_DECODE_DELAY_MS", "20")  # keep the request in flight
+    # Keep the request in flight: engines told what SKIPPY_TEST_DECODE_DELAY_MS=20 tells them.
+    runtime.host.options = EngineOptions(link_probe_interval_ms=50.0, test_decode_delay_ms=20)
     with stage_process("--port", "0", "--threads", "1", "--json") as one:
         stage_two = _serve()
         try:
@@ -376,7 +377,7 @@ def test_a_stage_killed_mid_generation_is_reported_and_the_load_works_again(
             port = second.rsplit(":", 1)[1]
             stage_two = StageProcess("--port", port, "--threads", "1", "--json")
             assert _endpoint(stage_two) == second
-            monkeypatch.delenv("SKIPPY_TEST_DECODE_DELAY_MS")
+            runtime.host.options = FAST_LINK_PROBES
             terminal, problem = runtime.load(
                 fixture_dir / "tiny.gguf", lanes=1, ctx=512, stages=stages
             )

@@ -12,6 +12,7 @@ import pytest
 from skippy_tui.live import LiveSource
 from skippy_tui.sources import DecodeSkipped, SourceItem
 from skippy_tui.store import SnapshotStore
+from skippyctl.config.runtime_settings import RuntimeSettings
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event, LogicalId
 from skippyctl.output.codec import event_from_object
@@ -48,7 +49,7 @@ def test_the_live_source_replays_the_runtime_through_the_codec_without_skips(
     server: Server,
 ) -> None:
     sink = Sink()
-    source = LiveSource(server.client())
+    source = LiveSource(server.client(), RuntimeSettings(runtime_dir=server.directory))
     source.start(sink)
     try:
         assert sink.available.wait(30), "model_available never arrived"
