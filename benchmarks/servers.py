@@ -37,7 +37,7 @@ import httpx
 import orjson
 
 from benchmarks.models import REPO
-from skippyctl.client.discovery import pid_alive
+from skippyctl.client.process_identity import pid_alive
 
 MODEL_ALIAS: Final = "bench"
 SEED: Final = 1234

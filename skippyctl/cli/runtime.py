@@ -19,15 +19,13 @@ from skippyctl.client.discovery import (
     UNUSABLE_DIRECTORY,
     Discovery,
     DiscoveryProblem,
-    Verdict,
     discovery_path,
     ensure_runtime_dir,
     read_discovery,
     remove_discovery,
-    signal_runtime,
-    verify_runtime,
 )
 from skippyctl.client.launch import ServeError, ServeOptions, log_path
+from skippyctl.client.process_identity import Verdict, signal_runtime, verify_runtime
 from skippyctl.config.runtime_settings import (
     DEFAULT_PORT,
     MAX_PORT,

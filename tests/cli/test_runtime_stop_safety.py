@@ -19,8 +19,8 @@ import pytest
 from typer.testing import CliRunner
 
 from skippyctl.cli.app import app
-from skippyctl.client.discovery import (
-    Discovery,
+from skippyctl.client.discovery import Discovery
+from skippyctl.client.process_identity import (
     Verdict,
     pid_alive,
     signal_runtime,
