@@ -2,9 +2,8 @@
 
 `RuntimeClient` talks to the runtime a discovery file names (`skippyctl.client.launch.connect`
 finds or starts one). Transport errors surface as `RuntimeUnreachable` (the CLI maps it to its
-exit code; its subclass `RuntimeConfigurationError` to invalid_configuration), API errors as
-`ApiError`, never as a raw traceback. Messages carry no absolute path (they may become JSON
-error records).
+exit code), API errors as `ApiError`, never as a raw traceback. Messages carry no absolute
+path (they may become JSON error records).
 """
 
 from __future__ import annotations
@@ -26,11 +25,6 @@ if TYPE_CHECKING:  # only a type here: the client imports what a command uses wh
 
 class RuntimeUnreachable(Exception):
     """No runtime answers (and, when asked to, none could be started)."""
-
-
-class RuntimeConfigurationError(RuntimeUnreachable):
-    """No runtime was started because its configuration is invalid (`invalid_configuration`,
-    exit 10), e.g. a SKIPPY_PORT that is not a port number."""
 
 
 class ApiError(Exception):
