@@ -83,12 +83,14 @@ class Row:
 def _child(path: str, timeout_s: float) -> int:
     """One measured load in this process; prints {"ms", "engine_start_ms", "native", "state"}."""
     from skippyctl.config.load_options import LoadOptions
+    from skippyctl.config.runtime_settings import read_runtime_settings
     from skippyctl.events.catalog import EventId
     from skippyctl.pipeline.dispatch import SubscriptionClosed
     from skippyctl.reducer.state import SETTLED_MODEL_STATES, ModelState, RuntimeView
     from skippyctl.runtime.host import RuntimeHost
 
-    host = RuntimeHost().start()
+    # This child is a process entry: it reads its settings (the variant's SKIPPY_NATIVE_DISABLE).
+    host = RuntimeHost(settings=read_runtime_settings()).start()
     try:
         started_ns = time.monotonic_ns()
         started = time.perf_counter()
