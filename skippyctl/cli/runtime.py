@@ -72,6 +72,8 @@ QueueOption = Annotated[
 RemoteOption = Annotated[
     bool, typer.Option("--allow-remote", help="Allow listening on a non-loopback address.")
 ]
+
+
 def _check_otlp(settings: RuntimeSettings, command: str, json_output: bool = False) -> None:
     """Exit with invalid_configuration (10) when the OTEL_* variables ask for OTLP in a way the
     runtime would refuse (with an error record under --json), before a background runtime is

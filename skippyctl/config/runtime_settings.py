@@ -23,8 +23,7 @@ Contract:
   repeated.
 - Variables that third-party code reads for itself stay with it: ``HF_*`` (huggingface_hub),
   ``OTEL_*`` (the OpenTelemetry SDK; they are handed to the OTLP configuration as read,
-  :attr:`RuntimeSettings.otel_environment`), ``TMPDIR`` (``tempfile``). The NDJSON push
-  exporter's ``SKIPPY_TELEMETRY_*`` are read where they were until the exporter goes (issue 25).
+  :attr:`RuntimeSettings.otel_environment`), ``TMPDIR`` (``tempfile``).
 - :func:`inherited_environment` is how a child process gets this process's environment (a copy,
   with variables dropped or set); nothing in it is read as configuration.
 """

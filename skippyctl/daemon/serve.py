@@ -216,9 +216,7 @@ def _session_state_store(settings: RuntimeSettings) -> SessionStateStore | None:
         return None
 
 
-def _start_otlp(
-    host: RuntimeHost, metrics: MetricsCollector, config: OtlpConfig
-) -> OtlpTelemetry:
+def _start_otlp(host: RuntimeHost, metrics: MetricsCollector, config: OtlpConfig) -> OtlpTelemetry:
     from skippyctl.telemetry.otlp_export import OtlpTelemetry
 
     pipeline = host.pipeline
