@@ -1,45 +1,51 @@
-"""The `skippyctl` command: one Typer app composed from one module per command group."""
+"""The `skippyctl` command: one Typer app whose commands (one module per command group) are
+imported only when they run (`skippyctl.cli.lazy_group`).
+
+Importing this module imports Typer and nothing of the commands: `skippyctl --version` and a
+script's `skippyctl ps --json` pay only for what they use. `--help` lists every command, so it
+loads them all.
+"""
 
 from __future__ import annotations
+
+from typing import Final
 
 import typer
 
 from skippyctl import __version__
-from skippyctl.cli.diagnostics import diagnostics_app
-from skippyctl.cli.doctor import doctor_command
-from skippyctl.cli.events import events_app
-from skippyctl.cli.fixtures import fixtures_app
-from skippyctl.cli.generate import generate_command
-from skippyctl.cli.load import load_command
-from skippyctl.cli.ps import ps_command
-from skippyctl.cli.pull import pull_command
-from skippyctl.cli.runtime import runtime_app
-from skippyctl.cli.stage import stage_app
-from skippyctl.cli.tui import tui_command
-from skippyctl.cli.unload import unload_command
-from skippyctl.cli.wait import wait_command
+from skippyctl.cli.lazy_group import CommandRef, LazyGroup
+
+COMMANDS: Final = {
+    "pull": CommandRef("skippyctl.cli.pull", "pull_command"),
+    "load": CommandRef("skippyctl.cli.load", "load_command"),
+    "unload": CommandRef("skippyctl.cli.unload", "unload_command"),
+    "ps": CommandRef("skippyctl.cli.ps", "ps_command"),
+    "status": CommandRef("skippyctl.cli.ps", "ps_command"),
+    "wait": CommandRef("skippyctl.cli.wait", "wait_command"),
+    "generate": CommandRef("skippyctl.cli.generate", "generate_command"),
+    "doctor": CommandRef("skippyctl.cli.doctor", "doctor_command"),
+    "tui": CommandRef("skippyctl.cli.tui", "tui_command"),
+    "top": CommandRef("skippyctl.cli.tui", "tui_command"),
+    "fixtures": CommandRef("skippyctl.cli.fixtures", "fixtures_app"),
+    "events": CommandRef("skippyctl.cli.events", "events_app"),
+    "runtime": CommandRef("skippyctl.cli.runtime", "runtime_app"),
+    "stage": CommandRef("skippyctl.cli.stage", "stage_app"),
+    "diagnostics": CommandRef("skippyctl.cli.diagnostics", "diagnostics_app"),
+}
+"""Every command by name, in the order `--help` lists them (`status` and `top` are aliases)."""
+
+
+class SkippyctlGroup(LazyGroup):
+    lazy_commands = COMMANDS
+
 
 app = typer.Typer(
     name="skippyctl",
+    cls=SkippyctlGroup,
     help="Operate a local llama.cpp runtime: load models and watch structured events.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-app.command("pull")(pull_command)
-app.command("load")(load_command)
-app.command("unload")(unload_command)
-app.command("ps")(ps_command)
-app.command("status")(ps_command)
-app.command("wait")(wait_command)
-app.command("generate")(generate_command)
-app.command("doctor")(doctor_command)
-app.command("tui")(tui_command)
-app.command("top")(tui_command)
-app.add_typer(fixtures_app, name="fixtures")
-app.add_typer(events_app, name="events")
-app.add_typer(runtime_app, name="runtime")
-app.add_typer(stage_app, name="stage")
-app.add_typer(diagnostics_app, name="diagnostics")
 
 
 def _version(value: bool) -> None:

@@ -36,8 +36,8 @@ import typer
 from rich.console import Console
 
 from skippyctl import __version__
-from skippyctl.cli.events import RECORD_SCHEMA_VERSION, emit_json, fail
 from skippyctl.cli.exit_codes import ExitCode
+from skippyctl.cli.output import RECORD_SCHEMA_VERSION, emit_json, fail
 from skippyctl.output.codec import event_record
 from skippyctl.output.redact import redact
 
@@ -61,23 +61,25 @@ def _ndjson(records: list[dict[str, Any]]) -> str:
 
 def _follow(client: RuntimeClient, seconds: float) -> tuple[list[dict[str, Any]], bool]:
     """The live stream's events for `seconds` (codec records); whether the bound cut it."""
-    from skippyctl.cli.common import LiveStream, StreamEnded
+    from skippyctl.cli.feeds import LiveStream, StreamItem
+    from skippyctl.cli.follow import Deadline, follow
 
     stream = LiveStream(client)
     stream.wait_connected(5.0)
     records: list[dict[str, Any]] = []
-    deadline = time.monotonic() + seconds
-    while (left := deadline - time.monotonic()) > 0:
-        try:
-            item = stream.next(min(left, 0.25))
-        except StreamEnded:
-            break
-        if item is None:
-            continue
+
+    def show(item: StreamItem) -> None:
         records.append(event_record(item.event, seq=item.sequence, cursor=item.cursor))
-        if len(records) >= MAX_STREAM_EVENTS:
-            return records, True
-    return records, False
+
+    cut = follow(
+        stream,
+        show=show,
+        ends=lambda _item: True if len(records) >= MAX_STREAM_EVENTS else None,
+        stream_ended=lambda _ended: False,
+        deadline=Deadline(time.monotonic() + seconds, lambda: False),
+        poll_s=0.25,
+    )
+    return records, cut
 
 
 def _write_bundle(out: Path, members: dict[str, str]) -> int:
@@ -136,8 +138,8 @@ def record_command(
         skippyctl diagnostics record --seconds 10 --out /tmp/skippy.tar.gz
         tar -xzOf /tmp/skippy.tar.gz stream.ndjson | jq -c 'select(.event == "warning_raised")'
     """
+    from skippyctl.cli.attach import attach_or_exit
     from skippyctl.cli.doctor import doctor_records, run_checks
-    from skippyctl.cli.events import attach_or_exit
     from skippyctl.cli.settings import runtime_settings
     from skippyctl.client.http import ApiError, RuntimeUnreachable
 

@@ -12,8 +12,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from skippyctl.cli.events import RECORD_SCHEMA_VERSION, emit_json
 from skippyctl.cli.exit_codes import ExitCode
+from skippyctl.cli.output import RECORD_SCHEMA_VERSION, emit_json
 from skippyctl.cli.settings import runtime_settings
 from skippyctl.config.runtime_settings import RuntimeSettings
 

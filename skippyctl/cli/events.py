@@ -1,18 +1,15 @@
 """`skippyctl events …`: discover event ids, replay what the runtime retained, follow the stream.
 
 `skippyctl events` (no sub-command) replays the retained events and, with `--follow`, keeps
-following; `skippyctl events catalog` lists every event id. The helpers here (`attach_or_exit`,
-`emit_json`, `error_record`, `event_line`) are shared by the other attached commands (`ps`,
-`wait`, `unload`, `generate`); the event stream itself is `skippyctl.cli.common.LiveStream`.
+following; `skippyctl events catalog` lists every event id.
 """
 
 from __future__ import annotations
 
 import re
-import sys
 import time
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Annotated, Any, Final, NoReturn
+from collections.abc import Callable, Iterable
+from typing import Annotated, Final
 
 import orjson
 import typer
@@ -20,99 +17,18 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from skippyctl.cli.common import InterruptRequests, LiveStream, StreamEnded
+from skippyctl.cli.attach import attach_or_exit
 from skippyctl.cli.exit_codes import ExitCode
-from skippyctl.cli.settings import runtime_settings
+from skippyctl.cli.feeds import LiveStream, StreamEnded, StreamItem
+from skippyctl.cli.follow import InterruptRequests, follow
+from skippyctl.cli.output import stderr_console
+from skippyctl.cli.presenters import records_or_lines
 from skippyctl.events.catalog import CATALOG, EventId
-from skippyctl.events.envelope import Event
-from skippyctl.events.reasons import Category, Severity
-from skippyctl.output.codec import event_record
-
-if TYPE_CHECKING:
-    from skippyctl.client.http import RuntimeClient
-    from skippyctl.config.runtime_settings import RuntimeSettings
+from skippyctl.events.reasons import Category
 
 events_app = typer.Typer(invoke_without_command=True)  # help: events_command's docstring
-_err = Console(stderr=True, highlight=False, soft_wrap=True)
-RECORD_SCHEMA_VERSION: Final = 1
-_SEVERITY_STYLES: Final[dict[Severity, str]] = {
-    Severity.TRACE: "dim",
-    Severity.DEBUG: "dim",
-    Severity.INFO: "default",
-    Severity.WARNING: "yellow",
-    Severity.ERROR: "red",
-    Severity.FATAL: "bold red",
-}
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
 _UNITS_S: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-# -- shared by the attached commands ------------------------------------------------------------
-
-
-def emit_json(record: dict[str, Any]) -> None:
-    """One JSON object on its own line on stdout, flushed (so `jq` sees it live)."""
-    sys.stdout.buffer.write(orjson.dumps(record) + b"\n")
-    sys.stdout.buffer.flush()
-
-
-def error_record(command: str, code: ExitCode, message: str, reason: str | None) -> dict[str, Any]:
-    """The `--json` record a command prints when it fails without an event saying why."""
-    record: dict[str, Any] = {
-        "schema_version": RECORD_SCHEMA_VERSION,
-        "record": "error",
-        "command": command,
-        "exit_code": int(code),
-        "message": message,
-    }
-    if reason is not None:
-        record["reason_code"] = reason
-    return record
-
-
-def fail(
-    command: str,
-    code: ExitCode,
-    message: str,
-    json_output: bool,
-    reason: str | None = None,
-    hint: str | None = None,
-) -> NoReturn:
-    """Say why on stderr (and as an error record with --json), then exit with `code`.
-
-    `hint` goes to stderr only (it may name a local path, which JSON records never carry)."""
-    if json_output:
-        emit_json(error_record(command, code, message, reason))
-    _err.print(f"[red]✗[/] {escape(message)}")
-    if hint:
-        _err.print(f"  {escape(hint)}")
-    raise typer.Exit(int(code))
-
-
-def runtime_dir_hint(settings: RuntimeSettings) -> str:
-    """Where the runtime directory is, for people (stderr only)."""
-    from skippyctl.client.discovery import runtime_dir
-
-    return f"runtime directory: {runtime_dir(settings)} (SKIPPY_RUNTIME_DIR overrides it)"
-
-
-def attach_or_exit(command: str, json_output: bool, autostart: bool = True) -> RuntimeClient:
-    """Launch-or-attach; exit 3 (with a message, never a traceback) when no runtime answers,
-    10 when a setting is invalid (SKIPPY_PORT, …: cli/settings.py)."""
-    from skippyctl.client.http import RuntimeUnreachable
-    from skippyctl.client.launch import connect
-
-    settings = runtime_settings(command, json_output)
-    try:
-        return connect(settings, autostart=autostart)
-    except RuntimeUnreachable as error:
-        fail(
-            command,
-            ExitCode.RUNTIME_UNREACHABLE,
-            str(error),
-            json_output,
-            hint=runtime_dir_hint(settings),
-        )
 
 
 def sequence_of(cursor: str | None) -> int | None:
@@ -126,28 +42,6 @@ def sequence_of(cursor: str | None) -> int | None:
         return int(parts[2])
     except ValueError:
         return None
-
-
-def matches_model(event: Event, model: str | None) -> bool:
-    model_id = event.scope.model_id
-    return model is None or (model_id is not None and str(model_id) == model)
-
-
-def event_line(event: Event, console: Console) -> None:
-    """One coloured line per event: time, severity, id, scope, summary."""
-    record = event_record(event)
-    stamp = record["ts"][11:23]
-    style = _SEVERITY_STYLES[event.severity]
-    scope = " ".join(
-        f"{key.removesuffix('_id')}={record[key]}"
-        for key in ("model_id", "session_id", "request_id", "device_id", "stage_id", "plugin_id")
-        if key in record
-    )
-    console.print(
-        f"[dim]{stamp}[/] [{style}]{event.severity.value:<7} {event.id.value}[/]"
-        f"{' [cyan]' + escape(scope) + '[/]' if scope else ''} [dim]·[/] "
-        f"{escape(str(record['summary']))}"
-    )
 
 
 # -- `skippyctl events catalog` -----------------------------------------------------------------
@@ -236,7 +130,7 @@ REPLAY_IDLE_S: Final = 0.5
 @events_app.callback()
 def events_command(
     ctx: typer.Context,
-    follow: Annotated[
+    follow_on: Annotated[
         bool, typer.Option("--follow", "-f", help="Keep following new events after the replay.")
     ] = False,
     category: Annotated[
@@ -297,59 +191,89 @@ def events_command(
     wanted_categories = frozenset(category or ())
     client = attach_or_exit("events", json_output)
     cursor, not_before = _since(since, client.discovery.process_instance_id)
-    out = Console(highlight=False, soft_wrap=True)
-    code = ExitCode.SUCCESS
+    err = stderr_console()
     stream = LiveStream(client, cursor)
-    shown = 0
+    present = records_or_lines(json_output, Console(highlight=False, soft_wrap=True))
+    run = _Run(stream, follow_on, limit, present)
+
+    def relevant(item: StreamItem) -> bool:
+        event, model_id = item.event, item.event.scope.model_id
+        return (
+            (not wanted_ids or event.id in wanted_ids)
+            and (not wanted_categories or event.category in wanted_categories)
+            and (model is None or (model_id is not None and str(model_id) == model))
+            and (not_before is None or event.wall_ns / 1e9 >= not_before)
+        )
+
+    def stream_ended(ended: StreamEnded) -> ExitCode:
+        err.print(f"[red]✗[/] {escape(str(ended))}")
+        return ExitCode.RUNTIME_UNREACHABLE
+
     try:
         with InterruptRequests() as interrupts:
-            idle_since = time.monotonic()
-            while True:
-                if interrupts.count:
-                    code = ExitCode.CANCELLED
-                    break
-                try:
-                    item = stream.next(0.1)
-                except StreamEnded as ended:
-                    _err.print(f"[red]✗[/] {escape(str(ended))}")
-                    code = ExitCode.RUNTIME_UNREACHABLE
-                    break
-                if item is None:
-                    if not follow and _replay_done(stream, idle_since):
-                        break
-                    continue
-                idle_since = time.monotonic()
-                event = item.event
-                live = stream.state_sequence is not None and item.sequence > stream.state_sequence
-                if not follow and live:
-                    break  # a live event: the replay is over
-                if wanted_ids and event.id not in wanted_ids:
-                    continue
-                if wanted_categories and event.category not in wanted_categories:
-                    continue
-                if not matches_model(event, model):
-                    continue
-                if not_before is not None and event.wall_ns / 1e9 < not_before:
-                    continue
-                shown += 1
-                if json_output:
-                    emit_json(event_record(event, item.sequence, item.cursor))
-                else:
-                    event_line(event, out)
-                if limit is not None and shown >= limit:
-                    break
-                if not follow and item.sequence >= (stream.state_sequence or 0):
-                    break
+            code = follow(
+                stream,
+                relevant=relevant,
+                show=run.show,
+                ends=run.ends,
+                watch=run.watch,
+                stream_ended=stream_ended,
+                interrupts=interrupts,
+                on_interrupt=lambda _count: ExitCode.CANCELLED,
+            )
     finally:
         client.close()
     for gap in stream.gaps:
-        _err.print(
+        err.print(
             f"[yellow]![/] replay gap ({gap.get('reason')}): the oldest retained event is "
             f"{gap.get('oldest_available')}"
         )
     if stream.last_cursor:
-        _err.print(f"{shown} event(s); resume with --since {stream.last_cursor}")
+        err.print(f"{run.shown} event(s); resume with --since {stream.last_cursor}")
     raise typer.Exit(int(code))
+
+
+class _Run:
+    """What ends `skippyctl events`: without --follow, the end of the replay (a live event, the
+    position the `runtime_state` frame described, or a quiet moment); with --limit, the N-th
+    shown event."""
+
+    def __init__(
+        self,
+        stream: LiveStream,
+        follow_on: bool,
+        limit: int | None,
+        present: Callable[[StreamItem], None],
+    ) -> None:
+        self.stream = stream
+        self.follow_on = follow_on
+        self.limit = limit
+        self.present = present
+        self.shown = 0
+        self.idle_since = time.monotonic()
+
+    def watch(self, item: StreamItem | None) -> ExitCode | None:
+        """Every poll, before the filters: a quiet one may end the replay, a live event does."""
+        if item is None:
+            if not self.follow_on and _replay_done(self.stream, self.idle_since):
+                return ExitCode.SUCCESS
+            return None
+        self.idle_since = time.monotonic()
+        state_sequence = self.stream.state_sequence
+        if not self.follow_on and state_sequence is not None and item.sequence > state_sequence:
+            return ExitCode.SUCCESS  # a live event: the replay is over
+        return None
+
+    def show(self, item: StreamItem) -> None:
+        self.shown += 1
+        self.present(item)
+
+    def ends(self, item: StreamItem) -> ExitCode | None:
+        if self.limit is not None and self.shown >= self.limit:
+            return ExitCode.SUCCESS
+        if not self.follow_on and item.sequence >= (self.stream.state_sequence or 0):
+            return ExitCode.SUCCESS
+        return None
 
 
 def _replay_done(stream: LiveStream, idle_since: float) -> bool:

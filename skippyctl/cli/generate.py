@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Callable
 from queue import Empty, SimpleQueue
 from typing import TYPE_CHECKING, Annotated, Any, Final
 
@@ -20,9 +21,11 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from skippyctl.cli.common import InterruptRequests, LiveStream, StreamEnded, StreamItem
-from skippyctl.cli.events import RECORD_SCHEMA_VERSION, attach_or_exit, emit_json, error_record
+from skippyctl.cli.attach import attach_or_exit
 from skippyctl.cli.exit_codes import ExitCode, exit_code_for_text
+from skippyctl.cli.feeds import LiveStream, StreamEnded, StreamItem
+from skippyctl.cli.follow import InterruptRequests, follow
+from skippyctl.cli.output import RECORD_SCHEMA_VERSION, emit_json, error_record
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event, SummaryKey
 from skippyctl.events.reasons import Category
@@ -60,6 +63,7 @@ class _Completion:
             base_url=client.discovery.url,
             headers=headers,
             timeout=httpx.Timeout(30.0, read=None),
+            trust_env=False,  # the runtime is reached directly, never through a proxy
         )
         self._body = body
         self._closed = threading.Event()
@@ -243,64 +247,28 @@ def generate_command(
     stream.wait_connected()
     lifecycle = _Lifecycle(model)
     completion = _Completion(client, body, session)
-    code, message = ExitCode.SUCCESS, ""
-    wrote_text = False
+    run = _Run(completion, lifecycle, json_output)
     receipt: dict[str, Any] | None = None
     try:
         with InterruptRequests() as interrupts:
-            text_done_at: float | None = None
-            while True:
-                if interrupts.count:
-                    completion.close()
-                    code, message = ExitCode.CANCELLED, "cancelled"
-                    break
-                _drain_events(stream, lifecycle, json_output)
-                if text_done_at is not None and (
-                    lifecycle.terminal is not None
-                    or time.monotonic() - text_done_at > EVENTS_GRACE_S
-                ):
-                    break
-                try:
-                    kind, payload = completion.queue.get(timeout=0.05)
-                except Empty:
-                    continue
-                if kind == "request_id":
-                    for event in lifecycle.bind(str(payload)) if payload else ():
-                        if json_output:
-                            emit_json(event_record(event))
-                    continue
-                if kind == "text":
-                    wrote_text = True
-                    if json_output:
-                        emit_json(
-                            {
-                                "schema_version": RECORD_SCHEMA_VERSION,
-                                "record": "output",
-                                "text": payload,
-                            }
-                        )
-                    else:
-                        sys.stdout.write(payload)
-                        sys.stdout.flush()
-                    continue
-                if kind == "error":
-                    reason = payload.get("reason_code")
-                    code = exit_code_for_text(reason)
-                    message = str(payload.get("message") or "generation failed")
-                    if json_output:
-                        emit_json(error_record("generate", code, message, reason))
-                elif kind == "broken":
-                    code, message = ExitCode.RUNTIME_UNREACHABLE, str(payload)
-                text_done_at = time.monotonic()
+            code, message = follow(
+                _TextAndEvents(stream, completion, run.take),
+                relevant=lambda item: lifecycle.take(item.event),
+                show=run.show,
+                ends=lambda _item: None,  # the text's end and the request's terminal: `over`
+                watch=run.over,
+                stream_ended=lambda ended: (ExitCode.RUNTIME_UNREACHABLE, str(ended)),
+                interrupts=interrupts,
+                on_interrupt=run.cancel,
+                poll_s=TEXT_POLL_S,
+            )
         receipt = _receipt(client, lifecycle)
         if receipt is not None and json_output:
             emit_json({"schema_version": RECORD_SCHEMA_VERSION, "record": "receipt", **receipt})
     finally:
         completion.close()
         client.close()
-    if wrote_text and not json_output:
-        sys.stdout.write("\n")
-        sys.stdout.flush()
+    run.end_text_line()
     summary = lifecycle.summary()
     if receipt is not None:
         summary = " · ".join(part for part in (summary, _receipt_summary(receipt)) if part)
@@ -350,15 +318,122 @@ def _receipt_summary(receipt: dict[str, Any]) -> str:
     return " · ".join(parts)
 
 
-def _drain_events(stream: LiveStream, lifecycle: _Lifecycle, json_output: bool) -> None:
-    while True:
-        try:
-            item: StreamItem | None = stream.next(0)
-        except StreamEnded:
+TEXT_POLL_S: Final = 0.05
+"""How long one turn waits for the completion's next text."""
+
+
+class _TextAndEvents:
+    """The feed `generate` follows: the runtime's event stream and, whenever no event is ready,
+    the completion's text, each item handed to `take` as it arrives (so the text streams as it
+    is generated; `next` then returns None). After every wait for text the events that arrived
+    meanwhile come first, then one quiet turn (None) on which `generate` asks whether it is over.
+    The event stream ending is not the end of the command: it stops giving events, and the
+    completion still decides."""
+
+    def __init__(
+        self, stream: LiveStream, completion: _Completion, take: Callable[[str, Any], None]
+    ) -> None:
+        self._stream = stream
+        self._completion = completion
+        self._take = take
+        self._events_over = False
+        self._waited = False
+
+    def next(self, timeout_s: float) -> StreamItem | None:
+        while True:
+            item = self._ready_event()
+            if item is not None:
+                return item
+            if self._waited:
+                self._waited = False
+                return None
+            try:
+                kind, payload = self._completion.queue.get(timeout=timeout_s)
+            except Empty:
+                pass
+            else:
+                self._take(kind, payload)
+            self._waited = True
+
+    def _ready_event(self) -> StreamItem | None:
+        while not self._events_over:
+            try:
+                item = self._stream.next(0)
+            except StreamEnded:
+                self._events_over = True
+                return None
+            if item is not None:
+                return item
+            if self._stream.reader.queue.empty():
+                return None
+        return None
+
+
+class _Run:
+    """What `generate` has seen: the completion's items (`take`) and the request's events
+    (`show`); `over` says when it has ended (the text ended, and the request's terminal event
+    arrived or EVENTS_GRACE_S passed); `cancel` is Ctrl-C (the runtime cancels a request whose
+    connection closes)."""
+
+    def __init__(self, completion: _Completion, lifecycle: _Lifecycle, json_output: bool) -> None:
+        self.completion = completion
+        self.lifecycle = lifecycle
+        self.json_output = json_output
+        self.code = ExitCode.SUCCESS
+        self.message = ""
+        self.line_open = False
+        self.text_done_at: float | None = None
+
+    def take(self, kind: str, payload: Any) -> None:
+        if kind == "request_id":
+            for event in self.lifecycle.bind(str(payload)) if payload else ():
+                if self.json_output:
+                    emit_json(event_record(event))
             return
-        if item is None:
-            if stream.reader.queue.empty():
-                return
-            continue
-        if lifecycle.take(item.event) and json_output:
+        if kind == "text":
+            if self.json_output:
+                emit_json(
+                    {"schema_version": RECORD_SCHEMA_VERSION, "record": "output", "text": payload}
+                )
+            else:
+                sys.stdout.write(payload)
+                sys.stdout.flush()
+                self.line_open = True
+            return
+        if kind == "error":
+            reason = payload.get("reason_code")
+            self.code = exit_code_for_text(reason)
+            self.message = str(payload.get("message") or "generation failed")
+            if self.json_output:
+                emit_json(error_record("generate", self.code, self.message, reason))
+        elif kind == "broken":
+            self.code, self.message = ExitCode.RUNTIME_UNREACHABLE, str(payload)
+        self.text_done_at = time.monotonic()
+        self.end_text_line()
+
+    def end_text_line(self) -> None:
+        """People's text ends with a newline as soon as it ends: the summary on stderr (after
+        the wait for the request's terminal event and receipt) always starts a line of its own."""
+        if self.line_open:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+            self.line_open = False
+
+    def show(self, item: StreamItem) -> None:
+        if self.json_output:
             emit_json(event_record(item.event, item.sequence, item.cursor))
+
+    def over(self, item: StreamItem | None) -> tuple[ExitCode, str] | None:
+        if item is not None or self.text_done_at is None:
+            return None
+        if (
+            self.lifecycle.terminal is not None
+            or time.monotonic() - self.text_done_at > EVENTS_GRACE_S
+        ):
+            return self.code, self.message
+        return None
+
+    def cancel(self, _count: int) -> tuple[ExitCode, str]:
+        self.completion.close()
+        self.end_text_line()
+        return ExitCode.CANCELLED, "cancelled"

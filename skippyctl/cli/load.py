@@ -7,7 +7,6 @@ process). Either way the same events are shown, and the exit code comes from the
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
@@ -17,17 +16,12 @@ from rich.console import Console
 
 from skippyctl.acquisition.artifacts import split_parts
 from skippyctl.acquisition.references import is_remote_ref
-from skippyctl.cli.common import (
-    EventFeed,
-    InterruptRequests,
-    LiveStream,
-    StreamEnded,
-    SubscriptionFeed,
-    plugin_specs,
-)
-from skippyctl.cli.events import fail
 from skippyctl.cli.exit_codes import ExitCode, exit_code_for, exit_code_for_text
+from skippyctl.cli.feeds import EventFeed, LiveStream, StreamItem, SubscriptionFeed
+from skippyctl.cli.follow import CancelThenForce, InterruptRequests, every_event, follow
 from skippyctl.cli.load_flags import load_flags
+from skippyctl.cli.output import fail
+from skippyctl.cli.plugin_flags import plugin_specs
 from skippyctl.cli.presenters import (
     LoadProgressPresenter,
     NdjsonPresenter,
@@ -250,27 +244,29 @@ def _follow(
     cancel: Callable[[], None],
     everything: bool = False,
 ) -> tuple[ExitCode, str]:
-    cancel_requested_at: float | None = None
-    while True:
-        if interrupts.count and cancel_requested_at is None:
-            cancel_requested_at = time.monotonic()
-            cancel()
-        if cancel_requested_at is not None and (
-            interrupts.count > 1 or time.monotonic() - cancel_requested_at > FORCE_QUIT_AFTER_S
-        ):
-            return ExitCode.CANCELLED, "cancelled (forced)"
-        try:
-            fed = feed.next(0.1)
-        except StreamEnded as closed:
-            return ExitCode.RUNTIME_UNREACHABLE, f"{closed} before the load ended"
-        if fed is None or not (everything or _relevant(fed.event, operation, model_id)):
-            continue
-        event = fed.event
-        presenter.show(event, fed.sequence)
+    def ends(item: StreamItem) -> tuple[ExitCode, str] | None:
+        event = item.event
         if event.operation_id != operation or event.id not in TERMINALS:
-            continue
+            return None
         if event.id is EventId.MODEL_AVAILABLE:
             return ExitCode.SUCCESS, f"{model_id}: {render_summary(event)}"
         reason = event.reason_code.value if event.reason_code else "unknown_failure"
         detail = problem or reason_message(reason)
         return exit_code_for(event.reason_code), f"{event.id.value} ({reason}): {detail}"
+
+    return follow(
+        feed,
+        relevant=every_event
+        if everything
+        else lambda item: _relevant(item.event, operation, model_id),
+        show=lambda item: presenter.show(item.event, item.sequence),
+        ends=ends,
+        stream_ended=lambda closed: (
+            ExitCode.RUNTIME_UNREACHABLE,
+            f"{closed} before the load ended",
+        ),
+        interrupts=interrupts,
+        on_interrupt=CancelThenForce(
+            cancel, (ExitCode.CANCELLED, "cancelled (forced)"), FORCE_QUIT_AFTER_S
+        ),
+    )

@@ -1,4 +1,5 @@
-"""Terminal presenters for an event stream: NDJSON on stdout, or a Rich progress bar on stderr.
+"""Terminal presenters for an event stream: NDJSON on stdout, one line per event, or a Rich
+progress bar on stderr.
 
 Presentation lives with the CLI (it needs Rich); the projections it shows (the `--json` record,
 the human summary) come from skippyctl.output, which imports no UI framework.
@@ -7,9 +8,11 @@ the human summary) come from skippyctl.output, which imports no UI framework.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import BinaryIO, Final, Protocol
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -20,6 +23,8 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
+from skippyctl.cli.feeds import StreamItem
+from skippyctl.cli.output import emit_json
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event
 from skippyctl.events.reasons import Category, Severity
@@ -44,6 +49,46 @@ class NdjsonPresenter:
 
     def close(self) -> None:
         self._stream.flush()
+
+
+_SEVERITY_STYLES: Final[dict[Severity, str]] = {
+    Severity.TRACE: "dim",
+    Severity.DEBUG: "dim",
+    Severity.INFO: "default",
+    Severity.WARNING: "yellow",
+    Severity.ERROR: "red",
+    Severity.FATAL: "bold red",
+}
+
+
+def event_line(event: Event, console: Console) -> None:
+    """One coloured line per event: time, severity, id, scope, summary."""
+    record = event_record(event)
+    stamp = record["ts"][11:23]
+    style = _SEVERITY_STYLES[event.severity]
+    scope = " ".join(
+        f"{key.removesuffix('_id')}={record[key]}"
+        for key in ("model_id", "session_id", "request_id", "device_id", "stage_id", "plugin_id")
+        if key in record
+    )
+    console.print(
+        f"[dim]{stamp}[/] [{style}]{event.severity.value:<7} {event.id.value}[/]"
+        f"{' [cyan]' + escape(scope) + '[/]' if scope else ''} [dim]·[/] "
+        f"{escape(str(record['summary']))}"
+    )
+
+
+def records_or_lines(json_output: bool, console: Console) -> Callable[[StreamItem], None]:
+    """The presenter of `events` and `unload`: each followed event as its record (with `seq`
+    and `cursor`) on stdout under `--json`, else as one line on `console`."""
+
+    def show(item: StreamItem) -> None:
+        if json_output:
+            emit_json(event_record(item.event, item.sequence, item.cursor))
+        else:
+            event_line(item.event, console)
+
+    return show
 
 
 _PHASES: Final[dict[EventId, str]] = {

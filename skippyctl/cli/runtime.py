@@ -11,9 +11,10 @@ import orjson
 import typer
 from rich.console import Console
 
-from skippyctl.cli.common import plugin_specs
-from skippyctl.cli.events import fail, runtime_dir_hint
+from skippyctl.cli.attach import runtime_dir_hint
 from skippyctl.cli.exit_codes import ExitCode
+from skippyctl.cli.output import fail
+from skippyctl.cli.plugin_flags import plugin_specs
 from skippyctl.cli.settings import runtime_settings
 from skippyctl.client.discovery import (
     UNUSABLE_DIRECTORY,

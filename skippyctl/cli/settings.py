@@ -38,8 +38,8 @@ def runtime_settings(command: str, json_output: bool = False) -> RuntimeSettings
         remember_settings()
     read = _read_at_start
     if isinstance(read, InvalidSettings):
-        from skippyctl.cli.events import fail
         from skippyctl.cli.exit_codes import ExitCode
+        from skippyctl.cli.output import fail
 
         fail(command, ExitCode.INVALID_CONFIGURATION, str(read), json_output, INVALID_CONFIGURATION)
     assert read is not None

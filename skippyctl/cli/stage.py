@@ -25,8 +25,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from skippyctl.cli.events import emit_json, fail
 from skippyctl.cli.exit_codes import ExitCode, exit_code_for
+from skippyctl.cli.output import emit_json, fail
 from skippyctl.cli.presenters import NdjsonPresenter
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event

@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from skippyctl.cli.events import attach_or_exit
+from skippyctl.cli.attach import attach_or_exit
 from skippyctl.cli.exit_codes import ExitCode
 from skippyctl.cli.settings import runtime_settings
 

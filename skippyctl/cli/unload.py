@@ -9,13 +9,15 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from skippyctl.cli.common import InterruptRequests, LiveStream, StreamEnded
-from skippyctl.cli.events import attach_or_exit, emit_json, error_record, event_line
+from skippyctl.cli.attach import attach_or_exit
 from skippyctl.cli.exit_codes import ExitCode, exit_code_for, exit_code_for_text
+from skippyctl.cli.feeds import LiveStream, StreamItem
+from skippyctl.cli.follow import InterruptRequests, follow
+from skippyctl.cli.output import emit_json, error_record
+from skippyctl.cli.presenters import records_or_lines
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event
 from skippyctl.events.reasons import Category
-from skippyctl.output.codec import event_record
 from skippyctl.output.summary import reason_message
 
 _RELEVANT: Final = frozenset({Category.MODEL_UNLOADING, Category.MODEL_AVAILABILITY})
@@ -100,26 +102,30 @@ def _follow(
     err: Console,
 ) -> tuple[ExitCode, str]:
     started = time.monotonic()
-    while True:
-        if interrupts.count:
-            return ExitCode.CANCELLED, "stopped following (the unload goes on in the runtime)"
-        try:
-            item = stream.next(0.1)
-        except StreamEnded as ended:
-            return ExitCode.RUNTIME_UNREACHABLE, f"{ended} before the unload ended"
-        if item is None or not _relevant(item.event, operation, model_id):
-            continue
+
+    def ends(item: StreamItem) -> tuple[ExitCode, str] | None:
         event = item.event
-        if json_output:
-            emit_json(event_record(event, item.sequence, item.cursor))
-        else:
-            event_line(event, err)
         if event.id not in _TERMINALS:
-            continue
+            return None
         if event.id is EventId.UNLOAD_COMPLETED:
             took = time.monotonic() - started
             return ExitCode.SUCCESS, f"{model_id}: unloaded ({took:.1f} s)"
         reason = event.reason_code.value if event.reason_code else "unknown_failure"
-        return exit_code_for(
-            event.reason_code
-        ), f"unload_failed ({reason}): {reason_message(reason)}"
+        message = f"unload_failed ({reason}): {reason_message(reason)}"
+        return exit_code_for(event.reason_code), message
+
+    return follow(
+        stream,
+        relevant=lambda item: _relevant(item.event, operation, model_id),
+        show=records_or_lines(json_output, err),
+        ends=ends,
+        stream_ended=lambda ended: (
+            ExitCode.RUNTIME_UNREACHABLE,
+            f"{ended} before the unload ended",
+        ),
+        interrupts=interrupts,
+        on_interrupt=lambda _count: (
+            ExitCode.CANCELLED,
+            "stopped following (the unload goes on in the runtime)",
+        ),
+    )

@@ -15,9 +15,11 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from skippyctl.cli.common import InterruptRequests, LiveStream, StreamEnded
-from skippyctl.cli.events import RECORD_SCHEMA_VERSION, attach_or_exit, emit_json
+from skippyctl.cli.attach import attach_or_exit
 from skippyctl.cli.exit_codes import ExitCode, exit_code_for
+from skippyctl.cli.feeds import LiveStream, StreamItem
+from skippyctl.cli.follow import Deadline, InterruptRequests, follow
+from skippyctl.cli.output import RECORD_SCHEMA_VERSION, emit_json
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event
 from skippyctl.events.reasons import ReasonCode
@@ -220,36 +222,25 @@ def _wait(
     interrupts: InterruptRequests,
 ) -> dict[str, Any]:
     checked_state = False
-    while True:
-        if interrupts.count:
-            return _record("cancelled", ExitCode.CANCELLED, None, "interrupt", message="cancelled")
-        if timeout is not None and time.monotonic() - started >= timeout:
-            return _record(
-                "timeout",
-                ExitCode.TIMEOUT,
-                None,
-                "timeout",
-                message=f"no condition held within {timeout:g} s",
-            )
-        try:
-            item = stream.next(0.1)
-        except StreamEnded as ended:
-            return _record(
-                "unreachable", ExitCode.RUNTIME_UNREACHABLE, None, "stream", message=str(ended)
-            )
-        if not checked_state and stream.state is not None:
-            checked_state = True
-            for condition in failing:
-                holds, known = condition.holds_in(stream.state)
-                if holds:
-                    code = exit_code_for(None if known is None else known.member)
-                    text = None if known is None else known.text
-                    return _record("failed", code, condition, "state", text)
-            for condition in wanted:
-                if condition.holds_in(stream.state)[0]:
-                    return _record("matched", ExitCode.SUCCESS, condition, "state")
-        if item is None:
-            continue
+
+    def watch(_item: StreamItem | None) -> dict[str, Any] | None:
+        """The current state, once: the stream's `runtime_state` frame, checked as it arrives."""
+        nonlocal checked_state
+        if checked_state or stream.state is None:
+            return None
+        checked_state = True
+        for condition in failing:
+            holds, known = condition.holds_in(stream.state)
+            if holds:
+                code = exit_code_for(None if known is None else known.member)
+                text = None if known is None else known.text
+                return _record("failed", code, condition, "state", text)
+        for condition in wanted:
+            if condition.holds_in(stream.state)[0]:
+                return _record("matched", ExitCode.SUCCESS, condition, "state")
+        return None
+
+    def ends(item: StreamItem) -> dict[str, Any] | None:
         event = item.event
         for condition in failing:
             if condition.holds_for(event):
@@ -264,3 +255,26 @@ def _wait(
                 record = _record("matched", ExitCode.SUCCESS, condition, "event")
                 record["event"] = event_record(event, item.sequence, item.cursor)
                 return record
+        return None
+
+    deadline: Deadline[dict[str, Any]] | None = None
+    if timeout is not None:
+        message = f"no condition held within {timeout:g} s"
+        deadline = Deadline(
+            started + timeout,
+            lambda: _record("timeout", ExitCode.TIMEOUT, None, "timeout", message=message),
+        )
+    return follow(
+        stream,
+        show=lambda _item: None,
+        ends=ends,
+        watch=watch,
+        stream_ended=lambda ended: _record(
+            "unreachable", ExitCode.RUNTIME_UNREACHABLE, None, "stream", message=str(ended)
+        ),
+        interrupts=interrupts,
+        on_interrupt=lambda _count: _record(
+            "cancelled", ExitCode.CANCELLED, None, "interrupt", message="cancelled"
+        ),
+        deadline=deadline,
+    )

@@ -4,23 +4,38 @@
 finds or starts one). Transport errors surface as `RuntimeUnreachable` (the CLI maps it to its
 exit code), API errors as `ApiError`, never as a raw traceback. Messages carry no absolute
 path (they may become JSON error records).
+
+A request and its answer (`state`, `load`, `health`, ...) go over the standard library's
+`http.client`, one connection each (the runtime is local, a connection costs well under a
+millisecond); only the live stream (`frames`) uses httpx, imported when a stream opens. Why:
+httpx with httpcore and h11 took ~100 ms to import and set up on this machine, half of a
+script's `skippyctl ps --json` (docs/BENCHMARKS.md section 8), which needs one request.
+Neither goes through a proxy from the environment (HTTP_PROXY, ALL_PROXY): the runtime a
+discovery file names is reached directly.
 """
 
 from __future__ import annotations
 
+import http.client
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from queue import Empty, SimpleQueue
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
+from urllib.parse import quote, urlsplit
 
-import httpx
 import orjson
 
 from skippyctl.client.discovery import Discovery
 
-if TYPE_CHECKING:  # only a type here: the client imports what a command uses when it runs
+if TYPE_CHECKING:  # types only: the client imports what a command uses when it runs
+    import httpx
+
     from skippyctl.config.load_options import LoadOptions
+
+_PATH_SAFE: Final = "/?=&:@!$'()*+,;%~"
+"""Left as they are in a request path (what httpx leaves); anything else is percent-encoded."""
+_TRANSPORT_ERRORS: Final = (OSError, http.client.HTTPException)
 
 
 class RuntimeUnreachable(Exception):
@@ -49,45 +64,68 @@ class Frame:
 class RuntimeClient:
     def __init__(self, discovery: Discovery, timeout_s: float = 30.0) -> None:
         self.discovery = discovery
-        self._http = httpx.Client(
-            base_url=discovery.url,
-            headers={"Authorization": f"Bearer {discovery.token}"},
-            timeout=timeout_s,
-        )
+        self._timeout_s = timeout_s
+        self._url = urlsplit(discovery.url)
+        self._headers = {"Authorization": f"Bearer {discovery.token}"}
+        self._lock = threading.Lock()
+        self._stream_http: httpx.Client | None = None
+        self._closed = False
 
     def close(self) -> None:
-        self._http.close()
+        with self._lock:
+            self._closed = True
+            if self._stream_http is not None:
+                self._stream_http.close()
+
+    def _exchange(
+        self, method: str, path: str, body: bytes | None = None, timeout_s: float | None = None
+    ) -> tuple[int, bytes]:
+        """One request and its whole answer on a connection of its own: (status, body).
+        Raises one of _TRANSPORT_ERRORS when the runtime cannot be reached or answers badly."""
+        https = self._url.scheme == "https"
+        connection = (http.client.HTTPSConnection if https else http.client.HTTPConnection)(
+            self._url.hostname or "",
+            self._url.port,
+            timeout=self._timeout_s if timeout_s is None else timeout_s,
+        )
+        try:
+            target = quote(self._url.path.rstrip("/") + path, safe=_PATH_SAFE)
+            connection.request(method, target, body=body, headers=self._headers)
+            response = connection.getresponse()
+            return response.status, response.read()
+        finally:
+            connection.close()
 
     def reachable(self) -> bool:
         try:
-            self._http.get("/health", timeout=2.0)
-        except httpx.HTTPError:
+            self._exchange("GET", "/health", timeout_s=2.0)
+        except _TRANSPORT_ERRORS:
             return False
         return True
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         try:
-            response = self._http.request(
-                method, path, content=None if body is None else orjson.dumps(body)
+            status, content = self._exchange(
+                method, path, None if body is None else orjson.dumps(body)
             )
-        except httpx.HTTPError as error:
+        except _TRANSPORT_ERRORS as error:
             raise RuntimeUnreachable(
                 f"the runtime at {self.discovery.url} did not answer: {error}"
             ) from error
         try:
-            payload = orjson.loads(response.content) if response.content else {}
+            payload = orjson.loads(content) if content else {}
         except orjson.JSONDecodeError:
             payload = {}
-        if response.status_code >= 400:
-            raise ApiError(response.status_code, payload if isinstance(payload, dict) else {})
+        if status >= 400:
+            raise ApiError(status, payload if isinstance(payload, dict) else {})
         return payload
 
     def health(self) -> tuple[int, dict[str, Any]]:
         try:
-            response = self._http.get("/health", timeout=5.0)
-        except httpx.HTTPError as error:
+            status, content = self._exchange("GET", "/health", timeout_s=5.0)
+        except _TRANSPORT_ERRORS as error:
             raise RuntimeUnreachable(str(error)) from error
-        return response.status_code, orjson.loads(response.content)
+        return status, orjson.loads(content)
 
     def state(self, recent: int = 0) -> dict[str, Any]:
         result: dict[str, Any] = self._call("GET", f"/api/runtime/state?recent={recent}")
@@ -137,13 +175,31 @@ class RuntimeClient:
     def shutdown(self) -> None:
         self._call("POST", "/api/runtime/shutdown", {})
 
+    def _stream_client(self) -> httpx.Client:
+        """The httpx client of the live stream, made when the first stream opens."""
+        import httpx
+
+        with self._lock:
+            if self._closed:
+                raise RuntimeUnreachable("the client was closed")
+            if self._stream_http is None:
+                self._stream_http = httpx.Client(
+                    base_url=self.discovery.url,
+                    headers=self._headers,
+                    timeout=self._timeout_s,
+                    trust_env=False,  # the runtime is reached directly, never through a proxy
+                )
+            return self._stream_http
+
     def frames(self, last_event_id: str | None = None) -> Iterator[Frame]:
         """The live stream, frame by frame (blocking). Ends when the server closes it."""
+        import httpx
+
         headers = {"Accept": "text/event-stream"}
         if last_event_id:
             headers["Last-Event-ID"] = last_event_id
         try:
-            with self._http.stream(
+            with self._stream_client().stream(
                 "GET",
                 "/api/runtime/events/v1",
                 headers=headers,

@@ -142,8 +142,6 @@ def log_path(settings: RuntimeSettings) -> Path:
 
 def start_background(options: ServeOptions, settings: RuntimeSettings) -> Discovery:
     """Start `runtime serve` detached and wait until it answers; returns its discovery."""
-    import httpx
-
     remove_if_stale(settings)
     directory = runtime_dir(settings)
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -194,12 +192,12 @@ def start_background(options: ServeOptions, settings: RuntimeSettings) -> Discov
         except DiscoveryProblem:
             discovery = None
         if discovery is not None and discovery.pid == process.pid:
+            probe = RuntimeClient(discovery)
             try:
-                httpx.get(f"{discovery.url}/health", timeout=2.0)
-            except httpx.HTTPError:
-                pass
-            else:
-                return discovery
+                if probe.reachable():
+                    return discovery
+            finally:
+                probe.close()
         time.sleep(0.05)
     process.kill()
     raise ServeError("start_timeout", f"the runtime did not answer within {START_TIMEOUT_S:.0f} s")

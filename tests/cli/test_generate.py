@@ -57,6 +57,8 @@ def test_generate_on_the_successor_model_streams_the_known_cycle(tmp_path: Path)
     expected = table.text(table.continuation(table.word_id("fox"), n))
     assert result.stdout == expected + "\n"  # the CLI ends the text with a newline
     assert "stop: length" in result.stderr  # never an end-of-generation token
+    (summary,) = result.stderr.splitlines(keepends=True)  # one line for people, ended
+    assert summary.startswith("✓ tiny-successor: ttft ") and summary.endswith("\n")
 
 
 def test_speculation_gives_the_same_cycle_and_its_receipt_counts_the_accepted_tokens(

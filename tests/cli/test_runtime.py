@@ -86,3 +86,19 @@ def test_sigterm_stops_the_runtime_in_order(isolated_runtime: Path) -> None:
         time.sleep(0.05)
     assert not discovery.exists(), "SIGTERM killed the runtime without its orderly shutdown"
     assert run_cli("runtime", "status").code == 3
+
+
+def test_the_runtime_is_reached_directly_whatever_proxy_the_environment_names() -> None:
+    """A proxy from the environment is for the world, not for the runtime on this machine:
+    httpx used to send the CLI's loopback requests to it (here a closed port), so no command
+    reached the runtime and each tried to start another one."""
+    closed = "http://127.0.0.1:9"
+    proxy = {name: closed for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")}
+    started = run_cli("ps", "--json", env=proxy)  # starts the runtime, then asks it
+    assert started.code == 0, started.stderr
+    assert orjson.loads(started.stdout)["record"] == "state"
+    streamed = run_cli("events", "--limit", "1", "--json", env=proxy)
+    assert streamed.code == 0, streamed.stderr
+    assert len(streamed.records()) == 1
+    status = run_cli("runtime", "status", "--json", env=proxy)
+    assert status.code == 0 and orjson.loads(status.stdout)["running"] is True

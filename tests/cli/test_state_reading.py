@@ -14,7 +14,7 @@ from rich.console import Console
 
 from skippy_tui import demo
 from skippyctl.cli.exit_codes import ExitCode, exit_code_for, exit_code_for_text
-from skippyctl.cli.ps import health_line, models_table
+from skippyctl.cli.state_tables import health_line, models_table
 from skippyctl.cli.wait import parse_condition
 from skippyctl.events.envelope import Event
 from skippyctl.output.state import state_document

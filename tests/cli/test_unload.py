@@ -33,3 +33,5 @@ def test_unload_follows_to_completed_then_reports_not_loaded(fixture_dir: Path) 
     assert record["reason_code"] == "missing_artifact"
     human = run_cli("unload", "tiny")
     assert human.code == 12 and human.stdout == "" and "not loaded" in human.stderr
+    spaced = run_cli("unload", "no such model", "--json")  # a path that must be encoded
+    assert spaced.code == 12 and spaced.records()[0]["reason_code"] == "missing_artifact"

@@ -149,7 +149,7 @@ def test_an_empty_document_reads_as_nothing_known() -> None:
 def test_active_warnings_and_degraded_modes_are_read_from_the_document() -> None:
     """The reducer keeps what the deriver raised; the document lists it; the reader and `ps`
     show it (and drop it once cleared)."""
-    from skippyctl.cli.ps import warnings_line
+    from skippyctl.cli.state_tables import warnings_line
     from skippyctl.events.catalog import EventId
     from skippyctl.events.envelope import LogicalId, Scope, make_event, summaries
     from skippyctl.events.reasons import DegradedMode, ReasonCode

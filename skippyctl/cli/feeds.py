@@ -1,5 +1,4 @@
-"""Pieces every command shares: Ctrl-C as a flag, the event feeds a command follows, and
-``--plugin`` values as the runtime needs them.
+"""The event feeds a command follows (`skippyctl.cli.follow`).
 
 A feed (`EventFeed`) hands out `StreamItem`s and raises `StreamEnded` once it is over. Two feeds:
 `LiveStream`, the runtime's SSE stream (attached mode: frames decoded by the wire codec, state
@@ -10,10 +9,8 @@ reason (`LiveStream.skipped`), never fatal.
 
 from __future__ import annotations
 
-import signal
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from skippyctl.events.envelope import Event
@@ -25,24 +22,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from skippyctl.client.http import FrameReader, RuntimeClient
-
-
-class InterruptRequests:
-    """Turns SIGINT into a counter the command's loop reads, so Ctrl-C never lands mid-write."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self._previous: Any = None
-
-    def __enter__(self) -> InterruptRequests:
-        self._previous = signal.signal(signal.SIGINT, self._on_signal)
-        return self
-
-    def _on_signal(self, _signum: int, _frame: object) -> None:
-        self.count += 1
-
-    def __exit__(self, *exc: object) -> None:
-        signal.signal(signal.SIGINT, self._previous)
 
 
 class StreamEnded(Exception):
@@ -137,14 +116,3 @@ class LiveStream:
         if event is None:
             return None
         return StreamItem(event, sequence, frame.cursor)
-
-
-def plugin_specs(values: list[str] | None) -> tuple[str, ...]:
-    """``--plugin`` values as the runtime takes them: a C plugin's ``.so`` that exists from here
-    made absolute (the runtime is another process with another working directory), an
-    entry-point name as given."""
-    specs = []
-    for value in values or ():
-        path = Path(value).expanduser()
-        specs.append(str(path.resolve()) if value.endswith(".so") and path.exists() else value)
-    return tuple(specs)
