@@ -75,12 +75,19 @@ def _generate(
     engine = BatchEngine(
         llama_cpp, model, context, lanes=lanes, emit=run, n_threads=1, speculation=spec
     )
-    engine.start()
     try:
-        for count, request in enumerate(requests, 1):
-            engine.submit(request)
-            if sequential:
+        if sequential:
+            engine.start()
+            for count, request in enumerate(requests, 1):
+                engine.submit(request)
                 run.wait(count)
+        else:
+            # All queued before the decode thread starts: its first step admits every one, so
+            # the schedule (and the proposal counts the tests bound) does not depend on how
+            # fast this thread submits.
+            for request in requests:
+                engine.submit(request)
+            engine.start()
         run.wait(len(requests))
     finally:
         engine.stop()
