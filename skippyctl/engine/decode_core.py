@@ -1,10 +1,14 @@
-"""The decode thread's work in the batch engine: lanes, batch stepping, sampling, terminals.
+"""The decode thread's work in the batch engine: admission, batch stepping, sampling, terminals.
 
 :class:`DecodeCore` is the llama.cpp part of ``engine/generation.py``: it admits accepted requests
-into lanes (decisions from ``engine/lanes.py``, applied to the KV here), builds and decodes one
-``llama_batch`` per step, samples each lane's next token, streams its text and ends every request
-through :meth:`DecodeCore.finish`, its single exit. Decode thread only — no locks here; the
-thread, the inbox and the public entry points are :class:`~skippyctl.engine.generation.BatchEngine`.
+into lanes, builds and decodes one ``llama_batch`` per step, samples each lane's next token,
+streams its text and ends every request through :meth:`DecodeCore.finish`, its single exit.
+Decode thread only — no locks here; the thread, the inbox and the public entry points are
+:class:`~skippyctl.engine.generation.BatchEngine`. Its other jobs are collaborators it holds:
+``engine/request_intake.py`` (prompt tokens, sampler and text tools), ``engine/lane_kv.py``
+(``engine/lanes.py``'s decisions applied to the KV, pressure), ``engine/proposals.py``
+(speculation's proposals and their verification, the plugins' stream of each request) and
+``engine/session_files.py`` (session state files).
 
 Each step holds the next token of every decoding lane plus, if any request is prefilling, up to
 ``prefill_chunk_tokens`` prompt tokens in all, taken round-robin from the prefilling requests
@@ -12,19 +16,10 @@ Each step holds the next token of every decoding lane plus, if any request is pr
 stalls running generations and generations never starve prefill. Logits are requested only
 for each decoding lane's token and for the last prompt token of a prefill that completes in the
 step (the batch itself is ``engine/batch.py``).
-
-Session state files: :meth:`DecodeCore.export_sessions` writes idle sessions' KV sequences
-(``llama_state_seq_get_data``) and :meth:`DecodeCore.restore_sessions` reads them back into free
-lanes (``llama_state_seq_set_data``; llama.cpp refuses another lane count: one KV stream per
-lane) — the file format and its checks are ``engine/kv_state.py``.
-
-The memory API is ``llama_get_memory`` + ``llama_memory_seq_rm``/``_clear`` (the older
-``llama_kv_self_*`` functions no longer exist in the bundled llama.cpp).
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import math
 import os
@@ -33,18 +28,11 @@ from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Any, Final
 
-from skippyctl.config.load_options import SpecMode
-from skippyctl.engine import kv_state
 from skippyctl.engine.batch import StepBatch
 from skippyctl.engine.draft import DraftModel
-from skippyctl.engine.lanes import (
-    KvGeometry,
-    Lane,
-    LaneTable,
-    PressureGauge,
-    cache_result,
-    common_prefix,
-)
+from skippyctl.engine.lane_kv import LaneKv
+from skippyctl.engine.lanes import KvGeometry, Lane, cache_result
+from skippyctl.engine.proposals import Proposals
 from skippyctl.engine.protocol import (
     ComputeFailed,
     EngineMessage,
@@ -59,38 +47,20 @@ from skippyctl.engine.protocol import (
     Kv,
     KvChange,
     SessionChange,
-    SessionChanged,
     StateExported,
     StateImported,
 )
+from skippyctl.engine.request_intake import RequestIntake
 from skippyctl.engine.request_state import Phase, RequestBoard, RequestState
-from skippyctl.engine.sampling import build_sampler_chain
-from skippyctl.engine.speculation import (
-    SPEC_OFF,
-    AdaptiveWindow,
-    ServingPlugins,
-    SpecConfig,
-)
-from skippyctl.engine.text import (
-    ChatTemplateError,
-    Detokenizer,
-    StopMatcher,
-    apply_chat_template,
-    model_chat_template,
-    tokenize_at_most,
-)
+from skippyctl.engine.session_files import SessionFiles
+from skippyctl.engine.speculation import SPEC_OFF, ServingPlugins, SpecConfig
 from skippyctl.events.envelope import StopReason
 from skippyctl.events.reasons import GenerationOutcome, ReasonCode
-from skippyctl.plugins.builtin.ngram import NgramPlugin
-from skippyctl.plugins.inprocess import InProcessPlugin
 
 PREFILL_PROGRESS_INTERVAL_S: Final = 0.25
 """At most one GenPrefillProgress per request per interval, none for a shorter prefill."""
 GEN_PROGRESS_INTERVAL_S: Final = 0.5
 """At most one GenProgress per request per interval (2 per second)."""
-COPY_MIN_GAIN_TOKENS: Final = 16
-"""Copy another lane's KV into a new request's lane only when it saves at least this many
-prefill tokens (more for long lanes, see ``DecodeCore.__init__``)."""
 DECODE_ABORTED: Final = 2
 """llama_decode's return value when the abort callback stopped it (llama.h)."""
 
@@ -152,7 +122,6 @@ class DecodeCore:
         if not 0.0 < approaching_limit <= 1.0:
             raise ValueError("approaching_limit must be in (0, 1]")
         self._llama = llama
-        self._model = model
         self._ctx = context
         self._emit_fn = emit
         self._released = released
@@ -160,74 +129,36 @@ class DecodeCore:
         # outcomes are sent.
         self._observations = observations
         self._token_observations = observations and token_observations
-        self._lanes = LaneTable(lanes)
-        self._vocab = llama.llama_model_get_vocab(model)
-        self._n_vocab = int(llama.llama_vocab_n_tokens(self._vocab))
-        self._memory = llama.llama_get_memory(context)
-        if not self._memory:
-            raise ValueError("the context has no memory (KV cache): cannot generate with it")
-
-        kv = KvGeometry.of(
+        geometry = KvGeometry.of(
             n_ctx=int(llama.llama_n_ctx(context)),
             n_ctx_seq=int(llama.llama_n_ctx_seq(context)),
             n_seq_max=n_seq_max,
             lanes=lanes,
         )
-        self._unified = kv.unified
-        self._ctx_per_lane = kv.tokens_per_lane
-        self._cells_total = kv.cells_total
-        # A copy moves a whole lane's KV stream (split KV) — about the cost of prefilling
-        # 1/64 of the lane's cells on a CPU here —, so it must save more than that; with a
-        # unified KV it only shares cells, which costs nothing.
-        self._copied: list[Lane] = []
-        """Lanes whose KV copy waits for the next llama_decode (``Lane.copy_pending``)."""
-        self._copy_min_gain = (
-            1 if kv.unified else max(COPY_MIN_GAIN_TOKENS, kv.tokens_per_lane // 64)
+        self._kv = LaneKv(
+            llama,
+            context,
+            geometry,
+            lanes=lanes,
+            pressure_high=kv_pressure_high,
+            pressure_low=kv_pressure_low,
+            emit=self.emit,
         )
+        self._lanes = self._kv.table
+        self._unified = geometry.unified
+        self._ctx_per_lane = geometry.tokens_per_lane
         n_batch = int(llama.llama_n_batch(context))
         if n_batch <= lanes:
             raise ValueError(f"the context's n_batch ({n_batch}) must exceed lanes ({lanes})")
         # llama_decode refuses a batch over n_batch: a chunk plus every lane's next token and,
         # speculating, the step's proposals must fit.
         self._spec = speculation
-        self._plugins = plugins
-        """The model's serving plugins (sidecars): they see each request's lifecycle and
-        committed tokens and, with ``--spec plugin``, propose; a failing plugin never fails a
-        request."""
-        self.plugin_failures = 0
-        """Calls into serving plugins or a proposer that raised (counted; the request carries
-        on)."""
-        # Every mode proposes through the same calls (ServingPlugins): the sidecars' link, the
-        # built-in n-gram plugin called in this process, or the draft model.
-        self._ngram: InProcessPlugin | None = None
-        """With ``--spec ngram``: the built-in n-gram plugin, in this process (the core owns it)."""
-        self._local: InProcessPlugin | DraftModel | None = None
-        """A proposer in this process, whose failures it counts itself."""
-        self._proposals: ServingPlugins | None = None
-        """Where this model's proposals come from; None: it does not speculate."""
-        if speculation.mode is SpecMode.NGRAM:
-            self._ngram = InProcessPlugin(NgramPlugin(), self._n_vocab)
-            self._local = self._proposals = self._ngram
-        elif speculation.mode is SpecMode.DRAFT and draft is not None:
-            self._local = self._proposals = draft
-        elif speculation.mode is SpecMode.PLUGIN:
-            self._proposals = plugins
-        streams: list[ServingPlugins] = [] if plugins is None else [plugins]
-        if self._proposals is not None and self._proposals is not plugins:
-            streams.append(self._proposals)
-        self._streams = tuple(streams)
-        """What sees each request's begin, committed deltas and end: the sidecars' link and the
-        proposer, each once."""
-        # A sidecar query costs a round trip, so the tail of a window that a step cut short
-        # (see _propose) is kept as the next window; so is any run-ahead that was asked for.
-        self._keep_cut_tail = speculation.mode is SpecMode.PLUGIN or speculation.runahead_tokens > 0
         slots = speculation.step_slots(lanes)
         if n_batch <= slots:
             raise ValueError(
                 f"the context's n_batch ({n_batch}) must exceed the decoding slots ({slots})"
             )
         self._chunk = min(prefill_chunk_tokens, n_batch - slots)
-        self._pressure = PressureGauge(self._cells_total, kv_pressure_high, kv_pressure_low)
         self._approaching_tokens = max(1, math.ceil(approaching_limit * self._ctx_per_lane))
 
         # Decode and batch threads: every core by default (``n_threads`` overrides, e.g. to
@@ -237,14 +168,25 @@ class DecodeCore:
         if threads < 1:
             raise ValueError("n_threads must be >= 1")
         llama.llama_set_n_threads(context, threads, threads)
-        self._template = model_chat_template(llama, model)
-        self._add_bos = True  # llama_tokenize adds BOS only if the vocabulary asks for it
-        self._pieces: dict[int, bytes] = {}
+        self._intake = RequestIntake(llama, model, tokens_per_lane=self._ctx_per_lane)
+        self._vocab = self._intake.vocab
         self._eog: dict[int, bool] = {}
 
-        # Start from an empty KV so ``lane.tokens`` mirrors it exactly.
-        llama.llama_memory_clear(self._memory, False)
-
+        # The model's serving plugins (sidecars) see each request's lifecycle and committed
+        # tokens and, with ``--spec plugin``, propose; a failing plugin never fails a request.
+        self._proposals = Proposals(
+            speculation,
+            plugins,
+            draft,
+            n_vocab=self._intake.n_vocab,
+            kv=self._kv,
+            sample=self._sample,
+            commit=self._commit,
+        )
+        self._streams = self._proposals.streams
+        self._session_files = SessionFiles(
+            llama, context, self._kv, n_vocab=self._intake.n_vocab, emit=self.emit
+        )
         # One batch for the engine's lifetime: a chunk plus the decoding slots.
         self._batch = StepBatch(llama, self._chunk + slots)
         self._board = RequestBoard()
@@ -266,11 +208,8 @@ class DecodeCore:
 
     @property
     def proposal_failures(self) -> int:
-        """Calls into the plugins or a proposer that raised, and failed calls and invalid
-        answers inside an in-process proposer (the n-gram plugin, a draft decode): each cost
-        only its proposals."""
-        local = self._local.failures if self._local is not None else 0
-        return self.plugin_failures + local
+        """Failed calls into the plugins or a proposer (``Proposals.failures``)."""
+        return self._proposals.failures
 
     # ---------------------------------------------------------------- messages
 
@@ -288,16 +227,11 @@ class DecodeCore:
         for message in r.take_held():
             self.emit(message)
 
-    def _emit_session(
-        self, lane: Lane, session: str, event: SessionChange, reason: str | None = None
-    ) -> None:
-        self.emit(SessionChanged(session, event, lane.seq, len(lane.tokens), reason))
-
     # ---------------------------------------------------------------- the decode loop's calls
 
     def announce(self) -> None:
         """The first message of the decode thread: the KV it serves from."""
-        self.emit(Kv(KvChange.INITIALIZED, 0, self._cells_total))
+        self.emit(Kv(KvChange.INITIALIZED, 0, self._kv.cells_total))
 
     def work(self) -> bool:
         """Deadlines, admission, then one decode step; False when there is no work."""
@@ -312,7 +246,7 @@ class DecodeCore:
             return True
         # Requests may have ended outside a step (cancel, deadline, drop): report KV now, the
         # thread is about to sleep.
-        self._check_pressure()
+        self._kv.check_pressure()
         return False
 
     def fail_running(self) -> None:
@@ -335,8 +269,7 @@ class DecodeCore:
         for r in list(self._board.by_id.values()):
             self.finish(r, _CANCELLED, StopReason.CANCELLED)
         self._batch.free()
-        if self._ngram is not None:
-            self._ngram.close()
+        self._proposals.close()
 
     def refuse(self, r: RequestState, reason: ReasonCode) -> None:
         self.finish(r, _FAILED, StopReason.ERROR, reason)
@@ -347,38 +280,11 @@ class DecodeCore:
             self.refuse(r, ReasonCode.INVALID_CONFIGURATION)
             return
         self._board.track(r)
-        spec = r.spec
-        try:
-            if spec.messages is not None:
-                text = apply_chat_template(self._llama, self._template, spec.messages)
-            else:
-                assert spec.prompt is not None  # validated: exactly one of prompt/messages
-                text = spec.prompt
-            prompt, counted = tokenize_at_most(
-                self._llama, self._vocab, text, self._ctx_per_lane, add_special=self._add_bos
-            )
-        except (ChatTemplateError, ValueError, UnicodeError):
-            self.refuse(r, ReasonCode.INVALID_CONFIGURATION)
-            return
-        except Exception:  # noqa: BLE001 - one request's failure must not stop the engine
-            self.refuse(r, ReasonCode.INTERNAL_RUNTIME_FAILURE)
-            return
-        if prompt is None:
-            # Longer than a lane: refused before any lane or session is touched (no decode).
-            r.prompt_count = counted
-            self.refuse(r, ReasonCode.CONTEXT_EXHAUSTED)
-            return
-        r.prompt = prompt
-        bias_outside_vocab = any(t >= self._n_vocab for t, _b in spec.sampling.logit_bias)
-        if not r.prompt or bias_outside_vocab:
-            self.refuse(r, ReasonCode.INVALID_CONFIGURATION)
+        refused = self._intake.tokenize(r)
+        if refused is not None:
+            self.refuse(r, refused)
             return
         self._board.queue.append(r)
-
-    # ---------------------------------------------------------------- session state files
-
-    def _state_geometry(self) -> kv_state.Geometry:
-        return kv_state.Geometry(len(self._lanes), self._ctx_per_lane)
 
     def export_sessions(
         self,
@@ -387,120 +293,15 @@ class DecodeCore:
         fingerprint: bytes,
         report_missing: bool = False,
     ) -> None:
-        """Write the KV state of each idle session named in ``files`` (session → path), most
-        recently used first, while the files fit in ``budget_bytes``; one ``StateExported``
-        each. A session over the budget is not written (``reservation_exhausted``). With
-        ``report_missing`` a named session without an idle lane holding KV gets a failed one
-        (``invalid_configuration``); else it is left out (an unload names every session)."""
-        llama = self._llama
-        left = budget_bytes
-        if report_missing:
-            idle = {lane.session for lane in self._lanes.idle_sessions_mru()}
-            for named in files:
-                if named not in idle:
-                    self._exported(
-                        named, time.perf_counter(), 0, 0, ReasonCode.INVALID_CONFIGURATION
-                    )
-        for lane in self._lanes.idle_sessions_mru():
-            session = lane.session
-            if session is None or session not in files or lane.copy_pending:
-                continue
-            started = time.perf_counter()
-            tokens = len(lane.tokens)
-            size = int(llama.llama_state_seq_get_size(self._ctx, lane.seq))
-            estimate = kv_state.file_bytes(tokens, size)
-            if size <= 0:
-                self._exported(session, started, tokens, 0, ReasonCode.INTERNAL_RUNTIME_FAILURE)
-                continue
-            if estimate > left:
-                self._exported(session, started, tokens, estimate, ReasonCode.RESERVATION_EXHAUSTED)
-                continue
-            buffer = (ctypes.c_uint8 * size)()
-            got = int(llama.llama_state_seq_get_data(self._ctx, buffer, size, lane.seq))
-            if got <= 0 or got > size:
-                self._exported(session, started, tokens, 0, ReasonCode.INTERNAL_RUNTIME_FAILURE)
-                continue
-            try:
-                written = kv_state.write_state(
-                    files[session],
-                    fingerprint,
-                    self._state_geometry(),
-                    lane.tokens,
-                    memoryview(buffer)[:got],
-                )
-            except OSError:
-                self._exported(session, started, tokens, 0, ReasonCode.ARTIFACT_IO_FAILURE)
-                continue
-            left -= written
-            self._exported(session, started, tokens, written, None)
-
-    def _exported(
-        self, session: str, started: float, tokens: int, size: int, reason: ReasonCode | None
-    ) -> None:
-        ms = round((time.perf_counter() - started) * 1000.0, 3)
-        self.emit(StateExported(session, reason is None, tokens, size, ms, reason))
+        self._session_files.export(files, budget_bytes, fingerprint, report_missing)
 
     def restore_sessions(
         self, files: Sequence[tuple[str, str]], max_bytes: int, fingerprint: bytes
     ) -> None:
-        """Read each ``(session, path)`` back into a free lane (before any request): the
-        session's next request reuses its tokens like any warm session's. One
-        ``StateImported`` each, and ``session`` restored for each that worked; a refused file
-        leaves its lane empty (that session just prefills again)."""
-        llama = self._llama
-        geometry = self._state_geometry()
-        for session, path in files:
-            started = time.perf_counter()
-            if self._lanes.has_session(session):
-                continue  # named twice: the first one won
-            lane = self._lanes.restore_lane()
-            if lane is None:
-                self._imported(session, started, 0, 0, ReasonCode.RESERVATION_EXHAUSTED)
-                continue
-            try:
-                saved = kv_state.read_state(path, fingerprint, self._ctx_per_lane, max_bytes)
-            except kv_state.StateRefused as refused:
-                self._imported(session, started, 0, 0, refused.reason)
-                continue
-            size = kv_state.file_bytes(len(saved.tokens), len(saved.state))
-            if saved.geometry.lanes != geometry.lanes or any(
-                t < 0 or t >= self._n_vocab for t in saved.tokens
-            ):
-                # Another lane layout (llama.cpp keeps one KV stream per lane) or another
-                # vocabulary: not this context's state.
-                self._imported(
-                    session, started, 0, size, ReasonCode.INCOMPATIBLE_ABI_OR_FEATURE_SET
-                )
-                continue
-            state = (ctypes.c_uint8 * len(saved.state)).from_buffer_copy(saved.state)
-            read = int(llama.llama_state_seq_set_data(self._ctx, state, len(saved.state), lane.seq))
-            if read != len(saved.state):
-                with contextlib.suppress(Exception):
-                    llama.llama_memory_seq_rm(self._memory, lane.seq, -1, -1)
-                self._imported(
-                    session, started, 0, size, ReasonCode.INCOMPATIBLE_ABI_OR_FEATURE_SET
-                )
-                continue
-            self._lanes.bind_restored(lane, session, saved.tokens, time.monotonic())
-            self._imported(session, started, len(saved.tokens), size, None)
-            self._emit_session(lane, session, SessionChange.RESTORED)
-        self._check_pressure()
-
-    def _imported(
-        self, session: str, started: float, tokens: int, size: int, reason: ReasonCode | None
-    ) -> None:
-        ms = round((time.perf_counter() - started) * 1000.0, 3)
-        self.emit(StateImported(session, reason is None, tokens, size, ms, reason))
+        self._session_files.restore(files, max_bytes, fingerprint)
 
     def drop(self, session: str, reason: str) -> None:
-        lane = self._lanes.drop(session)
-        if lane is None:
-            return
-        self._emit_session(lane, session, SessionChange.EVICTED, reason)
-        if lane.request_id is None:
-            self._clear_lane(lane)
-        # else: the running request finishes normally; its lane is cleared then (no session).
-        self._check_pressure()
+        self._kv.drop(session, reason)
 
     def _admit(self) -> None:
         """Move queued requests into lanes, FIFO among the requests that can run now.
@@ -523,7 +324,7 @@ class DecodeCore:
                         break  # no lane at all: nobody behind can run either
                     continue
                 if pick.displaced is not None:
-                    self._emit_session(
+                    self._kv.emit_session(
                         pick.lane, pick.displaced, SessionChange.EVICTED, "lane_needed"
                     )
                 self._start(r, pick.lane)
@@ -537,40 +338,12 @@ class DecodeCore:
         session = r.spec.session
         prompt = r.prompt
         claim = self._lanes.claim(lane, r.id, session, prompt)
-        keep = claim.keep
-        donor = self._lanes.donor(lane, prompt, keep, self._copy_min_gain)
-        if donor is not None:
-            # Whole-lane copy (llama.cpp copies a split KV's stream only whole: p0/p1 = -1,
-            # anything else aborts), done at the next llama_decode; the tail is trimmed below.
-            self._llama.llama_memory_seq_cp(self._memory, donor.seq, lane.seq, -1, -1)
-            lane.tokens = donor.tokens[:]
-            lane.copy_pending = True
-            self._copied.append(lane)
-            keep = min(common_prefix(lane.tokens, prompt), len(prompt) - 1)
-        if keep == 0:
-            self._clear_lane(lane)
-        elif keep < len(lane.tokens):
-            if not self._llama.llama_memory_seq_rm(self._memory, lane.seq, keep, -1):
-                # Partial removal unsupported (e.g. recurrent memory): start over.
-                self._clear_lane(lane)
-                keep = 0
-            del lane.tokens[keep:]
-        r.reused = keep
+        r.reused = keep = self._kv.reuse(lane, prompt, claim.keep)
         if claim.change is not None:
             assert session is not None
-            self._emit_session(lane, session, claim.change)
-        params = r.spec.sampling
-        r.sampler = build_sampler_chain(self._llama, self._vocab, params)
-        if params.penalizes:
-            r.sampler.accept(prompt[-params.repeat_last_n :])
-        r.detok = Detokenizer(self._llama, self._vocab, self._pieces)
-        r.stops = StopMatcher(r.spec.stop)
-        if self._proposals is not None:
-            r.window = AdaptiveWindow()
-        if self._streams:
-            r.plugin_commits = []
-            for plugins in self._streams:
-                self._to_plugins(plugins.begin, r.id, session, prompt, r.reused)
+            self._kv.emit_session(lane, session, claim.change)
+        self._intake.equip(r)
+        self._proposals.begin(r, session, prompt)
         r.prefill_pos = r.reused
         r.phase = Phase.PREFILL
         now = time.monotonic()
@@ -585,7 +358,7 @@ class DecodeCore:
         decoding = board.decoding
         chunks = self._prefill_chunks()
         if self._spec.enabled:
-            self._propose(decoding)
+            self._proposals.propose(decoding)
         participants = self._batch.fill(decoding, chunks)
         n_seqs = len(participants)
         if n_seqs > 1:
@@ -599,10 +372,7 @@ class DecodeCore:
                     r.max_batch = 1
 
         result = self._batch.decode(self._ctx)
-        if self._copied:  # llama_decode performed the pending KV copies first
-            for copied in self._copied:
-                copied.copy_pending = False
-            self._copied.clear()
+        self._kv.copies_done()
         now = time.monotonic()
         if result != 0:
             self._decode_failed(participants, aborted=result == DECODE_ABORTED, result=result)
@@ -625,23 +395,8 @@ class DecodeCore:
                 self.fail(r)
         if self._streams:
             for r in decoding:  # the ones still running: an ended one handed its tokens over
-                self._hand_commits(r)
-        self._check_pressure()
-
-    def _to_plugins(self, call: Callable[..., object], *args: object) -> None:
-        """One call into the plugins' link; its failure is counted, never the request's."""
-        try:
-            call(*args)
-        except Exception:  # noqa: BLE001 - a plugin can lose only its own observations
-            self.plugin_failures += 1
-
-    def _hand_commits(self, r: RequestState) -> None:
-        """The tokens ``r`` committed since the last hand-over, as one delta."""
-        pending = r.plugin_commits
-        if pending:
-            r.plugin_commits = []
-            for plugins in self._streams:
-                self._to_plugins(plugins.commit, r.id, pending)
+                self._proposals.hand_commits(r)
+        self._kv.check_pressure()
 
     def _prefill_chunks(self) -> list[tuple[RequestState, int]]:
         """This step's prompt chunks: up to ``prefill_chunk_tokens`` tokens in all, taken
@@ -690,68 +445,6 @@ class DecodeCore:
         prefill.phase = Phase.DECODE
         self._board.decoding.append(prefill)
 
-    def _propose(self, decoding: list[RequestState]) -> None:
-        """Each decoding lane's proposals for this step, as many as its window, its lane's
-        context and its ``max_tokens`` leave room for (every committed proposal and the token
-        sampled after the last one count): the run-ahead of its last answer when that still
-        holds, else one query to the proposer for all the lanes that need one."""
-        limit = self._spec.lane_limit(len(decoding))
-        wants: dict[str, int] = {}
-        for r in decoding:
-            window = r.window
-            lane = r.lane
-            if window is None or lane is None:
-                continue
-            # pending_token goes to len(lane.tokens); proposals to the positions after it.
-            room = min(
-                limit,
-                window.window,
-                self._ctx_per_lane - len(lane.tokens) - 1,
-                r.spec.max_tokens - r.generated_tokens - 1,
-            )
-            if room <= 0:
-                r.draft = []
-            elif r.runahead:  # the last answer's next window still holds: no query
-                r.draft, r.runahead = r.runahead[:room], r.runahead[room:]
-            else:
-                wants[r.id] = room
-        if wants:
-            self._ask(decoding, wants)
-        if not self._unified and len(decoding) > 1:
-            # With one KV stream per lane llama.cpp cuts a batch into micro-batches that take
-            # the same number of tokens from each sequence (split_equal): lanes with longer
-            # windows than others would cost whole extra forward passes. So every lane
-            # verifies as many proposals as the one with the fewest (none if one has none).
-            shortest = min(len(r.draft) for r in decoding)
-            keep_tail = self._keep_cut_tail
-            for r in decoding:
-                if len(r.draft) > shortest:
-                    if keep_tail:  # the cut tail still follows the shorter window: run-ahead
-                        r.runahead = r.draft[shortest:] + r.runahead
-                    r.draft = r.draft[:shortest]
-
-    def _ask(self, decoding: list[RequestState], wants: dict[str, int]) -> None:
-        """The proposer's proposals for this step's lanes (a sidecar's waited for at most their
-        deadline; a late answer proposes nothing and is counted on the request)."""
-        proposals = self._proposals
-        assert proposals is not None
-        ahead = self._spec.runahead_tokens
-        try:
-            answers = proposals.propose({rid: room + ahead for rid, room in wants.items()})
-            late = proposals.late()
-        except Exception:  # noqa: BLE001 - no proposal is the worst a proposer can do
-            self.plugin_failures += 1
-            return
-        for r in decoding:
-            room = wants.get(r.id)
-            if room is None:
-                continue
-            if r.id in late:
-                r.spec_late += 1
-            answer = answers.get(r.id, [])
-            # Past the window: the token expected after it, then the next window (run-ahead).
-            r.draft, r.runahead = answer[:room], answer[room:]
-
     def _sample(self, r: RequestState, index: int) -> int:
         sampler = r.sampler
         assert sampler is not None
@@ -759,58 +452,15 @@ class DecodeCore:
 
     def _on_logits(self, r: RequestState, now: float) -> None:
         """Sample ``r``'s next token from this step's logits and stream its text; with
-        proposals, verify them: commit position after position while the sampled token is the
-        proposed one (the sampler saw the same logits as without them), then drop the KV of the
-        proposals that were not committed."""
+        proposals, verify them (``Proposals.verify``)."""
         index = r.out_index
         r.out_index = -1
-        draft = r.draft
-        if not draft:
-            token = self._sample(r, index)
-            if self._commit(r, token, now) and r.runahead:
-                self._verify_runahead(r, token, whole=True)
+        if r.draft:
+            self._proposals.verify(r, index, now)
             return
-        r.draft = []
-        lane = r.lane
-        assert lane is not None
-        kv_end = len(lane.tokens) + len(draft)  # the pending token is in lane.tokens already
-        accepted = 0
-        running = True
-        # Counted before the commits: a commit may end the request, and its terminal (the
-        # receipt) is made right then.
-        r.spec_windows += 1
-        r.spec_proposed += len(draft)
-        for offset in range(len(draft) + 1):
-            token = self._sample(r, index + offset)
-            matches = offset < len(draft) and token == draft[offset]
-            if matches:
-                r.spec_accepted += 1
-            if not self._commit(r, token, now):
-                running = False
-                break
-            if matches:
-                lane.tokens.append(token)  # decoded in this step already: not pending
-                accepted += 1
-                continue
-            break
-        if running and r.runahead:
-            self._verify_runahead(r, token, whole=accepted == len(draft))
-        if r.window is not None:
-            r.window.verified(len(draft), accepted, self._spec.draft_tokens)
-        if self._proposals is not None:
-            self._to_plugins(self._proposals.outcome, r.id, len(draft), accepted)
-        if len(lane.tokens) < kv_end:
-            self._llama.llama_memory_seq_rm(self._memory, lane.seq, len(lane.tokens), -1)
-
-    def _verify_runahead(self, r: RequestState, token: int, whole: bool) -> None:
-        """Keep ``r``'s run-ahead proposals as its next window when its window verified
-        ``whole`` and ``token`` (sampled after it, now pending) is the one they expected;
-        otherwise they are stale: dropped unexecuted and counted."""
-        if whole and r.runahead[0] == token:
-            del r.runahead[0]
-            return
-        r.spec_discarded += len(r.runahead)
-        r.runahead = []
+        token = self._sample(r, index)
+        if self._commit(r, token, now) and r.runahead:
+            self._proposals.check_runahead(r, token, whole=True)
 
     def _commit(self, r: RequestState, token: int, now: float) -> bool:
         """One sampled token of ``r``: end it (end of generation, a stop string, max_tokens,
@@ -898,12 +548,7 @@ class DecodeCore:
             self.refuse(r, ReasonCode.INTERNAL_RUNTIME_FAILURE)
         if lane is None or lane.request_id is not None:
             return
-        lane.tokens.clear()
-        # Best effort: keep serving the other lanes whatever happens here.
-        with contextlib.suppress(Exception):
-            self._llama.llama_memory_seq_rm(self._memory, lane.seq, -1, -1)
-        if lane.session is not None:
-            self._emit_session(lane, lane.session, SessionChange.TRIMMED)
+        self._kv.distrust(lane)
 
     def finish(
         self,
@@ -946,68 +591,10 @@ class DecodeCore:
         board.unlist(r, phase)
         if r.sampler is not None:
             r.sampler.close()
-        lane = r.lane
-        if lane is not None and (
-            self._lanes.release(lane, time.monotonic()) or (self._unified and lane.session is None)
-        ):
-            try:
-                self._clear_lane(lane)
-            except Exception:  # noqa: BLE001 - the terminal below must still be sent
-                lane.tokens.clear()
+        if r.lane is not None:
+            self._kv.release(r.lane)
         board.untrack(r)
         message = r.done_message(outcome, stop_reason, reason)
-        if r.plugin_commits is not None:
-            self._plugins_end(r, message)
+        self._proposals.end(r, message)
         self._released(r)
         self.emit(message)
-
-    def _plugins_end(self, r: RequestState, done: GenDone) -> None:
-        """The plugins' last word on ``r``: its stop reason and figures when it completed (the
-        final committed suffix goes with them), else an abort with the reason."""
-        self._hand_commits(r)
-        r.plugin_commits = None
-        if done.outcome is not _COMPLETED:
-            # The plugin ABI's abort reasons are the stop reasons cancelled/timeout/error.
-            stop = done.stop_reason
-            reason = stop.value if stop in (StopReason.CANCELLED, StopReason.TIMEOUT) else "error"
-            for plugins in self._streams:
-                self._to_plugins(plugins.abort, r.id, reason)
-            return
-        for plugins in self._streams:
-            self._to_plugins(plugins.finish, r.id, done.stop_reason, done.figures)
-
-    def _clear_lane(self, lane: Lane) -> None:
-        if lane.tokens:
-            lane.tokens.clear()
-            self._llama.llama_memory_seq_rm(self._memory, lane.seq, -1, -1)
-
-    def _check_pressure(self) -> None:
-        """Report a pressure crossing (hysteresis in :class:`PressureGauge`); with a unified KV a
-        crossing first evicts idle sessions, which may clear it at once."""
-        used = self._lanes.cells_used()
-        change = self._pressure.observe(used)
-        if change is None:
-            return
-        total = self._cells_total
-        self.emit(Kv(change, used, total))
-        if change is KvChange.PRESSURE_CROSSED and self._unified:
-            used = self._relieve_pressure(used)
-            cleared = self._pressure.observe(used)
-            if cleared is not None:
-                self.emit(Kv(cleared, used, total))
-
-    def _relieve_pressure(self, used: int) -> int:
-        """Unified KV only: idle warm sessions share the pool (and widen every attention window),
-        so evict them least recently used first until usage is back at the low mark.
-
-        With a split KV each lane has its own reserved cells and evicting frees nothing others
-        can use, so warm sessions are kept.
-        """
-        for lane in self._lanes.idle_sessions_lru():
-            if self._pressure.relieved(used):
-                break
-            used -= len(lane.tokens)
-            session = self._lanes.evict(lane)
-            self._emit_session(lane, session, SessionChange.EVICTED, "pressure")
-            self._clear_lane(lane)
-        return used

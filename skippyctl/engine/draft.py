@@ -25,7 +25,7 @@ how many tokens to propose for each request:
 
 The draft's KV then holds every proposal but the last; the next call keeps what the target
 accepted. Greedy drafting is what speculative decoding verifies best: the target's sampler
-commits a proposed token only where it samples the same one (``engine/decode_core.py``), so
+commits a proposed token only where it samples the same one (``engine/proposals.py``), so
 the committed text never depends on the draft. Decode thread only; token ids stay here.
 """
 

@@ -1,6 +1,6 @@
 """Session KV state files: one session's KV sequence on disk, so it outlives its engine.
 
-Pure Python, no llama.cpp: the decode core (``engine/decode_core.py``) gets the bytes with
+Pure Python, no llama.cpp: the decode core (``engine/session_files.py``) gets the bytes with
 ``llama_state_seq_get_data`` and gives them back with ``llama_state_seq_set_data``; this module
 writes and reads the file around them. The host decides where (its per-runtime state directory,
 ``runtime/session_state.py``) and tells the engine each file's path in the ``Shutdown`` and

@@ -1,6 +1,6 @@
 """Lanes and KV reuse: which sequence of the context a request runs in, and what it keeps.
 
-Pure Python, no llama.cpp: this module decides, the batch engine (``engine/decode_core.py``)
+Pure Python, no llama.cpp: this module decides, the batch engine (``engine/lane_kv.py``)
 applies the decisions to the KV (``llama_memory_seq_rm``) and reports them. Decode thread only.
 
 Invariants the engine keeps with these decisions:

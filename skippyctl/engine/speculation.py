@@ -1,6 +1,6 @@
 """Speculative decoding's proposer side: what a lane may verify in its next step.
 
-Speculation is verification in the step loop (``engine/decode_core.py``): a decoding lane's
+Speculation is verification in the step loop (``engine/proposals.py``): a decoding lane's
 next token goes into the step's batch followed by up to ``draft_tokens`` proposed tokens, each
 with its logits; the lane's sampler then samples position after position and commits while the
 sampled token equals the proposed one, so the committed text is exactly what decoding one token

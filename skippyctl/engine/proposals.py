@@ -1,0 +1,245 @@
+"""The decode core's proposals: where they come from, what each step asks, how they verify.
+
+:class:`Proposals` is the core's link to the proposer and the serving plugins
+(``engine/speculation.py`` holds the configuration, the :class:`ServingPlugins` protocol and the
+window): it picks the proposer of the ``--spec`` mode, hands each request's begin, committed
+deltas and end to the plugins and the proposer, fills each decoding lane's proposals for a step
+and, once the step's logits are there, verifies them. A failing plugin or proposer costs only
+its proposals and observations, never a request: its failures are counted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from skippyctl.config.load_options import SpecMode
+from skippyctl.engine.draft import DraftModel
+from skippyctl.engine.lane_kv import LaneKv
+from skippyctl.engine.protocol import GenDone
+from skippyctl.engine.request_state import RequestState
+from skippyctl.engine.speculation import AdaptiveWindow, ServingPlugins, SpecConfig
+from skippyctl.events.envelope import StopReason
+from skippyctl.events.reasons import GenerationOutcome
+from skippyctl.plugins.builtin.ngram import NgramPlugin
+from skippyctl.plugins.inprocess import InProcessPlugin
+
+
+class Proposals:
+    """The proposer and plugins of one decode core (see the module docstring).
+
+    ``sample`` samples a request's token at a logits index of this step; ``commit`` commits a
+    sampled token (False once the request ended) — the core's own step calls.
+    """
+
+    def __init__(
+        self,
+        speculation: SpecConfig,
+        plugins: ServingPlugins | None,
+        draft: DraftModel | None,
+        *,
+        n_vocab: int,
+        kv: LaneKv,
+        sample: Callable[[RequestState, int], int],
+        commit: Callable[[RequestState, int, float], bool],
+    ) -> None:
+        self._spec = speculation
+        self._kv = kv
+        self._sample = sample
+        self._commit = commit
+        self.plugin_failures = 0
+        """Calls into serving plugins or a proposer that raised (counted; the request carries
+        on)."""
+        # Every mode proposes through the same calls (ServingPlugins): the sidecars' link, the
+        # built-in n-gram plugin called in this process, or the draft model.
+        self._ngram: InProcessPlugin | None = None
+        """With ``--spec ngram``: the built-in n-gram plugin, in this process (owned here)."""
+        self._local: InProcessPlugin | DraftModel | None = None
+        """A proposer in this process, whose failures it counts itself."""
+        self._proposer: ServingPlugins | None = None
+        """Where this model's proposals come from; None: it does not speculate."""
+        if speculation.mode is SpecMode.NGRAM:
+            self._ngram = InProcessPlugin(NgramPlugin(), n_vocab)
+            self._local = self._proposer = self._ngram
+        elif speculation.mode is SpecMode.DRAFT and draft is not None:
+            self._local = self._proposer = draft
+        elif speculation.mode is SpecMode.PLUGIN:
+            self._proposer = plugins
+        streams: list[ServingPlugins] = [] if plugins is None else [plugins]
+        if self._proposer is not None and self._proposer is not plugins:
+            streams.append(self._proposer)
+        self.streams = tuple(streams)
+        """What sees each request's begin, committed deltas and end: the sidecars' link and the
+        proposer, each once."""
+        # A sidecar query costs a round trip, so the tail of a window that a step cut short
+        # (see propose) is kept as the next window; so is any run-ahead that was asked for.
+        self._keep_cut_tail = speculation.mode is SpecMode.PLUGIN or speculation.runahead_tokens > 0
+
+    @property
+    def failures(self) -> int:
+        """Calls into the plugins or a proposer that raised, and failed calls and invalid
+        answers inside an in-process proposer (the n-gram plugin, a draft decode): each cost
+        only its proposals."""
+        local = self._local.failures if self._local is not None else 0
+        return self.plugin_failures + local
+
+    def close(self) -> None:
+        if self._ngram is not None:
+            self._ngram.close()
+
+    # ---------------------------------------------------------------- each request's stream
+
+    def begin(self, r: RequestState, session: str | None, prompt: Sequence[int]) -> None:
+        """``r`` starts in its lane (``r.reused`` set): its window, and the plugins' begin."""
+        if self._proposer is not None:
+            r.window = AdaptiveWindow()
+        if self.streams:
+            r.plugin_commits = []
+            for plugins in self.streams:
+                self._to_plugins(plugins.begin, r.id, session, prompt, r.reused)
+
+    def _to_plugins(self, call: Callable[..., object], *args: object) -> None:
+        """One call into the plugins' link; its failure is counted, never the request's."""
+        try:
+            call(*args)
+        except Exception:  # noqa: BLE001 - a plugin can lose only its own observations
+            self.plugin_failures += 1
+
+    def hand_commits(self, r: RequestState) -> None:
+        """The tokens ``r`` committed since the last hand-over, as one delta."""
+        pending = r.plugin_commits
+        if pending:
+            r.plugin_commits = []
+            for plugins in self.streams:
+                self._to_plugins(plugins.commit, r.id, pending)
+
+    def end(self, r: RequestState, done: GenDone) -> None:
+        """The plugins' last word on ``r``: its stop reason and figures when it completed (the
+        final committed suffix goes with them), else an abort with the reason."""
+        if r.plugin_commits is None:
+            return
+        self.hand_commits(r)
+        r.plugin_commits = None
+        if done.outcome is not GenerationOutcome.COMPLETED:
+            # The plugin ABI's abort reasons are the stop reasons cancelled/timeout/error.
+            stop = done.stop_reason
+            reason = stop.value if stop in (StopReason.CANCELLED, StopReason.TIMEOUT) else "error"
+            for plugins in self.streams:
+                self._to_plugins(plugins.abort, r.id, reason)
+            return
+        for plugins in self.streams:
+            self._to_plugins(plugins.finish, r.id, done.stop_reason, done.figures)
+
+    # ---------------------------------------------------------------- a step's proposals
+
+    def propose(self, decoding: list[RequestState]) -> None:
+        """Each decoding lane's proposals for this step, as many as its window, its lane's
+        context and its ``max_tokens`` leave room for (every committed proposal and the token
+        sampled after the last one count): the run-ahead of its last answer when that still
+        holds, else one query to the proposer for all the lanes that need one."""
+        limit = self._spec.lane_limit(len(decoding))
+        tokens_per_lane = self._kv.tokens_per_lane
+        wants: dict[str, int] = {}
+        for r in decoding:
+            window = r.window
+            lane = r.lane
+            if window is None or lane is None:
+                continue
+            # pending_token goes to len(lane.tokens); proposals to the positions after it.
+            room = min(
+                limit,
+                window.window,
+                tokens_per_lane - len(lane.tokens) - 1,
+                r.spec.max_tokens - r.generated_tokens - 1,
+            )
+            if room <= 0:
+                r.draft = []
+            elif r.runahead:  # the last answer's next window still holds: no query
+                r.draft, r.runahead = r.runahead[:room], r.runahead[room:]
+            else:
+                wants[r.id] = room
+        if wants:
+            self._ask(decoding, wants)
+        if not self._kv.unified and len(decoding) > 1:
+            # With one KV stream per lane llama.cpp cuts a batch into micro-batches that take
+            # the same number of tokens from each sequence (split_equal): lanes with longer
+            # windows than others would cost whole extra forward passes. So every lane
+            # verifies as many proposals as the one with the fewest (none if one has none).
+            shortest = min(len(r.draft) for r in decoding)
+            keep_tail = self._keep_cut_tail
+            for r in decoding:
+                if len(r.draft) > shortest:
+                    if keep_tail:  # the cut tail still follows the shorter window: run-ahead
+                        r.runahead = r.draft[shortest:] + r.runahead
+                    r.draft = r.draft[:shortest]
+
+    def _ask(self, decoding: list[RequestState], wants: dict[str, int]) -> None:
+        """The proposer's proposals for this step's lanes (a sidecar's waited for at most their
+        deadline; a late answer proposes nothing and is counted on the request)."""
+        proposer = self._proposer
+        assert proposer is not None
+        ahead = self._spec.runahead_tokens
+        try:
+            answers = proposer.propose({rid: room + ahead for rid, room in wants.items()})
+            late = proposer.late()
+        except Exception:  # noqa: BLE001 - no proposal is the worst a proposer can do
+            self.plugin_failures += 1
+            return
+        for r in decoding:
+            room = wants.get(r.id)
+            if room is None:
+                continue
+            if r.id in late:
+                r.spec_late += 1
+            answer = answers.get(r.id, [])
+            # Past the window: the token expected after it, then the next window (run-ahead).
+            r.draft, r.runahead = answer[:room], answer[room:]
+
+    # ---------------------------------------------------------------- verification
+
+    def verify(self, r: RequestState, index: int, now: float) -> None:
+        """Verify ``r``'s proposals against this step's logits from ``index`` on: commit
+        position after position while the sampled token is the proposed one (the sampler saw
+        the same logits as without them), then drop the KV of the proposals that were not
+        committed."""
+        draft = r.draft
+        r.draft = []
+        lane = r.lane
+        assert lane is not None
+        kv_end = len(lane.tokens) + len(draft)  # the pending token is in lane.tokens already
+        accepted = 0
+        running = True
+        # Counted before the commits: a commit may end the request, and its terminal (the
+        # receipt) is made right then.
+        r.spec_windows += 1
+        r.spec_proposed += len(draft)
+        for offset in range(len(draft) + 1):
+            token = self._sample(r, index + offset)
+            matches = offset < len(draft) and token == draft[offset]
+            if matches:
+                r.spec_accepted += 1
+            if not self._commit(r, token, now):
+                running = False
+                break
+            if matches:
+                lane.tokens.append(token)  # decoded in this step already: not pending
+                accepted += 1
+                continue
+            break
+        if running and r.runahead:
+            self.check_runahead(r, token, whole=accepted == len(draft))
+        if r.window is not None:
+            r.window.verified(len(draft), accepted, self._spec.draft_tokens)
+        if self._proposer is not None:
+            self._to_plugins(self._proposer.outcome, r.id, len(draft), accepted)
+        if len(lane.tokens) < kv_end:
+            self._kv.trim(lane)
+
+    def check_runahead(self, r: RequestState, token: int, whole: bool) -> None:
+        """Keep ``r``'s run-ahead proposals as its next window when its window verified
+        ``whole`` and ``token`` (sampled after it, now pending) is the one they expected;
+        otherwise they are stale: dropped unexecuted and counted."""
+        if whole and r.runahead[0] == token:
+            del r.runahead[0]
+            return
+        r.spec_discarded += len(r.runahead)
+        r.runahead = []
