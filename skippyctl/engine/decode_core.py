@@ -24,7 +24,7 @@ import ctypes
 import math
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any, Final
 
@@ -184,9 +184,10 @@ class DecodeCore:
             commit=self._commit,
         )
         self._streams = self._proposals.streams
-        self._session_files = SessionFiles(
+        self.session_files = SessionFiles(
             llama, context, self._kv, n_vocab=self._intake.n_vocab, emit=self.emit
         )
+        """Session state files out and in, on the decode thread (``BatchEngine``'s inbox)."""
         # One batch for the engine's lifetime: a chunk plus the decoding slots.
         self._batch = StepBatch(llama, self._chunk + slots)
         self._board = RequestBoard()
@@ -285,20 +286,6 @@ class DecodeCore:
             self.refuse(r, refused)
             return
         self._board.queue.append(r)
-
-    def export_sessions(
-        self,
-        files: Mapping[str, str],
-        budget_bytes: int,
-        fingerprint: bytes,
-        report_missing: bool = False,
-    ) -> None:
-        self._session_files.export(files, budget_bytes, fingerprint, report_missing)
-
-    def restore_sessions(
-        self, files: Sequence[tuple[str, str]], max_bytes: int, fingerprint: bytes
-    ) -> None:
-        self._session_files.restore(files, max_bytes, fingerprint)
 
     def drop(self, session: str, reason: str) -> None:
         self._kv.drop(session, reason)

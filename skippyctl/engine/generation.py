@@ -246,7 +246,7 @@ class BatchEngine:
     ) -> bool:
         """Write the named idle sessions' state files on the decode thread; waits until they are
         written (False when that took longer than ``timeout_s`` — 0: do not wait — or the
-        thread is not running). ``report_missing``: see ``DecodeCore.export_sessions``."""
+        thread is not running). ``report_missing``: see ``SessionFiles.export``."""
         written = threading.Event()
         with self._cond:
             if self._thread is None or self._stopping:
@@ -359,10 +359,10 @@ class BatchEngine:
                 elif kind == "cancel":
                     core.cancel(first)
                 elif kind == "restore":
-                    core.restore_sessions(*first)
+                    core.session_files.restore(*first)
                 elif kind == "save":
                     try:
-                        core.export_sessions(*first)
+                        core.session_files.export(*first)
                     finally:
                         self._flush()  # the outcomes go out before the waiting caller ends
                         second.set()
