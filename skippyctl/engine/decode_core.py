@@ -45,7 +45,7 @@ from skippyctl.engine.lanes import (
     cache_result,
     common_prefix,
 )
-from skippyctl.engine.protocol import (
+from skippyctl.engine.protocol_messages import (
     ComputeFailed,
     EngineMessage,
     GenDone,

@@ -49,33 +49,35 @@ from skippyctl.engine import options as engine_options
 from skippyctl.engine.channel import ControlChannel, MalformedMessage, engine_side
 from skippyctl.engine.geometry import available_memory_bytes, kv_bytes_per_token, plan_context
 from skippyctl.engine.options import EngineOptions
-from skippyctl.engine.protocol import (
+from skippyctl.engine.protocol_commands import (
+    Cancel,
+    Command,
+    DropSession,
+    Generate,
+    Load,
+    Ping,
+    SaveSessions,
+    Shutdown,
+)
+from skippyctl.engine.protocol_messages import (
     AllocationRefused,
     Backends,
     BufferReport,
-    Cancel,
-    Command,
     ContextBegun,
     ContextReturned,
     CpuFallback,
     DeviceReport,
-    DropSession,
     EngineMessage,
     GenDone,
-    Generate,
     Hello,
-    Load,
     LoadBegun,
     LoadPhase,
     LoadPhaseName,
     LoadReturned,
     MemoryAllocated,
-    Ping,
     PluginReported,
     Pong,
     ProtocolError,
-    SaveSessions,
-    Shutdown,
     StateExported,
 )
 from skippyctl.engine.speculation import SPEC_OFF, SpecConfig

@@ -58,10 +58,10 @@ from typing import Final, assert_never
 from skippyctl.config.runtime_settings import inherited_environment
 from skippyctl.engine.channel import MalformedMessage, host_side
 from skippyctl.engine.options import EngineOptions
-from skippyctl.engine.protocol import (
+from skippyctl.engine.protocol_commands import Command, Load, Ping, Shutdown
+from skippyctl.engine.protocol_messages import (
     AllocationRefused,
     Backends,
-    Command,
     ComputeFailed,
     ContextBegun,
     ContextReturned,
@@ -78,17 +78,14 @@ from skippyctl.engine.protocol import (
     Hello,
     Kv,
     Link,
-    Load,
     LoadBegun,
     LoadPhase,
     LoadReturned,
     MemoryAllocated,
-    Ping,
     PluginReported,
     Pong,
     ProtocolError,
     SessionChanged,
-    Shutdown,
     StateExported,
     StateImported,
 )

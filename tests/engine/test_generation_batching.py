@@ -4,7 +4,7 @@ is chunked beside running generation, one write per iteration, progress messages
 from __future__ import annotations
 
 from skippyctl.engine.generation import GenerateRequest
-from skippyctl.engine.protocol import EngineMessage
+from skippyctl.engine.protocol_messages import EngineMessage
 from tests.engine.generation_harness import PROMPT, EngineFactory, Recorder, greedy
 
 
