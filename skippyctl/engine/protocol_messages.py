@@ -377,7 +377,7 @@ class ComputeFailed:
 @dataclass(frozen=True, slots=True)
 class PluginReported:
     """A serving plugin's health changed
-    (``skippyctl.plugins.link.PluginReport``): ``kind``
+    (``skippyctl.plugins.sidecar_supervisor.PluginReport``): ``kind``
     ``loaded`` / ``load_failed`` / ``failed`` / ``restarted`` / ``disabled``; ``reason`` a short
     word (``timeout``, ``crashed``, ``raised``, ``invalid_tokens`` …); ``plugin`` its short name
     (a basename or an entry-point name, never a path)."""

@@ -116,7 +116,7 @@ from skippyctl.pipeline.authority import (
 from skippyctl.pipeline.authority import (
     LoadReturned as LoadReturnedItem,
 )
-from skippyctl.plugins.link import CREDENTIAL_VARIABLES
+from skippyctl.plugins.sidecar_supervisor import CREDENTIAL_VARIABLES
 from skippyctl.runtime.engine_commands import CommandWriter
 from skippyctl.runtime.engine_seams import EngineListener, EnginePipeline, EngineTopology
 from skippyctl.runtime.plugin_events import plugin_events
