@@ -181,7 +181,7 @@ class Reader:
         pin(OTHER_CPU)
         while True:
             try:
-                # as the SSE stream reads (api/app.py): what gathered, up to a bound
+                # as the SSE stream reads (api/event_stream.py): what gathered, up to a bound
                 items = self.subscription.get_many(READ_BATCH, 0.2)
             except SubscriptionClosed:
                 return
