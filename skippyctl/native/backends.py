@@ -10,9 +10,9 @@ Contract:
   :class:`BackendsUnavailable` when a library or a symbol is missing. Every call is cheap and
   never aborts (no RPC device is touched here: ``ggml_backend_dev_memory`` of an RPC device is a
   network round trip, so :meth:`GgmlBackends.devices` skips devices of the RPC registry).
-- Only device *names* (``CPU``, ``CUDA0``) and types leave this module: names are short
-  registry names, safe in events; descriptions may carry a hardware model string and are never
-  read. ggml handles are pointers and never leave the process.
+- Only device and buffer type *names* (``CPU``, ``CUDA0``, ``CPU_REPACK``) and types leave this
+  module: names are short registry names, safe in events; descriptions may carry a hardware
+  model string and are never read. ggml handles are pointers and never leave the process.
 - :meth:`GgmlBackends.buffer_types` lists each device's buffer types by name (its default, its
   host and its extra ones, ``CPU_REPACK`` or ``AMX`` on a CPU) with the device their bytes count
   on, by the same rule as the breakdown: the buffer type's ggml device, else the host's.
