@@ -20,7 +20,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Annotated, Any, Final
 
-from fastapi import FastAPI, Header, Query, Request
+from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi import Path as PathParam
 from fastapi.openapi.utils import get_openapi
 from starlette.datastructures import Headers
@@ -31,6 +31,7 @@ from skippyctl.api.context import ApiContext
 from skippyctl.api.edge import EdgeMiddleware
 from skippyctl.api.errors import JsonResponse, error_response, install_error_handlers
 from skippyctl.api.openai import register_openai_routes
+from skippyctl.api.query_parameters import refuse_repeated_scalar_query_parameters
 from skippyctl.api.schemas import (
     FIELD_NAMES,
     SSE,
@@ -171,6 +172,7 @@ def create_app(ctx: ApiContext, on_ready: Callable[[], None] | None = None) -> F
         docs_url=None,
         redoc_url=None,
         lifespan=lifespan,
+        dependencies=[Depends(refuse_repeated_scalar_query_parameters)],
     )
     app.state.ctx = ctx
     install_error_handlers(app, FIELD_NAMES)
