@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.openapi.utils import get_openapi
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -27,6 +27,7 @@ from skippyctl.api.errors import error_response, install_error_handlers
 from skippyctl.api.event_stream import register_event_stream_route
 from skippyctl.api.health_routes import register_health_routes
 from skippyctl.api.openai import register_openai_routes
+from skippyctl.api.query_parameters import refuse_repeated_scalar_query_parameters
 from skippyctl.api.runtime_routes import register_runtime_routes
 from skippyctl.api.schemas import FIELD_NAMES, add_request_models
 
@@ -68,6 +69,7 @@ def create_app(ctx: ApiContext, on_ready: Callable[[], None] | None = None) -> F
         docs_url=None,
         redoc_url=None,
         lifespan=lifespan,
+        dependencies=[Depends(refuse_repeated_scalar_query_parameters)],
     )
     app.state.ctx = ctx
     install_error_handlers(app, FIELD_NAMES)
