@@ -39,13 +39,10 @@ from skippyctl.pipeline.reconcile import Reconciler, ReconcilerCounters
 from skippyctl.pipeline.warnings import SOURCE_EVENTS as WARNING_SOURCES
 from skippyctl.pipeline.warnings import WarningCounters, WarningDeriver
 from skippyctl.reducer.reduce import BatchReducer
-from skippyctl.reducer.resources import KV_PRESSURE_EVENTS
 from skippyctl.reducer.state import RuntimeView
 
 MAX_INBOX_BATCHES: Final = 64
 DRAIN_BATCH_RECORDS: Final = 512
-MIN_PRESSURE_RUN: Final = 2
-"""Consecutive KV pressure events of one model that `_process_pressure_run` reduces together."""
 HEALTH_INTERVAL_S: Final = 0.5
 LOG_SUMMARY_INTERVAL_S: Final = 5.0
 """The window of `native_log_summary`: at most one per engine per window (and one when an
@@ -434,59 +431,9 @@ class Pipeline:
         events = [
             e for adapted in self.adapter.adapt_batch(batch.facts) for e in on_native(adapted)
         ]
-        index, total = 0, len(events)
-        while index < total:
-            event = events[index]
-            end = index + 1
-            if event.id in KV_PRESSURE_EVENTS and event.scope.model_id is not None:
-                model_id = event.scope.model_id
-                while (
-                    end < total
-                    and events[end].id in KV_PRESSURE_EVENTS
-                    and events[end].scope.model_id == model_id
-                ):
-                    end += 1
-            if end - index >= MIN_PRESSURE_RUN:
-                self._process_pressure_run(events[index:end])
-            else:
-                for short_run_event in events[index:end]:
-                    self._process(short_run_event, notify=False)
-            index = end
+        for event in events:
+            self._process(event, notify=False)
         self._native_facts_processed += len(batch.facts)
-
-    def _process_pressure_run(self, events: list[Event]) -> None:
-        """`_process` for each of a run of one model's KV pressure events, with the same
-        events in the same order (a flapping level costs a pass, not an event's full path).
-        The warnings they derive split the run: each is reduced right after its cause."""
-        try:
-            derived = self.warnings.derive_pressure_run(events)
-        except Exception:  # noqa: BLE001 - diagnostics never cost the events that caused them
-            self._internal_errors += 1
-            derived = []
-        start = 0
-        for end, warnings in [*derived, (len(events) - 1, [])]:
-            segment = events[start : end + 1]
-            start = end + 1
-            if segment:
-                self._reduce_pressure_segment(segment)
-            for warning in warnings:
-                self._reduce_derived(warning)
-
-    def _reduce_pressure_segment(self, segment: list[Event]) -> None:
-        outbox = self._outbox
-        try:
-            transitions = self._reducer.reduce_pressure_run(segment)
-        except Exception:  # noqa: BLE001 - the reducer is total by contract; count, never die
-            # Restored to before the segment: each event once more, as `_process` would reduce
-            # it (its warnings are derived already).
-            self._reducer_errors += 1
-            for event in segment:
-                self._reduce_derived(event)
-            return
-        for event, caused in zip(segment, transitions, strict=True):
-            outbox.append(event)
-            if caused:
-                outbox.extend(caused)
 
     def _process(self, event: Event, notify: bool = True) -> None:
         """Reduce and queue one event. With `notify=False` the caller publishes the state,
