@@ -1,14 +1,13 @@
-"""The pipeline thread: drains native rings and host ingress, adapts, reconciles, reduces,
-dispatches — and reports its own health, rate-limited.
+"""The pipeline thread: takes the drained native batches (pipeline.drain) and host ingress,
+adapts, reconciles, reduces, dispatches — and reports its own health, rate-limited.
 
 Threads (all named): one `skippy-pipeline` thread owns the adapter, reconciler, reducer state
-and dispatch; one `skippy-drain-<engine>` thread per engine waits on that engine's shared-memory
-ring with the GIL released and hands batches to the pipeline through a bounded inbox (when the
-inbox is full the drainer stops draining, so pressure lands in the ring, where it is dropped by
-class and counted — never on the native producer).
+and dispatch; the engines' `skippy-drain-<engine>` threads (pipeline.drain) feed its bounded
+inbox.
 
 Ordering: authoritative items from an engine are queued after a synchronous final drain of its
-ring, so the reconciler sees every native fact written before the engine returned. Each cycle
+ring (pipeline.drain), so the reconciler sees every native fact written before the engine
+returned. Each cycle
 takes the inbox snapshot before draining host ingress and reduces the host events first, so a host
 event submitted before an engine fact is always reduced before it.
 """
@@ -34,15 +33,14 @@ from skippyctl.pipeline.dispatch import (
     SubscriberStatus,
     Subscription,
 )
-from skippyctl.pipeline.native_adapter import AdapterCounters, FactColumns, NativeAdapter
+from skippyctl.pipeline.drain import EngineChannel, Inbox, NativeBatch, NativeRing
+from skippyctl.pipeline.native_adapter import AdapterCounters, NativeAdapter
 from skippyctl.pipeline.reconcile import Reconciler, ReconcilerCounters
 from skippyctl.pipeline.warnings import SOURCE_EVENTS as WARNING_SOURCES
 from skippyctl.pipeline.warnings import WarningCounters, WarningDeriver
 from skippyctl.reducer.reduce import BatchReducer
 from skippyctl.reducer.state import RuntimeView
 
-MAX_INBOX_BATCHES: Final = 64
-DRAIN_BATCH_RECORDS: Final = 512
 HEALTH_INTERVAL_S: Final = 0.5
 LOG_SUMMARY_INTERVAL_S: Final = 5.0
 """The window of `native_log_summary`: at most one per engine per window (and one when an
@@ -69,44 +67,6 @@ SYNTHETIC_TERMINALS: Final[dict[Category, EventId]] = {
 }
 
 
-class LaneCounts(Protocol):
-    @property
-    def dropped_full(self) -> int: ...
-    @property
-    def coalesced(self) -> int: ...
-
-
-class RingStats(Protocol):
-    """What the pipeline reads from a native ring's counters (skippyctl.native.ingress)."""
-
-    @property
-    def terminal(self) -> LaneCounts: ...
-    @property
-    def progress(self) -> LaneCounts: ...
-    @property
-    def diagnostic(self) -> LaneCounts: ...
-    @property
-    def unknown_kind(self) -> int: ...
-    @property
-    def total_rejected(self) -> int: ...
-    @property
-    def log_messages_by_level(self) -> tuple[int, ...]: ...
-
-
-class NativeRing(Protocol):
-    """The host side of one engine's shared-memory ring (skippyctl.native.ingress)."""
-
-    def wait(self, timeout_s: float) -> bool: ...
-    def drain_batch(self, max_records: int = ...) -> FactColumns: ...
-    def stats(self) -> RingStats: ...
-
-
-@dataclass(frozen=True, slots=True)
-class NativeBatch:
-    engine_key: str
-    facts: FactColumns
-
-
 @dataclass(frozen=True, slots=True)
 class EventSystemHealth:
     """The queryable event-system health (also reported as events, rate-limited)."""
@@ -125,55 +85,6 @@ class EventSystemHealth:
     health_events_emitted: int
     native_facts_processed: int
     warnings: WarningCounters = field(default_factory=WarningCounters)
-
-
-class EngineChannel:
-    """One engine's ring and its drainer thread."""
-
-    def __init__(self, pipeline: Pipeline, key: str, ring: NativeRing) -> None:
-        self.key = key
-        self.ring = ring
-        self._pipeline = pipeline
-        self.model_id: LogicalId | None = None
-        """What the channel's summaries are about (set by the host once it knows)."""
-        self.logged: tuple[int, ...] = ()
-        """`log_messages_by_level` at the last `native_log_summary`."""
-        self.next_log_summary = 0.0
-        self._drain_lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"skippy-drain-{key}", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            if not self._pipeline._inbox_has_room():
-                self._pipeline._inbox_room.wait(0.05)
-                continue
-            if self.ring.wait(0.2):
-                self.flush()
-
-    def flush(self) -> int:
-        """Drain everything pending now, in order, into the pipeline inbox."""
-        total = 0
-        with self._drain_lock:
-            while True:
-                facts = self.ring.drain_batch(DRAIN_BATCH_RECORDS)
-                if not len(facts):
-                    return total
-                total += len(facts)
-                self._pipeline._inbox_put(NativeBatch(self.key, facts))
-
-    def submit_authority(self, item: Authoritative) -> None:
-        """Queue an authoritative item after every fact the engine has written so far."""
-        with self._drain_lock:
-            while len(facts := self.ring.drain_batch(DRAIN_BATCH_RECORDS)):
-                self._pipeline._inbox_put(NativeBatch(self.key, facts))
-            self._pipeline._inbox_put(item)
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=2.0)
-        self.flush()
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,11 +126,8 @@ class Pipeline:
         thread only); `_publish_state` swaps its snapshot into `_state` once per batch."""
         self._state_lock = threading.Lock()
         self._state_changed = threading.Condition(self._state_lock)
-        self._inbox: deque[NativeBatch | Authoritative] = deque()
-        self._inbox_lock = threading.Lock()
-        self._inbox_room = threading.Event()
-        self._inbox_room.set()
         self._doorbell = self.ingress.doorbell
+        self._inbox = Inbox(self._doorbell)
         self._engines: dict[str, EngineChannel] = {}
         self._debug_lock = threading.Lock()
         """One reader at a time for the engines' debug-log rings."""
@@ -248,14 +156,14 @@ class Pipeline:
         for channel in list(self._engines.values()):
             channel.close()
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and (self.ingress.pending() or self._inbox_size()):
+        while time.monotonic() < deadline and (self.ingress.pending() or self._inbox.size()):
             self._doorbell.set()
             time.sleep(0.01)
         self._stopping.set()
         self._doorbell.set()
         if self._thread.is_alive():
             self._thread.join(max(0.0, deadline - time.monotonic()) + 0.5)
-        undelivered = self.ingress.pending() + self._inbox_size()
+        undelivered = self.ingress.pending() + self._inbox.size()
         self.dispatcher.close_all(DisconnectReason.SHUTDOWN)
         return ShutdownReport(drained_in_time=undelivered == 0, undelivered=undelivered)
 
@@ -265,12 +173,12 @@ class Pipeline:
 
     def submit_authority(self, item: Authoritative) -> None:
         """Queue an authoritative item that belongs to no engine ring (host decisions)."""
-        self._inbox_put(item)
+        self._inbox.put(item)
 
     def attach_engine(
         self, key: str, ring: NativeRing, model_id: LogicalId | None = None
     ) -> EngineChannel:
-        channel = EngineChannel(self, key, ring)
+        channel = EngineChannel(self._inbox, key, ring)
         channel.model_id = model_id
         self._engines[key] = channel
         return channel
@@ -350,33 +258,11 @@ class Pipeline:
             + self._reducer_errors
             + self._internal_errors,
             reducer_duplicates=state.counters.duplicate_transitions,
-            inbox_batches=self._inbox_size(),
+            inbox_batches=self._inbox.size(),
             health_events_emitted=self._health.emitted,
             native_facts_processed=self._native_facts_processed,
             warnings=self.warnings.counters,
         )
-
-    # -- inbox ----------------------------------------------------------------------------------
-    def _inbox_put(self, item: NativeBatch | Authoritative) -> None:
-        with self._inbox_lock:
-            self._inbox.append(item)
-            if len(self._inbox) >= MAX_INBOX_BATCHES:
-                self._inbox_room.clear()
-        self._doorbell.set()
-
-    def _inbox_has_room(self) -> bool:
-        return self._inbox_room.is_set()
-
-    def _inbox_size(self) -> int:
-        with self._inbox_lock:
-            return len(self._inbox)
-
-    def _inbox_take(self) -> list[NativeBatch | Authoritative]:
-        with self._inbox_lock:
-            items = list(self._inbox)
-            self._inbox.clear()
-            self._inbox_room.set()
-        return items
 
     # -- the thread -----------------------------------------------------------------------------
     def _run(self) -> None:
@@ -404,7 +290,7 @@ class Pipeline:
 
     def _cycle(self) -> None:
         while True:
-            items = self._inbox_take()
+            items = self._inbox.take()
             events = self.ingress.drain()
             if not items and not events:
                 break
