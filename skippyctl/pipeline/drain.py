@@ -141,4 +141,3 @@ class EngineChannel:
         self._stop.set()
         self._thread.join(timeout=2.0)
         self.flush()
-

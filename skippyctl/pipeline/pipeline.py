@@ -19,7 +19,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final, Protocol
+from typing import Final
 
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event, LogicalId, Scope, make_event, summaries

@@ -32,7 +32,6 @@ Owned by the pipeline thread only (not thread-safe).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 

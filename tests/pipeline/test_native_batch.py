@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import itertools
 import subprocess
 import sys
 import threading
@@ -13,7 +12,6 @@ from collections import deque
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -37,8 +35,6 @@ from skippyctl.native.ingress import (
     SharedIngress,
 )
 from skippyctl.native.library import native_library
-from skippyctl.pipeline import pipeline as pipeline_module
-from skippyctl.pipeline import warnings
 from skippyctl.pipeline.authority import OperationBound
 from skippyctl.pipeline.native_adapter import (
     DIAGNOSTIC_LANE,
@@ -48,7 +44,7 @@ from skippyctl.pipeline.native_adapter import (
 )
 from skippyctl.pipeline.pipeline import Pipeline
 from skippyctl.reducer.reduce import reduce
-from skippyctl.reducer.state import MAX_RECENT_EVENTS, RuntimeView, available_models
+from skippyctl.reducer.state import MAX_RECENT_EVENTS, RuntimeView
 
 WARNING = int(abi.Kind.DIAGNOSTIC_WARNING_RAISED)
 PRESSURE = int(abi.Kind.KV_PRESSURE_CROSSED)
@@ -481,5 +477,3 @@ def test_the_batch_path_does_not_import_numpy_ma() -> None:
         [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
     )
     assert result.stdout.strip() == "False"
-
-

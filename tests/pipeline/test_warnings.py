@@ -6,13 +6,6 @@ never derived from its own output)."""
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
-
-import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import (
     Event,
@@ -28,7 +21,6 @@ from skippyctl.native.library import native_library
 from skippyctl.pipeline.dispatch import Subscription
 from skippyctl.pipeline.pipeline import Pipeline
 from skippyctl.pipeline.warnings import (
-    MAX_ACTIVE_WARNINGS,
     RAISE_MIN_INTERVAL_S,
     SOURCE_EVENTS,
     WarningDeriver,
@@ -36,7 +28,6 @@ from skippyctl.pipeline.warnings import (
 from skippyctl.reducer.state import RuntimeView
 from tests.native.helpers import emit
 from tests.native.helpers import make_event as raw_event
-from tests.reducer.test_batch import _deterministic_clock
 
 NS = 1_000_000_000
 TINY = LogicalId("tiny")
@@ -193,5 +184,3 @@ def test_only_the_source_events_can_raise_or_clear_anything() -> None:
         assert deriver.derive(event, state) == [], event_id
     crossed = make_event(EventId.CACHE_PRESSURE_CROSSED, scope=scope)
     assert deriver.derive(crossed, state)  # a source does raise: the check above can fail
-
-
