@@ -2,7 +2,7 @@
 capacity on the same event mix, in one run. Target: capacity ≥ 10× the producer.
 
     .venv/bin/python -m benchmarks.pipeline_headroom [--models tiny,tiny-successor]
-        [--lanes 4] [--shapes 2,64] [--seconds 8] [--replays 3]
+        [--lanes 4] [--shapes 2,64] [--seconds 8] [--replay-events 200000]
 
 Producer (a): a real `skippyctl runtime serve --debug-token-events` (the most verbose setting:
 one debug event per sampled token on top of every request, session and native event) with a
@@ -11,14 +11,15 @@ fixture model loaded with `--lanes LANES`; LANES client threads send requests ba
 exactly its tokens) for `--seconds`, for each model and request shape (tokens per request: a
 short shape is request-lifecycle heavy, a long one token-event heavy). A recorder reads the
 runtime's live event stream (`/api/runtime/events/v1`) from the start. The producer's rate is
-the events the runtime dispatched with a monotonic stamp inside the load window (the host and
-this process share CLOCK_MONOTONIC), over the window; its native facts/s come from the
+the events the runtime dispatched with a wall-clock stamp inside the load window (the host and
+this process share the clock), over the window; its native facts/s come from the
 runtime's `native_facts_processed` counter.
 
 Capacity (b): the recording's source events (not the ones the pipeline derives itself:
 reducer transitions, warnings, its own health reports) replayed into a fresh in-process
 `Pipeline` with one subscriber that reads everything: the events before the window once
-(setup, not timed), then the window's events `--replays` times, as fast as the pipeline drains
+(setup, not timed), then the window's events over and over (`--replay-events` in all; request
+ids repeat only after their request ended), as fast as the pipeline drains
 them (the feeder keeps the host ingress short of sampling and coalescing, and checks that it
 did neither). The pipeline and its threads are pinned to CPU 0 ("one core"), the feeder and the
 subscriber to CPU 1. Native events are replayed through host ingress: the runtime's native
@@ -103,13 +104,13 @@ class Recording:
     requests: int
     events: list[Event]
     window: tuple[int, int]
-    """The load window, monotonic ns."""
+    """The load window, wall-clock ns (the event stream carries wall-clock stamps)."""
     native_facts: int
 
     @property
     def window_events(self) -> int:
         start, end = self.window
-        return sum(start <= e.mono_ns <= end for e in self.events)
+        return sum(start <= e.wall_ns <= end for e in self.events)
 
     @property
     def events_per_s(self) -> float:
@@ -208,13 +209,15 @@ def record(model: str, lanes: int, tokens: int, seconds: float, root: Path) -> R
                     c.post("/v1/completions", json=body).raise_for_status()
                     done[index] += 1
 
+        with httpx.Client(base_url=runtime.url, headers=runtime.headers, timeout=60) as c:
+            c.post("/v1/completions", json=body).raise_for_status()  # warm-up, unmeasured
         facts_before = native_facts(runtime)
         threads = [threading.Thread(target=client, args=(n,)) for n in range(lanes)]
-        start = time.monotonic_ns()
+        start = time.time_ns()
         for thread in threads:
             thread.start()
         time.sleep(seconds)
-        end = time.monotonic_ns()
+        end = time.time_ns()
         facts = native_facts(runtime) - facts_before
         stop.set()
         for thread in threads:
@@ -263,12 +266,13 @@ def feed(pipeline: Pipeline, events: list[Event]) -> None:
         submit(event)
 
 
-def replay(recording: Recording, replays: int) -> dict[str, Any]:
+def replay(recording: Recording, replay_events: int) -> dict[str, Any]:
     """The pipeline's capacity on the recording's mix: dispatched events/s on one core."""
     source = [e for e in recording.events if e.id not in DERIVED]
     start, _ = recording.window
-    setup = [e for e in source if e.mono_ns < start]
-    window = [e for e in source if e.mono_ns >= start]
+    setup = [e for e in source if e.wall_ns < start]
+    window = [e for e in source if e.wall_ns >= start]
+    replays = max(1, -(-replay_events // max(1, len(window))))
     pin(PIPELINE_CPU)  # the pipeline thread inherits this thread's CPU set
     pipeline = Pipeline(HostIngressConfig(debug_enabled=True), health_interval_s=0.25).start()
     pin(OTHER_CPU)
@@ -307,7 +311,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lanes", type=int, default=4)
     parser.add_argument("--shapes", default="2,64", help="tokens per request, comma-separated")
     parser.add_argument("--seconds", type=float, default=8.0)
-    parser.add_argument("--replays", type=int, default=3)
+    parser.add_argument(
+        "--replay-events", type=int, default=200_000, help="source events replayed (at least)"
+    )
     args = parser.parse_args(argv)
     shapes = [int(tokens) for tokens in args.shapes.split(",")]
     models = args.models.split(",")
@@ -320,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         for model in models:
             for tokens in shapes:
                 recording = record(model, args.lanes, tokens, args.seconds, Path(root))
-                capacity = replay(recording, args.replays)
+                capacity = replay(recording, args.replay_events)
                 ratio = capacity["events_per_s"] / recording.events_per_s
                 row = {
                     "model": model,
