@@ -133,15 +133,34 @@ class Draft:
     def revise_item(self, mapping: Mapping[K, V], key: K, value: V) -> Mapping[K, V]:
         backing = self._dicts.get(id(mapping))
         if backing is None:
-            backing = dict(mapping)
-            backing[key] = value
-            made: Mapping[K, V] = MappingProxyType(backing)
-            self._owned[id(made)] = made
-            self._dicts[id(made)] = backing
-            return made
+            return self.revise_items(mapping, ((key, value),), ())
         backing[key] = value
         self._updated.add(id(mapping))
         return mapping
+
+    def remove_item(self, mapping: Mapping[K, V], key: K) -> Mapping[K, V]:
+        backing = self._dicts.get(id(mapping))
+        if backing is None:
+            return self.revise_items(mapping, (), (key,))
+        if backing.pop(key, _MISSING) is not _MISSING:
+            self._updated.add(id(mapping))
+        return mapping
+
+    def revise_items(
+        self, mapping: Mapping[K, V], items: tuple[tuple[K, V], ...], removed: tuple[K, ...]
+    ) -> Mapping[K, V]:
+        """A copy of `mapping` that the draft owns, less `removed`, with `items` set."""
+        backing = dict(mapping)
+        for key in removed:
+            backing.pop(key, None)
+        backing.update(items)
+        made: Mapping[K, V] = MappingProxyType(backing)
+        self._owned[id(made)] = made
+        self._dicts[id(made)] = backing
+        return made
+
+
+_MISSING: Final = object()
 
 
 class _Active(threading.local):
@@ -178,3 +197,12 @@ def revise_item(mapping: Mapping[K, V], key: K, value: V) -> Mapping[K, V]:
         updated[key] = value
         return MappingProxyType(updated)
     return draft.revise_item(mapping, key, value)
+
+
+def remove_item(mapping: Mapping[K, V], key: K) -> Mapping[K, V]:
+    """A read-only mapping without `key`: a new one (as `reducer.common.drop`), or the same one
+    updated in place when the active draft made it."""
+    draft = _ACTIVE.draft
+    if draft is None:
+        return MappingProxyType({k: v for k, v in mapping.items() if k != key})
+    return draft.remove_item(mapping, key)

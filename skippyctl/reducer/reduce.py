@@ -18,21 +18,23 @@ Transitions are projections: they are dispatched, never reduced again.
 `BatchReducer` reduces a batch of events (one drained native batch, one pipeline cycle) with the
 same result, state and transitions, as `reduce` event by event, into a working copy that the
 batch's later events update in place (reducer.immutable.Draft), and publishes one immutable
-snapshot at the end of the batch. Only `revise`/`revise_item` call sites update in place: the
-root view, the counters (`common.count`), the node derivation, and the KV path
-(`resources.on_kv`), the one that a stream of distinct KV-pressure transitions runs through.
+snapshot at the end of the batch. Only `revise`/`revise_item`/`remove_item` call sites update
+in place: the root view, the counters (`common.count`), the bounded maps (`common.bounded_put`),
+the node derivation, the KV path (`resources.on_kv`) and the serving family's sessions and
+requests (`serving`: a request event is the commonest event a real runtime emits, so it must
+not copy the request map and the root view once per event).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Final
 
-from skippyctl.events.catalog import EventId
-from skippyctl.events.envelope import NO_SCOPE, Event, LogicalId, SummaryKey, summaries
+from skippyctl.events.catalog import CATALOG, EventId
+from skippyctl.events.envelope import NO_SCOPE, Event, LogicalId, summaries
 from skippyctl.events.reasons import DeliveryClass, Severity
 from skippyctl.reducer import health, models, resources, serving, topology
-from skippyctl.reducer.common import NO_TRANSITIONS, Handler, count, transition
+from skippyctl.reducer.common import NO_TRANSITIONS, Handler, transition
 from skippyctl.reducer.immutable import Draft, activate, deactivate, evolve, revise
 from skippyctl.reducer.node import derive_node
 from skippyctl.reducer.state import (
@@ -76,6 +78,10 @@ NODE_EVENTS: Final[dict[NodeState, EventId]] = {
 }
 
 _RECENT_SEVERITIES: Final = frozenset({Severity.WARNING, Severity.ERROR, Severity.FATAL})
+_TERMINAL_IDS: Final = frozenset(
+    spec.id for spec in CATALOG.values() if spec.delivery is DeliveryClass.TERMINAL
+)
+"""`event.delivery is TERMINAL` without the catalog lookup (`_is_remembered` runs per event)."""
 
 
 def reduce(state: RuntimeView, event: Event) -> tuple[RuntimeView, Transitions]:
@@ -208,7 +214,8 @@ class BatchReducer:
         remembered = self._remembered
         if _is_remembered(event):
             remembered.append(event)
-        remembered.extend(t for t in transitions if _is_remembered(t))
+        if transitions:
+            remembered.extend(t for t in transitions if _is_remembered(t))
 
     def publish(self) -> RuntimeView:
         """End the batch: the immutable snapshot of everything reduced so far. The next event
@@ -318,9 +325,7 @@ def _is_remembered(event: Event) -> bool:
     """Lifecycle and warning events (the state test first: the cheapest, and every transition
     passes it)."""
     return (
-        event.state is not None
-        or event.delivery is DeliveryClass.TERMINAL
-        or event.severity in _RECENT_SEVERITIES
+        event.state is not None or event.id in _TERMINAL_IDS or event.severity in _RECENT_SEVERITIES
     )
 
 

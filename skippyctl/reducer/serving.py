@@ -48,11 +48,9 @@ from skippyctl.reducer.common import (
     Step,
     bounded_put,
     count,
-    drop,
-    put,
     reject,
 )
-from skippyctl.reducer.immutable import evolve
+from skippyctl.reducer.immutable import remove_item, revise, revise_item
 from skippyctl.reducer.moves import ABSENT, REMOVED, SAME, Effect, Move, MoveTable, entering, moves
 from skippyctl.reducer.state import (
     MAX_RECENT_REQUESTS,
@@ -166,13 +164,14 @@ def on_session(state: RuntimeView, event: Event) -> Step:
         return reject(state, duplicate=SESSION_MOVES.repeats(event.id, now))
     match row.target:
         case Effect.REMOVED:
-            return evolve(state, sessions=drop(state.sessions, session_id)), NO_TRANSITIONS
+            return revise(state, sessions=remove_item(state.sessions, session_id)), NO_TRANSITIONS
         case Effect.SAME:
             if current is None:  # no row leads from absent to `same`
                 return reject(state)
             trimmed = current.trimmed + (event.id is EventId.SESSION_TRIMMED)
-            updated = evolve(current, trimmed=trimmed, updated_mono_ns=event.mono_ns)
-            return evolve(state, sessions=put(state.sessions, session_id, updated)), NO_TRANSITIONS
+            updated = revise(current, trimmed=trimmed, updated_mono_ns=event.mono_ns)
+            sessions = revise_item(state.sessions, session_id, updated)
+            return revise(state, sessions=sessions), NO_TRANSITIONS
         case SessionState() as target:
             return _place_session(state, event, session_id, current, target)
         case _ as unreachable:
@@ -189,7 +188,7 @@ def _place_session(
     lane = _int(event, SummaryKey.LANES)
     ctx = _int(event, SummaryKey.CONTEXT_TOKENS)
     base = current or SessionView(session_id=session_id, state=target)
-    view = evolve(
+    view = revise(
         base,
         state=target,
         model_id=event.scope.model_id or base.model_id,
@@ -208,7 +207,7 @@ def _place_session(
     if placed is None:
         return reject(state)
     sessions, evicted = placed
-    return count(evolve(state, sessions=sessions), evicted_sessions=evicted), NO_TRANSITIONS
+    return count(revise(state, sessions=sessions), evicted_sessions=evicted), NO_TRANSITIONS
 
 
 def on_request_received(state: RuntimeView, event: Event) -> Step:
@@ -232,7 +231,7 @@ def on_request_received(state: RuntimeView, event: Event) -> Step:
     )
     assert placed is not None
     requests, evicted = placed
-    return count(evolve(state, requests=requests), evicted_requests=evicted), NO_TRANSITIONS
+    return count(revise(state, requests=requests), evicted_requests=evicted), NO_TRANSITIONS
 
 
 def on_request_step(state: RuntimeView, event: Event) -> Step:
@@ -248,7 +247,7 @@ def on_request_step(state: RuntimeView, event: Event) -> Step:
     wait = event.summary_value(SummaryKey.QUEUE_WAIT_MS)
     ttft = event.summary_value(SummaryKey.TIME_TO_FIRST_TOKEN_MS)
     prompt = _int(event, SummaryKey.PROMPT_TOKENS)
-    updated = evolve(
+    updated = revise(
         view,
         state=target,
         queue_depth=depth if depth is not None else view.queue_depth,
@@ -257,7 +256,7 @@ def on_request_step(state: RuntimeView, event: Event) -> Step:
         prompt_tokens=prompt if prompt is not None else view.prompt_tokens,
         updated_mono_ns=event.mono_ns,
     )
-    return evolve(state, requests=put(state.requests, request_id, updated)), NO_TRANSITIONS
+    return revise(state, requests=revise_item(state.requests, request_id, updated)), NO_TRANSITIONS
 
 
 def on_generation_progress(state: RuntimeView, event: Event) -> Step:
@@ -269,8 +268,8 @@ def on_generation_progress(state: RuntimeView, event: Event) -> Step:
         return reject(state)
     if view.generated_tokens is not None and event.progress.current <= view.generated_tokens:
         return reject(state, duplicate=True)
-    updated = evolve(view, generated_tokens=event.progress.current, updated_mono_ns=event.mono_ns)
-    return evolve(state, requests=put(state.requests, request_id, updated)), NO_TRANSITIONS
+    updated = revise(view, generated_tokens=event.progress.current, updated_mono_ns=event.mono_ns)
+    return revise(state, requests=revise_item(state.requests, request_id, updated)), NO_TRANSITIONS
 
 
 def on_generation_completed(state: RuntimeView, event: Event) -> Step:
@@ -282,23 +281,23 @@ def on_generation_completed(state: RuntimeView, event: Event) -> Step:
     tokens = _int(event, SummaryKey.GENERATED_TOKENS) or 0
     proposed = _int(event, SummaryKey.SPEC_PROPOSED_TOKENS) or 0
     accepted = _int(event, SummaryKey.SPEC_ACCEPTED_TOKENS) or 0
-    updated = evolve(
+    updated = revise(
         model,
         generated_tokens=model.generated_tokens + tokens,
         decode_tokens_per_s=float(rate) if rate is not None else model.decode_tokens_per_s,
         spec_proposed_tokens=model.spec_proposed_tokens + proposed,
         spec_accepted_tokens=model.spec_accepted_tokens + accepted,
     )
-    state = evolve(state, models=put(state.models, model_id, updated))
+    state = revise(state, models=revise_item(state.models, model_id, updated))
     session_id = event.scope.session_id
     session = None if session_id is None else state.sessions.get(session_id)
     if proposed and session is not None and session_id is not None:
-        session = evolve(
+        session = revise(
             session,
             spec_proposed_tokens=session.spec_proposed_tokens + proposed,
             spec_accepted_tokens=session.spec_accepted_tokens + accepted,
         )
-        state = evolve(state, sessions=put(state.sessions, session_id, session))
+        state = revise(state, sessions=revise_item(state.sessions, session_id, session))
     return state, NO_TRANSITIONS
 
 
@@ -319,16 +318,16 @@ def on_request_end(state: RuntimeView, event: Event) -> Step:
     )
     recent = (*state.recent_requests, outcome)
     evicted = max(0, len(recent) - MAX_RECENT_REQUESTS)
-    state = evolve(
+    state = revise(
         state,
-        requests=drop(state.requests, request_id),
+        requests=remove_item(state.requests, request_id),
         recent_requests=recent[evicted:],
     )
     model_id = event.scope.model_id
     model = None if model_id is None else state.models.get(model_id)
     if model is not None and model_id is not None and event.id is EventId.REQUEST_COMPLETED:
-        model = evolve(model, completed_requests=model.completed_requests + 1)
-        state = evolve(state, models=put(state.models, model_id, model))
+        model = revise(model, completed_requests=model.completed_requests + 1)
+        state = revise(state, models=revise_item(state.models, model_id, model))
     return count(state, evicted_recent=evicted), NO_TRANSITIONS
 
 
