@@ -7,13 +7,13 @@ capacity on the same event mix, in one run. Target: capacity ≥ 10× the produc
 Producer (a): a real `skippyctl runtime serve --debug-token-events` (the most verbose setting:
 one debug event per sampled token on top of every request, session and native event) with a
 fixture model loaded with `--lanes LANES`; LANES client threads send requests back to back
-(non-streaming `/v1/completions`, greedy, every end-of-generation token banned so each makes
-exactly its tokens) for `--seconds`, for each model and request shape (tokens per request: a
-short shape is request-lifecycle heavy, a long one token-event heavy). A recorder reads the
-runtime's live event stream (`/api/runtime/events/v1`) from the start. The producer's rate is
-the events the runtime dispatched with a wall-clock stamp inside the load window (the host and
-this process share the clock), over the window; its native facts/s come from the
-runtime's `native_facts_processed` counter.
+(`/v1/completions`, non-streaming unless `--stream`, greedy, every end-of-generation token
+banned so each makes exactly its tokens) for `--seconds` after one warm-up request, for each
+model and request shape (tokens per request: a short shape is request-lifecycle heavy, a long
+one token-event heavy). A recorder reads the runtime's live event stream
+(`/api/runtime/events/v1`) from before the load. The producer's rate is the events the runtime
+dispatched with a wall-clock stamp inside the load window (the host and this process share the
+clock), over the window; its native facts/s come from the runtime's `native_facts_processed`.
 
 Capacity (b): the recording's source events (not the ones the pipeline derives itself:
 reducer transitions, warnings, its own health reports) replayed into a fresh in-process
@@ -185,7 +185,9 @@ def native_facts(runtime: Runtime) -> int:
     return int(runtime.health().get("native_facts_processed", 0))
 
 
-def record(model: str, lanes: int, tokens: int, seconds: float, root: Path) -> Recording:
+def record(
+    model: str, lanes: int, tokens: int, seconds: float, root: Path, stream: bool = False
+) -> Recording:
     """Drive one runtime at its heaviest for `seconds`; what it dispatched."""
     path = MODELS[model]
     body = {
@@ -195,6 +197,7 @@ def record(model: str, lanes: int, tokens: int, seconds: float, root: Path) -> R
         "temperature": 0,
         "seed": SEED,
         "logit_bias": eog_ban(path),
+        "stream": stream,
     }
     runtime = Runtime(VERBOSE, root / f"{model}-{tokens}", {}, {})
     try:
@@ -206,7 +209,10 @@ def record(model: str, lanes: int, tokens: int, seconds: float, root: Path) -> R
         def client(index: int) -> None:
             with httpx.Client(base_url=runtime.url, headers=runtime.headers, timeout=60) as c:
                 while not stop.is_set():
-                    c.post("/v1/completions", json=body).raise_for_status()
+                    with c.stream("POST", "/v1/completions", json=body) as response:
+                        response.raise_for_status()
+                        for _ in response.iter_raw():
+                            pass
                     done[index] += 1
 
         with httpx.Client(base_url=runtime.url, headers=runtime.headers, timeout=60) as c:
@@ -311,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lanes", type=int, default=4)
     parser.add_argument("--shapes", default="2,64", help="tokens per request, comma-separated")
     parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--stream", action="store_true", help="streaming requests")
     parser.add_argument(
         "--replay-events", type=int, default=200_000, help="source events replayed (at least)"
     )
@@ -325,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="skippy-headroom-") as root:
         for model in models:
             for tokens in shapes:
-                recording = record(model, args.lanes, tokens, args.seconds, Path(root))
+                recording = record(model, args.lanes, tokens, args.seconds, Path(root), args.stream)
                 capacity = replay(recording, args.replay_events)
                 ratio = capacity["events_per_s"] / recording.events_per_s
                 row = {

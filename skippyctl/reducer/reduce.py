@@ -167,11 +167,20 @@ class BatchReducer:
 
     def reduce(self, event: Event) -> tuple[RuntimeView, Transitions]:
         """Apply one event to the working copy; returns it and the event's transitions."""
+        handler = _HANDLERS.get(event.id)
+        if handler is None:
+            # No family reads it (a per-token debug event, most of a real runtime's stream):
+            # only the recent list may keep it, so the draft need not be entered.
+            if _is_remembered(event):
+                self._remembered.append(event)
+            self._reduced.append(event)
+            self._unpublished = True
+            return self._state, NO_TRANSITIONS
         draft = self._draft
         draft.begin_event()
         activate(draft)
         try:
-            state, transitions = self._apply(draft, self._state, event)
+            state, transitions = self._apply(draft, self._state, event, handler)
         except Exception:
             deactivate()
             self._reduce_again()
@@ -183,12 +192,8 @@ class BatchReducer:
         return state, transitions
 
     def _apply(
-        self, draft: Draft, state: RuntimeView, event: Event
+        self, draft: Draft, state: RuntimeView, event: Event, handler: Handler
     ) -> tuple[RuntimeView, Transitions]:
-        handler = _HANDLERS.get(event.id)
-        if handler is None:
-            self._remember(event, NO_TRANSITIONS)
-            return state, NO_TRANSITIONS
         # The handler may update `state` in place: keep what the derivation compares.
         models, runtime, stages = state.models, state.runtime, state.stages
         devices, topologies = state.devices, state.topologies
