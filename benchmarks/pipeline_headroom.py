@@ -2,7 +2,7 @@
 capacity on the same event mix, in one run. Target: capacity ≥ 10× the producer.
 
     .venv/bin/python -m benchmarks.pipeline_headroom [--models tiny,tiny-successor]
-        [--lanes 4] [--shapes 2,64] [--seconds 8] [--replay-events 200000]
+        [--lanes 8] [--shapes 2,64,256] [--seconds 8] [--replay-events 200000]
 
 Producer (a): a real `skippyctl runtime serve --debug-token-events` (the most verbose setting:
 one debug event per sampled token on top of every request, session and native event) with a
@@ -314,8 +314,8 @@ def replay(recording: Recording, replay_events: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--models", default="tiny,tiny-successor")
-    parser.add_argument("--lanes", type=int, default=4)
-    parser.add_argument("--shapes", default="2,64", help="tokens per request, comma-separated")
+    parser.add_argument("--lanes", type=int, default=8)
+    parser.add_argument("--shapes", default="2,64,256", help="tokens per request, comma-separated")
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--stream", action="store_true", help="streaming requests")
     parser.add_argument(
