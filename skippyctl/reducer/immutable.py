@@ -21,7 +21,7 @@ them; plain `evolve` stays the default everywhere else):
 - the caller stores the result (a discarded in-place update would still have happened).
 
 Identity no longer says "changed" for an object updated in place, so the draft records which
-objects it updated during the current event (`begin_event`, `changed`).
+objects it updated during the current event (`begin_event`, `updated_any`).
 """
 
 from __future__ import annotations
@@ -111,10 +111,11 @@ class Draft:
     def begin_event(self) -> None:
         self._updated.clear()
 
-    def changed(self, before: object, after: object) -> bool:
-        """What `after is not before` said when every update copied: a new object, or the same
-        one updated in place during the current event."""
-        return after is not before or id(after) in self._updated
+    def updated_any(self, objects: tuple[object, ...]) -> bool:
+        """Whether any of `objects` was updated in place during the current event: with an
+        identity check (a new object), what `is not` said when every update copied."""
+        updated = self._updated
+        return bool(updated) and any(id(obj) in updated for obj in objects)
 
     def revise(self, obj: T, changes: dict[str, Any]) -> T:
         key = id(obj)
@@ -122,10 +123,10 @@ class Draft:
             new = evolve(obj, **changes)
             self._owned[id(new)] = new
             return new
-        fields = _FIELDS[type(obj)]
+        if not _FIELDS[type(obj)].issuperset(changes):
+            unknown = sorted(set(changes) - _FIELDS[type(obj)])
+            raise TypeError(f"{type(obj).__name__} has no field {unknown[0]}")
         for name, value in changes.items():
-            if name not in fields:
-                raise TypeError(f"{type(obj).__name__} has no field {name}")
             _set_field(obj, name, value)
         self._updated.add(key)
         return obj

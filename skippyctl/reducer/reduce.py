@@ -199,11 +199,12 @@ class BatchReducer:
         devices, topologies = state.devices, state.topologies
         state, transitions = handler(state, event)
         if (
-            draft.changed(models, state.models)
+            state.models is not models
             or state.runtime is not runtime
-            or draft.changed(stages, state.stages)
-            or draft.changed(devices, state.devices)
-            or draft.changed(topologies, state.topologies)
+            or state.stages is not stages
+            or state.devices is not devices
+            or state.topologies is not topologies
+            or draft.updated_any((models, stages, devices, topologies))
         ):
             # Models change only with a derivation, so the set of the last one (or the
             # base's) is the set before this event.

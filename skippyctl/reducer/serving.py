@@ -148,6 +148,15 @@ REQUEST_MOVES: Final[MoveTable[RequestState]] = MoveTable(
 MOVE_TABLES: Final = (SESSION_MOVES, REQUEST_MOVES)
 
 
+_STEP_FIELDS: Final[dict[SummaryKey, tuple[str, type[int] | type[float]]]] = {
+    SummaryKey.QUEUE_DEPTH: ("queue_depth", int),
+    SummaryKey.QUEUE_WAIT_MS: ("queue_wait_ms", float),
+    SummaryKey.TIME_TO_FIRST_TOKEN_MS: ("time_to_first_token_ms", float),
+    SummaryKey.PROMPT_TOKENS: ("prompt_tokens", int),
+}
+"""The summaries a request step records, by the `RequestView` field they set."""
+
+
 def _int(event: Event, key: SummaryKey) -> int | None:
     value = event.summary_value(key)
     return None if value is None else int(value)
@@ -242,20 +251,13 @@ def on_request_step(state: RuntimeView, event: Event) -> Step:
     row = REQUEST_MOVES.find(event.id, view.state)
     if row is None or isinstance(row.target, Effect):
         return reject(state, duplicate=REQUEST_MOVES.repeats(event.id, view.state))
-    target = row.target
-    depth = _int(event, SummaryKey.QUEUE_DEPTH)
-    wait = event.summary_value(SummaryKey.QUEUE_WAIT_MS)
-    ttft = event.summary_value(SummaryKey.TIME_TO_FIRST_TOKEN_MS)
-    prompt = _int(event, SummaryKey.PROMPT_TOKENS)
-    updated = revise(
-        view,
-        state=target,
-        queue_depth=depth if depth is not None else view.queue_depth,
-        queue_wait_ms=float(wait) if wait is not None else view.queue_wait_ms,
-        time_to_first_token_ms=float(ttft) if ttft is not None else view.time_to_first_token_ms,
-        prompt_tokens=prompt if prompt is not None else view.prompt_tokens,
-        updated_mono_ns=event.mono_ns,
-    )
+    changes: dict[str, object] = {"state": row.target, "updated_mono_ns": event.mono_ns}
+    # One pass over the summaries (the first of a key counts, as `summary_value` reads it).
+    for item in event.summaries:
+        step_field = _STEP_FIELDS.get(item.key)
+        if step_field is not None and step_field[0] not in changes:
+            changes[step_field[0]] = step_field[1](item.value)
+    updated = revise(view, **changes)
     return revise(state, requests=revise_item(state.requests, request_id, updated)), NO_TRANSITIONS
 
 
