@@ -34,7 +34,6 @@ and the worst ratio of any recording — with PASS/FAIL against 10×; one JSON s
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -51,12 +50,13 @@ from benchmarks.decode import PROMPT, SEED
 from benchmarks.decode_events_requests import eog_ban
 from benchmarks.decode_events_runtimes import MODEL_ALIAS, Runtime, Variant
 from benchmarks.models import REPO
+from benchmarks.pipeline_throughput import pin
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event
 from skippyctl.ingress.host import HostIngressConfig
 from skippyctl.output.codec.decode import decode_frame_event
 from skippyctl.pipeline.dispatch import Subscription, SubscriptionClosed
-from skippyctl.pipeline.pipeline import Pipeline
+from skippyctl.pipeline.pipeline import HEALTH_REPORTS, Pipeline
 from skippyctl.reducer.reduce import NODE_EVENTS
 
 TARGET_RATIO: Final = 10.0
@@ -84,13 +84,7 @@ DERIVED: Final = frozenset(
         EventId.WARNING_CLEARED,
         EventId.DEGRADED_OPERATION_ENTERED,
         EventId.DEGRADED_OPERATION_EXITED,
-        EventId.EVENTS_DROPPED_BY_CLASS,
-        EventId.EVENTS_COALESCED,
-        EventId.EVENTS_SAMPLED,
-        EventId.UNKNOWN_NATIVE_EVENT_RECEIVED,
-        EventId.REDUCER_ERROR,
-        EventId.SUBSCRIBER_LAGGING,
-        EventId.SUBSCRIBER_DISCONNECTED,
+        *HEALTH_REPORTS,
     }
 )
 """What the pipeline makes itself from the source events: a replay makes it again."""
@@ -119,12 +113,6 @@ class Recording:
     @property
     def native_facts_per_s(self) -> float:
         return self.native_facts / self.seconds
-
-
-def pin(cpu: int) -> None:
-    """Pin the calling thread (Linux: pid 0 is the calling thread); new threads inherit it."""
-    if hasattr(os, "sched_setaffinity") and cpu < (os.cpu_count() or 1):
-        os.sched_setaffinity(0, {cpu})
 
 
 class Recorder:

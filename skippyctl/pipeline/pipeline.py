@@ -49,6 +49,20 @@ engine detaches, for what its last window counted)."""
 _LOG_WARN: Final = 3
 _LOG_ERROR: Final = 4
 
+HEALTH_REPORTS: Final = frozenset(
+    {
+        EventId.EVENTS_DROPPED_BY_CLASS,
+        EventId.EVENTS_COALESCED,
+        EventId.EVENTS_SAMPLED,
+        EventId.UNKNOWN_NATIVE_EVENT_RECEIVED,
+        EventId.REDUCER_ERROR,
+        EventId.SUBSCRIBER_LAGGING,
+        EventId.SUBSCRIBER_DISCONNECTED,
+    }
+)
+"""The event system's own health reports (`_report_health`, rate-limited), made from its
+counters; it also forwards the rings' protocol violations and llama.cpp log counts."""
+
 # The failure terminal that stands in for an undelivered terminal of each family.
 SYNTHETIC_TERMINALS: Final[dict[Category, EventId]] = {
     Category.MODEL_LOADING: EventId.MODEL_LOAD_FAILED,
