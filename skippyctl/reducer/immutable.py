@@ -115,7 +115,11 @@ class Draft:
         """Whether any of `objects` was updated in place during the current event: with an
         identity check (a new object), what `is not` said when every update copied."""
         updated = self._updated
-        return bool(updated) and any(id(obj) in updated for obj in objects)
+        if updated:
+            for obj in objects:
+                if id(obj) in updated:
+                    return True
+        return False
 
     def revise(self, obj: T, changes: dict[str, Any]) -> T:
         key = id(obj)
