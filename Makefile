@@ -45,7 +45,7 @@ native-test: bootstrap
 	$(MAKE) -C native test
 
 pytest: bootstrap fixtures
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -n auto
 
 test: lint typecheck native-test pytest
 

@@ -11,8 +11,9 @@ where <key> hashes the CMake options. The CMake options are the ones the bootstr
 scikit-build-core's Release build type, shared libraries, llama-cpp-python's forced
 `LLAMA_CURL=OFF`, and the `CMAKE_ARGS` the bootstrap built with (it keeps them in
 `.venv/llama-cmake-args`: `-DGGML_RPC=ON`, AMX kernels left out on x86-64, plus whatever the
-environment added), with only the server and RPC targets added. A finished build is reused (a stamp file records the
-options); an interrupted or failed one resumes. Prints the path of `llama-server` on stdout.
+environment added), with only the server and RPC targets added. A finished build is reused (a
+stamp file records the options); an interrupted or failed one resumes. Prints the path of
+`llama-server` on stdout.
 """
 
 from __future__ import annotations
