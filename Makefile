@@ -1,4 +1,4 @@
-# Two entry points for a fresh clone (README): `make demo` and `make test`.
+# Two entry points for a fresh clone (README): `make demo` and `make test`; `make fuzz` explores.
 # Both bootstrap what they need: .venv, llama-cpp-python built from source with ggml RPC,
 # the native event library, and the fixture models.
 
@@ -9,7 +9,7 @@ FIXTURES   := fixtures
 STAMP      := $(VENV)/.skippy-bootstrap
 NATIVE_SRC := $(wildcard native/src/*.c native/src/*.h native/include/skippy/*.h)
 
-.PHONY: bootstrap demo test lint typecheck native-test pytest fixtures clean
+.PHONY: bootstrap demo test fuzz lint typecheck native-test pytest fixtures clean
 
 $(STAMP): pyproject.toml setup.py scripts/bootstrap.sh
 	./scripts/bootstrap.sh
@@ -45,9 +45,18 @@ native-test: bootstrap
 	$(MAKE) -C native test
 
 pytest: bootstrap fixtures
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -n auto
 
 test: lint typecheck native-test pytest
+
+# `make test` runs the property and fuzz tests derandomized (tests/conftest.py, profile `ci`), so
+# every run checks the same examples. Exploration: the same tests (hypothesis marks each one)
+# with random seeds and more examples, profile `fuzz`. Run it before resolving work on the API
+# or a codec; a failure prints the blob (@reproduce_failure) that replays it, and the example
+# database under .hypothesis/ replays it first next time. FUZZ_ARGS narrows it (a path, -k).
+FUZZ_ARGS ?=
+fuzz: bootstrap fixtures
+	$(VENV)/bin/pytest -q -m hypothesis --hypothesis-profile=fuzz $(FUZZ_ARGS)
 
 clean:
 	rm -rf build skippyctl/native/_skippy_native*.so skippyctl/native/.built $(FIXTURES)

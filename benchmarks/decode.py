@@ -103,7 +103,7 @@ def _eog_tokens(llama: Any, model: Any) -> list[int]:
 
 def _run_engine(llama: Any, path: str, n_tokens: int) -> Sample:
     from skippyctl.engine.generation import BatchEngine, GenerateRequest
-    from skippyctl.engine.protocol import EngineMessage, GenDone
+    from skippyctl.engine.protocol_messages import EngineMessage, GenDone
     from skippyctl.engine.sampling import SamplingParams
 
     model, context = _open(llama, path)

@@ -9,9 +9,11 @@ unpacked and built once into a cache outside the venv:
 `$SKIPPY_PEER_CACHE` or `${XDG_CACHE_HOME:-~/.cache}/skippyctl/peers/llama.cpp-<version>-<key>/`,
 where <key> hashes the CMake options. The CMake options are the ones the bootstrap's build gets:
 scikit-build-core's Release build type, shared libraries, llama-cpp-python's forced
-`LLAMA_CURL=OFF`, and `CMAKE_ARGS` (`-DGGML_RPC=ON` plus whatever the environment adds), with
-only the server and RPC targets added. A finished build is reused (a stamp file records the
-options); an interrupted or failed one resumes. Prints the path of `llama-server` on stdout.
+`LLAMA_CURL=OFF`, and the `CMAKE_ARGS` the bootstrap built with (it keeps them in
+`.venv/llama-cmake-args`: `-DGGML_RPC=ON`, AMX kernels left out on x86-64, plus whatever the
+environment added), with only the server and RPC targets added. A finished build is reused (a
+stamp file records the options); an interrupted or failed one resumes. Prints the path of
+`llama-server` on stdout.
 """
 
 from __future__ import annotations
@@ -34,9 +36,16 @@ TARGETS: Final = ("llama-server", "ggml-rpc-server")
 _STAMP: Final = "skippy-build.stamp"
 
 
+BOOTSTRAP_CMAKE_ARGS: Final = Path(__file__).resolve().parents[1] / ".venv" / "llama-cmake-args"
+"""Written by scripts/bootstrap.sh: the CMAKE_ARGS it built llama-cpp-python with."""
+
+
 def cmake_options() -> list[str]:
     """The bootstrap's CMake options (see the module docstring), plus the peer targets."""
-    extra = os.environ.get("CMAKE_ARGS", "").split()
+    if BOOTSTRAP_CMAKE_ARGS.is_file():
+        extra = BOOTSTRAP_CMAKE_ARGS.read_text().split()
+    else:  # a venv bootstrapped before the file existed
+        extra = os.environ.get("CMAKE_ARGS", "").split()
     return [
         "-DCMAKE_BUILD_TYPE=Release",
         "-DBUILD_SHARED_LIBS=ON",

@@ -26,7 +26,7 @@ from skippyctl.native.abi import Kind, TestProducerMode
 from skippyctl.native.ingress import EngineAdapter, ProducerThreads, SharedIngress
 from skippyctl.native.library import load_native_library
 from skippyctl.pipeline.dispatch import SubscriberStatus, SubscriptionClosed
-from skippyctl.pipeline.pipeline import Pipeline
+from skippyctl.pipeline.pipeline import HEALTH_REPORTS, Pipeline
 from skippyctl.reducer.state import ModelState, NodeState
 
 MODEL = LogicalId("stress-model")
@@ -74,15 +74,6 @@ def run_stress(seconds: float, native_threads: int, python_threads: int) -> Stre
     healthy = pipeline.subscribe("healthy", max_queue_size=1 << 22)
     stuck = pipeline.subscribe("stuck", max_queue_size=256)
     received = 0
-    health_ids = {
-        EventId.EVENTS_DROPPED_BY_CLASS,
-        EventId.EVENTS_COALESCED,
-        EventId.EVENTS_SAMPLED,
-        EventId.UNKNOWN_NATIVE_EVENT_RECEIVED,
-        EventId.REDUCER_ERROR,
-        EventId.SUBSCRIBER_LAGGING,
-        EventId.SUBSCRIBER_DISCONNECTED,
-    }
     health_counts: dict[EventId, int] = {}
 
     def consume() -> None:
@@ -94,7 +85,7 @@ def run_stress(seconds: float, native_threads: int, python_threads: int) -> Stre
                 return
             if item is not None:
                 received += 1
-                if item.event.id in health_ids:
+                if item.event.id in HEALTH_REPORTS:
                     health_counts[item.event.id] = health_counts.get(item.event.id, 0) + 1
 
     consumer = threading.Thread(target=consume, name="stress-consumer")

@@ -4,9 +4,9 @@
 unchanged: ``skippyctl load`` builds its flags from the fields (``cli/load_flags.py``), the API
 its ``LoadBody`` schema (``api/schemas.py``), the client posts :meth:`LoadOptions.to_json`, the
 host checks :meth:`LoadOptions.problem` and sends the engine a resolved copy inside the ``Load``
-command (``engine/protocol.py``), and what a load asked for beyond the defaults is stated in its
-``model_load_requested`` event as ``settings`` (:func:`shown_settings`), so the state document
-and ``ps`` show it.
+command (``engine/protocol_commands.py``), and what a load asked for beyond the defaults is
+stated in its ``model_load_requested`` event as ``settings`` (:func:`shown_settings`), so the
+state document and ``ps`` show it.
 
 Each field's :class:`Option` (its ``metadata``) says how it is asked for (the CLI flag; one help
 text for ``--help`` and the OpenAPI description), its bounds, and how it is shown. A new option

@@ -27,8 +27,6 @@ from collections.abc import Callable, Sequence
 from typing import Final, Generic, TypeVar
 
 from skippyctl.engine.protocol import (
-    Command,
-    EngineMessage,
     MalformedMessage,
     Message,
     UnencodableMessage,
@@ -36,6 +34,8 @@ from skippyctl.engine.protocol import (
     decode_engine_message,
     encode,
 )
+from skippyctl.engine.protocol_commands import Command
+from skippyctl.engine.protocol_messages import EngineMessage
 
 __all__ = [
     "MAX_MESSAGE_BYTES",

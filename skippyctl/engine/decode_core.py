@@ -33,7 +33,7 @@ from skippyctl.engine.draft import DraftModel
 from skippyctl.engine.lane_kv import LaneKv
 from skippyctl.engine.lanes import KvGeometry, Lane, cache_result
 from skippyctl.engine.proposals import Proposals
-from skippyctl.engine.protocol import (
+from skippyctl.engine.protocol_messages import (
     ComputeFailed,
     EngineMessage,
     GenDone,

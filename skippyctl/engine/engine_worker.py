@@ -41,21 +41,23 @@ from skippyctl.engine import options as engine_options
 from skippyctl.engine.channel import ControlChannel, MalformedMessage, engine_side
 from skippyctl.engine.model_loader import LoadedModel, ModelLoader, address_space_bytes
 from skippyctl.engine.options import EngineOptions
-from skippyctl.engine.protocol import (
+from skippyctl.engine.protocol_commands import (
     Cancel,
     Command,
     DropSession,
-    EngineMessage,
-    GenDone,
     Generate,
-    Hello,
     Load,
-    LoadReturned,
     Ping,
-    Pong,
-    ProtocolError,
     SaveSessions,
     Shutdown,
+)
+from skippyctl.engine.protocol_messages import (
+    EngineMessage,
+    GenDone,
+    Hello,
+    LoadReturned,
+    Pong,
+    ProtocolError,
     StateExported,
 )
 from skippyctl.events.reasons import ReasonCode

@@ -9,8 +9,8 @@ This module is the engine's face and its thread: the entry points, the inbox and
 loop. The work of each step — batching, sampling, text, terminals — is ``engine/decode_core.py``
 (its ``llama_batch`` is ``engine/batch.py``); which lane a request runs in and what of its KV it
 keeps is decided by ``engine/lanes.py``; a request's phase, counters and deadline live in
-``engine/request_state.py``; the messages it sends are the types of ``engine/protocol.py`` (their
-meaning is documented there). With ``observations=False`` (the events-off benchmark baseline)
+``engine/request_state.py``; the messages it sends are the types of ``engine/protocol_messages.py``
+(their meaning is documented there). With ``observations=False`` (the events-off benchmark baseline)
 only ``GenText``, ``GenDone`` and the session state outcomes (``StateExported``/``StateImported``,
 which the host needs to find the files again) go.
 
@@ -60,7 +60,7 @@ from typing import Any, Final
 from skippyctl.engine.decode_core import DecodeCore
 from skippyctl.engine.draft import DraftModel
 from skippyctl.engine.links import LinkProber
-from skippyctl.engine.protocol import EngineMessage
+from skippyctl.engine.protocol_messages import EngineMessage
 from skippyctl.engine.request_state import GenerateRequest, Phase, RequestState, validation_error
 from skippyctl.engine.sampling import SamplingParams
 from skippyctl.engine.speculation import SPEC_OFF, ServingPlugins, SpecConfig

@@ -25,7 +25,7 @@ from skippyctl.engine.lanes import (
     PressureGauge,
     common_prefix,
 )
-from skippyctl.engine.protocol import (
+from skippyctl.engine.protocol_messages import (
     EngineMessage,
     Kv,
     KvChange,

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from skippyctl.engine.protocol import KvChange, SessionChange
+from skippyctl.engine.protocol_messages import KvChange, SessionChange
 from skippyctl.events.reasons import CacheResult
 
 

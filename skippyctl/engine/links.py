@@ -18,8 +18,8 @@ Contract of :class:`LinkProber` (decode thread only, not thread-safe):
   sample is at least ``interval_s`` old (``BUSY_INTERVAL_FACTOR`` × that while requests run: a
   probe delays the decode by a round trip); ``seconds_until_due`` says how long an idle loop
   may sleep.
-- Each sample yields one :class:`~skippyctl.engine.protocol.Link` with the figures over the last
-  ``window`` samples of that stage (:func:`link_figures`).
+- Each sample yields one :class:`~skippyctl.engine.protocol_messages.Link` with the figures over
+  the last ``window`` samples of that stage (:func:`link_figures`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from skippyctl.engine.protocol import Link
+from skippyctl.engine.protocol_messages import Link
 
 DEFAULT_WINDOW: Final = 16
 DEFAULT_INTERVAL_S: Final = 1.0

@@ -1,14 +1,15 @@
 """The engine's ``Load`` command: a model, its context, its draft and plugins, and what they cost.
 
 :class:`ModelLoader` runs a load for the worker (``engine/engine_worker.py``) and reports it on
-the control channel. Resources (``engine/protocol.py`` resource messages): a load reports ggml's
-backends and devices first (`Backends`, with `CpuFallback` when GPU layers were asked for and no
-GPU exists), each phase it passes (`LoadPhase`: weights loaded, allocating ctx, context ready),
-and where the memory went (`MemoryAllocated`: llama.cpp's per-device weights/KV/compute figures,
-or totals). A context whose KV cache (the geometry's estimate) goes in host memory and exceeds
-the memory available — MemAvailable, capped by an RLIMIT_AS — is refused before llama.cpp is
-asked (`AllocationRefused` and `ContextReturned` with `out_of_memory`); a NULL context is
-`resource_allocation_failure`. A load that raised ends with exactly one failed reply.
+the control channel. Resources (``engine/protocol_messages.py`` resource messages): a load
+reports ggml's backends and devices first (`Backends`, with `CpuFallback` when GPU layers were
+asked for and no GPU exists), each phase it passes (`LoadPhase`: weights loaded, allocating ctx,
+context ready), and where the memory went (`MemoryAllocated`: llama.cpp's per-device
+weights/KV/compute figures, or totals). A context whose KV cache (the geometry's estimate) goes
+in host memory and exceeds the memory available — MemAvailable, capped by an RLIMIT_AS — is
+refused before llama.cpp is asked (`AllocationRefused` and `ContextReturned` with
+`out_of_memory`); a NULL context is `resource_allocation_failure`. A load that raised ends with
+exactly one failed reply.
 
 With the native library's model-open family a load is bracketed in a native operation scope and
 llama.cpp's progress callback points straight at C; a split model's layers go to RPC stages.
@@ -26,7 +27,8 @@ from typing import Any, Final
 from skippyctl.config.load_options import LoadOptions, SpecMode
 from skippyctl.engine.geometry import available_memory_bytes, kv_bytes_per_token, plan_context
 from skippyctl.engine.options import EngineOptions
-from skippyctl.engine.protocol import (
+from skippyctl.engine.protocol_commands import Load
+from skippyctl.engine.protocol_messages import (
     AllocationRefused,
     Backends,
     BufferReport,
@@ -35,7 +37,6 @@ from skippyctl.engine.protocol import (
     CpuFallback,
     DeviceReport,
     EngineMessage,
-    Load,
     LoadBegun,
     LoadPhase,
     LoadPhaseName,

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from skippyctl.config.load_options import SpecMode
 from skippyctl.engine.draft import DraftModel
 from skippyctl.engine.lane_kv import LaneKv
-from skippyctl.engine.protocol import GenDone
+from skippyctl.engine.protocol_messages import GenDone
 from skippyctl.engine.request_state import RequestState
 from skippyctl.engine.speculation import AdaptiveWindow, ServingPlugins, SpecConfig
 from skippyctl.events.envelope import StopReason

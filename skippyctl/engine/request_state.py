@@ -1,10 +1,11 @@
 """Request state in the batch engine: what was asked, where it is, what it has counted.
 
 :class:`GenerateRequest` is what a caller submits (the worker builds it from a
-:class:`~skippyctl.engine.protocol.Generate` command). :class:`RequestState` is its mutable state
-from submit to its one ``gen_done``: phase, prompt, sampler, counters, timings, the observations
-held back until its first text went out. :class:`RequestBoard` holds the live requests by phase
-and counts those with a deadline, so the per-step path skips deadline checks when there are none.
+:class:`~skippyctl.engine.protocol_commands.Generate` command). :class:`RequestState` is its mutable
+state from submit to its one ``gen_done``: phase, prompt, sampler, counters, timings, the
+observations held back until its first text went out. :class:`RequestBoard` holds the live requests
+by phase and counts those with a deadline, so the per-step path skips deadline checks when there are
+none.
 
 Pure Python (no llama.cpp); decode thread only, except :class:`RequestState` construction in
 ``submit``. Nothing here holds prompt text beyond the request spec itself, and the messages built
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from skippyctl.engine.lanes import Lane
-from skippyctl.engine.protocol import GenDone, GenFirstToken, GenPrefillDone
+from skippyctl.engine.protocol_messages import GenDone, GenFirstToken, GenPrefillDone
 from skippyctl.engine.sampling import SamplerChain, SamplingParams
 from skippyctl.engine.speculation import AdaptiveWindow
 from skippyctl.engine.text import ChatMessage, Detokenizer, StopMatcher

@@ -17,7 +17,7 @@ from typing import Any
 
 from skippyctl.engine import kv_state
 from skippyctl.engine.lane_kv import LaneKv
-from skippyctl.engine.protocol import (
+from skippyctl.engine.protocol_messages import (
     EngineMessage,
     SessionChange,
     StateExported,

@@ -139,7 +139,12 @@ class HostIngress:
                 )
             else:
                 outcome = self._submit_state(event, delivery, counter)
-        if outcome is SubmitOutcome.ACCEPTED or outcome is SubmitOutcome.COALESCED:
+        # Ring only when it is not ringing (`Event.set` takes a lock and notifies every time).
+        # No wake-up is lost: the event was queued before this check, and `drain` clears the
+        # bell under the lock before it takes the queue, so it takes this event with it.
+        if (
+            outcome is SubmitOutcome.ACCEPTED or outcome is SubmitOutcome.COALESCED
+        ) and not self.doorbell.is_set():
             self.doorbell.set()
         return outcome
 

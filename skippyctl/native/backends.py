@@ -10,9 +10,12 @@ Contract:
   :class:`BackendsUnavailable` when a library or a symbol is missing. Every call is cheap and
   never aborts (no RPC device is touched here: ``ggml_backend_dev_memory`` of an RPC device is a
   network round trip, so :meth:`GgmlBackends.devices` skips devices of the RPC registry).
-- Only device *names* (``CPU``, ``CUDA0``) and types leave this module: names are short
-  registry names, safe in events; descriptions may carry a hardware model string and are never
-  read. ggml handles are pointers and never leave the process.
+- Only device and buffer type *names* (``CPU``, ``CUDA0``, ``CPU_REPACK``) and types leave this
+  module: names are short registry names, safe in events; descriptions may carry a hardware
+  model string and are never read. ggml handles are pointers and never leave the process.
+- :meth:`GgmlBackends.buffer_types` lists each device's buffer types by name (its default, its
+  host and its extra ones, ``CPU_REPACK`` or ``AMX`` on a CPU) with the device their bytes count
+  on, by the same rule as the breakdown: the buffer type's ggml device, else the host's.
 - :meth:`GgmlBackends.memory_breakdown` reads ``llama_get_memory_breakdown`` (``llama-ext.h``:
   a C++ function returning ``std::map<ggml_backend_buffer_type_t, llama_memory_breakdown_data>``,
   the figures llama.cpp's own ``llama_memory_breakdown_print`` logs). llama.cpp 0.3.36 has no C
@@ -69,7 +72,18 @@ _PROTOTYPES: Final[dict[tuple[str, str], tuple[Any, list[Any]]]] = {
     ("libggml-base.so", "ggml_backend_dev_memory"): (None, [_vp, _size_p, _size_p]),
     # ggml_backend_dev_t ggml_backend_buft_get_device(ggml_backend_buffer_type_t buft);
     ("libggml-base.so", "ggml_backend_buft_get_device"): (_vp, [_vp]),
+    # const char * ggml_backend_buft_name(ggml_backend_buffer_type_t buft);
+    ("libggml-base.so", "ggml_backend_buft_name"): (ctypes.c_char_p, [_vp]),
+    # ggml_backend_buffer_type_t ggml_backend_dev_buffer_type(ggml_backend_dev_t device);
+    ("libggml-base.so", "ggml_backend_dev_buffer_type"): (_vp, [_vp]),
+    # ggml_backend_buffer_type_t ggml_backend_dev_host_buffer_type(ggml_backend_dev_t device);
+    ("libggml-base.so", "ggml_backend_dev_host_buffer_type"): (_vp, [_vp]),
+    # void * ggml_backend_reg_get_proc_address(ggml_backend_reg_t reg, const char * name);
+    ("libggml-base.so", "ggml_backend_reg_get_proc_address"): (_vp, [_vp, ctypes.c_char_p]),
 }
+_EXTRA_BUFTS_PROC: Final = b"ggml_backend_dev_get_extra_bufts"
+# typedef ggml_backend_buffer_type_t * (*ggml_backend_dev_get_extra_bufts_t)(ggml_backend_dev_t);
+_GET_EXTRA_BUFTS: Final = ctypes.CFUNCTYPE(ctypes.POINTER(_vp), _vp)
 
 
 class BackendsUnavailable(RuntimeError):
@@ -100,6 +114,18 @@ class BufferUse:
     weights_bytes: int
     kv_bytes: int
     compute_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class BufferType:
+    """A buffer type a device of the registry offers, by the name llama.cpp logs it under, and
+    the device :meth:`GgmlBackends.memory_breakdown` counts its bytes on. ``extra`` marks a
+    device's extra buffer types (``CPU_REPACK``, ``AMX``): llama.cpp places some weights there
+    in a layout of the backend's own, which can be larger than the file's tensors."""
+
+    name: str
+    device: str
+    extra: bool
 
 
 class GgmlBackends:
@@ -147,10 +173,10 @@ class GgmlBackends:
                 names.append(self._text(self._fns["ggml_backend_reg_name"](registry)))
         return names
 
-    def devices(self) -> list[Device]:
-        """Every device of the registry but RPC ones, with what it reports about its memory."""
+    def _local_devices(self) -> list[tuple[Any, Any]]:
+        """(device, registry) handles of every device of the registry but RPC ones."""
         count = int(self._fns["ggml_backend_dev_count"]())
-        out: list[Device] = []
+        out = []
         for index in range(min(count, MAX_BREAKDOWN_ENTRIES)):
             device = self._fns["ggml_backend_dev_get"](index)
             if not device:
@@ -160,6 +186,13 @@ class GgmlBackends:
                 RPC_REGISTRY_NAME
             ):
                 continue  # its memory is a round trip to a stage (links.py measures that)
+            out.append((device, registry))
+        return out
+
+    def devices(self) -> list[Device]:
+        """Every device of the registry but RPC ones, with what it reports about its memory."""
+        out: list[Device] = []
+        for device, _ in self._local_devices():
             free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
             self._fns["ggml_backend_dev_memory"](device, ctypes.byref(free), ctypes.byref(total))
             raw_type = int(self._fns["ggml_backend_dev_type"](device))
@@ -176,6 +209,43 @@ class GgmlBackends:
                 )
             )
         return out
+
+    def buffer_types(self) -> list[BufferType]:
+        """The buffer types of every device but RPC ones: its default one, its host one (if it
+        has one) and its extra ones, each with the device its bytes count on."""
+        out: list[BufferType] = []
+        for device, registry in self._local_devices():
+            plain = [
+                self._fns["ggml_backend_dev_buffer_type"](device),
+                self._fns["ggml_backend_dev_host_buffer_type"](device),
+            ]
+            out += [self._buffer_type(b, extra=False) for b in plain if b]
+            out += [
+                self._buffer_type(b, extra=True) for b in self._extra_buffer_types(device, registry)
+            ]
+        return list(dict.fromkeys(out))
+
+    def _extra_buffer_types(self, device: Any, registry: Any) -> list[int]:
+        """The device's extra buffer types, from its registry's optional
+        ``ggml_backend_dev_get_extra_bufts`` (a NULL-terminated array; none without it)."""
+        address = self._fns["ggml_backend_reg_get_proc_address"](registry, _EXTRA_BUFTS_PROC)
+        if not address:
+            return []
+        array = _GET_EXTRA_BUFTS(address)(device)
+        out: list[int] = []
+        while array and len(out) < MAX_BREAKDOWN_ENTRIES and array[len(out)]:
+            out.append(int(array[len(out)]))
+        return out
+
+    def _buffer_type(self, buffer_type: int, *, extra: bool) -> BufferType:
+        name = self._text(self._fns["ggml_backend_buft_name"](buffer_type))
+        return BufferType(name, self._device_of(buffer_type), extra)
+
+    def _device_of(self, buffer_type: int) -> str:
+        """The device a buffer type's bytes count on: its ggml device's name, else the host."""
+        device = self._fns["ggml_backend_buft_get_device"](buffer_type) if buffer_type else None
+        name = self._text(self._fns["ggml_backend_dev_name"](device)) if device else ""
+        return name or HOST_DEVICE
 
     def memory_breakdown(self, context: Any) -> list[BufferUse] | None:
         """What the context and its model hold per device (see the module docstring); None
@@ -202,9 +272,7 @@ class GgmlBackends:
             figures = [word(node, 40), word(node, 48), word(node, 56)]
             if any(f > _MAX_PLAUSIBLE_BYTES for f in figures):
                 return None
-            device = self._fns["ggml_backend_buft_get_device"](buffer_type) if buffer_type else None
-            name = self._text(self._fns["ggml_backend_dev_name"](device)) if device else ""
-            sums = totals.setdefault(name or HOST_DEVICE, [0, 0, 0])
+            sums = totals.setdefault(self._device_of(buffer_type), [0, 0, 0])
             for i, figure in enumerate(figures):
                 sums[i] += figure
             node = _successor(node, word)

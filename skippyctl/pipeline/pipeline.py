@@ -1,14 +1,13 @@
-"""The pipeline thread: drains native rings and host ingress, adapts, reconciles, reduces,
-dispatches — and reports its own health, rate-limited.
+"""The pipeline thread: takes the drained native batches (pipeline.drain) and host ingress,
+adapts, reconciles, reduces, dispatches — and reports its own health, rate-limited.
 
 Threads (all named): one `skippy-pipeline` thread owns the adapter, reconciler, reducer state
-and dispatch; one `skippy-drain-<engine>` thread per engine waits on that engine's shared-memory
-ring with the GIL released and hands batches to the pipeline through a bounded inbox (when the
-inbox is full the drainer stops draining, so pressure lands in the ring, where it is dropped by
-class and counted — never on the native producer).
+and dispatch; the engines' `skippy-drain-<engine>` threads (pipeline.drain) feed its bounded
+inbox.
 
 Ordering: authoritative items from an engine are queued after a synchronous final drain of its
-ring, so the reconciler sees every native fact written before the engine returned. Each cycle
+ring (pipeline.drain), so the reconciler sees every native fact written before the engine
+returned. Each cycle
 takes the inbox snapshot before draining host ingress and reduces the host events first, so a host
 event submitted before an engine fact is always reduced before it.
 """
@@ -20,7 +19,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final, Protocol
+from typing import Final
 
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event, LogicalId, Scope, make_event, summaries
@@ -34,18 +33,14 @@ from skippyctl.pipeline.dispatch import (
     SubscriberStatus,
     Subscription,
 )
-from skippyctl.pipeline.native_adapter import AdapterCounters, FactColumns, NativeAdapter
+from skippyctl.pipeline.drain import EngineChannel, Inbox, NativeBatch, NativeRing
+from skippyctl.pipeline.native_adapter import AdapterCounters, NativeAdapter
 from skippyctl.pipeline.reconcile import Reconciler, ReconcilerCounters
 from skippyctl.pipeline.warnings import SOURCE_EVENTS as WARNING_SOURCES
 from skippyctl.pipeline.warnings import WarningCounters, WarningDeriver
 from skippyctl.reducer.reduce import BatchReducer
-from skippyctl.reducer.resources import KV_PRESSURE_EVENTS
 from skippyctl.reducer.state import RuntimeView
 
-MAX_INBOX_BATCHES: Final = 64
-DRAIN_BATCH_RECORDS: Final = 512
-MIN_PRESSURE_RUN: Final = 2
-"""Consecutive KV pressure events of one model that `_process_pressure_run` reduces together."""
 HEALTH_INTERVAL_S: Final = 0.5
 LOG_SUMMARY_INTERVAL_S: Final = 5.0
 """The window of `native_log_summary`: at most one per engine per window (and one when an
@@ -53,6 +48,20 @@ engine detaches, for what its last window counted)."""
 # ggml_log_level indexes of `log_messages_by_level` (NONE, DEBUG, INFO, WARN, ERROR, CONT).
 _LOG_WARN: Final = 3
 _LOG_ERROR: Final = 4
+
+HEALTH_REPORTS: Final = frozenset(
+    {
+        EventId.EVENTS_DROPPED_BY_CLASS,
+        EventId.EVENTS_COALESCED,
+        EventId.EVENTS_SAMPLED,
+        EventId.UNKNOWN_NATIVE_EVENT_RECEIVED,
+        EventId.REDUCER_ERROR,
+        EventId.SUBSCRIBER_LAGGING,
+        EventId.SUBSCRIBER_DISCONNECTED,
+    }
+)
+"""The event system's own health reports (`_report_health`, rate-limited), made from its
+counters; it also forwards the rings' protocol violations and llama.cpp log counts."""
 
 # The failure terminal that stands in for an undelivered terminal of each family.
 SYNTHETIC_TERMINALS: Final[dict[Category, EventId]] = {
@@ -70,44 +79,6 @@ SYNTHETIC_TERMINALS: Final[dict[Category, EventId]] = {
     Category.NATIVE_RUNTIME: EventId.RUNTIME_CRASHED,
     Category.DIAGNOSTIC: EventId.INVARIANT_PROTOCOL_VIOLATION,
 }
-
-
-class LaneCounts(Protocol):
-    @property
-    def dropped_full(self) -> int: ...
-    @property
-    def coalesced(self) -> int: ...
-
-
-class RingStats(Protocol):
-    """What the pipeline reads from a native ring's counters (skippyctl.native.ingress)."""
-
-    @property
-    def terminal(self) -> LaneCounts: ...
-    @property
-    def progress(self) -> LaneCounts: ...
-    @property
-    def diagnostic(self) -> LaneCounts: ...
-    @property
-    def unknown_kind(self) -> int: ...
-    @property
-    def total_rejected(self) -> int: ...
-    @property
-    def log_messages_by_level(self) -> tuple[int, ...]: ...
-
-
-class NativeRing(Protocol):
-    """The host side of one engine's shared-memory ring (skippyctl.native.ingress)."""
-
-    def wait(self, timeout_s: float) -> bool: ...
-    def drain_batch(self, max_records: int = ...) -> FactColumns: ...
-    def stats(self) -> RingStats: ...
-
-
-@dataclass(frozen=True, slots=True)
-class NativeBatch:
-    engine_key: str
-    facts: FactColumns
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,55 +99,6 @@ class EventSystemHealth:
     health_events_emitted: int
     native_facts_processed: int
     warnings: WarningCounters = field(default_factory=WarningCounters)
-
-
-class EngineChannel:
-    """One engine's ring and its drainer thread."""
-
-    def __init__(self, pipeline: Pipeline, key: str, ring: NativeRing) -> None:
-        self.key = key
-        self.ring = ring
-        self._pipeline = pipeline
-        self.model_id: LogicalId | None = None
-        """What the channel's summaries are about (set by the host once it knows)."""
-        self.logged: tuple[int, ...] = ()
-        """`log_messages_by_level` at the last `native_log_summary`."""
-        self.next_log_summary = 0.0
-        self._drain_lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"skippy-drain-{key}", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            if not self._pipeline._inbox_has_room():
-                self._pipeline._inbox_room.wait(0.05)
-                continue
-            if self.ring.wait(0.2):
-                self.flush()
-
-    def flush(self) -> int:
-        """Drain everything pending now, in order, into the pipeline inbox."""
-        total = 0
-        with self._drain_lock:
-            while True:
-                facts = self.ring.drain_batch(DRAIN_BATCH_RECORDS)
-                if not len(facts):
-                    return total
-                total += len(facts)
-                self._pipeline._inbox_put(NativeBatch(self.key, facts))
-
-    def submit_authority(self, item: Authoritative) -> None:
-        """Queue an authoritative item after every fact the engine has written so far."""
-        with self._drain_lock:
-            while len(facts := self.ring.drain_batch(DRAIN_BATCH_RECORDS)):
-                self._pipeline._inbox_put(NativeBatch(self.key, facts))
-            self._pipeline._inbox_put(item)
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=2.0)
-        self.flush()
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,11 +140,8 @@ class Pipeline:
         thread only); `_publish_state` swaps its snapshot into `_state` once per batch."""
         self._state_lock = threading.Lock()
         self._state_changed = threading.Condition(self._state_lock)
-        self._inbox: deque[NativeBatch | Authoritative] = deque()
-        self._inbox_lock = threading.Lock()
-        self._inbox_room = threading.Event()
-        self._inbox_room.set()
         self._doorbell = self.ingress.doorbell
+        self._inbox = Inbox(self._doorbell)
         self._engines: dict[str, EngineChannel] = {}
         self._debug_lock = threading.Lock()
         """One reader at a time for the engines' debug-log rings."""
@@ -251,14 +170,14 @@ class Pipeline:
         for channel in list(self._engines.values()):
             channel.close()
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and (self.ingress.pending() or self._inbox_size()):
+        while time.monotonic() < deadline and (self.ingress.pending() or self._inbox.size()):
             self._doorbell.set()
             time.sleep(0.01)
         self._stopping.set()
         self._doorbell.set()
         if self._thread.is_alive():
             self._thread.join(max(0.0, deadline - time.monotonic()) + 0.5)
-        undelivered = self.ingress.pending() + self._inbox_size()
+        undelivered = self.ingress.pending() + self._inbox.size()
         self.dispatcher.close_all(DisconnectReason.SHUTDOWN)
         return ShutdownReport(drained_in_time=undelivered == 0, undelivered=undelivered)
 
@@ -268,12 +187,12 @@ class Pipeline:
 
     def submit_authority(self, item: Authoritative) -> None:
         """Queue an authoritative item that belongs to no engine ring (host decisions)."""
-        self._inbox_put(item)
+        self._inbox.put(item)
 
     def attach_engine(
         self, key: str, ring: NativeRing, model_id: LogicalId | None = None
     ) -> EngineChannel:
-        channel = EngineChannel(self, key, ring)
+        channel = EngineChannel(self._inbox, key, ring)
         channel.model_id = model_id
         self._engines[key] = channel
         return channel
@@ -353,33 +272,11 @@ class Pipeline:
             + self._reducer_errors
             + self._internal_errors,
             reducer_duplicates=state.counters.duplicate_transitions,
-            inbox_batches=self._inbox_size(),
+            inbox_batches=self._inbox.size(),
             health_events_emitted=self._health.emitted,
             native_facts_processed=self._native_facts_processed,
             warnings=self.warnings.counters,
         )
-
-    # -- inbox ----------------------------------------------------------------------------------
-    def _inbox_put(self, item: NativeBatch | Authoritative) -> None:
-        with self._inbox_lock:
-            self._inbox.append(item)
-            if len(self._inbox) >= MAX_INBOX_BATCHES:
-                self._inbox_room.clear()
-        self._doorbell.set()
-
-    def _inbox_has_room(self) -> bool:
-        return self._inbox_room.is_set()
-
-    def _inbox_size(self) -> int:
-        with self._inbox_lock:
-            return len(self._inbox)
-
-    def _inbox_take(self) -> list[NativeBatch | Authoritative]:
-        with self._inbox_lock:
-            items = list(self._inbox)
-            self._inbox.clear()
-            self._inbox_room.set()
-        return items
 
     # -- the thread -----------------------------------------------------------------------------
     def _run(self) -> None:
@@ -407,7 +304,7 @@ class Pipeline:
 
     def _cycle(self) -> None:
         while True:
-            items = self._inbox_take()
+            items = self._inbox.take()
             events = self.ingress.drain()
             if not items and not events:
                 break
@@ -434,59 +331,9 @@ class Pipeline:
         events = [
             e for adapted in self.adapter.adapt_batch(batch.facts) for e in on_native(adapted)
         ]
-        index, total = 0, len(events)
-        while index < total:
-            event = events[index]
-            end = index + 1
-            if event.id in KV_PRESSURE_EVENTS and event.scope.model_id is not None:
-                model_id = event.scope.model_id
-                while (
-                    end < total
-                    and events[end].id in KV_PRESSURE_EVENTS
-                    and events[end].scope.model_id == model_id
-                ):
-                    end += 1
-            if end - index >= MIN_PRESSURE_RUN:
-                self._process_pressure_run(events[index:end])
-            else:
-                for short_run_event in events[index:end]:
-                    self._process(short_run_event, notify=False)
-            index = end
+        for event in events:
+            self._process(event, notify=False)
         self._native_facts_processed += len(batch.facts)
-
-    def _process_pressure_run(self, events: list[Event]) -> None:
-        """`_process` for each of a run of one model's KV pressure events, with the same
-        events in the same order (a flapping level costs a pass, not an event's full path).
-        The warnings they derive split the run: each is reduced right after its cause."""
-        try:
-            derived = self.warnings.derive_pressure_run(events)
-        except Exception:  # noqa: BLE001 - diagnostics never cost the events that caused them
-            self._internal_errors += 1
-            derived = []
-        start = 0
-        for end, warnings in [*derived, (len(events) - 1, [])]:
-            segment = events[start : end + 1]
-            start = end + 1
-            if segment:
-                self._reduce_pressure_segment(segment)
-            for warning in warnings:
-                self._reduce_derived(warning)
-
-    def _reduce_pressure_segment(self, segment: list[Event]) -> None:
-        outbox = self._outbox
-        try:
-            transitions = self._reducer.reduce_pressure_run(segment)
-        except Exception:  # noqa: BLE001 - the reducer is total by contract; count, never die
-            # Restored to before the segment: each event once more, as `_process` would reduce
-            # it (its warnings are derived already).
-            self._reducer_errors += 1
-            for event in segment:
-                self._reduce_derived(event)
-            return
-        for event, caused in zip(segment, transitions, strict=True):
-            outbox.append(event)
-            if caused:
-                outbox.extend(caused)
 
     def _process(self, event: Event, notify: bool = True) -> None:
         """Reduce and queue one event. With `notify=False` the caller publishes the state,

@@ -32,7 +32,6 @@ Owned by the pipeline thread only (not thread-safe).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -172,58 +171,6 @@ class WarningDeriver:
                 return self._queue(event, state)
             case _:
                 return []
-
-    def derive_pressure_run(self, events: Sequence[Event]) -> list[tuple[int, list[Event]]]:
-        """`derive` for each of a run of one model's KV pressure events (crossed/cleared; they
-        never read the state): (index, warnings) of each event that derives any, in order.
-
-        A flapping level keeps the gate shut (`RAISE_MIN_INTERVAL_S`): each crossing is then
-        suppressed and each clearing ends that suppression, which this pass follows in local
-        flags; a real raise or clear goes through `_raise`/`_clear`."""
-        if not events:
-            return []
-        model_id = events[0].scope.model_id
-        scope = Scope(model_id=model_id)
-        key = (WarningCode.KV_NEAR_FULL, scope)
-        active, suppressed = self._active, self._suppressed
-        is_active, is_suppressed = key in active, key in suppressed
-        last_raise = self._last_raise_ns.get(key)
-        out: list[tuple[int, list[Event]]] = []
-        for index, event in enumerate(events):
-            if event.scope.model_id != model_id:
-                raise ValueError("a pressure run is one model's events")
-            if event.id is EventId.CACHE_PRESSURE_CROSSED:
-                if is_active or is_suppressed:
-                    continue  # what `_raise` returns [] for first
-                if self._gate_shut(last_raise, event.mono_ns):
-                    is_suppressed = True  # what `_raise` does then
-                    self.counters.suppressed += 1
-                    continue
-                suppressed.discard(key)  # the set catches up with the local flag first
-                derived = self._raise(
-                    WarningCode.KV_NEAR_FULL, scope, event, _figures(event, _KV_KEYS)
-                )
-            elif event.id is EventId.CACHE_PRESSURE_CLEARED:
-                if is_suppressed:
-                    is_suppressed = False  # what `_clear` does then
-                    continue
-                if not is_active:
-                    continue  # what `_clear` returns [] for, without touching anything
-                suppressed.discard(key)
-                derived = self._clear(
-                    WarningCode.KV_NEAR_FULL, scope, event, _figures(event, _KV_KEYS)
-                )
-            else:
-                raise ValueError("a pressure run is KV pressure events")
-            is_active, is_suppressed = key in active, key in suppressed
-            last_raise = self._last_raise_ns.get(key)
-            if derived:
-                out.append((index, derived))
-        if is_suppressed:
-            suppressed.add(key)
-        else:
-            suppressed.discard(key)
-        return out
 
     def _gate_shut(self, last_raise_ns: int | None, now_ns: int) -> bool:
         """Whether a raise now is suppressed: too soon after the last one, or too many active."""

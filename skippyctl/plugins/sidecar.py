@@ -4,8 +4,8 @@
 a C plugin through skippy_plugin.h; otherwise an entry point in the group ``skippyctl.plugins``),
 answers READY (or LOAD_FAILED with a reason word) on the stream socket ``N``, then serves the
 frames of :mod:`skippyctl.plugins.wire` until end of stream, when it calls the plugin's
-``destroy``/``close`` and exits 0. The engine (``link.py``) starts it; a plugin that crashes
-takes only this process down.
+``destroy``/``close`` and exits 0. The engine's link starts it (``sidecar_supervisor.py``); a
+plugin that crashes takes only this process down.
 
 Contract:
 

@@ -16,7 +16,7 @@ from skippyctl.events.envelope import (
     make_event,
 )
 from skippyctl.events.reasons import Outcome, Producer
-from skippyctl.reducer.immutable import revise
+from skippyctl.reducer.immutable import remove_item, revise, revise_item
 from skippyctl.reducer.state import RuntimeView
 
 Transitions = tuple[Event, ...]
@@ -61,18 +61,18 @@ def bounded_put(
     age: Callable[[V], int],
 ) -> tuple[Mapping[LogicalId, V], int] | None:
     """Insert, evicting the oldest evictable entry when full. None when nothing can be evicted.
+    In place within a batch (reducer.immutable.revise_item): every caller stores the mapping
+    it returns in the state it returns and never reads the one it passed again.
 
     Returns the new mapping and how many entries were evicted (0 or 1).
     """
     if key in mapping or len(mapping) < limit:
-        return put(mapping, key, value), 0
+        return revise_item(mapping, key, value), 0
     candidates = [(age(v), k) for k, v in mapping.items() if evictable(v)]
     if not candidates:
         return None
     _, oldest = min(candidates)
-    updated = {k: v for k, v in mapping.items() if k != oldest}
-    updated[key] = value
-    return MappingProxyType(updated), 1
+    return revise_item(remove_item(mapping, oldest), key, value), 1
 
 
 def transition(

@@ -21,7 +21,7 @@ them; plain `evolve` stays the default everywhere else):
 - the caller stores the result (a discarded in-place update would still have happened).
 
 Identity no longer says "changed" for an object updated in place, so the draft records which
-objects it updated during the current event (`begin_event`, `changed`).
+objects it updated during the current event (`begin_event`, `updated_any`).
 """
 
 from __future__ import annotations
@@ -111,10 +111,15 @@ class Draft:
     def begin_event(self) -> None:
         self._updated.clear()
 
-    def changed(self, before: object, after: object) -> bool:
-        """What `after is not before` said when every update copied: a new object, or the same
-        one updated in place during the current event."""
-        return after is not before or id(after) in self._updated
+    def updated_any(self, objects: tuple[object, ...]) -> bool:
+        """Whether any of `objects` was updated in place during the current event: with an
+        identity check (a new object), what `is not` said when every update copied."""
+        updated = self._updated
+        if updated:
+            for obj in objects:
+                if id(obj) in updated:
+                    return True
+        return False
 
     def revise(self, obj: T, changes: dict[str, Any]) -> T:
         key = id(obj)
@@ -122,10 +127,10 @@ class Draft:
             new = evolve(obj, **changes)
             self._owned[id(new)] = new
             return new
-        fields = _FIELDS[type(obj)]
+        if not _FIELDS[type(obj)].issuperset(changes):
+            unknown = sorted(set(changes) - _FIELDS[type(obj)])
+            raise TypeError(f"{type(obj).__name__} has no field {unknown[0]}")
         for name, value in changes.items():
-            if name not in fields:
-                raise TypeError(f"{type(obj).__name__} has no field {name}")
             _set_field(obj, name, value)
         self._updated.add(key)
         return obj
@@ -133,15 +138,34 @@ class Draft:
     def revise_item(self, mapping: Mapping[K, V], key: K, value: V) -> Mapping[K, V]:
         backing = self._dicts.get(id(mapping))
         if backing is None:
-            backing = dict(mapping)
-            backing[key] = value
-            made: Mapping[K, V] = MappingProxyType(backing)
-            self._owned[id(made)] = made
-            self._dicts[id(made)] = backing
-            return made
+            return self.revise_items(mapping, ((key, value),), ())
         backing[key] = value
         self._updated.add(id(mapping))
         return mapping
+
+    def remove_item(self, mapping: Mapping[K, V], key: K) -> Mapping[K, V]:
+        backing = self._dicts.get(id(mapping))
+        if backing is None:
+            return self.revise_items(mapping, (), (key,))
+        if backing.pop(key, _MISSING) is not _MISSING:
+            self._updated.add(id(mapping))
+        return mapping
+
+    def revise_items(
+        self, mapping: Mapping[K, V], items: tuple[tuple[K, V], ...], removed: tuple[K, ...]
+    ) -> Mapping[K, V]:
+        """A copy of `mapping` that the draft owns, less `removed`, with `items` set."""
+        backing = dict(mapping)
+        for key in removed:
+            backing.pop(key, None)
+        backing.update(items)
+        made: Mapping[K, V] = MappingProxyType(backing)
+        self._owned[id(made)] = made
+        self._dicts[id(made)] = backing
+        return made
+
+
+_MISSING: Final = object()
 
 
 class _Active(threading.local):
@@ -178,3 +202,12 @@ def revise_item(mapping: Mapping[K, V], key: K, value: V) -> Mapping[K, V]:
         updated[key] = value
         return MappingProxyType(updated)
     return draft.revise_item(mapping, key, value)
+
+
+def remove_item(mapping: Mapping[K, V], key: K) -> Mapping[K, V]:
+    """A read-only mapping without `key`: a new one (as `reducer.common.drop`), or the same one
+    updated in place when the active draft made it."""
+    draft = _ACTIVE.draft
+    if draft is None:
+        return MappingProxyType({k: v for k, v in mapping.items() if k != key})
+    return draft.remove_item(mapping, key)

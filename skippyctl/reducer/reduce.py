@@ -18,21 +18,23 @@ Transitions are projections: they are dispatched, never reduced again.
 `BatchReducer` reduces a batch of events (one drained native batch, one pipeline cycle) with the
 same result, state and transitions, as `reduce` event by event, into a working copy that the
 batch's later events update in place (reducer.immutable.Draft), and publishes one immutable
-snapshot at the end of the batch. Only `revise`/`revise_item` call sites update in place: the
-root view, the counters (`common.count`), the node derivation, and the KV path
-(`resources.on_kv`), the one that a stream of distinct KV-pressure transitions runs through.
+snapshot at the end of the batch. Only `revise`/`revise_item`/`remove_item` call sites update
+in place: the root view, the counters (`common.count`), the bounded maps (`common.bounded_put`),
+the node derivation, the KV path (`resources.on_kv`) and the serving family's sessions and
+requests (`serving`: a request event is the commonest event a real runtime emits, so it must
+not copy the request map and the root view once per event).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Final
 
-from skippyctl.events.catalog import EventId
-from skippyctl.events.envelope import NO_SCOPE, Event, LogicalId, SummaryKey, summaries
+from skippyctl.events.catalog import CATALOG, EventId
+from skippyctl.events.envelope import NO_SCOPE, Event, LogicalId, summaries
 from skippyctl.events.reasons import DeliveryClass, Severity
 from skippyctl.reducer import health, models, resources, serving, topology
-from skippyctl.reducer.common import NO_TRANSITIONS, Handler, count, transition
+from skippyctl.reducer.common import NO_TRANSITIONS, Handler, transition
 from skippyctl.reducer.immutable import Draft, activate, deactivate, evolve, revise
 from skippyctl.reducer.node import derive_node
 from skippyctl.reducer.state import (
@@ -76,6 +78,10 @@ NODE_EVENTS: Final[dict[NodeState, EventId]] = {
 }
 
 _RECENT_SEVERITIES: Final = frozenset({Severity.WARNING, Severity.ERROR, Severity.FATAL})
+_TERMINAL_IDS: Final = frozenset(
+    spec.id for spec in CATALOG.values() if spec.delivery is DeliveryClass.TERMINAL
+)
+"""`event.delivery is TERMINAL` without the catalog lookup (`_is_remembered` runs per event)."""
 
 
 def reduce(state: RuntimeView, event: Event) -> tuple[RuntimeView, Transitions]:
@@ -161,11 +167,20 @@ class BatchReducer:
 
     def reduce(self, event: Event) -> tuple[RuntimeView, Transitions]:
         """Apply one event to the working copy; returns it and the event's transitions."""
+        handler = _HANDLERS.get(event.id)
+        if handler is None:
+            # No family reads it (a per-token debug event, most of a real runtime's stream):
+            # only the recent list may keep it, so the draft need not be entered.
+            if _is_remembered(event):
+                self._remembered.append(event)
+            self._reduced.append(event)
+            self._unpublished = True
+            return self._state, NO_TRANSITIONS
         draft = self._draft
         draft.begin_event()
         activate(draft)
         try:
-            state, transitions = self._apply(draft, self._state, event)
+            state, transitions = self._apply(draft, self._state, event, handler)
         except Exception:
             deactivate()
             self._reduce_again()
@@ -177,22 +192,19 @@ class BatchReducer:
         return state, transitions
 
     def _apply(
-        self, draft: Draft, state: RuntimeView, event: Event
+        self, draft: Draft, state: RuntimeView, event: Event, handler: Handler
     ) -> tuple[RuntimeView, Transitions]:
-        handler = _HANDLERS.get(event.id)
-        if handler is None:
-            self._remember(event, NO_TRANSITIONS)
-            return state, NO_TRANSITIONS
         # The handler may update `state` in place: keep what the derivation compares.
         models, runtime, stages = state.models, state.runtime, state.stages
         devices, topologies = state.devices, state.topologies
         state, transitions = handler(state, event)
         if (
-            draft.changed(models, state.models)
+            state.models is not models
             or state.runtime is not runtime
-            or draft.changed(stages, state.stages)
-            or draft.changed(devices, state.devices)
-            or draft.changed(topologies, state.topologies)
+            or state.stages is not stages
+            or state.devices is not devices
+            or state.topologies is not topologies
+            or draft.updated_any((models, stages, devices, topologies))
         ):
             # Models change only with a derivation, so the set of the last one (or the
             # base's) is the set before this event.
@@ -204,119 +216,12 @@ class BatchReducer:
         self._remember(event, transitions)
         return state, transitions
 
-    def reduce_pressure_run(self, events: Sequence[Event]) -> list[Transitions]:
-        """`reduce` for each of `events` in turn, in one pass: KV pressure events
-        (`resources.KV_PRESSURE_EVENTS`) of one model. Returns each event's transitions.
-
-        Such an event only moves its model's KV pressure flag (`resources.on_kv`), so of the
-        derived quantities only the node's pressure can follow it (the serving set, the node
-        state and the lanes read the models' states, which a KV fact never moves). The events
-        up to the first that fits (moves the flag) are reduced one by one, the full derivation
-        included; after it, each event is a flag flip or a counted duplicate, the node's
-        pressure is `_derive`'s expression over the one flag that moves, and the model's KV
-        view, the counters and the node's pressure are stored once, at the end. The state and
-        transitions equal `reduce`'s, event by event (tests/reducer/test_pressure_run.py).
-
-        Should it raise (a defect), the working copy is restored to before the run (as
-        `reduce` does for its event) and the exception re-raised: the caller then reduces the
-        run's events one by one.
-        """
-        model_id = events[0].scope.model_id if events else None
-        if model_id is None or any(
-            e.id not in resources.KV_PRESSURE_EVENTS or e.scope.model_id != model_id for e in events
-        ):
-            raise ValueError("a pressure run is KV pressure events of one model")
-        draft = self._draft
-        activate(draft)
-        try:
-            out = self._fold_pressure_run(draft, events, model_id)
-        except Exception:
-            deactivate()
-            self._reduce_again()
-            raise
-        deactivate()
-        self._reduced.extend(events)
-        self._unpublished = True
-        return out
-
-    def _fold_pressure_run(
-        self, draft: Draft, events: Sequence[Event], model_id: LogicalId
-    ) -> list[Transitions]:
-        out: list[Transitions] = []
-        state = self._state
-        model = state.models.get(model_id)
-        moved = False
-        start = 0
-        # One by one until an event moves the flag (an unknown model's: every one, rejected).
-        while start < len(events) and not moved:
-            event = events[start]
-            draft.begin_event()
-            before = None if model is None else model.kv.pressure
-            state, transitions = self._apply(draft, state, event)
-            out.append(transitions)
-            model = state.models.get(model_id)
-            moved = model is not None and before is not None and model.kv.pressure is not before
-            start += 1
-        self._state = state
-        if model is None or start == len(events):
-            return out
-        kv = model.kv
-        flag, cells_used = kv.pressure, kv.cells_used
-        flag_moved = False
-        serving = model.state in SERVING_MODEL_STATES
-        others = _resource_pressure(
-            state,
-            (
-                m
-                for m in state.models.values()
-                if m.state in SERVING_MODEL_STATES and m.model_id != model_id
-            ),
-        )
-        node_pressure = state.node_pressure
-        duplicates = rejected = 0
-        remembered = self._remembered
-        kv_moves = resources.KV_MOVES
-        on = resources.Pressure.ON
-        for event in events[start:]:
-            now = resources.pressure_state(flag)
-            row = kv_moves.find(event.id, now)
-            transitions = NO_TRANSITIONS
-            if row is None:
-                if kv_moves.repeats(event.id, now):
-                    duplicates += 1
-                else:
-                    rejected += 1
-            else:
-                flag = row.target is on
-                flag_moved = True
-                if event.summaries:
-                    used = event.summary_value(SummaryKey.KV_CELLS_USED)
-                    if used is not None:
-                        cells_used = int(used)
-                pressure = others or (serving and flag)
-                if pressure is not node_pressure:
-                    transitions = (_pressure_transition(event, node_pressure, pressure),)
-                    node_pressure = pressure
-            out.append(transitions)
-            if _is_remembered(event):
-                remembered.append(event)
-            remembered.extend(transitions)  # a transition always has a state change
-        if flag_moved:
-            state = resources.store_kv(
-                state, model, revise(kv, pressure=flag, cells_used=cells_used)
-            )
-        if duplicates or rejected:
-            state = count(state, duplicate_transitions=duplicates, rejected_transitions=rejected)
-        if node_pressure is not state.node_pressure:
-            state = revise(state, node_pressure=node_pressure)
-        self._state = state
-        return out
-
     def _remember(self, event: Event, transitions: Transitions) -> None:
         remembered = self._remembered
         if _is_remembered(event):
             remembered.append(event)
-        remembered.extend(t for t in transitions if _is_remembered(t))
+        if transitions:
+            remembered.extend(t for t in transitions if _is_remembered(t))
 
     def publish(self) -> RuntimeView:
         """End the batch: the immutable snapshot of everything reduced so far. The next event
@@ -426,9 +331,7 @@ def _is_remembered(event: Event) -> bool:
     """Lifecycle and warning events (the state test first: the cheapest, and every transition
     passes it)."""
     return (
-        event.state is not None
-        or event.delivery is DeliveryClass.TERMINAL
-        or event.severity in _RECENT_SEVERITIES
+        event.state is not None or event.id in _TERMINAL_IDS or event.severity in _RECENT_SEVERITIES
     )
 
 

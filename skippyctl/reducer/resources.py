@@ -126,9 +126,6 @@ MEMORY_MOVES: Final[MoveTable[Pressure]] = MoveTable(
     ),
 )
 MOVE_TABLES: Final = (KV_MOVES, DEVICE_MOVES, MEMORY_MOVES)
-KV_PRESSURE_EVENTS: Final = frozenset({_E.CACHE_PRESSURE_CROSSED, _E.CACHE_PRESSURE_CLEARED})
-"""The KV level-state events: a stream of them only ever moves one model's pressure flag
-(reducer.reduce.BatchReducer.reduce_pressure_run)."""
 
 
 def _with_kv(state: RuntimeView, event: Event) -> tuple[ModelView, KvView] | None:

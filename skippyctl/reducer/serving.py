@@ -48,11 +48,9 @@ from skippyctl.reducer.common import (
     Step,
     bounded_put,
     count,
-    drop,
-    put,
     reject,
 )
-from skippyctl.reducer.immutable import evolve
+from skippyctl.reducer.immutable import remove_item, revise, revise_item
 from skippyctl.reducer.moves import ABSENT, REMOVED, SAME, Effect, Move, MoveTable, entering, moves
 from skippyctl.reducer.state import (
     MAX_RECENT_REQUESTS,
@@ -150,6 +148,15 @@ REQUEST_MOVES: Final[MoveTable[RequestState]] = MoveTable(
 MOVE_TABLES: Final = (SESSION_MOVES, REQUEST_MOVES)
 
 
+_STEP_FIELDS: Final[dict[SummaryKey, tuple[str, type[int] | type[float]]]] = {
+    SummaryKey.QUEUE_DEPTH: ("queue_depth", int),
+    SummaryKey.QUEUE_WAIT_MS: ("queue_wait_ms", float),
+    SummaryKey.TIME_TO_FIRST_TOKEN_MS: ("time_to_first_token_ms", float),
+    SummaryKey.PROMPT_TOKENS: ("prompt_tokens", int),
+}
+"""The summaries a request step records, by the `RequestView` field they set."""
+
+
 def _int(event: Event, key: SummaryKey) -> int | None:
     value = event.summary_value(key)
     return None if value is None else int(value)
@@ -166,13 +173,14 @@ def on_session(state: RuntimeView, event: Event) -> Step:
         return reject(state, duplicate=SESSION_MOVES.repeats(event.id, now))
     match row.target:
         case Effect.REMOVED:
-            return evolve(state, sessions=drop(state.sessions, session_id)), NO_TRANSITIONS
+            return revise(state, sessions=remove_item(state.sessions, session_id)), NO_TRANSITIONS
         case Effect.SAME:
             if current is None:  # no row leads from absent to `same`
                 return reject(state)
             trimmed = current.trimmed + (event.id is EventId.SESSION_TRIMMED)
-            updated = evolve(current, trimmed=trimmed, updated_mono_ns=event.mono_ns)
-            return evolve(state, sessions=put(state.sessions, session_id, updated)), NO_TRANSITIONS
+            updated = revise(current, trimmed=trimmed, updated_mono_ns=event.mono_ns)
+            sessions = revise_item(state.sessions, session_id, updated)
+            return revise(state, sessions=sessions), NO_TRANSITIONS
         case SessionState() as target:
             return _place_session(state, event, session_id, current, target)
         case _ as unreachable:
@@ -189,7 +197,7 @@ def _place_session(
     lane = _int(event, SummaryKey.LANES)
     ctx = _int(event, SummaryKey.CONTEXT_TOKENS)
     base = current or SessionView(session_id=session_id, state=target)
-    view = evolve(
+    view = revise(
         base,
         state=target,
         model_id=event.scope.model_id or base.model_id,
@@ -208,7 +216,7 @@ def _place_session(
     if placed is None:
         return reject(state)
     sessions, evicted = placed
-    return count(evolve(state, sessions=sessions), evicted_sessions=evicted), NO_TRANSITIONS
+    return count(revise(state, sessions=sessions), evicted_sessions=evicted), NO_TRANSITIONS
 
 
 def on_request_received(state: RuntimeView, event: Event) -> Step:
@@ -232,7 +240,7 @@ def on_request_received(state: RuntimeView, event: Event) -> Step:
     )
     assert placed is not None
     requests, evicted = placed
-    return count(evolve(state, requests=requests), evicted_requests=evicted), NO_TRANSITIONS
+    return count(revise(state, requests=requests), evicted_requests=evicted), NO_TRANSITIONS
 
 
 def on_request_step(state: RuntimeView, event: Event) -> Step:
@@ -243,21 +251,14 @@ def on_request_step(state: RuntimeView, event: Event) -> Step:
     row = REQUEST_MOVES.find(event.id, view.state)
     if row is None or isinstance(row.target, Effect):
         return reject(state, duplicate=REQUEST_MOVES.repeats(event.id, view.state))
-    target = row.target
-    depth = _int(event, SummaryKey.QUEUE_DEPTH)
-    wait = event.summary_value(SummaryKey.QUEUE_WAIT_MS)
-    ttft = event.summary_value(SummaryKey.TIME_TO_FIRST_TOKEN_MS)
-    prompt = _int(event, SummaryKey.PROMPT_TOKENS)
-    updated = evolve(
-        view,
-        state=target,
-        queue_depth=depth if depth is not None else view.queue_depth,
-        queue_wait_ms=float(wait) if wait is not None else view.queue_wait_ms,
-        time_to_first_token_ms=float(ttft) if ttft is not None else view.time_to_first_token_ms,
-        prompt_tokens=prompt if prompt is not None else view.prompt_tokens,
-        updated_mono_ns=event.mono_ns,
-    )
-    return evolve(state, requests=put(state.requests, request_id, updated)), NO_TRANSITIONS
+    changes: dict[str, object] = {"state": row.target, "updated_mono_ns": event.mono_ns}
+    # One pass over the summaries (the first of a key counts, as `summary_value` reads it).
+    for item in event.summaries:
+        step_field = _STEP_FIELDS.get(item.key)
+        if step_field is not None and step_field[0] not in changes:
+            changes[step_field[0]] = step_field[1](item.value)
+    updated = revise(view, **changes)
+    return revise(state, requests=revise_item(state.requests, request_id, updated)), NO_TRANSITIONS
 
 
 def on_generation_progress(state: RuntimeView, event: Event) -> Step:
@@ -269,8 +270,8 @@ def on_generation_progress(state: RuntimeView, event: Event) -> Step:
         return reject(state)
     if view.generated_tokens is not None and event.progress.current <= view.generated_tokens:
         return reject(state, duplicate=True)
-    updated = evolve(view, generated_tokens=event.progress.current, updated_mono_ns=event.mono_ns)
-    return evolve(state, requests=put(state.requests, request_id, updated)), NO_TRANSITIONS
+    updated = revise(view, generated_tokens=event.progress.current, updated_mono_ns=event.mono_ns)
+    return revise(state, requests=revise_item(state.requests, request_id, updated)), NO_TRANSITIONS
 
 
 def on_generation_completed(state: RuntimeView, event: Event) -> Step:
@@ -282,23 +283,23 @@ def on_generation_completed(state: RuntimeView, event: Event) -> Step:
     tokens = _int(event, SummaryKey.GENERATED_TOKENS) or 0
     proposed = _int(event, SummaryKey.SPEC_PROPOSED_TOKENS) or 0
     accepted = _int(event, SummaryKey.SPEC_ACCEPTED_TOKENS) or 0
-    updated = evolve(
+    updated = revise(
         model,
         generated_tokens=model.generated_tokens + tokens,
         decode_tokens_per_s=float(rate) if rate is not None else model.decode_tokens_per_s,
         spec_proposed_tokens=model.spec_proposed_tokens + proposed,
         spec_accepted_tokens=model.spec_accepted_tokens + accepted,
     )
-    state = evolve(state, models=put(state.models, model_id, updated))
+    state = revise(state, models=revise_item(state.models, model_id, updated))
     session_id = event.scope.session_id
     session = None if session_id is None else state.sessions.get(session_id)
     if proposed and session is not None and session_id is not None:
-        session = evolve(
+        session = revise(
             session,
             spec_proposed_tokens=session.spec_proposed_tokens + proposed,
             spec_accepted_tokens=session.spec_accepted_tokens + accepted,
         )
-        state = evolve(state, sessions=put(state.sessions, session_id, session))
+        state = revise(state, sessions=revise_item(state.sessions, session_id, session))
     return state, NO_TRANSITIONS
 
 
@@ -319,16 +320,16 @@ def on_request_end(state: RuntimeView, event: Event) -> Step:
     )
     recent = (*state.recent_requests, outcome)
     evicted = max(0, len(recent) - MAX_RECENT_REQUESTS)
-    state = evolve(
+    state = revise(
         state,
-        requests=drop(state.requests, request_id),
+        requests=remove_item(state.requests, request_id),
         recent_requests=recent[evicted:],
     )
     model_id = event.scope.model_id
     model = None if model_id is None else state.models.get(model_id)
     if model is not None and model_id is not None and event.id is EventId.REQUEST_COMPLETED:
-        model = evolve(model, completed_requests=model.completed_requests + 1)
-        state = evolve(state, models=put(state.models, model_id, model))
+        model = revise(model, completed_requests=model.completed_requests + 1)
+        state = revise(state, models=revise_item(state.models, model_id, model))
     return count(state, evicted_recent=evicted), NO_TRANSITIONS
 
 

@@ -17,7 +17,8 @@ import queue
 import threading
 
 from skippyctl.engine.channel import ControlChannel, encode_frame
-from skippyctl.engine.protocol import Command, EngineMessage
+from skippyctl.engine.protocol_commands import Command
+from skippyctl.engine.protocol_messages import EngineMessage
 
 
 class CommandWriter:

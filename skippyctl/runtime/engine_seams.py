@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from skippyctl.engine.protocol import Link, ServingMessage
+from skippyctl.engine.protocol_messages import Link, ServingMessage
 from skippyctl.events.envelope import Event, LogicalId
 from skippyctl.events.reasons import ReasonCode
 from skippyctl.native.ingress import SharedIngress

@@ -58,10 +58,10 @@ from typing import Final, assert_never
 from skippyctl.config.runtime_settings import inherited_environment
 from skippyctl.engine.channel import MalformedMessage, host_side
 from skippyctl.engine.options import EngineOptions
-from skippyctl.engine.protocol import (
+from skippyctl.engine.protocol_commands import Command, Load, Ping, Shutdown
+from skippyctl.engine.protocol_messages import (
     AllocationRefused,
     Backends,
-    Command,
     ComputeFailed,
     ContextBegun,
     ContextReturned,
@@ -78,17 +78,14 @@ from skippyctl.engine.protocol import (
     Hello,
     Kv,
     Link,
-    Load,
     LoadBegun,
     LoadPhase,
     LoadReturned,
     MemoryAllocated,
-    Ping,
     PluginReported,
     Pong,
     ProtocolError,
     SessionChanged,
-    Shutdown,
     StateExported,
     StateImported,
 )
@@ -119,7 +116,7 @@ from skippyctl.pipeline.authority import (
 from skippyctl.pipeline.authority import (
     LoadReturned as LoadReturnedItem,
 )
-from skippyctl.plugins.link import CREDENTIAL_VARIABLES
+from skippyctl.plugins.sidecar_supervisor import CREDENTIAL_VARIABLES
 from skippyctl.runtime.engine_commands import CommandWriter
 from skippyctl.runtime.engine_seams import EngineListener, EnginePipeline, EngineTopology
 from skippyctl.runtime.plugin_events import plugin_events

@@ -38,7 +38,7 @@ from skippyctl.config.endpoints import parse_endpoints
 from skippyctl.config.load_options import LoadOptions, SpecMode, shown_settings
 from skippyctl.config.runtime_settings import EngineStderr, RuntimeSettings
 from skippyctl.engine.options import EngineOptions
-from skippyctl.engine.protocol import Load, SessionFile, Shutdown
+from skippyctl.engine.protocol_commands import Load, SessionFile, Shutdown
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import LogicalId, Scope, make_event, settings, summaries
 from skippyctl.events.identity import OperationIds, model_id_for

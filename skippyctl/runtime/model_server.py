@@ -51,9 +51,8 @@ from skippyctl.engine.channel import (
     UnencodableMessage,
     encode_frame,
 )
-from skippyctl.engine.protocol import (
-    Cancel,
-    Command,
+from skippyctl.engine.protocol_commands import Cancel, Command
+from skippyctl.engine.protocol_messages import (
     GenDone,
     GenFirstToken,
     GenPrefillDone,

@@ -1,11 +1,12 @@
 """Engine messages → events: the scheduler's translation tables, and where the events go.
 
-What the engine says about a request (``engine/protocol.py``) becomes events by table lookup, not
-by a chain of tests: :data:`OBSERVATION_EVENTS` maps each observation type to the events it stands
-for, :data:`OUTCOME_EVENTS` maps a generation outcome to its generation and request terminals,
-:data:`CACHE_EVENTS`, :data:`KV_EVENTS` and :data:`SESSION_EVENTS` map the engine's enums to event
-ids. An :class:`Emission` is one event of a request before it is stamped: its id and the fields
-the message gives it; :class:`ServingEvents` stamps it with the request's scope and submits it.
+What the engine says about a request (``engine/protocol_messages.py``) becomes events by table
+lookup, not by a chain of tests: :data:`OBSERVATION_EVENTS` maps each observation type to the events
+it stands for, :data:`OUTCOME_EVENTS` maps a generation outcome to its generation and request
+terminals, :data:`CACHE_EVENTS`, :data:`KV_EVENTS` and :data:`SESSION_EVENTS` map the engine's enums
+to event ids. An :class:`Emission` is one event of a request before it is stamped: its id and the
+fields the message gives it; :class:`ServingEvents` stamps it with the request's scope and submits
+it.
 
 Serving events (request, prefill, generation, session, KV) are submitted only while serving
 events are on (:class:`~skippyctl.engine.options.EngineOptions`); model availability and host
@@ -21,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from skippyctl.engine.protocol import (
+from skippyctl.engine.protocol_messages import (
     GenDone,
     GenFirstToken,
     GenPrefillDone,

@@ -1,5 +1,5 @@
 """Serving plugins' health as events: what the engine's plugin link reported
-(``engine/protocol.py`` :class:`~skippyctl.engine.protocol.PluginReported`).
+(``engine/protocol_messages.py`` :class:`~skippyctl.engine.protocol_messages.PluginReported`).
 
 - ``loaded`` → ``serving_plugin_loaded``; ``load_failed`` → ``serving_plugin_load_failed``;
   ``failed`` → ``serving_plugin_failed``; ``restarted`` → ``serving_plugin_restarted``;
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from skippyctl.engine.protocol import PluginReported
+from skippyctl.engine.protocol_messages import PluginReported
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import (
     Event,

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from skippyctl.engine.protocol import Generate, Sampling
+from skippyctl.engine.protocol_commands import Generate, Sampling
 from skippyctl.engine.text import ChatMessage
 from skippyctl.events.envelope import LogicalId
 from skippyctl.events.figures import NO_FIGURES, GenerationFigures

@@ -1,5 +1,6 @@
 """Engine resource messages → events: load phases, ggml backends and devices, memory
-allocations, CPU fallback, compute failures (``engine/protocol.py`` :data:`ResourceMessage`).
+allocations, CPU fallback, compute failures (``engine/protocol_messages.py``
+:data:`ResourceMessage`).
 
 :func:`resource_events` is the whole table: each message stands for a fixed sequence of events,
 stamped with the engine's model (and the load's operation). The supervisor queues them as
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 from typing import Final, assert_never
 
-from skippyctl.engine.protocol import (
+from skippyctl.engine.protocol_messages import (
     AllocationRefused,
     Backends,
     ComputeFailed,

@@ -30,13 +30,8 @@ from typing import Final
 
 from skippyctl.config.load_options import LoadOptions
 from skippyctl.config.runtime_settings import DEFAULT_ENGINE_UNRESPONSIVE_S
-from skippyctl.engine.protocol import (
-    DropSession,
-    SaveSessions,
-    SessionFile,
-    StateExported,
-    StateImported,
-)
+from skippyctl.engine.protocol_commands import DropSession, SaveSessions, SessionFile
+from skippyctl.engine.protocol_messages import StateExported, StateImported
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import LogicalId, Scope, make_event, summaries
 from skippyctl.events.identity import OperationIds

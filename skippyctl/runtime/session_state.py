@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Final
 
 from skippyctl.config.runtime_settings import DEFAULT_SESSION_STATE_MAX_MIB
-from skippyctl.engine.protocol import SessionFile, StateExported, StateImported
+from skippyctl.engine.protocol_commands import SessionFile
+from skippyctl.engine.protocol_messages import StateExported, StateImported
 from skippyctl.events.envelope import LogicalId
 
 DEFAULT_MAX_BYTES: Final = DEFAULT_SESSION_STATE_MAX_MIB * 1024 * 1024

@@ -73,7 +73,8 @@ from typing import Any, Final
 from skippyctl.acquisition.artifacts import split_parts
 from skippyctl.config.endpoints import Endpoint
 from skippyctl.config.load_options import DEFAULT_STAGE_LINK_P95_MS
-from skippyctl.engine.protocol import Link, StagePlan
+from skippyctl.engine.protocol_commands import StagePlan
+from skippyctl.engine.protocol_messages import Link
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event, LogicalId, Scope, make_event, summaries
 from skippyctl.events.reasons import Outcome, ReasonCode

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from skippyctl.config.endpoints import Endpoint
-from skippyctl.engine.protocol import Link
+from skippyctl.engine.protocol_messages import Link
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event, LogicalId
 from skippyctl.stages import plan as stage_plan

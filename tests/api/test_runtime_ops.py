@@ -122,7 +122,7 @@ def test_unload_drains_running_requests_first(ops: Server, fixture_dir: Path) ->
     assert ops.load(fixture_dir / "tiny.gguf", alias="drain", lanes=2)["state"] == "available"
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         running = pool.submit(
-            _generate, ops, "drain", max_tokens=1000, logit_bias={"2": -100}, user="drain-chat"
+            _generate, ops, "drain", max_tokens=200, logit_bias={"2": -100}, user="drain-chat"
         )
         _wait_until_model(ops, "drain", lambda m: m["lanes_in_use"] == 1, running=running)
         with ops.http() as http:

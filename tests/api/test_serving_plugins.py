@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from skippyctl.config.load_options import MAX_PROPOSAL_DEADLINE_MS
 from tests.api.conftest import Server, start_server, stop_server
 from tests.plugins.conftest import (
     EXAMPLES,
@@ -90,7 +91,10 @@ def _serving(server: Server, alias: str, lanes: int = 1, **options: Any) -> None
 
 
 def _plugged(server: Server, alias: str, plugin: str, lanes: int = 1, **options: Any) -> None:
-    """The successor model as ``alias`` with ``--spec plugin`` and ``plugin``."""
+    """The successor model as ``alias`` with ``--spec plugin`` and ``plugin``, waiting for the
+    proposals up to the longest deadline unless told otherwise: on a loaded machine a sidecar
+    can miss the default 8 ms, and these tests count proposals, not latency."""
+    options.setdefault("spec_deadline_ms", MAX_PROPOSAL_DEADLINE_MS)
     _serving(server, alias, lanes, spec="plugin", plugins=[plugin], **options)
 
 

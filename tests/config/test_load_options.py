@@ -24,7 +24,8 @@ from skippyctl.config.load_options import (
     SpecMode,
     shown_settings,
 )
-from skippyctl.engine.protocol import Load, decode_command, encode
+from skippyctl.engine.protocol import decode_command, encode
+from skippyctl.engine.protocol_commands import Load
 from skippyctl.events.envelope import settings
 
 

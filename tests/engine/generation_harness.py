@@ -15,7 +15,8 @@ from typing import Any
 import orjson
 
 from skippyctl.engine.generation import BatchEngine, SamplingParams
-from skippyctl.engine.protocol import EngineMessage, encode
+from skippyctl.engine.protocol import encode
+from skippyctl.engine.protocol_messages import EngineMessage
 
 WAIT_S = 60.0
 PROMPT = "The quick brown fox jumps over the lazy dog"

@@ -22,14 +22,8 @@ from skippyctl.engine.channel import (
     engine_side,
     host_side,
 )
-from skippyctl.engine.protocol import (
-    Command,
-    EngineMessage,
-    Generate,
-    Ping,
-    Pong,
-    Sampling,
-)
+from skippyctl.engine.protocol_commands import Command, Generate, Ping, Sampling
+from skippyctl.engine.protocol_messages import EngineMessage, Pong
 
 HostEnd = ControlChannel[Command, EngineMessage]
 EngineEnd = ControlChannel[EngineMessage, Command]

@@ -15,7 +15,8 @@ import pytest
 
 from skippyctl.engine.decode_core import DECODE_RETURN_REASONS
 from skippyctl.engine.generation import BatchEngine, GenerateRequest, SamplingParams
-from skippyctl.engine.protocol import EngineMessage, encode
+from skippyctl.engine.protocol import encode
+from skippyctl.engine.protocol_messages import EngineMessage
 
 WAIT_S = 60.0
 GREEDY = SamplingParams(temperature=0.0)

@@ -18,7 +18,8 @@ import pytest
 from skippyctl.config.load_options import LoadOptions
 from skippyctl.engine.channel import frame, host_side
 from skippyctl.engine.options import EngineOptions
-from skippyctl.engine.protocol import Load, encode
+from skippyctl.engine.protocol import encode
+from skippyctl.engine.protocol_commands import Load
 from skippyctl.fixtures.generate import TINY
 
 Message = dict[str, Any]

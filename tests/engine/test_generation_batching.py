@@ -4,7 +4,7 @@ is chunked beside running generation, one write per iteration, progress messages
 from __future__ import annotations
 
 from skippyctl.engine.generation import GenerateRequest
-from skippyctl.engine.protocol import EngineMessage
+from skippyctl.engine.protocol_messages import EngineMessage
 from tests.engine.generation_harness import PROMPT, EngineFactory, Recorder, greedy
 
 
@@ -81,10 +81,14 @@ def test_long_prefill_is_chunked_beside_running_generation(
     make_engine: EngineFactory, eog_ban: tuple[tuple[int, float], ...]
 ) -> None:
     h = make_engine(lanes=2, n_ctx=2048, prefill_chunk_tokens=16)
-    h.engine.submit(GenerateRequest("gen", prompt=PROMPT, max_tokens=60, sampling=greedy(eog_ban)))
+    # The generation outlasts the long prefill however late this thread submits it (a loaded
+    # machine); it is cancelled once the prefill's request is done.
+    h.engine.submit(GenerateRequest("gen", prompt=PROMPT, max_tokens=900, sampling=greedy(eog_ban)))
     h.recorder.wait_for(lambda m: m["msg"] == "gen_first_token")
     long_prompt = "the quick brown fox jumps " * 40
     h.engine.submit(GenerateRequest("pre", prompt=long_prompt, max_tokens=2))
+    h.recorder.wait_for(lambda m: m["msg"] == "gen_done" and m.get("request_id") == "pre")
+    h.engine.cancel("gen")
     h.recorder.wait_done(2)
     gen = h.recorder.one("gen", "gen_done")["figures"]
     pre = h.recorder.one("pre", "gen_done")["figures"]

@@ -14,7 +14,8 @@ import orjson
 import pytest
 
 from skippyctl.engine.generation import BatchEngine, GenerateRequest, SamplingParams
-from skippyctl.engine.protocol import EngineMessage, encode
+from skippyctl.engine.protocol import encode
+from skippyctl.engine.protocol_messages import EngineMessage
 
 WAIT_S = 60.0
 

@@ -13,7 +13,7 @@ from skippyctl.engine.lanes import (
     cache_result,
     common_prefix,
 )
-from skippyctl.engine.protocol import KvChange, SessionChange
+from skippyctl.engine.protocol_messages import KvChange, SessionChange
 from skippyctl.events.reasons import CacheResult
 
 

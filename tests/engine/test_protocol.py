@@ -21,27 +21,31 @@ import skippyctl.engine
 from skippyctl.config.load_options import LoadOptions, SpecMode
 from skippyctl.engine import protocol
 from skippyctl.engine.protocol import (
-    Cancel,
-    Command,
-    EngineMessage,
-    GenDone,
-    Generate,
-    GenStarted,
-    Kv,
-    KvChange,
-    Load,
-    LoadReturned,
     MalformedMessage,
-    Ping,
-    Pong,
-    Sampling,
-    SessionChange,
-    SessionChanged,
-    Shutdown,
     UnencodableMessage,
     decode_command,
     decode_engine_message,
     encode,
+)
+from skippyctl.engine.protocol_commands import (
+    Cancel,
+    Command,
+    Generate,
+    Load,
+    Ping,
+    Sampling,
+    Shutdown,
+)
+from skippyctl.engine.protocol_messages import (
+    EngineMessage,
+    GenDone,
+    GenStarted,
+    Kv,
+    KvChange,
+    LoadReturned,
+    Pong,
+    SessionChange,
+    SessionChanged,
 )
 from skippyctl.engine.text import ChatMessage
 from skippyctl.events.envelope import StopReason

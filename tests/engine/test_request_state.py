@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from skippyctl.engine.protocol import GenFirstToken, GenPrefillDone, Sampling
+from skippyctl.engine.protocol_commands import Sampling
+from skippyctl.engine.protocol_messages import GenFirstToken, GenPrefillDone
 from skippyctl.engine.request_state import (
     GenerateRequest,
     Phase,

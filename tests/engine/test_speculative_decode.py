@@ -19,7 +19,7 @@ import pytest
 from skippyctl.config.load_options import SpecMode
 from skippyctl.engine.draft import DraftModel
 from skippyctl.engine.generation import BatchEngine, GenerateRequest, SamplingParams
-from skippyctl.engine.protocol import EngineMessage, GenDone, GenText
+from skippyctl.engine.protocol_messages import EngineMessage, GenDone, GenText
 from skippyctl.engine.speculation import ServingPlugins, SpecConfig
 from skippyctl.fixtures import TINY_SUCCESSOR, TINY_SUCCESSOR_DRAFT, make_model, successor_cycles
 from skippyctl.plugins.api import PluginReceipt, RequestIds

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import itertools
 import subprocess
 import sys
 import threading
@@ -13,7 +12,6 @@ from collections import deque
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -37,8 +35,6 @@ from skippyctl.native.ingress import (
     SharedIngress,
 )
 from skippyctl.native.library import native_library
-from skippyctl.pipeline import pipeline as pipeline_module
-from skippyctl.pipeline import warnings
 from skippyctl.pipeline.authority import OperationBound
 from skippyctl.pipeline.native_adapter import (
     DIAGNOSTIC_LANE,
@@ -48,7 +44,7 @@ from skippyctl.pipeline.native_adapter import (
 )
 from skippyctl.pipeline.pipeline import Pipeline
 from skippyctl.reducer.reduce import reduce
-from skippyctl.reducer.state import MAX_RECENT_EVENTS, RuntimeView, available_models
+from skippyctl.reducer.state import MAX_RECENT_EVENTS, RuntimeView
 
 WARNING = int(abi.Kind.DIAGNOSTIC_WARNING_RAISED)
 PRESSURE = int(abi.Kind.KV_PRESSURE_CROSSED)
@@ -481,71 +477,3 @@ def test_the_batch_path_does_not_import_numpy_ma() -> None:
         [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
     )
     assert result.stdout.strip() == "False"
-
-
-def _dispatched_through(batches: list[list[Record]]) -> tuple[list[tuple[object, ...]], object]:
-    """What a pipeline dispatches for `batches` of model m's facts (op 7) and model n's (op 8),
-    both serving, without the stamps; and the state's clock-free figures after the last batch."""
-    ring = ScriptedRing()
-    pipeline = Pipeline().start()
-    subscription = pipeline.subscribe("test", max_queue_size=1 << 16)
-    exhausted = sum(r.kind == EXHAUSTED for batch in batches for r in batch)
-    try:
-        pipeline.submit(make_event(EventId.RUNTIME_INITIALIZED))
-        for model, operation, number in (("m", "op-7", 7), ("n", "op-8", 8)):
-            _serve_model(pipeline, LogicalId(model), LogicalId(operation), number)
-        # Both models served before the first fact: the runs compare from the same start.
-        assert pipeline.wait_state(lambda s: len(available_models(s)) == 2, 10.0) is not None
-        pipeline.attach_engine("engine", ring)
-        for batch in batches:
-            ring.give(batch_of(batch))
-        dispatched = []
-        seen_exhausted = 0
-        while True:
-            # Up to the end marker's event, then what the same dispatch queued with it.
-            item = subscription.get(10.0 if seen_exhausted < exhausted else 0.05)
-            if item is None:
-                assert seen_exhausted == exhausted, "the last batch was never dispatched"
-                break
-            e = item.event
-            seen_exhausted += e.id is EventId.CONTEXT_EXHAUSTED
-            current = e.state.current if e.state else None
-            dispatched.append((e.id, e.operation_id, e.scope, current, e.summaries))
-        state = pipeline.state
-    finally:
-        pipeline.detach_engine("engine")
-        pipeline.shutdown()
-    kv = {key: dataclasses.astuple(view.kv) for key, view in state.models.items()}
-    figures = (kv, state.node, state.node_pressure, dataclasses.astuple(state.counters))
-    return dispatched, (figures, [e.id for e in state.recent_events])
-
-
-@settings(max_examples=15, deadline=None)
-@given(
-    st.lists(
-        st.tuples(st.sampled_from([7, 8]), st.sampled_from([PRESSURE, CLEARED, EXHAUSTED])),
-        min_size=1,
-        max_size=120,
-    ),
-    st.lists(st.integers(0, 120), max_size=4),
-    st.booleans(),
-)
-def test_pressure_runs_dispatch_what_the_per_event_path_dispatches(
-    facts: list[tuple[int, int]], cuts: list[int], gate_open: bool
-) -> None:
-    """Runs of one model's KV pressure facts, split by other facts and by batch boundaries;
-    with the warning gate open (every crossing raises: warnings split the runs) or not."""
-    sequences = {7: itertools.count(1), 8: itertools.count(1)}
-    records = [Record(op, next(sequences[op]), kind, category=3) for op, kind in facts]
-    records.append(Record(7, next(sequences[7]), EXHAUSTED, category=3))  # the end marker
-    bounds = sorted({0, len(records), *(c % len(records) for c in cuts)})
-    batches = [records[a:b] for a, b in itertools.pairwise(bounds)]
-    with pytest.MonkeyPatch.context() as patch:
-        if gate_open:
-            patch.setattr(warnings, "RAISE_MIN_INTERVAL_S", 0.0)
-        by_runs = _dispatched_through(batches)
-        patch.setattr(pipeline_module, "MIN_PRESSURE_RUN", len(records) + 1)
-        per_event = _dispatched_through(batches)
-    assert by_runs == per_event
-    if gate_open and PRESSURE in {kind for _, kind in facts}:
-        assert EventId.WARNING_RAISED in {d[0] for d in by_runs[0]}

@@ -6,13 +6,6 @@ never derived from its own output)."""
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
-
-import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import (
     Event,
@@ -28,7 +21,6 @@ from skippyctl.native.library import native_library
 from skippyctl.pipeline.dispatch import Subscription
 from skippyctl.pipeline.pipeline import Pipeline
 from skippyctl.pipeline.warnings import (
-    MAX_ACTIVE_WARNINGS,
     RAISE_MIN_INTERVAL_S,
     SOURCE_EVENTS,
     WarningDeriver,
@@ -36,7 +28,6 @@ from skippyctl.pipeline.warnings import (
 from skippyctl.reducer.state import RuntimeView
 from tests.native.helpers import emit
 from tests.native.helpers import make_event as raw_event
-from tests.reducer.test_batch import _deterministic_clock
 
 NS = 1_000_000_000
 TINY = LogicalId("tiny")
@@ -193,60 +184,3 @@ def test_only_the_source_events_can_raise_or_clear_anything() -> None:
         assert deriver.derive(event, state) == [], event_id
     crossed = make_event(EventId.CACHE_PRESSURE_CROSSED, scope=scope)
     assert deriver.derive(crossed, state)  # a source does raise: the check above can fail
-
-
-_KV_LEVEL = [EventId.CACHE_PRESSURE_CROSSED, EventId.CACHE_PRESSURE_CLEARED]
-
-
-def _deriver_record(deriver: WarningDeriver) -> tuple[object, ...]:
-    return (
-        dataclasses.astuple(deriver.counters),
-        dict(deriver._active),
-        set(deriver._suppressed),
-        dict(deriver._last_raise_ns),
-    )
-
-
-@settings(max_examples=300, deadline=None)
-@given(
-    st.lists(st.tuples(st.sampled_from(_KV_LEVEL), st.integers(0, 12)), max_size=12),
-    st.lists(st.tuples(st.sampled_from(_KV_LEVEL), st.integers(0, 12)), min_size=1, max_size=40),
-    st.booleans(),
-)
-def test_a_pressure_run_derives_what_each_of_its_events_derives_in_turn(
-    before: list[tuple[EventId, int]], run: list[tuple[EventId, int]], gate_full: bool
-) -> None:
-    """Crossings and clearings seconds apart (so the gate opens and shuts within a run), after
-    any history, with the active-warning cap reached by other models or not."""
-    at_s = itertools.accumulate(step for _, step in before + run)
-    events = [_pressure(event_id, at) for (event_id, _), at in zip(before + run, at_s, strict=True)]
-    others = [
-        _pressure_of(LogicalId(f"other{n}"), EventId.CACHE_PRESSURE_CROSSED, 0.0)
-        for n in range(MAX_ACTIVE_WARNINGS if gate_full else 1)
-    ]
-    state = RuntimeView()
-
-    def derived_by(deriver: WarningDeriver, derive_run: bool) -> object:
-        with _deterministic_clock():  # the warnings' stamps tick alike on both ways
-            for event in others + events[: len(before)]:
-                deriver.derive(event, state)
-            tail = events[len(before) :]
-            if derive_run:
-                return deriver.derive_pressure_run(tail)
-            return [
-                (n, out) for n, event in enumerate(tail) if (out := deriver.derive(event, state))
-            ]
-
-    per_event, by_run = WarningDeriver(), WarningDeriver()
-    assert derived_by(by_run, True) == derived_by(per_event, False)
-    assert _deriver_record(by_run) == _deriver_record(per_event)
-
-
-def test_a_pressure_run_of_several_models_is_refused() -> None:
-    deriver = WarningDeriver()
-    run = [
-        _pressure(EventId.CACHE_PRESSURE_CROSSED, 0.0),
-        _pressure_of(LogicalId("other"), EventId.CACHE_PRESSURE_CLEARED, 1.0),
-    ]
-    with pytest.raises(ValueError, match="one model"):
-        deriver.derive_pressure_run(run)

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from skippyctl.plugins.api import ENTRY_POINT_GROUP
-from skippyctl.plugins.link import PluginLink, PluginReport
+from skippyctl.plugins.link import PluginLink
+from skippyctl.plugins.sidecar_supervisor import PluginReport
 
 ROOT = Path(__file__).resolve().parents[2]
 INCLUDE = ROOT / "native" / "include"

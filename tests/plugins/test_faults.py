@@ -12,10 +12,10 @@ import pytest
 
 from skippyctl.events.envelope import StopReason
 from skippyctl.events.figures import GenerationFigures
-from skippyctl.plugins.link import (
+from skippyctl.plugins.link import PluginLink
+from skippyctl.plugins.sidecar_supervisor import (
     DISABLE_AFTER_FAILURES,
     LATE_STREAK_FAILURE,
-    PluginLink,
     PluginReport,
 )
 from tests.plugins.conftest import (

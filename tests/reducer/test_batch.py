@@ -14,10 +14,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from skippyctl.events.catalog import EventId
-from skippyctl.events.envelope import Event, LogicalId, Scope, make_event, summaries
+from skippyctl.events.envelope import (
+    Event,
+    LogicalId,
+    Progress,
+    Scope,
+    make_event,
+    summaries,
+)
+from skippyctl.events.reasons import ProgressUnit
 from skippyctl.reducer import reduce as reducer
+from skippyctl.reducer import serving
 from skippyctl.reducer.immutable import evolve
 from skippyctl.reducer.reduce import BatchReducer, Transitions, reduce
+from skippyctl.reducer.serving import REQUEST_MOVES, SESSION_MOVES
 from skippyctl.reducer.state import MAX_RECENT_EVENTS, RuntimeView
 from tests.reducer.strategies import any_event
 
@@ -120,8 +130,50 @@ def _lifecycle_fact(draw: st.DrawFn) -> Event:
     )
 
 
+_SERVING = [
+    *SESSION_MOVES.events,
+    *REQUEST_MOVES.events,
+    EventId.GENERATION_PROGRESS,
+    EventId.GENERATION_COMPLETED,
+]
+_REQUESTS = [LogicalId(f"r{n}") for n in range(4)]
+_SESSIONS = [LogicalId(f"s{n}") for n in range(3)]
+
+
+@st.composite
+def _serving_fact(draw: st.DrawFn) -> Event:
+    """Request and session events of a few ids, the commonest events of a serving runtime."""
+    event_id = draw(st.sampled_from(_SERVING))
+    tokens = draw(st.integers(0, 40))
+    return make_event(
+        event_id,
+        scope=Scope(
+            model_id=draw(st.sampled_from(MODELS)),
+            request_id=draw(st.sampled_from(_REQUESTS)),
+            session_id=draw(st.one_of(st.none(), st.sampled_from(_SESSIONS))),
+        ),
+        progress=Progress(tokens, None, ProgressUnit.TOKENS)
+        if event_id is EventId.GENERATION_PROGRESS
+        else None,
+        summaries=summaries(
+            queue_depth=draw(st.one_of(st.none(), st.integers(0, 9))),
+            lanes=draw(st.one_of(st.none(), st.integers(0, 4))),
+            generated_tokens=tokens,
+            spec_proposed_tokens=draw(st.sampled_from([0, 3])),
+        ),
+    )
+
+
 _STREAM = st.lists(
-    st.one_of(_kv_fact(), _kv_fact(), _device_fact(), _lifecycle_fact(), any_event(IDS + MODELS)),
+    st.one_of(
+        _kv_fact(),
+        _kv_fact(),
+        _device_fact(),
+        _lifecycle_fact(),
+        _serving_fact(),
+        _serving_fact(),
+        any_event(IDS + MODELS),
+    ),
     max_size=120,
 )
 _SETUP = [
@@ -176,6 +228,29 @@ def test_a_batch_reduces_to_the_state_and_transitions_of_one_event_at_a_time(
     assert published == expected
     assert transitions == expected_transitions
     assert len(published.recent_events) <= MAX_RECENT_EVENTS
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(_serving_fact(), max_size=120), st.lists(st.integers(0, 200), max_size=6))
+def test_full_request_and_session_tables_evict_alike_in_a_batch(
+    stream: list[Event], cuts: list[int]
+) -> None:
+    """With room for two of each, the bounded maps evict (in place within a batch)."""
+    events = _SETUP + stream
+    with (
+        patch.object(serving, "MAX_REQUESTS", 2),
+        patch.object(serving, "MAX_SESSIONS", 2),
+    ):
+        with _deterministic_clock():
+            expected, expected_transitions, _ = _per_event(events)
+        with _deterministic_clock():
+            batch = BatchReducer(RuntimeView())
+            transitions = []
+            for part in _batches(events, cuts):
+                transitions.extend(batch.reduce(event)[1] for event in part)
+                published = batch.publish()
+    assert published == expected
+    assert transitions == expected_transitions
 
 
 def _plain(value: Any) -> Any:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from skippyctl.engine.protocol import GenDone, MalformedMessage, ServingMessage
+from skippyctl.engine.protocol import MalformedMessage
+from skippyctl.engine.protocol_messages import GenDone, ServingMessage
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event, LogicalId
 from skippyctl.events.reasons import GenerationOutcome, ReasonCode

@@ -15,7 +15,9 @@ from typing import Any
 
 import orjson
 
-from skippyctl.engine.protocol import Command, GenDone, decode_engine_message, encode
+from skippyctl.engine.protocol import decode_engine_message, encode
+from skippyctl.engine.protocol_commands import Command
+from skippyctl.engine.protocol_messages import GenDone
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event, LogicalId, StopReason
 from skippyctl.events.figures import FIGURES, NO_FIGURES

@@ -13,11 +13,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from skippyctl.engine.protocol import (
-    Cancel,
-    Command,
+from skippyctl.engine.protocol_commands import Cancel, Command, Generate
+from skippyctl.engine.protocol_messages import (
     GenDone,
-    Generate,
     GenStarted,
     GenText,
     Kv,

@@ -6,7 +6,7 @@ import typing
 
 import pytest
 
-from skippyctl.engine.protocol import (
+from skippyctl.engine.protocol_messages import (
     GenDone,
     GenFirstToken,
     GenPrefillDone,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from skippyctl.engine.protocol import GenDone, PluginReported
+from skippyctl.engine.protocol_messages import GenDone, PluginReported
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import LogicalId, StopReason, SummaryKey
 from skippyctl.events.figures import GenerationFigures

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from skippyctl.engine.protocol import (
+from skippyctl.engine.protocol_messages import (
     AllocationRefused,
     Backends,
     BufferReport,

@@ -18,7 +18,7 @@ import pytest
 from skippyctl.config.load_options import LoadOptions
 from skippyctl.config.runtime_settings import RuntimeSettings
 from skippyctl.engine.channel import MAX_MESSAGE_BYTES
-from skippyctl.engine.protocol import Ping
+from skippyctl.engine.protocol_commands import Ping
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event, LogicalId
 from skippyctl.events.reasons import ReasonCode

@@ -5,7 +5,7 @@ the topology is told what an engine would report."""
 from __future__ import annotations
 
 from skippyctl.config.endpoints import Endpoint
-from skippyctl.engine.protocol import Link
+from skippyctl.engine.protocol_messages import Link
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event, LogicalId, SummaryKey
 from skippyctl.runtime import topology as topo

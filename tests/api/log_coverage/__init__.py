@@ -19,7 +19,9 @@ Contract:
 
       SKIPPY_WRITE_LOG_COVERAGE=1 .venv/bin/pytest tests/api/log_coverage
 
-Figures that vary between runs (free memory, timings) are never rendered.
+Figures that vary between runs (free memory, timings) or between machines (which extra buffer
+types, ``CPU_REPACK`` or ``AMX``, hold some weights: a :class:`Finding`'s ``detail``) are never
+rendered.
 
 Layout: ``evidence.py`` (a run's log lines and events, what a check finds, the readers of
 events), ``checks.py`` (the log line patterns and each fact's check), ``facts.py`` (the table of

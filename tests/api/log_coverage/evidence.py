@@ -5,10 +5,13 @@ devices, structured strings)."""
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final
+
+from skippyctl.native.backends import HOST_DEVICE, BufferType, GgmlBackends
 
 MIB: Final = 1 << 20
 LOG_ROUNDING_MIB: Final = 0.005
@@ -50,6 +53,9 @@ class Finding:
     lines: int
     carried_by: tuple[str, ...]
     compared: str
+    detail: str = ""
+    """The figures behind `compared` that depend on the machine (its buffer types): shown when
+    a check fails, never rendered in the document."""
 
     @property
     def carried(self) -> bool:
@@ -66,6 +72,8 @@ class Evidence:
     uncarried: tuple[str, ...]
     """Runs whose log stated the fact without an event carrying it, or whose events stated it
     without a log line (a fallback the log does not show)."""
+    detail: str = ""
+    """Each run's :attr:`Finding.detail`."""
 
     @property
     def covered(self) -> bool:
@@ -89,6 +97,9 @@ class Fact:
     event_ids: tuple[str, ...] = ()
     gap: str | None = None
     absent: bool = False
+    needs_extra_buffer_type: bool = False
+    """Logged only where a device offers an extra buffer type (:func:`has_extra_buffer_types`);
+    on a machine without one the fact is absent."""
 
     @property
     def key(self) -> str:
@@ -149,12 +160,30 @@ def near_mib(mib: float, value: Any, terms: int = 1) -> bool:
     return isinstance(value, int) and abs(value / MIB - mib) <= terms * LOG_ROUNDING_MIB + 1e-9
 
 
-def host_device(buffer: str) -> str:
-    """A buffer type's device: ``CPU``, ``CPU_Mapped``, ``CPU_REPACK`` and pinned host buffers
-    (``CUDA_Host``) hold host memory (native/backends.py's HOST_DEVICE); others name theirs."""
-    if buffer.startswith("CPU") or buffer.endswith("_Host"):
-        return "CPU"
-    return buffer.split("_", 1)[0]
+@functools.cache
+def _buffer_types() -> dict[str, BufferType]:
+    return {b.name: b for b in GgmlBackends().buffer_types()}
+
+
+def device_of_buffer_type(name: str) -> str:
+    """The device whose memory a logged buffer type's bytes count on, as ggml says
+    (native/backends.py's buffer types, the mapping its memory breakdown uses). A name no
+    device lists (``CPU_Mapped``: llama.cpp's mmapped weights) has no ggml device: the host's."""
+    known = _buffer_types().get(name)
+    return HOST_DEVICE if known is None else known.device
+
+
+def is_extra_buffer_type(name: str) -> bool:
+    """A device's extra buffer type (``CPU_REPACK``, ``AMX``): which ones a CPU has, and which
+    weights land there, depend on the machine."""
+    known = _buffer_types().get(name)
+    return known is not None and known.extra
+
+
+def has_extra_buffer_types() -> bool:
+    """This machine's devices offer an extra buffer type (nearly every CPU build has
+    ``CPU_REPACK``); without one, llama.cpp logs no buffer type fallback."""
+    return any(b.extra for b in _buffer_types().values())
 
 
 def evidence_of(fact: Fact, runs: dict[str, Run]) -> Evidence:
@@ -168,6 +197,7 @@ def evidence_of(fact: Fact, runs: dict[str, Run]) -> Evidence:
     carried = tuple(dict.fromkeys(i for f in stated.values() for i in f.carried_by))
     uncarried = tuple(m for m, f in stated.items() if not f.carried)
     unexpected = tuple(m for m, f in findings.items() if f is not None and f.lines == 0)
+    detail = "; ".join(f"{f.detail} ({m})" for m, f in stated.items() if f.detail)
     return Evidence(
-        sum(f.lines for f in stated.values()), carried, compared, uncarried + unexpected
+        sum(f.lines for f in stated.values()), carried, compared, uncarried + unexpected, detail
     )

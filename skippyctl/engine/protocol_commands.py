@@ -1,0 +1,132 @@
+"""The host → engine half of the engine protocol (``engine/protocol.py``): every command the host
+sends on the control channel, as a frozen, slotted type, and their union :data:`Command` (tag key
+``op`` on the wire).
+
+Privacy (ARCHITECTURE.md section 4): prompt text travels only in :class:`Generate`, a model path
+only in :class:`Load` (and session file paths only in :class:`SessionFile`) — none of them ever
+reaches an event.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from skippyctl.config.load_options import LoadOptions
+from skippyctl.engine.text import ChatMessage
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """The sampling fields of a request as the host received them. Deliberately unvalidated
+    here: the engine validates them into :class:`~skippyctl.engine.sampling.SamplingParams` and
+    fails that one request when they are out of range."""
+
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    seed: int | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class StagePlan:
+    """One ggml RPC stage of a split load: where it listens and its ``tensor_split`` share.
+
+    The endpoint is internal to the host and its engine (like a model path), never an event."""
+
+    endpoint: str
+    """``a.b.c.d:port``; the engine registers it with ``ggml_backend_rpc_add_server``."""
+    split: float
+    """This stage's proportion of ``llama_model_params.tensor_split`` (runtime/topology.py)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionFile:
+    """A session's KV state file (``engine/kv_state.py``): the session's opaque id and where its
+    file is. The path is internal to the host and its engine (like a model path), never an
+    event; the file name carries the opaque id only."""
+
+    session: str
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """Load a model and create its serving context (replies: load_begun, load_returned, then
+    context_begun, context_returned when the model loaded)."""
+
+    operation_id: str
+    native_operation: int
+    serving_operation: int
+    """Native scope the engine keeps open while it serves (its abort callback watches it)."""
+    options: LoadOptions
+    """What the load asked for, resolved by the host: ``model`` (and ``draft``) an absolute
+    path, ``plugins`` the host's own first, ``gpu_layers`` what the topology assembled (a split
+    load offloads every layer). ``ctx``/``lanes``/``threads`` None: the engine sizes them
+    (engine/geometry.py)."""
+    stage_plan: tuple[StagePlan, ...] = ()
+    """A split load: the model's layers go to these RPC stages (in order, layer split, every
+    layer offloaded); empty: a load in this process."""
+    restore: tuple[SessionFile, ...] = ()
+    """Session states to restore into lanes once the context exists, before any request
+    (most recently used first; one :class:`StateImported` each)."""
+    state_max_bytes: int = 0
+    """The largest state file the engine reads (the host's cap); 0 with nothing to restore."""
+
+
+@dataclass(frozen=True, slots=True)
+class Generate:
+    """One generation; exactly one of ``prompt`` / ``messages`` (checked by the engine)."""
+
+    request_id: str
+    prompt: str | None = None
+    messages: tuple[ChatMessage, ...] | None = None
+    session: str | None = None
+    max_tokens: int = 128
+    stop: tuple[str, ...] = ()
+    sampling: Sampling = Sampling()
+    timeout_s: float | None = None
+    """Left of the request's deadline when it was sent; the engine keeps it from receipt."""
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class DropSession:
+    session: str
+    reason: str = "dropped"
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    """Answered with :class:`Pong` by the engine's main thread (never its decode thread)."""
+
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Shutdown:
+    """End the engine. With ``save``, first write the KV state of each named session that holds
+    a lane (most recently used first, while they fit in ``save_budget_bytes``; one
+    :class:`StateExported` each), then exit."""
+
+    save: tuple[SessionFile, ...] = ()
+    save_budget_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SaveSessions:
+    """Write the KV state of each named session while the model keeps serving (on request): as
+    ``Shutdown.save``, one :class:`StateExported` per named session (``reason``
+    ``invalid_configuration`` for one that holds no idle lane: busy, or no KV)."""
+
+    save: tuple[SessionFile, ...]
+    budget_bytes: int
+
+
+Command = Load | Generate | Cancel | DropSession | Ping | Shutdown | SaveSessions
