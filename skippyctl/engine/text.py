@@ -51,10 +51,18 @@ class ChatMessage:
     content: str
 
 
-def tokenize(llama: ModuleType, vocab: Any, text: str, *, add_special: bool = True) -> list[int]:
+def tokenize(
+    llama: ModuleType,
+    vocab: Any,
+    text: str,
+    *,
+    add_special: bool = True,
+    parse_special: bool = True,
+) -> list[int]:
     """Tokens of ``text`` (BOS added if ``add_special`` and the vocabulary wants it).
 
-    Special-token text is parsed into control tokens. Raises ``ValueError`` if llama.cpp refuses.
+    Special-token text is parsed into control tokens unless ``parse_special`` is false (then it
+    is plain text). Raises ``ValueError`` if llama.cpp refuses.
     """
     data = text.encode("utf-8")
     # A token covers at least one byte, plus BOS/EOS: len + 2 always suffices, but ask again on
@@ -63,7 +71,9 @@ def tokenize(llama: ModuleType, vocab: Any, text: str, *, add_special: bool = Tr
     while True:
         buffer = (llama.llama_token * capacity)()
         count = int(
-            llama.llama_tokenize(vocab, data, len(data), buffer, capacity, add_special, True)
+            llama.llama_tokenize(
+                vocab, data, len(data), buffer, capacity, add_special, parse_special
+            )
         )
         if count >= 0:
             tokens: list[int] = buffer[:count]
