@@ -1,7 +1,7 @@
 """Concurrent sessions over HTTP: skippy against llama.cpp's `llama-server` and `llama_cpp.server`.
 
     .venv/bin/python -m benchmarks.concurrent [--rounds N] [--sessions 1,2,4,8] [--tokens N]
-        [--requests R] [--model mid|tiny] [--context-per-session N] [--threads T]
+        [--requests R] [--model mid|tiny|real] [--context-per-session N] [--threads T]
         [--contenders skippy,llama-server,llama_cpp.server] [--watch-events] [--skippy-defaults]
         [--skippy-base DIR]
 
@@ -65,7 +65,7 @@ from benchmarks.servers import (
     start,
 )
 
-DEFAULT_TOKENS: Final = {"tiny": 256, "mid": 128}
+DEFAULT_TOKENS: Final = {"tiny": 256, "mid": 128, "real": 128}
 DEFAULT_REQUESTS: Final = 2
 DEFAULT_CONTEXT_PER_SESSION: Final = 512
 TARGET_PEER: Final = LLAMA_SERVER
@@ -289,10 +289,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--sessions", default="1,2,4,8", help="comma-separated session counts")
     parser.add_argument(
-        "--tokens", type=int, help="tokens per request (default: 256 tiny, 128 mid)"
+        "--tokens", type=int, help="tokens per request (default: 256 tiny, 128 mid and real)"
     )
     parser.add_argument("--requests", type=int, default=DEFAULT_REQUESTS, help="per session")
-    parser.add_argument("--model", choices=("mid", "tiny"), default="mid")
+    parser.add_argument("--model", choices=("mid", "tiny", "real"), default="mid")
     parser.add_argument(
         "--context-per-session", type=int, default=DEFAULT_CONTEXT_PER_SESSION, metavar="N"
     )

