@@ -31,6 +31,7 @@ from pydantic import (
     ValidationError,
     WithJsonSchema,
     create_model,
+    model_validator,
 )
 from pydantic_core import PydanticCustomError, core_schema
 from starlette.requests import Request
@@ -313,9 +314,50 @@ class TextPart(_Body):
     text: str
 
 
+class ToolCallFunction(_Body):
+    name: str = Field(min_length=1, max_length=256)
+    arguments: str | dict[str, Any] = Field(
+        description="The call's arguments as JSON text (an object is taken as llama-server does)."
+    )
+
+
+class ToolCallBody(_Body):
+    id: str | None = Field(default=None, max_length=256)
+    type: Literal["function"]
+    function: ToolCallFunction
+
+
 class ChatMessage(_Body):
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str | list[TextPart]
+    content: str | list[TextPart] | None = Field(
+        default=None, description="Text, text parts, or null (an assistant turn with tool_calls)."
+    )
+    name: str | None = Field(default=None, max_length=256)
+    tool_calls: Annotated[list[ToolCallBody], Field(max_length=128)] | None = None
+    tool_call_id: str | None = Field(default=None, max_length=256)
+    reasoning_content: str | None = None
+
+    @model_validator(mode="after")
+    def _content_or_tool_calls(self) -> ChatMessage:
+        # llama-server's rule: a turn without text must at least call tools.
+        if self.content is None and not self.tool_calls:
+            raise PydanticCustomError(
+                "missing_content",
+                "a message needs 'content' (or, from the assistant, 'tool_calls')",
+            )
+        return self
+
+
+class FunctionDefinition(_Body):
+    name: str = Field(min_length=1, max_length=256)
+    description: str | None = None
+    parameters: dict[str, Any] | None = Field(default=None, description="A JSON schema.")
+    strict: bool | None = None
+
+
+class ToolDefinition(_Body):
+    type: Literal["function"]
+    function: FunctionDefinition
 
 
 def _text_format(value: Any) -> Any:
@@ -408,9 +450,16 @@ class ChatCompletionBody(_Generation):
     response_format: Annotated[ResponseFormat | None, BeforeValidator(_text_format)] = Field(
         default=None, description="Only {'type': 'text'} is supported."
     )
-    tools: Annotated[Any, Refused((), "tool calling is not supported")] = Field(
-        default=None, description="Refused unless empty."
+    # -- chat template inputs (jinja)
+    tools: Annotated[list[ToolDefinition], Field(max_length=128)] | None = Field(
+        default=None,
+        description="Functions the model may call, passed to the model's chat template.",
     )
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        default=None,
+        description="Extra variables for the model's chat template (e.g. enable_thinking).",
+    )
+    # -- end chat template inputs
     functions: Annotated[Any, Refused((), "function calling is not supported")] = Field(
         default=None, description="Refused unless empty."
     )

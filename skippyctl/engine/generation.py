@@ -57,6 +57,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any, Final
 
+from skippyctl.engine.chat_template import ChatMessage
 from skippyctl.engine.decode_core import DecodeCore
 from skippyctl.engine.draft import DraftModel
 from skippyctl.engine.links import LinkProber
@@ -64,7 +65,6 @@ from skippyctl.engine.protocol_messages import EngineMessage
 from skippyctl.engine.request_state import GenerateRequest, Phase, RequestState, validation_error
 from skippyctl.engine.sampling import SamplingParams
 from skippyctl.engine.speculation import SPEC_OFF, ServingPlugins, SpecConfig
-from skippyctl.engine.text import ChatMessage
 from skippyctl.events.envelope import StopReason
 from skippyctl.events.reasons import GenerationOutcome, ReasonCode
 

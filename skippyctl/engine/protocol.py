@@ -164,6 +164,12 @@ def _array(value: object) -> list[object]:
     return value
 
 
+def _json_object(value: object) -> object:
+    if type(value) is not dict:
+        raise TypeError("expected an object")
+    return value
+
+
 def _converter(hint: object) -> Callable[[object], object]:
     """The decoder of one annotated field; TypeError at import for a type the wire cannot take."""
     if hint is float:
@@ -179,6 +185,10 @@ def _converter(hint: object) -> Callable[[object], object]:
     if origin in (Union, types.UnionType) and len(args) == 2 and type(None) in args:
         (inner,) = (a for a in args if a is not type(None))
         return _optional(_converter(inner))
+    if origin is dict and args and args[0] is str:
+        # JSON-compatible data (tools, template variables): the decoder already produced
+        # JSON types; only the top-level object is checked.
+        return _json_object
     if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
         item = _converter(args[0])
         return lambda value: tuple(item(v) for v in _array(value))

@@ -10,9 +10,10 @@ reaches an event.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from skippyctl.config.load_options import LoadOptions
-from skippyctl.engine.text import ChatMessage
+from skippyctl.engine.chat_template import ChatMessage
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +84,12 @@ class Generate:
     request_id: str
     prompt: str | None = None
     messages: tuple[ChatMessage, ...] | None = None
+    # -- chat template inputs (jinja): request text like the messages, never in an event
+    tools: tuple[dict[str, Any], ...] | None = None
+    """OpenAI tool definitions ({type: function, function: {...}}) for the template."""
+    chat_template_kwargs: dict[str, Any] | None = None
+    """Extra template variables (e.g. ``enable_thinking``), over the standard ones."""
+    # -- end chat template inputs
     session: str | None = None
     max_tokens: int = 128
     stop: tuple[str, ...] = ()

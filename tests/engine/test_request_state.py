@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from skippyctl.engine.chat_template import ChatMessage
 from skippyctl.engine.protocol_commands import Sampling
 from skippyctl.engine.protocol_messages import GenFirstToken, GenPrefillDone
 from skippyctl.engine.request_state import (
@@ -17,7 +18,6 @@ from skippyctl.engine.request_state import (
     validation_error,
 )
 from skippyctl.engine.sampling import SamplingParams
-from skippyctl.engine.text import ChatMessage
 from skippyctl.events.envelope import StopReason
 from skippyctl.events.reasons import GenerationOutcome, ReasonCode
 

@@ -1,0 +1,598 @@
+"""A chat as the model's authors meant it: the GGUF's own Jinja chat template, rendered the way
+llama-server renders it with ``--jinja``.
+
+Contract and invariants:
+
+- :class:`ChatMessage` / :class:`ToolCall` are the messages of a chat as a client sent them
+  (OpenAI's shape, already checked by the API): plain data that travels in the Generate command.
+  ``tools`` and ``chat_template_kwargs`` travel beside them as JSON-compatible data.
+- :class:`ChatTemplate` compiles one template text in a sandbox
+  (``jinja2.sandbox.ImmutableSandboxedEnvironment``, ``trim_blocks``/``lstrip_blocks`` and the
+  ``loopcontrols`` extension, ``tojson`` as transformers defines it, globals ``raise_exception``
+  and ``strftime_now``) and renders a chat with llama-server's inputs (llama.cpp
+  ``common/chat.cpp``): the messages normalised as ``common_chat_msg::to_json_oaicompat`` does
+  (content ``""`` when absent; text parts joined with newlines unless the template reads content
+  as a list; tool call arguments parsed into objects when the template reads them as objects),
+  ``developer`` mapped to ``system``, a system message merged into the next one for a template
+  that ignores the system role, ``bos_token``/``eos_token`` (the vocabulary's token texts),
+  ``enable_thinking`` (true), ``datetime``/``date_string``, ``tools`` only when the request has
+  some, ``add_generation_prompt`` only when true, then the request's ``chat_template_kwargs``
+  over them. A leading BOS text is cut from the render when the tokenizer adds BOS itself (and a
+  trailing EOS text when it adds EOS), as llama-server does.
+- Every failure is a :class:`ChatTemplateError` with a message fit for the client (a template
+  that does not parse, raises, loops past :data:`MAX_LOOP_ITERATIONS`, builds text past
+  :data:`MAX_RENDER_CHARS`, reaches for what the sandbox forbids, or renders no text) — never
+  anything else, and never a hang: loops, operators, calls and output are bounded.
+- ``jinja2`` is imported on first use, inside this module's functions, so importing this module
+  (as the host's protocol does) costs nothing at CLI start-up.
+
+Nothing here logs or emits anything: a chat is request text.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    import jinja2
+
+MAX_TEMPLATE_BYTES: Final = 1 << 20
+"""The largest template text accepted (real templates are a few KiB; the largest known ~30 KiB)."""
+MAX_RENDER_CHARS: Final = 4 << 20
+"""The most text a render (or any string it builds on the way) may reach."""
+MAX_LOOP_ITERATIONS: Final = 1_000_000
+"""The most ``for`` iterations one render may run, all loops together."""
+
+CHATML_TEMPLATE: Final = (
+    "{%- for message in messages -%}\n"
+    "  {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' -}}\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}\n"
+    "  {{- '<|im_start|>assistant\n' -}}\n"
+    "{%- endif -%}"
+)
+"""llama.cpp's ChatML as Jinja (``CHATML_TEMPLATE_SRC`` in common/chat.cpp): what serves a model
+whose GGUF carries no chat template."""
+
+_ITERATE: Final = "skippy_budgeted_iteration"
+"""The hidden global every ``for`` loop's sequence goes through (see :func:`_budget_loops`)."""
+
+
+class ChatTemplateError(ValueError):
+    """The chat could not be rendered; the message says why (it may quote the template)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One tool call of an assistant message; ``arguments`` is JSON text as the client sent it."""
+
+    name: str
+    arguments: str
+    id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    """One chat turn as the client sent it.
+
+    ``content`` is text or ``None`` (an assistant turn that only calls tools); ``parts`` are the
+    texts of a content given as a list of text parts (then ``content`` is ``None``)."""
+
+    role: str
+    content: str | None = None
+    parts: tuple[str, ...] | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    name: str | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateCaps:
+    """What a template does with its inputs, found by rendering probe chats (llama.cpp's
+    ``jinja::caps_get`` asks the same questions of its own engine)."""
+
+    supports_string_content: bool = True
+    supports_typed_content: bool = False
+    supports_system_role: bool = True
+    supports_object_arguments: bool = False
+
+
+class _Budget:
+    """One render's allowance of loop iterations."""
+
+    __slots__ = ("left",)
+
+    def __init__(self) -> None:
+        self.left = MAX_LOOP_ITERATIONS
+
+    def iterate(self, sequence: Any) -> Iterator[Any]:
+        for item in sequence:
+            self.left -= 1
+            if self.left < 0:
+                raise ChatTemplateError(
+                    f"the chat template ran more than {MAX_LOOP_ITERATIONS} loop iterations"
+                )
+            yield item
+
+
+def _check_size(value: Any) -> Any:
+    if isinstance(value, str | list | tuple | dict) and len(value) > MAX_RENDER_CHARS:
+        raise ChatTemplateError(f"the chat template built a value over {MAX_RENDER_CHARS} long")
+    return value
+
+
+def _check_arguments(args: Iterable[Any]) -> None:
+    # A count argument (center(width), ljust, indent, zfill, a repetition) is where one call
+    # allocates without bound: refuse the call before it runs.
+    for value in args:
+        if isinstance(value, int) and not isinstance(value, bool) and value > MAX_RENDER_CHARS:
+            raise ChatTemplateError(f"the chat template asked for a size over {MAX_RENDER_CHARS}")
+
+
+def _tojson(
+    value: Any,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    """transformers' ``tojson``: no ASCII escaping, and no HTML escaping (unlike Jinja's own)."""
+    _check_arguments((indent,))
+    if _WATCH:
+        _note_watched(value)
+    return json.dumps(
+        value, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _raise_exception(message: Any) -> None:
+    raise ChatTemplateError(f"the chat template refused the chat: {message}")
+
+
+def _strftime_now(format_: str) -> str:
+    return datetime.datetime.now().strftime(format_)
+
+
+def _environment() -> jinja2.Environment:
+    """The sandbox every template compiles and renders in (built once)."""
+    global _ENVIRONMENT
+    if _ENVIRONMENT is not None:
+        return _ENVIRONMENT
+    import jinja2
+    import jinja2.ext
+    import jinja2.nodes
+    import jinja2.sandbox
+
+    class _Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
+        # Arithmetic that repeats or grows a value is checked; `~` joins are checked by
+        # _budget_loops' rewrite, calls and filters here.
+        intercepted_binops = frozenset({"*", "**", "+"})
+
+        def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+            if operator == "**":
+                _check_arguments((right,))
+            if operator == "*":
+                for count, other in ((right, left), (left, right)):
+                    if isinstance(count, int) and isinstance(other, str | list | tuple):
+                        _check_arguments((count * max(len(other), 1),))
+            return _check_size(super().call_binop(context, operator, left, right))
+
+        def call(self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
+            _check_arguments(args)
+            _check_arguments(kwargs.values())
+            return _check_size(super().call(__context, __obj, *args, **kwargs))
+
+    class _Generation(jinja2.ext.Extension):
+        """transformers' ``{% generation %}…{% endgeneration %}``: marks the assistant's
+        text for training masks; rendering it is rendering its body."""
+
+        tags = {"generation"}
+
+        def parse(self, parser: Any) -> Any:
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.Scope(body, lineno=lineno)
+
+    environment = _Sandbox(
+        trim_blocks=True,
+        lstrip_blocks=True,
+        extensions=["jinja2.ext.loopcontrols", _Generation],
+        undefined=jinja2.Undefined,
+        keep_trailing_newline=False,
+    )
+    for name, function in list(environment.filters.items()):
+        environment.filters[name] = _bounded_filter(function)
+    environment.filters["tojson"] = _tojson
+    environment.filters[_BOUNDED_STRING] = _check_size
+    environment.globals["raise_exception"] = _raise_exception
+    environment.globals["strftime_now"] = _strftime_now
+    _ENVIRONMENT = environment
+    return environment
+
+
+_ENVIRONMENT: jinja2.Environment | None = None
+
+
+def _bounded_filter(function: Any) -> Any:
+    import functools
+
+    passes_context = hasattr(function, "jinja_pass_arg")
+
+    @functools.wraps(function)  # keeps ``jinja_pass_arg``: Jinja still passes what it asked for
+    def bounded(*args: Any, **kwargs: Any) -> Any:
+        _check_arguments(args[1:] if passes_context else args)
+        _check_arguments(kwargs.values())
+        return _check_size(function(*args, **kwargs))
+
+    return bounded
+
+
+def _budget_loops(tree: Any) -> Any:
+    """Route every ``for`` loop's sequence through the render's :class:`_Budget`, and every
+    ``~`` join through a size check: the sandbox bounds ``range`` but not loops over lists."""
+    from jinja2 import nodes
+    from jinja2.visitor import NodeTransformer
+
+    for name in tree.find_all(nodes.Name):
+        if name.name == _ITERATE:
+            raise ChatTemplateError(f"the chat template may not use the name {_ITERATE}")
+
+    class _Bound(NodeTransformer):
+        def visit_For(self, node: nodes.For) -> nodes.Node:
+            self.generic_visit(node)
+            node.iter = nodes.Call(
+                nodes.Name(_ITERATE, "load"), [node.iter], [], None, None
+            ).set_lineno(node.lineno)
+            return node
+
+        def visit_Concat(self, node: nodes.Concat) -> nodes.Node:
+            self.generic_visit(node)
+            return nodes.Filter(node, _BOUNDED_STRING, [], [], None, None).set_lineno(node.lineno)
+
+    return _Bound().visit(tree)
+
+
+_BOUNDED_STRING: Final = "skippy_bounded_string"
+
+
+class ChatTemplate:
+    """One compiled chat template, its capabilities, and the vocabulary texts it renders with."""
+
+    __slots__ = ("_template", "add_bos", "add_eos", "bos_token", "caps", "eos_token", "source")
+
+    def __init__(
+        self,
+        source: str,
+        *,
+        bos_token: str = "",
+        eos_token: str = "",
+        add_bos: bool = False,
+        add_eos: bool = False,
+    ) -> None:
+        """Compile ``source``; :class:`ChatTemplateError` when it is too large or not Jinja."""
+        if len(source.encode("utf-8", errors="replace")) > MAX_TEMPLATE_BYTES:
+            raise ChatTemplateError(f"the chat template is larger than {MAX_TEMPLATE_BYTES} bytes")
+        self.source = source
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        self.add_bos = add_bos
+        self.add_eos = add_eos
+        self._template = _compile(source)
+        self.caps = self._probe_caps()
+
+    def render(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> str:
+        """The prompt text of ``messages``; :class:`ChatTemplateError` for any failure."""
+        if not messages:
+            raise ChatTemplateError("a chat needs at least one message")
+        chat = self._normalise(messages)
+        context: dict[str, Any] = {
+            "messages": chat,
+            "bos_token": self.bos_token,
+            "eos_token": self.eos_token,
+            "enable_thinking": True,
+        }
+        if tools:
+            context["tools"] = [_tool_as_llama_server_sends_it(t) for t in tools]
+        now = datetime.datetime.now()
+        context["datetime"] = now.strftime("%b %d %Y")
+        context["date_string"] = now.strftime("%d %b %Y")
+        if chat_template_kwargs:
+            context.update(chat_template_kwargs)
+        if add_generation_prompt:
+            context["add_generation_prompt"] = True
+        text = self._render_bounded(context)
+        if self.add_bos and self.bos_token and text.startswith(self.bos_token):
+            text = text[len(self.bos_token) :]
+        if self.add_eos and self.eos_token and text.endswith(self.eos_token):
+            text = text[: -len(self.eos_token)]
+        return text
+
+    def _render_bounded(self, context: dict[str, Any]) -> str:
+        budget = _Budget()
+        context[_ITERATE] = budget.iterate
+        size = 0
+        pieces: list[str] = []
+        try:
+            for piece in self._template.generate(context):
+                size += len(piece)
+                if size > MAX_RENDER_CHARS:
+                    raise ChatTemplateError(
+                        f"the chat template rendered more than {MAX_RENDER_CHARS} characters"
+                    )
+                pieces.append(piece)
+        except ChatTemplateError:
+            raise
+        except RecursionError as error:
+            raise ChatTemplateError("the chat template recursed too deeply") from error
+        except MemoryError as error:
+            raise ChatTemplateError("the chat template ran out of memory") from error
+        except Exception as error:
+            raise ChatTemplateError(f"the chat template failed: {_describe(error)}") from error
+        text = "".join(pieces)
+        if "\x00" in text:
+            raise ChatTemplateError("the chat template rendered a NUL character")
+        return text
+
+    def _normalise(self, messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+        """llama-server's messages for this template (see the module docstring)."""
+        caps = self.caps
+        only_typed = caps.supports_typed_content and not caps.supports_string_content
+        only_string = caps.supports_string_content and not caps.supports_typed_content
+        keep_developer = "<|channel|>" in self.source  # GPT-OSS knows the developer role
+        chat: list[dict[str, Any]] = []
+        for message in messages:
+            if not message.role:
+                raise ChatTemplateError("a chat message needs a role")
+            role = "system" if message.role == "developer" and not keep_developer else message.role
+            entry: dict[str, Any] = {"role": role}
+            content: Any
+            if message.content:
+                content = message.content
+            elif message.parts:
+                content = [{"type": "text", "text": part} for part in message.parts]
+            else:
+                content = ""
+            if only_typed and isinstance(content, str):
+                content = [{"type": "text", "text": content}]
+            elif only_string and isinstance(content, list):
+                content = "\n".join(part["text"] for part in content)
+            entry["content"] = content
+            if message.reasoning_content:
+                entry["reasoning_content"] = message.reasoning_content
+            if message.name:
+                entry["name"] = message.name
+            if message.tool_call_id:
+                entry["tool_call_id"] = message.tool_call_id
+            if message.tool_calls:
+                entry["tool_calls"] = [
+                    self._tool_call(call, caps.supports_object_arguments)
+                    for call in message.tool_calls
+                ]
+            chat.append(entry)
+        if not caps.supports_system_role and chat and chat[0]["role"] == "system":
+            first = chat.pop(0)
+            if chat:
+                chat[0]["content"] = f"{_as_text(first['content'])}\n{_as_text(chat[0]['content'])}"
+        return chat
+
+    @staticmethod
+    def _tool_call(call: ToolCall, object_arguments: bool) -> dict[str, Any]:
+        arguments: Any = call.arguments
+        if object_arguments:
+            try:
+                arguments = json.loads(call.arguments)
+            except ValueError as error:
+                raise ChatTemplateError(
+                    "a tool call's arguments are not JSON, and this template reads them as an "
+                    "object"
+                ) from error
+        entry: dict[str, Any] = {
+            "type": "function",
+            "function": {"name": call.name, "arguments": arguments},
+        }
+        if call.id:
+            entry["id"] = call.id
+        return entry
+
+    def _probe_caps(self) -> TemplateCaps:
+        """Render llama.cpp's probe chats and watch what the template reads."""
+        marker = "STRING_MARKER"
+        as_string = self._probe([{"role": "user", "content": marker}])
+        as_parts = self._probe([{"role": "user", "content": [{"type": "text", "text": marker}]}])
+        supports_string = as_string is not None and marker in as_string
+        supports_typed = (
+            as_parts is not None
+            and marker in as_parts
+            and "'type'" not in as_parts
+            and '"type"' not in as_parts
+        )
+        system = self._probe(
+            [
+                {"role": "system", "content": "System message"},
+                {"role": "user", "content": "User message"},
+            ]
+        )
+        supports_system = system is not None and "System message" in system
+        used: set[str] = set()
+        arguments = _Watched({"arg": "value"}, used, "arguments")
+        self._probe(
+            [
+                {"role": "user", "content": "User message"},
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [
+                        {
+                            "id": "call00001",
+                            "type": "function",
+                            "function": {"name": "tool1", "arguments": arguments},
+                        }
+                    ],
+                },
+                {"role": "tool", "content": "Tool response", "tool_call_id": "call00001"},
+                {"role": "assistant", "content": "The tool response was 'tool response'"},
+                {"role": "user", "content": "User message"},
+            ],
+            tools=[
+                {
+                    "name": "tool",
+                    "type": "function",
+                    "function": {
+                        "name": "tool1",
+                        "description": "Tool description",
+                        "parameters": {
+                            "type": "object",
+                            "properties": {
+                                "arg": {"type": "string", "description": "Arg description"}
+                            },
+                            "required": ["arg"],
+                        },
+                    },
+                }
+            ],
+            watched=used,
+        )
+        return TemplateCaps(
+            supports_string_content=supports_string or not supports_typed,
+            supports_typed_content=supports_typed,
+            supports_system_role=supports_system,
+            supports_object_arguments="arguments" in used,
+        )
+
+    def _probe(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        watched: set[str] | None = None,
+    ) -> str | None:
+        context: dict[str, Any] = {
+            "messages": messages,
+            "bos_token": self.bos_token,
+            "eos_token": self.eos_token,
+            "add_generation_prompt": False,
+        }
+        if tools is not None:
+            context["tools"] = tools
+        try:
+            if watched is None:
+                return self._render_bounded(context)
+            _WATCH.append(watched)
+            try:
+                return self._render_bounded(context)
+            finally:
+                _WATCH.pop()
+        except ChatTemplateError:
+            return None
+
+
+_WATCH: list[set[str]] = []
+"""Probes in progress: where :func:`_tojson` notes that it serialised a watched value."""
+
+
+def _note_watched(value: Any) -> None:
+    # llama.cpp's tojson marks everything it serialises as used.
+    if isinstance(value, _Watched):
+        value._note()
+    if isinstance(value, dict):
+        for item in dict.values(value):
+            _note_watched(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _note_watched(item)
+
+
+class _Watched(dict[str, Any]):
+    """A probe's mapping that notes when a template reads into it (llama.cpp's ``stats.used``)."""
+
+    def __init__(self, data: dict[str, Any], used: set[str], label: str) -> None:
+        super().__init__(data)
+        self._used = used
+        self._label = label
+
+    def _note(self) -> None:
+        self._used.add(self._label)
+
+    def __getitem__(self, key: str) -> Any:
+        self._note()
+        return super().__getitem__(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self._note()
+        return super().get(key, default)
+
+    def items(self) -> Any:
+        self._note()
+        return super().items()
+
+    def values(self) -> Any:
+        self._note()
+        return super().values()
+
+
+def _compile(source: str) -> jinja2.Template:
+    import jinja2
+
+    environment = _environment()
+    try:
+        tree = _budget_loops(environment.parse(source))
+        return environment.from_string(tree)
+    except ChatTemplateError:
+        raise
+    except jinja2.TemplateSyntaxError as error:
+        raise ChatTemplateError(
+            f"the chat template is not valid Jinja (line {error.lineno}): {error.message}"
+        ) from error
+    except Exception as error:
+        raise ChatTemplateError(
+            f"the chat template does not compile: {_describe(error)}"
+        ) from error
+
+
+def parse_check(source: str) -> None:
+    """Raise :class:`ChatTemplateError` unless ``source`` is a template this module can serve
+    (size and Jinja syntax): what a load checks before it moves any weights."""
+    if len(source.encode("utf-8", errors="replace")) > MAX_TEMPLATE_BYTES:
+        raise ChatTemplateError(f"the chat template is larger than {MAX_TEMPLATE_BYTES} bytes")
+    _compile(source)
+
+
+def _tool_as_llama_server_sends_it(tool: Mapping[str, Any]) -> dict[str, Any]:
+    function = tool.get("function")
+    if tool.get("type") != "function" or not isinstance(function, Mapping):
+        raise ChatTemplateError("each tool must be {type: function, function: {...}}")
+    name = function.get("name")
+    if not isinstance(name, str):
+        raise ChatTemplateError("each tool's function needs a name")
+    description = function.get("description", "")
+    parameters = function.get("parameters", {})
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description if description is not None else "",
+            "parameters": parameters if parameters is not None else {},
+        },
+    }
+
+
+def _as_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    return "\n".join(part.get("text", "") for part in content)
+
+
+def _describe(error: BaseException) -> str:
+    text = str(error) or type(error).__name__
+    return text if len(text) <= 500 else text[:500] + "…"

@@ -1,0 +1,284 @@
+"""Chat templates rendered as llama-server renders them (``--jinja``): the vendored collection of
+real templates, the real SmolLM2 template through its own vocabulary, and hostile templates that
+must end in a clean :class:`ChatTemplateError`."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import llama_cpp
+import pytest
+
+from skippyctl.engine.chat_template import (
+    CHATML_TEMPLATE,
+    MAX_RENDER_CHARS,
+    ChatMessage,
+    ChatTemplate,
+    ChatTemplateError,
+    ToolCall,
+    parse_check,
+)
+from skippyctl.engine.text import model_chat_template, token_text, tokenize
+
+FIXTURES = Path(__file__).parents[2] / "fixtures"
+TEMPLATES = sorted((FIXTURES / "vendor" / "templates").glob("*.jinja"))
+REAL_MODEL = FIXTURES / "real" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+CHAT = (ChatMessage("system", "be brief"), ChatMessage("user", "hello world"))
+CHATML_RENDERED = (
+    "<|im_start|>system\nbe brief<|im_end|>\n"
+    "<|im_start|>user\nhello world<|im_end|>\n"
+    "<|im_start|>assistant\n"
+)
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+TOOL_CHAT = (
+    ChatMessage("user", "Weather in Paris?"),
+    ChatMessage(
+        "assistant",
+        None,
+        tool_calls=(ToolCall("get_weather", '{"city": "Paris"}', id="call_1"),),
+    ),
+    ChatMessage("tool", "sunny", tool_call_id="call_1", name="get_weather"),
+)
+# Templates that cannot serve a plain chat by design, and say so cleanly.
+NEEDS_MORE_THAN_A_CHAT = {"fireworks-ai-llama-3-firefunction-v2.jinja"}  # needs `functions`
+
+
+# ---------------------------------------------------------------- ChatML, llama.cpp's fallback
+
+
+def test_chatml_renders_as_llama_server_does() -> None:
+    assert ChatTemplate(CHATML_TEMPLATE).render(CHAT) == CHATML_RENDERED
+
+
+def test_chat_without_generation_prompt_ends_after_the_last_turn() -> None:
+    rendered = ChatTemplate(CHATML_TEMPLATE).render(CHAT, add_generation_prompt=False)
+    assert rendered == CHATML_RENDERED.removesuffix("<|im_start|>assistant\n")
+
+
+def test_text_parts_join_with_newlines_for_a_string_template() -> None:
+    message = ChatMessage("user", None, parts=("one", "two"))
+    rendered = ChatTemplate(CHATML_TEMPLATE).render((message,))
+    assert rendered.startswith("<|im_start|>user\none\ntwo<|im_end|>\n")
+
+
+def test_developer_role_is_rendered_as_system() -> None:
+    rendered = ChatTemplate(CHATML_TEMPLATE).render((ChatMessage("developer", "rules"),))
+    assert rendered.startswith("<|im_start|>system\nrules<|im_end|>")
+
+
+def test_leading_bos_text_is_cut_when_the_tokenizer_adds_bos() -> None:
+    source = "{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}{{ eos_token }}"
+    adds = ChatTemplate(source, bos_token="<s>", eos_token="</s>", add_bos=True, add_eos=True)
+    keeps = ChatTemplate(source, bos_token="<s>", eos_token="</s>")
+    assert adds.render((ChatMessage("user", "x"),)) == "x"
+    assert keeps.render((ChatMessage("user", "x"),)) == "<s>x</s>"
+
+
+def test_template_variables_follow_llama_server() -> None:
+    source = (
+        "{{ add_generation_prompt is defined }}|{{ enable_thinking }}|{{ tools is defined }}|"
+        "{{ flavour }}|{{ date_string is string }}"
+    )
+    template = ChatTemplate(source)
+    chat = (ChatMessage("user", "x"),)
+    assert template.render(chat, add_generation_prompt=False) == "False|True|False||True"
+    assert template.render(chat, add_generation_prompt=False).count("|") == 4
+    assert (
+        template.render(chat, tools=[WEATHER_TOOL], chat_template_kwargs={"flavour": "mint"})
+        == "True|True|True|mint|True"
+    )
+    assert template.render(chat, chat_template_kwargs={"enable_thinking": False}).startswith(
+        "True|False|"
+    )
+
+
+def test_tojson_is_transformers_tojson() -> None:
+    template = ChatTemplate("{{ tools | tojson }}|{{ tools[0].function.name | tojson(indent=2) }}")
+    rendered = template.render((ChatMessage("user", "x"),), tools=[WEATHER_TOOL])
+    assert rendered.startswith('[{"type": "function", "function": {"name": "get_weather"')
+    assert rendered.endswith('|"get_weather"')
+
+
+def test_object_arguments_reach_a_template_that_reads_them() -> None:
+    source = (
+        "{% for m in messages %}{% for c in m.tool_calls or [] %}"
+        "{{ c.function.name }}({{ c.function.arguments | tojson }})"
+        "{% endfor %}{% endfor %}"
+    )
+    template = ChatTemplate(source)
+    assert template.caps.supports_object_arguments
+    assert template.render(TOOL_CHAT) == 'get_weather({"city": "Paris"})'
+
+
+def test_string_arguments_stay_text_for_a_template_that_prints_them() -> None:
+    source = (
+        "{% for m in messages %}{% for c in m.tool_calls or [] %}"
+        "{{ c.function.arguments }}{% endfor %}{% endfor %}"
+    )
+    template = ChatTemplate(source)
+    assert not template.caps.supports_object_arguments
+    assert template.render(TOOL_CHAT) == '{"city": "Paris"}'
+
+
+def test_system_message_merges_into_the_next_for_a_template_without_system_role() -> None:
+    source = (
+        "{% for m in messages %}{% if m.role != 'system' %}[{{ m.role }}:{{ m.content }}]"
+        "{% endif %}{% endfor %}"
+    )
+    assert ChatTemplate(source).render(CHAT) == "[user:be brief\nhello world]"
+
+
+# ---------------------------------------------------------------- the vendored collection
+
+
+@pytest.mark.parametrize("path", TEMPLATES, ids=[p.name for p in TEMPLATES])
+def test_every_vendored_template_renders_a_plain_chat_or_refuses_cleanly(path: Path) -> None:
+    template = ChatTemplate(path.read_text("utf-8"), bos_token="<s>", eos_token="</s>")
+    if path.name in NEEDS_MORE_THAN_A_CHAT:
+        with pytest.raises(ChatTemplateError):
+            template.render(CHAT)
+        return
+    rendered = template.render(CHAT)
+    assert "hello world" in rendered
+
+
+@pytest.mark.parametrize("path", TEMPLATES, ids=[p.name for p in TEMPLATES])
+def test_every_vendored_template_takes_a_tool_chat_or_refuses_cleanly(path: Path) -> None:
+    template = ChatTemplate(path.read_text("utf-8"), bos_token="<s>", eos_token="</s>")
+    try:
+        rendered = template.render(TOOL_CHAT, tools=[WEATHER_TOOL])
+    except ChatTemplateError:
+        return  # a clean refusal (e.g. a template that allows no tool role)
+    assert "Paris" in rendered
+
+
+def test_vendored_collection_is_present() -> None:
+    assert len(TEMPLATES) >= 50
+
+
+# ---------------------------------------------------------------- the real model's template
+
+
+@pytest.fixture(scope="module")
+def real_model() -> Iterator[Any]:
+    llama_cpp.llama_backend_init()
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    model = llama_cpp.llama_model_load_from_file(os.fsencode(REAL_MODEL), params)
+    assert model
+    yield model
+    llama_cpp.llama_model_free(model)
+
+
+def _real_template(model: Any) -> ChatTemplate:
+    vocab = llama_cpp.llama_model_get_vocab(model)
+    source = model_chat_template(llama_cpp, model)
+    assert source is not None
+    return ChatTemplate(
+        source,
+        bos_token=token_text(llama_cpp, vocab, llama_cpp.llama_vocab_bos(vocab)),
+        eos_token=token_text(llama_cpp, vocab, llama_cpp.llama_vocab_eos(vocab)),
+        add_bos=bool(llama_cpp.llama_vocab_get_add_bos(vocab)),
+        add_eos=bool(llama_cpp.llama_vocab_get_add_eos(vocab)),
+    )
+
+
+def test_smollm2_template_adds_its_default_system_message(real_model: Any) -> None:
+    rendered = _real_template(real_model).render((ChatMessage("user", "Hello"),))
+    assert rendered == (
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+        "Face<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+def test_smollm2_prompt_tokens_count_the_system_message(real_model: Any) -> None:
+    vocab = llama_cpp.llama_model_get_vocab(real_model)
+    rendered = _real_template(real_model).render((ChatMessage("user", "Hello"),))
+    # llama-server --jinja counts 31 prompt tokens for this chat.
+    assert len(tokenize(llama_cpp, vocab, rendered)) == 31
+
+
+# ---------------------------------------------------------------- hostile templates
+
+
+@pytest.mark.parametrize(
+    ("source", "why"),
+    [
+        ("{% for i in range(10**9) %}x{% endfor %}", "size"),
+        ("{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}", "loop"),
+        (
+            "{% set l = range(99999) | list %}{% for i in l %}{% for j in l %}{% endfor %}"
+            "{% endfor %}",
+            "loop",
+        ),
+        ("{{ 'x' * 10**8 }}", "size"),
+        ("{{ 'x' | center(10**9) }}", "size"),
+        (
+            "{% set ns = namespace(s='xxxxxxxx') %}{% for i in range(40) %}"
+            "{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}",
+            "long",
+        ),
+        ("{{ ''.__class__.__mro__[1].__subclasses__() }}", "failed"),
+        ("{{ raise_exception('roles must alternate') }}", "roles must alternate"),
+        ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "recursed"),
+        ("{{ messages[5].content }}", "failed"),
+        ("{{ 1 / 0 }}", "failed"),
+    ],
+    ids=[
+        "huge-range",
+        "nested-ranges",
+        "nested-lists",
+        "repeat",
+        "center",
+        "doubling-concat",
+        "dunder",
+        "raises",
+        "recursion",
+        "index",
+        "zero-division",
+    ],
+)
+def test_hostile_templates_fail_cleanly(source: str, why: str) -> None:
+    template = ChatTemplate(source)
+    with pytest.raises(ChatTemplateError) as caught:
+        template.render(CHAT)
+    assert why in str(caught.value) or why in ("size", "loop", "long")
+
+
+def test_raise_exception_message_reaches_the_error() -> None:
+    with pytest.raises(ChatTemplateError, match="roles must alternate"):
+        ChatTemplate("{{ raise_exception('roles must alternate') }}").render(CHAT)
+
+
+def test_output_past_the_bound_is_refused() -> None:
+    source = "{% for i in range(5000) %}{{ 'x' * 1000 }}{% endfor %}"
+    assert MAX_RENDER_CHARS < 5000 * 1000
+    with pytest.raises(ChatTemplateError, match="rendered more than"):
+        ChatTemplate(source).render(CHAT)
+
+
+@pytest.mark.parametrize(
+    "source", ["{% if %}", "{{ x", "{% for %}", "{% endfor %}", "{{ skippy_budgeted_iteration }}"]
+)
+def test_unparsable_templates_are_refused_at_compile(source: str) -> None:
+    with pytest.raises(ChatTemplateError):
+        parse_check(source)
+
+
+def test_empty_chat_is_refused() -> None:
+    with pytest.raises(ChatTemplateError):
+        ChatTemplate(CHATML_TEMPLATE).render(())
