@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
@@ -58,6 +59,7 @@ CHATML_TEMPLATE: Final = (
 """llama.cpp's ChatML as Jinja (``CHATML_TEMPLATE_SRC`` in common/chat.cpp): what serves a model
 whose GGUF carries no chat template."""
 
+_LIST_BUILDING: Final = frozenset({"append", "extend", "insert", "pop"})
 _ITERATE: Final = "skippy_budgeted_iteration"
 """The hidden global every ``for`` loop's sequence goes through (see :func:`_budget_loops`)."""
 
@@ -100,6 +102,9 @@ class TemplateCaps:
     supports_typed_content: bool = False
     supports_system_role: bool = True
     supports_object_arguments: bool = False
+    supports_thinking: bool = False
+    """The template opens a reasoning block (``<think>``) when ``enable_thinking`` is true:
+    llama-server's default for ``enable_thinking`` (else false)."""
 
 
 class _Budget:
@@ -139,14 +144,35 @@ def _tojson(
     indent: int | None = None,
     separators: tuple[str, str] | None = None,
     sort_keys: bool = False,
+    ensure_ascii: bool = False,
 ) -> str:
-    """transformers' ``tojson``: no ASCII escaping, and no HTML escaping (unlike Jinja's own)."""
+    """transformers' ``tojson``: no ASCII escaping, and no HTML escaping (unlike Jinja's own);
+    a lazy sequence (``map``, ``select``) serialises as the list it yields."""
     _check_arguments((indent,))
     if _WATCH:
         _note_watched(value)
     return json.dumps(
-        value, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys
+        value,
+        ensure_ascii=ensure_ascii,
+        indent=indent,
+        separators=separators,
+        sort_keys=sort_keys,
+        default=_json_default,
     )
+
+
+def _json_default(value: Any) -> Any:
+    import jinja2
+
+    if isinstance(value, jinja2.Undefined):
+        return None
+    if isinstance(value, Iterator):
+        return list(value)
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+def _plain_text(value: Any) -> str:
+    return str(value)
 
 
 def _raise_exception(message: Any) -> None:
@@ -171,6 +197,13 @@ def _environment() -> jinja2.Environment:
         # Arithmetic that repeats or grows a value is checked; `~` joins are checked by
         # _budget_loops' rewrite, calls and filters here.
         intercepted_binops = frozenset({"*", "**", "+"})
+
+        def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
+            # Templates build lists with append/extend (Kimi, …), which llama.cpp allows; every
+            # list a render sees is its own copy, and loops bound how far one can grow.
+            if isinstance(obj, list) and attr in _LIST_BUILDING:
+                return jinja2.sandbox.SandboxedEnvironment.is_safe_attribute(self, obj, attr, value)
+            return bool(super().is_safe_attribute(obj, attr, value))
 
         def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
             if operator == "**":
@@ -208,6 +241,10 @@ def _environment() -> jinja2.Environment:
         environment.filters[name] = _bounded_filter(function)
     environment.filters["tojson"] = _tojson
     environment.filters[_BOUNDED_STRING] = _check_size
+    # No autoescaping here, so `|safe`'s only effect would be Markup's: escaping whatever is
+    # added to it (functionary's `"…"|safe + t | tojson` would come out as &#34;). llama.cpp's
+    # engine renders the plain text.
+    environment.filters["safe"] = _plain_text
     environment.globals["raise_exception"] = _raise_exception
     environment.globals["strftime_now"] = _strftime_now
     _ENVIRONMENT = environment
@@ -300,7 +337,7 @@ class ChatTemplate:
             "messages": chat,
             "bos_token": self.bos_token,
             "eos_token": self.eos_token,
-            "enable_thinking": True,
+            "enable_thinking": self.caps.supports_thinking,
         }
         if tools:
             context["tools"] = [_tool_as_llama_server_sends_it(t) for t in tools]
@@ -308,6 +345,9 @@ class ChatTemplate:
         context["datetime"] = now.strftime("%b %d %Y")
         context["date_string"] = now.strftime("%d %b %Y")
         if chat_template_kwargs:
+            thinking = chat_template_kwargs.get("enable_thinking")
+            if thinking is not None and not isinstance(thinking, bool):
+                raise ChatTemplateError("chat_template_kwargs.enable_thinking must be a boolean")
             context.update(chat_template_kwargs)
         if add_generation_prompt:
             context["add_generation_prompt"] = True
@@ -468,7 +508,23 @@ class ChatTemplate:
             supports_typed_content=supports_typed,
             supports_system_role=supports_system,
             supports_object_arguments="arguments" in used,
+            supports_thinking=self._opens_thinking(),
         )
+
+    def _opens_thinking(self) -> bool:
+        if "enable_thinking" not in self.source:
+            return False
+        chat = [{"role": "user", "content": "User message"}]
+        on = self._probe(chat, extra={"enable_thinking": True, "add_generation_prompt": True})
+        off = self._probe(chat, extra={"enable_thinking": False, "add_generation_prompt": True})
+        if on is None or off is None or on == off:
+            return False
+        # What differs between the two renders is the reasoning switch: does it open, close or
+        # announce a reasoning block (<think>, Gemma's <|think|>/thought channel)?
+        start = len(os.path.commonprefix([on, off]))
+        end = len(os.path.commonprefix([on[start:][::-1], off[start:][::-1]]))
+        changed = (on[start : len(on) - end] + off[start : len(off) - end]).lower()
+        return "think" in changed or "thought" in changed
 
     def _probe(
         self,
@@ -476,12 +532,14 @@ class ChatTemplate:
         *,
         tools: list[dict[str, Any]] | None = None,
         watched: set[str] | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> str | None:
         context: dict[str, Any] = {
             "messages": messages,
             "bos_token": self.bos_token,
             "eos_token": self.eos_token,
             "add_generation_prompt": False,
+            **(extra or {}),
         }
         if tools is not None:
             context["tools"] = tools

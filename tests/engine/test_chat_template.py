@@ -95,15 +95,30 @@ def test_template_variables_follow_llama_server() -> None:
     )
     template = ChatTemplate(source)
     chat = (ChatMessage("user", "x"),)
-    assert template.render(chat, add_generation_prompt=False) == "False|True|False||True"
-    assert template.render(chat, add_generation_prompt=False).count("|") == 4
+    assert template.render(chat, add_generation_prompt=False) == "False|False|False||True"
     assert (
         template.render(chat, tools=[WEATHER_TOOL], chat_template_kwargs={"flavour": "mint"})
-        == "True|True|True|mint|True"
+        == "True|False|True|mint|True"
     )
-    assert template.render(chat, chat_template_kwargs={"enable_thinking": False}).startswith(
-        "True|False|"
+    assert template.render(chat, chat_template_kwargs={"enable_thinking": True}).startswith(
+        "True|True|"
     )
+    with pytest.raises(ChatTemplateError, match="enable_thinking"):
+        template.render(chat, chat_template_kwargs={"enable_thinking": "yes"})
+
+
+def test_enable_thinking_defaults_on_for_a_template_that_thinks() -> None:
+    # llama-server turns thinking on by default only where the template opens a reasoning block.
+    source = (
+        "{{ messages[0].content }}{% if add_generation_prompt %}<|assistant|>"
+        "{% if not enable_thinking %}<think></think>{% endif %}{% endif %}"
+    )
+    template = ChatTemplate(source)
+    assert template.caps.supports_thinking
+    chat = (ChatMessage("user", "x"),)
+    assert template.render(chat) == "x<|assistant|>"
+    off = {"enable_thinking": False}
+    assert template.render(chat, chat_template_kwargs=off) == "x<|assistant|><think></think>"
 
 
 def test_tojson_is_transformers_tojson() -> None:
