@@ -214,6 +214,8 @@ def _failure_message(finished: Finished) -> str:
             f"the prompt ({finished.figures.prompt_tokens} tokens) does not fit the model's "
             "context per lane; shorten it, or load the model with a larger --ctx or fewer --lanes"
         )
+    if finished.detail:
+        return finished.detail  # the chat template's own words (this requester's chat only)
     return f"generation {finished.outcome}"
 
 
@@ -404,7 +406,7 @@ async def _stream(
             else:
                 status, code = _failure(item.reason)
                 yield _sse(
-                    error_body(f"generation {item.outcome}", status, code=code, reason=item.reason)
+                    error_body(_failure_message(item), status, code=code, reason=item.reason)
                 )
             yield b"data: [DONE]\n\n"
             return

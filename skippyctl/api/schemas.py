@@ -29,9 +29,10 @@ from pydantic import (
     GetCoreSchemaHandler,
     GetJsonSchemaHandler,
     ValidationError,
+    ValidationInfo,
     WithJsonSchema,
     create_model,
-    model_validator,
+    field_validator,
 )
 from pydantic_core import PydanticCustomError, core_schema
 from starlette.requests import Request
@@ -329,23 +330,27 @@ class ToolCallBody(_Body):
 
 class ChatMessage(_Body):
     role: Literal["system", "user", "assistant", "tool", "developer"]
+    # Before `content`, whose check reads it.
+    tool_calls: Annotated[list[ToolCallBody], Field(max_length=128)] | None = None
     content: str | list[TextPart] | None = Field(
-        default=None, description="Text, text parts, or null (an assistant turn with tool_calls)."
+        default=None,
+        validate_default=True,
+        description="Text, text parts, or null (an assistant turn with tool_calls).",
     )
     name: str | None = Field(default=None, max_length=256)
-    tool_calls: Annotated[list[ToolCallBody], Field(max_length=128)] | None = None
     tool_call_id: str | None = Field(default=None, max_length=256)
     reasoning_content: str | None = None
 
-    @model_validator(mode="after")
-    def _content_or_tool_calls(self) -> ChatMessage:
+    @field_validator("content")
+    @classmethod
+    def _content_or_tool_calls(cls, content: Any, info: ValidationInfo) -> Any:
         # llama-server's rule: a turn without text must at least call tools.
-        if self.content is None and not self.tool_calls:
+        if content is None and not info.data.get("tool_calls"):
             raise PydanticCustomError(
                 "missing_content",
                 "a message needs 'content' (or, from the assistant, 'tool_calls')",
             )
-        return self
+        return content
 
 
 class FunctionDefinition(_Body):

@@ -523,7 +523,9 @@ class ChatTemplate:
         # announce a reasoning block (<think>, Gemma's <|think|>/thought channel)?
         start = len(os.path.commonprefix([on, off]))
         end = len(os.path.commonprefix([on[start:][::-1], off[start:][::-1]]))
-        changed = (on[start : len(on) - end] + off[start : len(off) - end]).lower()
+        # A few characters either side: "<think>" against "</think>" differ in one "/".
+        before = max(0, start - 8)
+        changed = (on[before : len(on) - end + 8] + off[before : len(off) - end + 8]).lower()
         return "think" in changed or "thought" in changed
 
     def _probe(

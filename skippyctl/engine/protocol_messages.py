@@ -197,6 +197,9 @@ class GenDone:
     reason: ReasonCode | None
     stop_reason: StopReason
     figures: GenerationFigures
+    detail: str | None = None
+    """Why a chat was refused, for its requester only (a chat template's own message, which
+    may quote the request): like completion text, never in an event."""
 
     @classmethod
     def refused(cls, request_id: str, reason: ReasonCode) -> GenDone:

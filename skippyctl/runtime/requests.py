@@ -124,6 +124,8 @@ class Finished:
     """The engine's figures when the engine ended the request (its ``GenDone.figures``,
     unchanged); :data:`~skippyctl.events.figures.NO_FIGURES` on every path the host ended."""
     spec_mode: str = "off"
+    detail: str | None = None
+    """Why the engine refused a chat (its template's message), for the requester only."""
     """How the model's engine speculates (its load's ``speculation``) when the engine ended the
     request; ``off`` on the paths the host ended (whose figures are all 0)."""
 
