@@ -628,6 +628,31 @@ def parse_check(source: str) -> None:
     _compile(source)
 
 
+def read_template_file(path: str) -> tuple[str | None, str | None]:
+    """``load --chat-template FILE``: the file's text, or why it cannot serve (size, UTF-8,
+    Jinja syntax; the message never names the path). Read by the host before any weights move."""
+    from pathlib import Path
+
+    try:
+        with Path(path).expanduser().open("rb") as file:
+            data = file.read(MAX_TEMPLATE_BYTES + 1)
+    except OSError as error:
+        return None, f"the file cannot be read ({error.strerror or type(error).__name__})"
+    if len(data) > MAX_TEMPLATE_BYTES:
+        return None, f"the file is larger than {MAX_TEMPLATE_BYTES} bytes"
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None, "the file is not UTF-8 text"
+    if not text.strip():
+        return None, "the file is empty"
+    try:
+        parse_check(text)
+    except ChatTemplateError as error:
+        return None, str(error)
+    return text, None
+
+
 def _tool_as_llama_server_sends_it(tool: Mapping[str, Any]) -> dict[str, Any]:
     function = tool.get("function")
     if tool.get("type") != "function" or not isinstance(function, Mapping):

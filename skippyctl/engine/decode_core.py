@@ -110,6 +110,7 @@ class DecodeCore:
         speculation: SpecConfig = SPEC_OFF,
         plugins: ServingPlugins | None = None,
         draft: DraftModel | None = None,
+        chat_template: str | None = None,
     ) -> None:
         if lanes < 1:
             raise ValueError("lanes must be >= 1")
@@ -169,7 +170,9 @@ class DecodeCore:
         if threads < 1:
             raise ValueError("n_threads must be >= 1")
         llama.llama_set_n_threads(context, threads, threads)
-        self._intake = RequestIntake(llama, model, tokens_per_lane=self._ctx_per_lane)
+        self._intake = RequestIntake(
+            llama, model, tokens_per_lane=self._ctx_per_lane, chat_template=chat_template
+        )
         self._vocab = self._intake.vocab
         self._eog: dict[int, bool] = {}
 

@@ -107,6 +107,7 @@ class BatchEngine:
         speculation: SpecConfig = SPEC_OFF,
         plugins: ServingPlugins | None = None,
         draft: DraftModel | None = None,
+        chat_template: str | None = None,
     ) -> None:
         self._links = links if links is not None and links.stages else None
         self.link_probe_failures = 0
@@ -132,6 +133,7 @@ class BatchEngine:
             speculation=speculation,
             plugins=plugins,
             draft=draft,
+            chat_template=chat_template,
         )
         self._cond = threading.Condition(threading.Lock())
         self._inbox: collections.deque[tuple[str, Any, Any]] = collections.deque()

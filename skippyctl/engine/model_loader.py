@@ -347,6 +347,7 @@ class ModelLoader:
                 plugins=loaded.plugins,
                 draft=loaded.draft,
                 n_threads=_threads(command.options),
+                chat_template=command.chat_template_text,
             )
             self._emit(self._memory_allocated(operation_id, model, context, kv_bytes))
             self._emit(LoadPhase(operation_id, LoadPhaseName.CONTEXT_READY))

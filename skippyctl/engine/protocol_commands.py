@@ -75,6 +75,9 @@ class Load:
     (most recently used first; one :class:`StateImported` each)."""
     state_max_bytes: int = 0
     """The largest state file the engine reads (the host's cap); 0 with nothing to restore."""
+    chat_template_text: str | None = None
+    """``load --chat-template``: the file's text as the host read and checked it (the options'
+    ``chat_template`` path stays with the host)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -182,3 +182,55 @@ def test_a_hostile_template_is_a_400_and_the_model_serves_on(hostile: Server, na
         )
         assert completion.status_code == 200, completion.text
         assert http.get("/health").json()["models"][name] == "available"
+
+
+def test_load_with_a_chat_template_file_serves_chats_with_it(
+    hostile: Server, fixture_dir: Path, tmp_path: Path
+) -> None:
+    template = tmp_path / "mine.jinja"
+    template.write_text("{{ raise_exception('the override is in use') }}", "utf-8")
+    answer = hostile.load(
+        fixture_dir / "tiny.gguf", alias="overridden", chat_template=str(template)
+    )
+    assert answer["state"] == "available", answer
+    chat = {"model": "overridden", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+    with hostile.http() as http:
+        error = assert_openai_error(http.post("/v1/chat/completions", json=chat), 400)
+        assert "the override is in use" in error["message"]
+        state = http.get("/api/runtime/state").json()
+    # The file's path is the host's alone: never in the state document.
+    assert str(tmp_path) not in str(state)
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        (b"{% if %}", "not valid Jinja"),
+        (b"\xff\xfe not text", "not UTF-8"),
+        (b"", "empty"),
+    ],
+    ids=["syntax", "not-utf8", "empty"],
+)
+def test_load_with_a_bad_chat_template_file_is_refused(
+    hostile: Server, fixture_dir: Path, tmp_path: Path, content: bytes, why: str
+) -> None:
+    template = tmp_path / "bad.jinja"
+    template.write_bytes(content)
+    with hostile.http() as http:
+        response = http.post(
+            "/api/runtime/models/load",
+            json={
+                "model": str(fixture_dir / "tiny.gguf"),
+                "alias": "refused",
+                "chat_template": str(template),
+            },
+        )
+        body = response.json()
+        assert body["problem"].startswith("--chat-template: "), body
+        assert why in body["problem"]
+        assert str(tmp_path) not in str(body)
+        assert http.get("/health").json()["models"]["refused"] == "failed"
+        (model,) = (
+            m for m in http.get("/api/runtime/state").json()["models"] if m["model_id"] == "refused"
+        )
+        assert model["reason_code"] == "invalid_configuration", model
