@@ -5,13 +5,20 @@ templates are hostile (each such chat a 400 with a reason code, the model servin
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import llama_cpp
 import openai
 import pytest
 
+from skippyctl.engine.text import model_chat_template
 from skippyctl.fixtures.generate import TINY, make_model
 from tests.api.conftest import Server, assert_openai_error, start_server, stop_server
 
@@ -234,3 +241,49 @@ def test_load_with_a_bad_chat_template_file_is_refused(
             m for m in http.get("/api/runtime/state").json()["models"] if m["model_id"] == "refused"
         )
         assert model["reason_code"] == "invalid_configuration", model
+
+
+def _sha16(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def test_state_and_ps_say_which_template_serves(smollm: Server) -> None:
+    llama_cpp.llama_backend_init()
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    model = llama_cpp.llama_model_load_from_file(os.fsencode(REAL_MODEL), params)
+    try:
+        source = model_chat_template(llama_cpp, model)
+    finally:
+        llama_cpp.llama_model_free(model)
+    assert source is not None
+    expected = {"source": "model", "sha256": _sha16(source)}
+    with smollm.http() as http:
+        models = http.get("/api/runtime/state").json()["models"]
+    (state,) = (m for m in models if m["model_id"] == "smollm")
+    assert state["chat_template"] == expected
+    ps = subprocess.run(
+        [sys.executable, "-m", "skippyctl", "ps", "--json"],
+        env=dict(os.environ, SKIPPY_RUNTIME_DIR=str(smollm.directory)),
+        capture_output=True,
+        check=True,
+    )
+    assert expected == next(
+        m["chat_template"] for m in json.loads(ps.stdout)["models"] if m["model_id"] == "smollm"
+    )
+
+
+def test_the_load_completed_event_states_an_override_by_digest(
+    hostile: Server, fixture_dir: Path, tmp_path: Path
+) -> None:
+    text = "{% for m in messages %}{{ m.content }}{% endfor %}"
+    template = tmp_path / "digest.jinja"
+    template.write_text(text, "utf-8")
+    answer = hostile.load(fixture_dir / "tiny.gguf", alias="digested", chat_template=str(template))
+    assert answer["state"] == "available", answer
+    with hostile.http() as http:
+        models = http.get("/api/runtime/state").json()["models"]
+    (state,) = (m for m in models if m["model_id"] == "digested")
+    assert state["chat_template"] == {"source": "override", "sha256": _sha16(text)}
+    (builtin,) = (m for m in models if m["model_id"] == "raises")
+    assert builtin["chat_template"]["source"] == "model"
