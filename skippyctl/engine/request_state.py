@@ -68,6 +68,10 @@ def validation_error(request: GenerateRequest) -> str | None:
         not isinstance(request.messages, tuple)
         or not request.messages
         or not all(isinstance(m, ChatMessage) for m in request.messages)
+        # llama-server's rule: a turn says something, or calls tools.
+        or not all(
+            m.content is not None or m.parts is not None or m.tool_calls for m in request.messages
+        )
     ):
         return "messages"
     if request.tools is not None and (
