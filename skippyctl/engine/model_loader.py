@@ -162,7 +162,7 @@ class ModelLoader:
                     context_train_tokens=int(llama.llama_model_n_ctx_train(model)),
                     vocab_size=int(llama.llama_vocab_n_tokens(llama.llama_model_get_vocab(model))),
                     files=_files_opened(llama, model),
-                    **_chat_template_facts(llama, model, command.chat_template_text),
+                    **chat_template_facts(llama, model, command.chat_template_text),
                 )
             else:
                 reply = LoadReturned(operation_id, ok=False, duration_ms=duration_ms)
@@ -532,7 +532,7 @@ def _threads(options: LoadOptions) -> int:
     return options.threads if options.threads is not None else max(1, os.cpu_count() or 1)
 
 
-def _chat_template_facts(llama: Any, model: Any, override: str | None) -> dict[str, Any]:
+def chat_template_facts(llama: Any, model: Any, override: str | None) -> dict[str, Any]:
     """Which chat template will serve (``LoadReturned.chat_template_*``): the rule of
     ``engine/request_intake.py``, stated as its source and a digest, never its text."""
     import hashlib

@@ -4,6 +4,8 @@ must end in a clean :class:`ChatTemplateError`."""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +23,10 @@ from skippyctl.engine.chat_template import (
     ToolCall,
     parse_check,
 )
+from skippyctl.engine.model_loader import chat_template_facts
+from skippyctl.engine.request_intake import RequestIntake
 from skippyctl.engine.text import model_chat_template, token_text, tokenize
+from skippyctl.fixtures.generate import TINY, make_model
 
 FIXTURES = Path(__file__).parents[2] / "fixtures"
 TEMPLATES = sorted((FIXTURES / "vendor" / "templates").glob("*.jinja"))
@@ -297,3 +302,72 @@ def test_unparsable_templates_are_refused_at_compile(source: str) -> None:
 def test_empty_chat_is_refused() -> None:
     with pytest.raises(ChatTemplateError):
         ChatTemplate(CHATML_TEMPLATE).render(())
+
+
+# ---------------------------------------------------------------- which template serves
+
+
+DEFAULT_SOURCE = "default:{% for m in messages %}{{ m.content }}{% endfor %}"
+TOOL_USE_SOURCE = "tool_use:{{ tools | length }}"
+
+
+def _fixture_model(directory: Path, name: str, templates: Any) -> Any:
+    # gguf's writer takes [{"name", "template"}] for named templates (tokenizer.chat_template.NAME)
+    spec = dataclasses.replace(TINY, chat_template=templates, name=name)
+    llama_cpp.llama_backend_init()
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    model = llama_cpp.llama_model_load_from_file(
+        os.fsencode(make_model(directory / f"{name}.gguf", spec)), params
+    )
+    assert model
+    return model
+
+
+@pytest.fixture(scope="module")
+def two_template_model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    templates = [
+        {"name": "default", "template": DEFAULT_SOURCE},
+        {"name": "tool_use", "template": TOOL_USE_SOURCE},
+    ]
+    model = _fixture_model(tmp_path_factory.mktemp("two"), "skippy-two-templates", templates)
+    yield model
+    llama_cpp.llama_model_free(model)
+
+
+@pytest.fixture(scope="module")
+def untemplated_model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    model = _fixture_model(tmp_path_factory.mktemp("none"), "skippy-no-template", None)
+    yield model
+    llama_cpp.llama_model_free(model)
+
+
+def test_a_request_with_tools_gets_the_tool_use_template(two_template_model: Any) -> None:
+    intake = RequestIntake(llama_cpp, two_template_model, tokens_per_lane=256)
+    assert intake.template_for(with_tools=False).source == DEFAULT_SOURCE
+    assert intake.template_for(with_tools=True).source == TOOL_USE_SOURCE
+    facts = chat_template_facts(llama_cpp, two_template_model, None)
+    assert facts == {
+        "chat_template_source": "model",
+        "chat_template_sha256": hashlib.sha256(DEFAULT_SOURCE.encode()).hexdigest()[:16],
+        "chat_template_tool_use": True,
+    }
+
+
+def test_an_override_serves_every_chat(two_template_model: Any) -> None:
+    intake = RequestIntake(
+        llama_cpp, two_template_model, tokens_per_lane=256, chat_template="override"
+    )
+    assert intake.template_for(with_tools=False).source == "override"
+    assert intake.template_for(with_tools=True).source == "override"
+    facts = chat_template_facts(llama_cpp, two_template_model, "override")
+    assert facts["chat_template_source"] == "override"
+    assert facts["chat_template_tool_use"] is None
+
+
+def test_a_model_without_a_template_gets_llama_cpp_chatml(untemplated_model: Any) -> None:
+    assert model_chat_template(llama_cpp, untemplated_model) is None
+    intake = RequestIntake(llama_cpp, untemplated_model, tokens_per_lane=256)
+    assert intake.template_for(with_tools=True).render(CHAT) == CHATML_RENDERED
+    facts = chat_template_facts(llama_cpp, untemplated_model, None)
+    assert facts["chat_template_source"] == "builtin"
