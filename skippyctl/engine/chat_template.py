@@ -171,6 +171,28 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON")
 
 
+def _concatenates_null(left: Any, right: Any) -> bool:
+    import jinja2
+
+    def null(value: Any) -> bool:
+        return value is None or isinstance(value, jinja2.Undefined)
+
+    return (null(left) and isinstance(right, str)) or (null(right) and isinstance(left, str))
+
+
+def _lenient_undefined(jinja2: Any) -> type:
+    """Undefined as llama.cpp's engine treats it: a member of it is undefined too, nothing is
+    ``in`` it, and it adds to text as nothing; other operations still fail."""
+
+    class _Undefined(jinja2.ChainableUndefined):  # type: ignore[misc]  # jinja2's own class
+        __slots__ = ()
+
+        def __contains__(self, item: Any) -> bool:
+            return False
+
+    return _Undefined
+
+
 def _plain_text(value: Any) -> str:
     return str(value)
 
@@ -206,6 +228,10 @@ def _environment() -> jinja2.Environment:
             return bool(super().is_safe_attribute(obj, attr, value))
 
         def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+            if operator == "+" and _concatenates_null(left, right):
+                # llama.cpp's engine: null or undefined + text is the text (Cohere's templates
+                # add a parameter's missing description).
+                return "".join(v for v in (left, right) if isinstance(v, str))
             if operator == "**":
                 _check_arguments((right,))
             if operator == "*":
@@ -234,7 +260,7 @@ def _environment() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
         extensions=["jinja2.ext.loopcontrols", _Generation],
-        undefined=jinja2.Undefined,
+        undefined=_lenient_undefined(jinja2),
         keep_trailing_newline=False,
     )
     for name, function in list(environment.filters.items()):
