@@ -287,3 +287,17 @@ def test_the_load_completed_event_states_an_override_by_digest(
     assert state["chat_template"] == {"source": "override", "sha256": _sha16(text)}
     (builtin,) = (m for m in models if m["model_id"] == "raises")
     assert builtin["chat_template"]["source"] == "model"
+
+
+def test_a_streamed_chat_refused_by_its_template_says_why(hostile: Server) -> None:
+    chat = {
+        "model": "raises",
+        "max_tokens": 2,
+        "stream": True,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    with hostile.http() as http:
+        response = http.post("/v1/chat/completions", json=chat)
+    text = response.text
+    assert "roles must alternate" in text, (response.status_code, text[:500])
+    assert "invalid_configuration" in text
