@@ -8,12 +8,14 @@ sampler chain (``engine/sampling.py``), detokenizer and stop matcher.
 Which template serves a chat (llama-server's rule, common/chat.cpp): the load's override when it
 has one; else the GGUF's ``tokenizer.chat_template``, or its ``tokenizer.chat_template.tool_use``
 for a request with tools (or when it has only that one); llama.cpp's ChatML only for a GGUF with
-neither. Templates compile once, at the first chat that needs them.
+neither. The default template compiles with the intake (at load), the tool_use one at the
+first chat with tools.
 Decode thread only; nothing here emits: the core answers a refusal with the reason returned.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 from types import ModuleType
 
@@ -62,6 +64,10 @@ class RequestIntake:
         self._pieces: dict[int, bytes] = {}
         self.last_refusal: str | None = None
         """Why the last refused chat could not be rendered (for the requester only)."""
+        # Compiled now, at load (~20 ms with its probe renders), not by the first chat on the
+        # decode thread; a template that does not compile refuses each chat with its error.
+        with contextlib.suppress(ChatTemplateError):
+            self.template_for(with_tools=False)
 
     def template_for(self, with_tools: bool) -> ChatTemplate:
         """The compiled template serving a chat (with or without tools); compiled once.
