@@ -22,9 +22,11 @@ unknown or ill-typed field, a message of the other direction — and raises
 operation id when the payload had them, so the receiver can end that one command. The wire format
 is internal to one host and its engines (not a public contract); it changes with this module.
 
-Privacy (ARCHITECTURE.md section 4): completion text travels only in ``GenText.text``, prompt
-text only in ``Generate``, a model path only in ``Load`` — none of them ever reaches an
-event. Every other message carries counts, durations and logical ids only; no token ids.
+Privacy (ARCHITECTURE.md section 4): completion text travels only in ``GenText.text`` (and a
+chat template's refusal only in ``GenDone.detail``), prompt text only in ``Generate``, a model
+path only in ``Load`` — none of them ever reaches an event. ``dict[str, Any]`` fields (tools,
+template variables) are JSON objects taken as decoded. Every other message carries counts,
+durations and logical ids only; no token ids.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 sends on the control channel, as a frozen, slotted type, and their union :data:`Command` (tag key
 ``op`` on the wire).
 
-Privacy (ARCHITECTURE.md section 4): prompt text travels only in :class:`Generate`, a model path
+Privacy (ARCHITECTURE.md section 4): prompt text (a prompt, or a chat's messages, tools and
+template variables) travels only in :class:`Generate`, a model path and a chat template's text
 only in :class:`Load` (and session file paths only in :class:`SessionFile`) — none of them ever
 reaches an event.
 """
