@@ -355,9 +355,35 @@ class ChatTemplate:
         chat_template_kwargs: Mapping[str, Any] | None = None,
         add_generation_prompt: bool = True,
     ) -> str:
-        """The prompt text of ``messages``; :class:`ChatTemplateError` for any failure."""
+        """The prompt text of ``messages``; :class:`ChatTemplateError` for any failure.
+
+        A chat that ends with an assistant message is that message to continue (llama-server's
+        ``prefill_assistant``): the chat before it, the template's generation prompt, then the
+        message's text, with no end of turn."""
         if not messages:
             raise ChatTemplateError("a chat needs at least one message")
+        if add_generation_prompt and messages[-1].role == "assistant":
+            if len(messages) >= 2 and messages[-2].role == "assistant":
+                raise ChatTemplateError(
+                    "Cannot have 2 or more assistant messages at the end of the list."
+                )
+            before = messages[:-1]
+            without = self._apply(before, tools, chat_template_kwargs, add_generation_prompt=False)
+            with_prompt = self._apply(
+                before, tools, chat_template_kwargs, add_generation_prompt=True
+            )
+            generation_prompt = with_prompt[len(os.path.commonprefix([without, with_prompt])) :]
+            return without + generation_prompt + _as_text(_content_of(messages[-1]))
+        return self._apply(messages, tools, chat_template_kwargs, add_generation_prompt)
+
+    def _apply(
+        self,
+        messages: Sequence[ChatMessage],
+        tools: Sequence[Mapping[str, Any]] | None,
+        chat_template_kwargs: Mapping[str, Any] | None,
+        add_generation_prompt: bool,
+    ) -> str:
+        """llama.cpp's ``common_chat_template_direct_apply``: one render with its inputs."""
         chat = self._normalise(messages)
         context: dict[str, Any] = {
             "messages": chat,
@@ -696,6 +722,12 @@ def _tool_as_llama_server_sends_it(tool: Mapping[str, Any]) -> dict[str, Any]:
             "parameters": parameters if parameters is not None else {},
         },
     }
+
+
+def _content_of(message: ChatMessage) -> Any:
+    if message.content is not None:
+        return message.content
+    return [{"type": "text", "text": part} for part in message.parts or ()]
 
 
 def _as_text(content: Any) -> str:

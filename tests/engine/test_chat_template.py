@@ -225,6 +225,18 @@ def test_smollm2_prompt_tokens_count_the_system_message(real_model: Any) -> None
     assert len(tokenize(llama_cpp, vocab, rendered)) == 31
 
 
+def test_a_final_assistant_message_is_continued_as_llama_server_does(real_model: Any) -> None:
+    chat = (ChatMessage("user", "Hi"), ChatMessage("assistant", "Hello! I am"))
+    # llama-server --jinja's /apply-template for the same messages (prefill_assistant).
+    assert _real_template(real_model).render(chat) == (
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+        "Face<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello! I am"
+    )
+    twice = (*chat, ChatMessage("assistant", "x"))
+    with pytest.raises(ChatTemplateError, match="2 or more assistant messages"):
+        _real_template(real_model).render(twice)
+
+
 # ---------------------------------------------------------------- hostile templates
 
 
