@@ -35,16 +35,18 @@ from skippyctl.api.schemas import (
     read_body,
     sse_event,
 )
+from skippyctl.api.schemas import ChatMessage as ChatMessageBody
 from skippyctl.events.reasons import ReasonCode
 from skippyctl.reducer.state import SERVING_MODEL_STATES
 from skippyctl.runtime.model_server import Rejection
 from skippyctl.runtime.requests import (
-    ChatTurn,
+    ChatMessage,
     Finished,
     GenerationParams,
     InvalidRequest,
     RequestHandle,
     TextChunk,
+    ToolCall,
 )
 
 # A failed generation's reason -> (HTTP status, OpenAI `code`). `context_length_exceeded` is the
@@ -71,20 +73,19 @@ def _params(body: CompletionBody | ChatCompletionBody) -> GenerationParams:
     """The host's parameters from a validated body (ranges are GenerationParams' to check)."""
     stop = [body.stop] if isinstance(body.stop, str) else body.stop
     bias = tuple((int(k), float(v)) for k, v in (body.logit_bias or {}).items())
-    messages: tuple[ChatTurn, ...] | None = None
+    messages: tuple[ChatMessage, ...] | None = None
+    tools: tuple[dict[str, Any], ...] | None = None
+    template_kwargs: dict[str, Any] | None = None
     prompt: str | None = None
     if isinstance(body, ChatCompletionBody):
         wanted = (
             body.max_tokens if body.max_completion_tokens is None else body.max_completion_tokens
         )
         max_tokens = CHAT_DEFAULT_MAX_TOKENS if wanted is None else wanted
-        messages = tuple(
-            ChatTurn(
-                m.role,
-                m.content if isinstance(m.content, str) else "".join(p.text for p in m.content),
-            )
-            for m in body.messages
-        )
+        messages = tuple(_chat_message(m) for m in body.messages)
+        if body.tools:
+            tools = tuple(t.model_dump(exclude_none=True) for t in body.tools)
+        template_kwargs = body.chat_template_kwargs
     else:
         max_tokens = COMPLETION_DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
         prompt = body.text()
@@ -101,6 +102,34 @@ def _params(body: CompletionBody | ChatCompletionBody) -> GenerationParams:
         logit_bias=bias,
         stop=tuple(stop or ()),
         timeout_s=body.timeout,
+        tools=tools,
+        chat_template_kwargs=template_kwargs,
+    )
+
+
+def _chat_message(message: ChatMessageBody) -> ChatMessage:
+    """A validated message as the engine's template renderer takes it (llama-server's reading:
+    text parts stay parts, object arguments become JSON text)."""
+    content = message.content
+    return ChatMessage(
+        role=message.role,
+        content=content if isinstance(content, str) else None,
+        parts=None
+        if content is None or isinstance(content, str)
+        else tuple(p.text for p in content),
+        tool_calls=tuple(
+            ToolCall(
+                name=call.function.name,
+                arguments=call.function.arguments
+                if isinstance(call.function.arguments, str)
+                else orjson.dumps(call.function.arguments).decode(),
+                id=call.id,
+            )
+            for call in message.tool_calls or ()
+        ),
+        name=message.name,
+        tool_call_id=message.tool_call_id,
+        reasoning_content=message.reasoning_content,
     )
 
 
@@ -185,6 +214,8 @@ def _failure_message(finished: Finished) -> str:
             f"the prompt ({finished.figures.prompt_tokens} tokens) does not fit the model's "
             "context per lane; shorten it, or load the model with a larger --ctx or fewer --lanes"
         )
+    if finished.detail:
+        return finished.detail  # the chat template's own words (this requester's chat only)
     return f"generation {finished.outcome}"
 
 
@@ -375,7 +406,7 @@ async def _stream(
             else:
                 status, code = _failure(item.reason)
                 yield _sse(
-                    error_body(f"generation {item.outcome}", status, code=code, reason=item.reason)
+                    error_body(_failure_message(item), status, code=code, reason=item.reason)
                 )
             yield b"data: [DONE]\n\n"
             return

@@ -29,8 +29,10 @@ from pydantic import (
     GetCoreSchemaHandler,
     GetJsonSchemaHandler,
     ValidationError,
+    ValidationInfo,
     WithJsonSchema,
     create_model,
+    field_validator,
 )
 from pydantic_core import PydanticCustomError, core_schema
 from starlette.requests import Request
@@ -313,9 +315,54 @@ class TextPart(_Body):
     text: str
 
 
+class ToolCallFunction(_Body):
+    name: str = Field(min_length=1, max_length=256)
+    arguments: str | dict[str, Any] = Field(
+        description="The call's arguments as JSON text (an object is taken as llama-server does)."
+    )
+
+
+class ToolCallBody(_Body):
+    id: str | None = Field(default=None, max_length=256)
+    type: Literal["function"]
+    function: ToolCallFunction
+
+
 class ChatMessage(_Body):
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str | list[TextPart]
+    # Before `content`, whose check reads it.
+    tool_calls: Annotated[list[ToolCallBody], Field(max_length=128)] | None = None
+    content: str | list[TextPart] | None = Field(
+        default=None,
+        validate_default=True,
+        description="Text, text parts, or null (an assistant turn with tool_calls).",
+    )
+    name: str | None = Field(default=None, max_length=256)
+    tool_call_id: str | None = Field(default=None, max_length=256)
+    reasoning_content: str | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _content_or_tool_calls(cls, content: Any, info: ValidationInfo) -> Any:
+        # llama-server's rule: a turn without text must at least call tools.
+        if content is None and not info.data.get("tool_calls"):
+            raise PydanticCustomError(
+                "missing_content",
+                "a message needs 'content' (or, from the assistant, 'tool_calls')",
+            )
+        return content
+
+
+class FunctionDefinition(_Body):
+    name: str = Field(min_length=1, max_length=256)
+    description: str | None = None
+    parameters: dict[str, Any] | None = Field(default=None, description="A JSON schema.")
+    strict: bool | None = None
+
+
+class ToolDefinition(_Body):
+    type: Literal["function"]
+    function: FunctionDefinition
 
 
 def _text_format(value: Any) -> Any:
@@ -408,9 +455,16 @@ class ChatCompletionBody(_Generation):
     response_format: Annotated[ResponseFormat | None, BeforeValidator(_text_format)] = Field(
         default=None, description="Only {'type': 'text'} is supported."
     )
-    tools: Annotated[Any, Refused((), "tool calling is not supported")] = Field(
-        default=None, description="Refused unless empty."
+    # -- chat template inputs (jinja)
+    tools: Annotated[list[ToolDefinition], Field(max_length=128)] | None = Field(
+        default=None,
+        description="Functions the model may call, passed to the model's chat template.",
     )
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        default=None,
+        description="Extra variables for the model's chat template (e.g. enable_thinking).",
+    )
+    # -- end chat template inputs
     functions: Annotated[Any, Refused((), "function calling is not supported")] = Field(
         default=None, description="Refused unless empty."
     )

@@ -17,8 +17,9 @@ Defaults: a field whose default is a constant holds it (``spec_draft_tokens`` is
 means the runtime decides at load time (``ctx``, ``lanes``, ``threads``, …). JSON may say
 ``null`` for any option: the default.
 
-Privacy: paths (``model``, ``draft``, a C plugin's file) and stage endpoints never leave the
-host and its engine; :func:`shown_settings` shows counts or ids for them.
+Privacy: paths (``model``, ``draft``, ``chat_template``, a C plugin's file) and stage endpoints
+never leave the host and its engine; :func:`shown_settings` shows counts or ids for them (the
+chat template file is read by the host, and only its text goes on).
 """
 
 from __future__ import annotations
@@ -255,6 +256,15 @@ class LoadOptions:
         max_length=MAX_PATH_CHARS,
         shown=model_id_for,
         metavar="DRAFT.gguf",
+    )
+    chat_template: str | None = _option(
+        None,
+        help="A Jinja chat template file on the runtime's machine that renders this model's "
+        "chats instead of the GGUF's own tokenizer.chat_template (read, size-checked and "
+        "parsed before any weights move).",
+        max_length=MAX_PATH_CHARS,
+        shown=None,
+        metavar="FILE",
     )
     spec_runahead_tokens: int = _option(
         0,

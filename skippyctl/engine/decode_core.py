@@ -21,6 +21,7 @@ step (the batch itself is ``engine/batch.py``).
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import math
 import os
 import time
@@ -109,6 +110,7 @@ class DecodeCore:
         speculation: SpecConfig = SPEC_OFF,
         plugins: ServingPlugins | None = None,
         draft: DraftModel | None = None,
+        chat_template: str | None = None,
     ) -> None:
         if lanes < 1:
             raise ValueError("lanes must be >= 1")
@@ -168,7 +170,9 @@ class DecodeCore:
         if threads < 1:
             raise ValueError("n_threads must be >= 1")
         llama.llama_set_n_threads(context, threads, threads)
-        self._intake = RequestIntake(llama, model, tokens_per_lane=self._ctx_per_lane)
+        self._intake = RequestIntake(
+            llama, model, tokens_per_lane=self._ctx_per_lane, chat_template=chat_template
+        )
         self._vocab = self._intake.vocab
         self._eog: dict[int, bool] = {}
 
@@ -272,8 +276,8 @@ class DecodeCore:
         self._batch.free()
         self._proposals.close()
 
-    def refuse(self, r: RequestState, reason: ReasonCode) -> None:
-        self.finish(r, _FAILED, StopReason.ERROR, reason)
+    def refuse(self, r: RequestState, reason: ReasonCode, detail: str | None = None) -> None:
+        self.finish(r, _FAILED, StopReason.ERROR, reason, detail=detail)
 
     def accept(self, r: RequestState) -> None:
         """Validate, tokenize and queue a submitted request (or answer it at once)."""
@@ -283,7 +287,7 @@ class DecodeCore:
         self._board.track(r)
         refused = self._intake.tokenize(r)
         if refused is not None:
-            self.refuse(r, refused)
+            self.refuse(r, refused, self._intake.last_refusal)
             return
         self._board.queue.append(r)
 
@@ -545,6 +549,7 @@ class DecodeCore:
         reason: ReasonCode | None = None,
         *,
         text: str = "",
+        detail: str | None = None,
     ) -> None:
         """The single exit of every request: flush text, free, release the lane, GenDone.
 
@@ -582,6 +587,8 @@ class DecodeCore:
             self._kv.release(r.lane)
         board.untrack(r)
         message = r.done_message(outcome, stop_reason, reason)
+        if detail is not None:
+            message = dataclasses.replace(message, detail=detail)
         self._proposals.end(r, message)
         self._released(r)
         self.emit(message)

@@ -234,6 +234,8 @@ class Worker:
                 request_id=command.request_id,
                 prompt=command.prompt,
                 messages=command.messages,
+                tools=command.tools,
+                chat_template_kwargs=command.chat_template_kwargs,
                 session=command.session,
                 max_tokens=command.max_tokens,
                 stop=command.stop,

@@ -57,6 +57,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any, Final
 
+from skippyctl.engine.chat_template import ChatMessage
 from skippyctl.engine.decode_core import DecodeCore
 from skippyctl.engine.draft import DraftModel
 from skippyctl.engine.links import LinkProber
@@ -64,7 +65,6 @@ from skippyctl.engine.protocol_messages import EngineMessage
 from skippyctl.engine.request_state import GenerateRequest, Phase, RequestState, validation_error
 from skippyctl.engine.sampling import SamplingParams
 from skippyctl.engine.speculation import SPEC_OFF, ServingPlugins, SpecConfig
-from skippyctl.engine.text import ChatMessage
 from skippyctl.events.envelope import StopReason
 from skippyctl.events.reasons import GenerationOutcome, ReasonCode
 
@@ -107,6 +107,7 @@ class BatchEngine:
         speculation: SpecConfig = SPEC_OFF,
         plugins: ServingPlugins | None = None,
         draft: DraftModel | None = None,
+        chat_template: str | None = None,
     ) -> None:
         self._links = links if links is not None and links.stages else None
         self.link_probe_failures = 0
@@ -132,6 +133,7 @@ class BatchEngine:
             speculation=speculation,
             plugins=plugins,
             draft=draft,
+            chat_template=chat_template,
         )
         self._cond = threading.Condition(threading.Lock())
         self._inbox: collections.deque[tuple[str, Any, Any]] = collections.deque()

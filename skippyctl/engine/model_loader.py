@@ -162,6 +162,7 @@ class ModelLoader:
                     context_train_tokens=int(llama.llama_model_n_ctx_train(model)),
                     vocab_size=int(llama.llama_vocab_n_tokens(llama.llama_model_get_vocab(model))),
                     files=_files_opened(llama, model),
+                    **chat_template_facts(llama, model, command.chat_template_text),
                 )
             else:
                 reply = LoadReturned(operation_id, ok=False, duration_ms=duration_ms)
@@ -347,6 +348,7 @@ class ModelLoader:
                 plugins=loaded.plugins,
                 draft=loaded.draft,
                 n_threads=_threads(command.options),
+                chat_template=command.chat_template_text,
             )
             self._emit(self._memory_allocated(operation_id, model, context, kv_bytes))
             self._emit(LoadPhase(operation_id, LoadPhaseName.CONTEXT_READY))
@@ -528,3 +530,28 @@ def speculation_of(command: Load) -> SpecConfig:
 def _threads(options: LoadOptions) -> int:
     """The load's decode threads: ``threads``, else one per core."""
     return options.threads if options.threads is not None else max(1, os.cpu_count() or 1)
+
+
+def chat_template_facts(llama: Any, model: Any, override: str | None) -> dict[str, Any]:
+    """Which chat template will serve (``LoadReturned.chat_template_*``): the rule of
+    ``engine/request_intake.py``, stated as its source and a digest, never its text."""
+    import hashlib
+
+    from skippyctl.engine.chat_template import CHATML_TEMPLATE
+    from skippyctl.engine.text import model_chat_template
+
+    default = model_chat_template(llama, model)
+    tool_use = model_chat_template(llama, model, "tool_use")
+    if override is not None:
+        source, text, has_tool_use = "override", override, False
+    elif (default and default != "chatml") or tool_use:
+        source = "model"
+        text = default if default and default != "chatml" else (tool_use or "")
+        has_tool_use = tool_use is not None
+    else:
+        source, text, has_tool_use = "builtin", CHATML_TEMPLATE, False
+    return {
+        "chat_template_source": source,
+        "chat_template_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest()[:16],
+        "chat_template_tool_use": has_tool_use or None,
+    }

@@ -22,9 +22,11 @@ unknown or ill-typed field, a message of the other direction — and raises
 operation id when the payload had them, so the receiver can end that one command. The wire format
 is internal to one host and its engines (not a public contract); it changes with this module.
 
-Privacy (ARCHITECTURE.md section 4): completion text travels only in ``GenText.text``, prompt
-text only in ``Generate``, a model path only in ``Load`` — none of them ever reaches an
-event. Every other message carries counts, durations and logical ids only; no token ids.
+Privacy (ARCHITECTURE.md section 4): completion text travels only in ``GenText.text`` (and a
+chat template's refusal only in ``GenDone.detail``), prompt text only in ``Generate``, a model
+path only in ``Load`` — none of them ever reaches an event. ``dict[str, Any]`` fields (tools,
+template variables) are JSON objects taken as decoded. Every other message carries counts,
+durations and logical ids only; no token ids.
 """
 
 from __future__ import annotations
@@ -164,6 +166,12 @@ def _array(value: object) -> list[object]:
     return value
 
 
+def _json_object(value: object) -> object:
+    if type(value) is not dict:
+        raise TypeError("expected an object")
+    return value
+
+
 def _converter(hint: object) -> Callable[[object], object]:
     """The decoder of one annotated field; TypeError at import for a type the wire cannot take."""
     if hint is float:
@@ -179,6 +187,10 @@ def _converter(hint: object) -> Callable[[object], object]:
     if origin in (Union, types.UnionType) and len(args) == 2 and type(None) in args:
         (inner,) = (a for a in args if a is not type(None))
         return _optional(_converter(inner))
+    if origin is dict and args and args[0] is str:
+        # JSON-compatible data (tools, template variables): the decoder already produced
+        # JSON types; only the top-level object is checked.
+        return _json_object
     if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
         item = _converter(args[0])
         return lambda value: tuple(item(v) for v in _array(value))

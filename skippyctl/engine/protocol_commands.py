@@ -2,7 +2,8 @@
 sends on the control channel, as a frozen, slotted type, and their union :data:`Command` (tag key
 ``op`` on the wire).
 
-Privacy (ARCHITECTURE.md section 4): prompt text travels only in :class:`Generate`, a model path
+Privacy (ARCHITECTURE.md section 4): prompt text (a prompt, or a chat's messages, tools and
+template variables) travels only in :class:`Generate`, a model path and a chat template's text
 only in :class:`Load` (and session file paths only in :class:`SessionFile`) — none of them ever
 reaches an event.
 """
@@ -10,9 +11,10 @@ reaches an event.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from skippyctl.config.load_options import LoadOptions
-from skippyctl.engine.text import ChatMessage
+from skippyctl.engine.chat_template import ChatMessage
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +76,9 @@ class Load:
     (most recently used first; one :class:`StateImported` each)."""
     state_max_bytes: int = 0
     """The largest state file the engine reads (the host's cap); 0 with nothing to restore."""
+    chat_template_text: str | None = None
+    """``load --chat-template``: the file's text as the host read and checked it (the options'
+    ``chat_template`` path stays with the host)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +88,12 @@ class Generate:
     request_id: str
     prompt: str | None = None
     messages: tuple[ChatMessage, ...] | None = None
+    # -- chat template inputs (jinja): request text like the messages, never in an event
+    tools: tuple[dict[str, Any], ...] | None = None
+    """OpenAI tool definitions ({type: function, function: {...}}) for the template."""
+    chat_template_kwargs: dict[str, Any] | None = None
+    """Extra template variables (e.g. ``enable_thinking``), over the standard ones."""
+    # -- end chat template inputs
     session: str | None = None
     max_tokens: int = 128
     stop: tuple[str, ...] = ()

@@ -110,6 +110,13 @@ class LoadReturned:
     """``llama_vocab_n_tokens`` of the model's vocabulary."""
     files: int | None = None
     """GGUF files llama.cpp opened: a split set's ``split.count``, else 1."""
+    # -- which chat template serves (jinja): facts about the template, never its text
+    chat_template_source: str | None = None
+    """``model`` (the GGUF's), ``override`` (``load --chat-template``) or ``builtin`` (ChatML)."""
+    chat_template_sha256: str | None = None
+    """The first 16 hex digits of the serving default template's SHA-256."""
+    chat_template_tool_use: bool | None = None
+    """The GGUF also carries ``tokenizer.chat_template.tool_use`` (for requests with tools)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +204,9 @@ class GenDone:
     reason: ReasonCode | None
     stop_reason: StopReason
     figures: GenerationFigures
+    detail: str | None = None
+    """Why a chat was refused, for its requester only (a chat template's own message, which
+    may quote the request): like completion text, never in an event."""
 
     @classmethod
     def refused(cls, request_id: str, reason: ReasonCode) -> GenDone:

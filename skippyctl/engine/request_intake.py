@@ -1,24 +1,32 @@
 """A request's way in: its prompt as tokens when accepted, its sampler and text tools at start.
 
-:class:`RequestIntake` checks and tokenizes a submitted request for the decode core (chat
-template or raw prompt, bounded by a lane's size, ``engine/text.py``) and, once the request has a
-lane, equips it with its sampler chain (``engine/sampling.py``), detokenizer and stop matcher.
+:class:`RequestIntake` checks and tokenizes a submitted request for the decode core (the chat
+rendered by the model's own Jinja template, ``engine/chat_template.py``, or a raw prompt; bounded
+by a lane's size, ``engine/text.py``) and, once the request has a lane, equips it with its
+sampler chain (``engine/sampling.py``), detokenizer and stop matcher.
+
+Which template serves a chat (llama-server's rule, common/chat.cpp): the load's override when it
+has one; else the GGUF's ``tokenizer.chat_template``, or its ``tokenizer.chat_template.tool_use``
+for a request with tools (or when it has only that one); llama.cpp's ChatML only for a GGUF with
+neither. The default template compiles with the intake (at load), the tool_use one at the
+first chat with tools.
 Decode thread only; nothing here emits: the core answers a refusal with the reason returned.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 from types import ModuleType
 
+from skippyctl.engine.chat_template import CHATML_TEMPLATE, ChatTemplate, ChatTemplateError
 from skippyctl.engine.request_state import RequestState
 from skippyctl.engine.sampling import build_sampler_chain
 from skippyctl.engine.text import (
-    ChatTemplateError,
     Detokenizer,
     StopMatcher,
-    apply_chat_template,
     model_chat_template,
+    token_text,
     tokenize_at_most,
 )
 from skippyctl.events.reasons import ReasonCode
@@ -28,31 +36,84 @@ class RequestIntake:
     """Prompt tokenization and per-request text tools for one model (see the module docstring)."""
 
     def __init__(
-        self, llama: ModuleType, model: int | ctypes.c_void_p, *, tokens_per_lane: int
+        self,
+        llama: ModuleType,
+        model: int | ctypes.c_void_p,
+        *,
+        tokens_per_lane: int,
+        chat_template: str | None = None,
     ) -> None:
         self._llama = llama
         self.vocab = llama.llama_model_get_vocab(model)
         self.n_vocab = int(llama.llama_vocab_n_tokens(self.vocab))
         self._tokens_per_lane = tokens_per_lane
-        self._template = model_chat_template(llama, model)
+        default = chat_template if chat_template is not None else model_chat_template(llama, model)
+        tool_use = (
+            None if chat_template is not None else model_chat_template(llama, model, "tool_use")
+        )
+        if not default or default == "chatml":
+            default = tool_use or CHATML_TEMPLATE
+        self._sources = {"default": default, "tool_use": tool_use}
+        self._templates: dict[str, ChatTemplate | ChatTemplateError] = {}
+        vocab = self.vocab
+        self._bos_text = token_text(llama, vocab, int(llama.llama_vocab_bos(vocab)))
+        self._eos_text = token_text(llama, vocab, int(llama.llama_vocab_eos(vocab)))
+        self._add_bos_text = bool(llama.llama_vocab_get_add_bos(vocab))
+        self._add_eos_text = bool(llama.llama_vocab_get_add_eos(vocab))
         self._add_bos = True  # llama_tokenize adds BOS only if the vocabulary asks for it
         self._pieces: dict[int, bytes] = {}
+        self.last_refusal: str | None = None
+        """Why the last refused chat could not be rendered (for the requester only)."""
+        # Compiled now, at load (~20 ms with its probe renders), not by the first chat on the
+        # decode thread; a template that does not compile refuses each chat with its error.
+        with contextlib.suppress(ChatTemplateError):
+            self.template_for(with_tools=False)
+
+    def template_for(self, with_tools: bool) -> ChatTemplate:
+        """The compiled template serving a chat (with or without tools); compiled once.
+        :class:`ChatTemplateError` when that template does not compile."""
+        key = "tool_use" if with_tools and self._sources["tool_use"] else "default"
+        compiled = self._templates.get(key)
+        if compiled is None:
+            source = self._sources[key]
+            assert source is not None
+            try:
+                compiled = ChatTemplate(
+                    source,
+                    bos_token=self._bos_text,
+                    eos_token=self._eos_text,
+                    add_bos=self._add_bos_text,
+                    add_eos=self._add_eos_text,
+                )
+            except ChatTemplateError as error:
+                compiled = error
+            self._templates[key] = compiled
+        if isinstance(compiled, ChatTemplateError):
+            raise compiled
+        return compiled
 
     def tokenize(self, r: RequestState) -> ReasonCode | None:
         """Set ``r.prompt`` from its prompt or messages; the reason to refuse ``r``, if any (a
         prompt longer than a lane is refused before any lane or session is touched, with
         ``r.prompt_count`` set)."""
         spec = r.spec
+        self.last_refusal = None
         try:
             if spec.messages is not None:
-                text = apply_chat_template(self._llama, self._template, spec.messages)
+                template = self.template_for(bool(spec.tools))
+                text = template.render(
+                    spec.messages, tools=spec.tools, chat_template_kwargs=spec.chat_template_kwargs
+                )
             else:
                 assert spec.prompt is not None  # validated: exactly one of prompt/messages
                 text = spec.prompt
             prompt, counted = tokenize_at_most(
                 self._llama, self.vocab, text, self._tokens_per_lane, add_special=self._add_bos
             )
-        except (ChatTemplateError, ValueError, UnicodeError):
+        except ChatTemplateError as error:
+            self.last_refusal = str(error)
+            return ReasonCode.INVALID_CONFIGURATION
+        except (ValueError, UnicodeError):
             return ReasonCode.INVALID_CONFIGURATION
         except Exception:  # noqa: BLE001 - one request's failure must not stop the engine
             return ReasonCode.INTERNAL_RUNTIME_FAILURE

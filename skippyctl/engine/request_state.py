@@ -20,12 +20,14 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
+from skippyctl.engine.chat_template import ChatMessage
 from skippyctl.engine.lanes import Lane
 from skippyctl.engine.protocol_messages import GenDone, GenFirstToken, GenPrefillDone
 from skippyctl.engine.sampling import SamplerChain, SamplingParams
 from skippyctl.engine.speculation import AdaptiveWindow
-from skippyctl.engine.text import ChatMessage, Detokenizer, StopMatcher
+from skippyctl.engine.text import Detokenizer, StopMatcher
 from skippyctl.events.envelope import StopReason
 from skippyctl.events.figures import GenerationFigures
 from skippyctl.events.reasons import GenerationOutcome, ReasonCode
@@ -49,6 +51,9 @@ class GenerateRequest:
     stop: tuple[str, ...] = ()
     sampling: SamplingParams = SamplingParams()
     deadline_mono_s: float | None = None
+    # -- chat template inputs (jinja)
+    tools: tuple[dict[str, Any], ...] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 def validation_error(request: GenerateRequest) -> str | None:
@@ -63,8 +68,20 @@ def validation_error(request: GenerateRequest) -> str | None:
         not isinstance(request.messages, tuple)
         or not request.messages
         or not all(isinstance(m, ChatMessage) for m in request.messages)
+        # llama-server's rule: a turn says something, or calls tools.
+        or not all(
+            m.content is not None or m.parts is not None or m.tool_calls for m in request.messages
+        )
     ):
         return "messages"
+    if request.tools is not None and (
+        not isinstance(request.tools, tuple) or not all(isinstance(t, dict) for t in request.tools)
+    ):
+        return "tools"
+    if request.chat_template_kwargs is not None and not isinstance(
+        request.chat_template_kwargs, dict
+    ):
+        return "chat_template_kwargs"
     if request.session is not None and (
         not isinstance(request.session, str) or not request.session
     ):

@@ -1,5 +1,6 @@
-"""Text <-> tokens for the generation core: tokenization, chat templates, streaming detokenization
-and stop strings.
+"""Text <-> tokens for the generation core: tokenization, streaming detokenization and stop
+strings (chat templates are ``engine/chat_template.py``'s; the model's template texts and its
+BOS/EOS texts come from here).
 
 Contract and invariants:
 
@@ -7,12 +8,9 @@ Contract and invariants:
   tokenizer (``llama_tokenize``); special-token text such as
   ``<|im_start|>`` is parsed into control tokens (as llama.cpp's server does), and BOS is added when
   the vocabulary asks for it.
-- :func:`apply_chat_template` renders messages with the model's own template
-  (``llama_model_chat_template``) through llama.cpp's built-in template engine
-  (``llama_chat_apply_template``, which recognises the well-known templates, not arbitrary Jinja).
-  A model without a template gets :data:`DEFAULT_CHAT_TEMPLATE` (ChatML). A template llama.cpp does
-  not recognise raises :class:`ChatTemplateError`: silently formatting a chat the model was not
-  trained on would produce confident garbage, so the request fails instead.
+- :func:`model_chat_template` is the GGUF's ``tokenizer.chat_template`` (or a named one) as text;
+  :func:`token_text` a token's text with special tokens rendered (what a template calls
+  ``bos_token``).
 - :class:`Detokenizer` turns a token stream into text and never returns a partial UTF-8 sequence:
   bytes of an unfinished character are held until the character completes; bytes that can never
   become valid UTF-8 come out as U+FFFD at once (they are not held forever).
@@ -27,28 +25,11 @@ from __future__ import annotations
 import codecs
 import ctypes
 from collections.abc import Sequence
-from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Final
 
-DEFAULT_CHAT_TEMPLATE: Final = "chatml"
-"""llama.cpp's built-in name for ChatML (``<|im_start|>role\\ncontent<|im_end|>\\n`` per message,
-then ``<|im_start|>assistant\\n``); used when the model carries no ``tokenizer.chat_template``."""
-
 _PIECE_BUFFER_BYTES: Final = 64
 """First guess for one token's text; llama_token_to_piece reports the size needed if larger."""
-
-
-class ChatTemplateError(ValueError):
-    """The chat could not be rendered (unknown template or invalid message)."""
-
-
-@dataclass(frozen=True, slots=True)
-class ChatMessage:
-    """One chat turn. ``role`` is e.g. ``system``/``user``/``assistant``; both fields are text."""
-
-    role: str
-    content: str
 
 
 def tokenize(
@@ -113,55 +94,26 @@ def tokenize_at_most(
     return tokens, count
 
 
-def model_chat_template(llama: ModuleType, model: Any) -> str | None:
-    """The model's default chat template text, or ``None`` when it has none."""
-    raw = llama.llama_model_chat_template(model, None)
+def model_chat_template(llama: ModuleType, model: Any, name: str | None = None) -> str | None:
+    """The model's chat template text (``tokenizer.chat_template``, or
+    ``tokenizer.chat_template.NAME`` for a ``name``), or ``None`` when it has none."""
+    raw = llama.llama_model_chat_template(model, None if name is None else name.encode("utf-8"))
     if not raw:
         return None
     return bytes(raw).decode("utf-8", errors="replace")
 
 
-def apply_chat_template(
-    llama: ModuleType,
-    template: str | None,
-    messages: Sequence[ChatMessage],
-    *,
-    add_generation_prompt: bool = True,
-) -> str:
-    """Render ``messages`` with ``template`` (a template text or a llama.cpp template name).
-
-    ``None`` means :data:`DEFAULT_CHAT_TEMPLATE`. Raises :class:`ChatTemplateError` for an empty
-    chat, a NUL character in a message (C strings would silently truncate it) or a template that
-    llama.cpp does not recognise.
-    """
-    if not messages:
-        raise ChatTemplateError("a chat needs at least one message")
-    encoded: list[tuple[bytes, bytes]] = []
-    for message in messages:
-        if not message.role:
-            raise ChatTemplateError("a chat message needs a role")
-        if "\x00" in message.role or "\x00" in message.content:
-            raise ChatTemplateError("chat messages must not contain NUL characters")
-        encoded.append((message.role.encode("utf-8"), message.content.encode("utf-8")))
-    chat = (llama.llama_chat_message * len(encoded))()
-    for index, (role, content) in enumerate(encoded):
-        chat[index].role = role
-        chat[index].content = content
-    template_bytes = (template if template is not None else DEFAULT_CHAT_TEMPLATE).encode("utf-8")
-    # llama.cpp's recommendation is 2x the message text; grow on the size it reports.
-    capacity = 2 * sum(len(r) + len(c) for r, c in encoded) + 256
-    while True:
-        buffer = ctypes.create_string_buffer(capacity)
-        needed = int(
-            llama.llama_chat_apply_template(
-                template_bytes, chat, len(encoded), add_generation_prompt, buffer, capacity
-            )
-        )
-        if needed < 0:
-            raise ChatTemplateError("the model's chat template is not supported by llama.cpp")
-        if needed <= capacity:
-            return buffer.raw[:needed].decode("utf-8", errors="replace")
-        capacity = needed
+def token_text(llama: ModuleType, vocab: Any, token: int) -> str:
+    """A token's text with special tokens rendered (``<|im_start|>``), as chat templates see
+    ``bos_token``/``eos_token``; empty for no token (-1)."""
+    if token < 0:
+        return ""
+    buffer = ctypes.create_string_buffer(_PIECE_BUFFER_BYTES)
+    size = int(llama.llama_token_to_piece(vocab, token, buffer, len(buffer), 0, True))
+    if size < 0:
+        buffer = ctypes.create_string_buffer(-size)
+        size = int(llama.llama_token_to_piece(vocab, token, buffer, len(buffer), 0, True))
+    return buffer.raw[: max(size, 0)].decode("utf-8", errors="replace")
 
 
 class Detokenizer:

@@ -73,6 +73,7 @@ def model_document(state: RuntimeView, view: ModelView) -> dict[str, Any]:
             "spec_proposed_tokens": view.spec_proposed_tokens,
             "spec_accepted_tokens": view.spec_accepted_tokens,
             "settings": {s.key: s.value for s in view.settings} or None,
+            "chat_template": {s.key: s.value for s in view.chat_template} or None,
         }
     )
 

@@ -43,6 +43,9 @@ class LoadReturned:
     vocab_size: int | None = None
     files: int | None = None
     """GGUF files the load opened (a split set's parts, else 1)."""
+    chat_template: tuple[tuple[str, str | bool], ...] = ()
+    """Which chat template serves (``source``, ``sha256``, ``tool_use``): stated in the load's
+    completed event and the model's state."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,7 @@ from skippyctl.events.envelope import (
     NativeStamp,
     Scope,
     make_event,
+    settings,
     summaries,
 )
 from skippyctl.events.reasons import Outcome, Producer, ReasonCode
@@ -180,6 +181,7 @@ class Reconciler:
                         vocab_size=item.vocab_size,
                         files=item.files,
                     ),
+                    settings=settings(item.chat_template),
                 )
             ]
         if native_success:

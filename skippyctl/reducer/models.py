@@ -305,6 +305,7 @@ def on_native_completed(state: RuntimeView, event: Event) -> Step:
             view,
             model_size_bytes=None if size is None else int(size),
             parameters=None if params is None else int(params),
+            chat_template=event.settings or view.chat_template,
         ),
     )
     if step is None:

@@ -156,6 +156,9 @@ class ModelView:
     updated_mono_ns: int = 0
     settings: tuple[Setting, ...] = ()
     """What its load asked for beyond the defaults (``model_load_requested``)."""
+    chat_template: tuple[Setting, ...] = ()
+    """Which chat template serves its chats (``source``, ``sha256``, ``tool_use``: the settings
+    of its ``native_model_load_completed``)."""
 
 
 @dataclass(frozen=True, slots=True)

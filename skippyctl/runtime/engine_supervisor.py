@@ -511,6 +511,7 @@ class EngineProcess:
                 context_train_tokens=message.context_train_tokens,
                 vocab_size=message.vocab_size,
                 files=message.files,
+                chat_template=_chat_template_facts(message),
             )
         )
         if self.topology is not None:
@@ -555,3 +556,14 @@ class EngineProcess:
                 return
             self._ring_closed = True
         self._ring.close()
+
+
+def _chat_template_facts(message: LoadReturned) -> tuple[tuple[str, str | bool], ...]:
+    facts: list[tuple[str, str | bool]] = []
+    if message.chat_template_source is not None:
+        facts.append(("source", message.chat_template_source))
+    if message.chat_template_sha256 is not None:
+        facts.append(("sha256", message.chat_template_sha256))
+    if message.chat_template_tool_use:
+        facts.append(("tool_use", True))
+    return tuple(facts)

@@ -37,6 +37,7 @@ from skippyctl.acquisition.artifacts import check_artifact
 from skippyctl.config.endpoints import parse_endpoints
 from skippyctl.config.load_options import LoadOptions, SpecMode, shown_settings
 from skippyctl.config.runtime_settings import EngineStderr, RuntimeSettings
+from skippyctl.engine.chat_template import read_template_file as read_chat_template
 from skippyctl.engine.options import EngineOptions
 from skippyctl.engine.protocol_commands import Load, SessionFile, Shutdown
 from skippyctl.events.catalog import EventId
@@ -316,6 +317,14 @@ class RuntimeHost:
                 self._reject(operation_id, native_operation, model_id, draft_problem.reason)
                 return LoadHandle(operation_id, model_id, f"--draft: {draft_problem.message}")
             draft_path = str(draft.resolve())
+        template_text: str | None = None
+        if options.chat_template is not None:
+            template_text, template_problem = read_chat_template(options.chat_template)
+            if template_problem is not None:
+                self._reject(
+                    operation_id, native_operation, model_id, ReasonCode.INVALID_CONFIGURATION
+                )
+                return LoadHandle(operation_id, model_id, f"--chat-template: {template_problem}")
         assembled = Assembled((), options.gpu_layers)
         if topology is not None:
             # Before any engine exists: stages started and probed, the plan made (or refused).
@@ -366,12 +375,14 @@ class RuntimeHost:
                     options=options.replace(
                         model=resolved,
                         draft=draft_path,
+                        chat_template=None,
                         plugins=(*self.default_plugins, *options.plugins),
                         gpu_layers=assembled.gpu_layers,
                     ),
                     stage_plan=assembled.stages,
                     restore=files,
                     state_max_bytes=max_bytes if files else 0,
+                    chat_template_text=template_text,
                 ),
             )
         )

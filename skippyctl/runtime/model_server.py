@@ -426,7 +426,16 @@ class ModelServer:
         self.owner.session_released(handle)
         # The engine's figures go on unchanged (the request's receipt is made of them).
         stop, spec_mode = message.stop_reason.value, self.speculation
-        handle.deliver(Finished(message.outcome, message.reason, stop, message.figures, spec_mode))
+        handle.deliver(
+            Finished(
+                message.outcome,
+                message.reason,
+                stop,
+                message.figures,
+                spec_mode,
+                detail=message.detail,
+            )
+        )
 
     def _on_kv(self, message: Kv) -> None:
         request_id = message.request_id

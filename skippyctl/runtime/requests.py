@@ -12,12 +12,24 @@ import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
+from skippyctl.engine.chat_template import ChatMessage, ToolCall
 from skippyctl.engine.protocol_commands import Generate, Sampling
-from skippyctl.engine.text import ChatMessage
 from skippyctl.events.envelope import LogicalId
 from skippyctl.events.figures import NO_FIGURES, GenerationFigures
 from skippyctl.events.reasons import ReasonCode
+
+__all__ = [
+    "ChatMessage",  # the chat's shape, for the API (which may not import the engine)
+    "Chunk",
+    "Finished",
+    "GenerationParams",
+    "InvalidRequest",
+    "RequestHandle",
+    "TextChunk",
+    "ToolCall",
+]
 
 
 class InvalidRequest(ValueError):
@@ -29,15 +41,9 @@ class InvalidRequest(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class ChatTurn:
-    role: str
-    content: str
-
-
-@dataclass(frozen=True, slots=True)
 class GenerationParams:
     prompt: str | None = None
-    messages: tuple[ChatTurn, ...] | None = None
+    messages: tuple[ChatMessage, ...] | None = None
     max_tokens: int = 128
     temperature: float = 0.8
     top_k: int = 40
@@ -48,6 +54,10 @@ class GenerationParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     stop: tuple[str, ...] = ()
     timeout_s: float | None = None
+    # -- chat template inputs (jinja): request text, never in an event
+    tools: tuple[dict[str, Any], ...] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    # -- end chat template inputs
 
     def __post_init__(self) -> None:
         if (self.prompt is None) == (self.messages is None):
@@ -77,9 +87,9 @@ class GenerationParams:
         return Generate(
             request_id=str(request_id),
             prompt=self.prompt,
-            messages=None
-            if self.messages is None
-            else tuple(ChatMessage(m.role, m.content) for m in self.messages),
+            messages=self.messages,
+            tools=self.tools,
+            chat_template_kwargs=self.chat_template_kwargs,
             session=None if session is None else str(session),
             max_tokens=self.max_tokens,
             stop=self.stop,
@@ -114,6 +124,8 @@ class Finished:
     """The engine's figures when the engine ended the request (its ``GenDone.figures``,
     unchanged); :data:`~skippyctl.events.figures.NO_FIGURES` on every path the host ended."""
     spec_mode: str = "off"
+    detail: str | None = None
+    """Why the engine refused a chat (its template's message), for the requester only."""
     """How the model's engine speculates (its load's ``speculation``) when the engine ended the
     request; ``off`` on the paths the host ended (whose figures are all 0)."""
 

@@ -136,7 +136,7 @@ def test_type_errors_leave_the_model_serving(rooted: Server) -> None:
         ("/v1/chat/completions", {"logprobs": True}, "logprobs"),
         ("/v1/chat/completions", {"top_logprobs": 3}, "top_logprobs"),
         ("/v1/chat/completions", {"n": 2}, "n"),
-        ("/v1/chat/completions", {"tools": [{"type": "function"}]}, "tools"),
+        ("/v1/chat/completions", {"functions": [{"name": "f"}]}, "functions"),
         ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
         ("/v1/chat/completions", {"presence_penalty": 0.5}, "presence_penalty"),
         ("/v1/completions", {"logprobs": 2}, "logprobs"),

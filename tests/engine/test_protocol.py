@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 import skippyctl.engine
 from skippyctl.config.load_options import LoadOptions, SpecMode
 from skippyctl.engine import protocol
+from skippyctl.engine.chat_template import ChatMessage, ToolCall
 from skippyctl.engine.protocol import (
     MalformedMessage,
     UnencodableMessage,
@@ -47,7 +48,6 @@ from skippyctl.engine.protocol_messages import (
     SessionChange,
     SessionChanged,
 )
-from skippyctl.engine.text import ChatMessage
 from skippyctl.events.envelope import StopReason
 from skippyctl.events.reasons import CacheResult, GenerationOutcome, ReasonCode
 
@@ -77,6 +77,8 @@ def strategy_for(hint: Any) -> st.SearchStrategy[Any]:
     if origin in (Union, types.UnionType):
         (inner,) = (a for a in args if a is not type(None))
         return st.none() | strategy_for(inner)
+    if origin is dict:
+        return st.dictionaries(TEXT, st.none() | st.booleans() | INT64 | TEXT, max_size=3)
     if origin is tuple and args[-1] is Ellipsis:
         return st.lists(strategy_for(args[0]), max_size=4).map(tuple)
     if origin is tuple:
@@ -163,7 +165,7 @@ def test_the_engine_speaks_the_events_enums() -> None:
             "generate",
             "r5",
         ),
-        ({"op": "generate", "request_id": "r6", "messages": [{"role": "user"}]}, "generate", "r6"),
+        ({"op": "generate", "request_id": "r6", "messages": [{"content": "x"}]}, "generate", "r6"),
         ({"op": "generate", "request_id": "r7", "extra": 1}, "generate", "r7"),
         ({"op": "generate", "request_id": 7}, "generate", None),
         ({"op": "load", "operation_id": "load-x", "native_operation": "x"}, "load", "load-x"),
@@ -246,6 +248,32 @@ def test_text_json_cannot_carry_is_unencodable() -> None:
         encode(Generate("r", prompt="hi", sampling=Sampling(seed=1 << 70)))
 
 
+def test_generate_carries_tool_calls_tools_and_template_variables() -> None:
+    command = Generate(
+        "r",
+        messages=(
+            ChatMessage("user", None, parts=("a", "b")),
+            ChatMessage("assistant", None, tool_calls=(ToolCall("f", '{"x": 1}', id="c1"),)),
+            ChatMessage("tool", "42", tool_call_id="c1", name="f"),
+        ),
+        tools=({"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}},),
+        chat_template_kwargs={"enable_thinking": False, "nested": {"k": [1, "two", None]}},
+    )
+    assert decode_command(encode(command)) == command
+    bad_tools = orjson.loads(encode(command))
+    bad_tools["tools"] = ["not an object"]
+    with pytest.raises(MalformedMessage):
+        decode_command(orjson.dumps(bad_tools))
+    bad_kwargs = orjson.loads(encode(command))
+    bad_kwargs["chat_template_kwargs"] = [1]
+    with pytest.raises(MalformedMessage):
+        decode_command(orjson.dumps(bad_kwargs))
+    bad_call = orjson.loads(encode(command))
+    bad_call["messages"][1]["tool_calls"][0]["arguments"] = {"x": 1}  # text on the wire
+    with pytest.raises(MalformedMessage):
+        decode_command(orjson.dumps(bad_call))
+
+
 def test_commands_carry_chat_messages_and_sampling_as_nested_records() -> None:
     command = Generate(
         "r",
@@ -254,7 +282,17 @@ def test_commands_carry_chat_messages_and_sampling_as_nested_records() -> None:
         sampling=Sampling(temperature=0, logit_bias=((3, -1.5),)),
     )
     payload = orjson.loads(encode(command))
-    assert payload["messages"] == [{"role": "user", "content": "hi"}]
+    assert payload["messages"] == [
+        {
+            "role": "user",
+            "content": "hi",
+            "parts": None,
+            "tool_calls": [],
+            "name": None,
+            "tool_call_id": None,
+            "reasoning_content": None,
+        }
+    ]
     assert payload["sampling"]["logit_bias"] == [[3, -1.5]]
     assert "prompt" not in payload and "timeout_s" not in payload
     decoded = decode_command(encode(command))

@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from skippyctl.engine.chat_template import ChatMessage, ToolCall
 from skippyctl.engine.protocol_commands import Sampling
 from skippyctl.engine.protocol_messages import GenFirstToken, GenPrefillDone
 from skippyctl.engine.request_state import (
@@ -17,7 +18,6 @@ from skippyctl.engine.request_state import (
     validation_error,
 )
 from skippyctl.engine.sampling import SamplingParams
-from skippyctl.engine.text import ChatMessage
 from skippyctl.events.envelope import StopReason
 from skippyctl.events.reasons import GenerationOutcome, ReasonCode
 
@@ -26,6 +26,9 @@ def state(request_id: str, deadline: float | None = None) -> RequestState:
     return RequestState(
         GenerateRequest(request_id, prompt="p", deadline_mono_s=deadline), 0.0, None
     )
+
+
+CALLS_A_TOOL = ChatMessage("assistant", None, tool_calls=(ToolCall("f", "{}"),))
 
 
 @pytest.mark.parametrize(
@@ -38,6 +41,11 @@ def state(request_id: str, deadline: float | None = None) -> RequestState:
         (GenerateRequest("x", prompt="a", messages=(ChatMessage("u", "b"),)),
          "exactly one of prompt and messages"),
         (GenerateRequest("x", messages=()), "messages"),
+        (GenerateRequest("x", messages=(ChatMessage("user"),)), "messages"),
+        (GenerateRequest("x", messages=(ChatMessage("user", None, parts=()),)), None),
+        (GenerateRequest("x", messages=(CALLS_A_TOOL,)), None),
+        (GenerateRequest("x", prompt="a", tools=[{}]), "tools"),  # type: ignore[arg-type]  # wrong type on purpose
+        (GenerateRequest("x", prompt="a", chat_template_kwargs=[1]), "chat_template_kwargs"),  # type: ignore[arg-type]  # wrong type on purpose
         (GenerateRequest("x", prompt="a", session=""), "session"),
         (GenerateRequest("x", prompt="a", max_tokens=0), "max_tokens"),
         (GenerateRequest("x", prompt="a", max_tokens=True), "max_tokens"),

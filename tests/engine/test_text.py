@@ -1,8 +1,7 @@
-"""Tokenization, chat templates, streaming detokenization and stop strings on real llama.cpp."""
+"""Tokenization, streaming detokenization and stop strings on real llama.cpp."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,25 +12,8 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from skippyctl.engine.text import (
-    DEFAULT_CHAT_TEMPLATE,
-    ChatMessage,
-    ChatTemplateError,
-    Detokenizer,
-    StopMatcher,
-    apply_chat_template,
-    model_chat_template,
-    tokenize,
-)
-from skippyctl.fixtures.generate import CHATML_TEMPLATE, TINY, make_model
+from skippyctl.engine.text import Detokenizer, StopMatcher, tokenize
 from skippyctl.fixtures.vocab import BOS_ID, FIRST_BYTE_ID
-
-CHAT = (ChatMessage("system", "be brief"), ChatMessage("user", "hello world"))
-CHATML_RENDERED = (
-    "<|im_start|>system\nbe brief<|im_end|>\n"
-    "<|im_start|>user\nhello world<|im_end|>\n"
-    "<|im_start|>assistant\n"
-)
 
 
 def _load(path: Path) -> Any:
@@ -53,15 +35,6 @@ def tiny_model(fixture_dir: Path) -> Iterator[Any]:
 @pytest.fixture(scope="module")
 def vocab(tiny_model: Any) -> Any:
     return llama_cpp.llama_model_get_vocab(tiny_model)
-
-
-@pytest.fixture(scope="module")
-def untemplated_model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    spec = dataclasses.replace(TINY, chat_template=None, name="skippy-tiny-no-template")
-    path = make_model(tmp_path_factory.mktemp("untemplated") / "plain.gguf", spec)
-    model = _load(path)
-    yield model
-    llama_cpp.llama_model_free(model)
 
 
 def _byte_token(value: int) -> int:
@@ -88,47 +61,6 @@ def test_tokenize_parses_special_tokens(vocab: Any) -> None:
 def test_tokenize_long_text_grows_its_buffer(vocab: Any) -> None:
     text = "the quick brown fox " * 500
     assert len(tokenize(llama_cpp, vocab, text)) > 1000
-
-
-# ---------------------------------------------------------------- chat templates
-
-
-def test_tiny_model_template_is_chatml(tiny_model: Any) -> None:
-    template = model_chat_template(llama_cpp, tiny_model)
-    assert template == CHATML_TEMPLATE
-    assert apply_chat_template(llama_cpp, template, CHAT) == CHATML_RENDERED
-
-
-def test_model_without_template_uses_the_chatml_default(untemplated_model: Any) -> None:
-    assert model_chat_template(llama_cpp, untemplated_model) is None
-    assert DEFAULT_CHAT_TEMPLATE == "chatml"
-    assert apply_chat_template(llama_cpp, None, CHAT) == CHATML_RENDERED
-
-
-def test_chat_without_generation_prompt_ends_after_the_last_turn() -> None:
-    rendered = apply_chat_template(llama_cpp, None, CHAT, add_generation_prompt=False)
-    assert rendered == CHATML_RENDERED.removesuffix("<|im_start|>assistant\n")
-
-
-def test_long_chat_grows_the_render_buffer() -> None:
-    messages = tuple(ChatMessage("user", "x") for _ in range(200))
-    rendered = apply_chat_template(llama_cpp, None, messages)
-    assert rendered.count("<|im_start|>user\nx<|im_end|>\n") == 200
-
-
-@pytest.mark.parametrize(
-    ("template", "messages"),
-    [
-        ("{{ something llama.cpp has never seen }}", CHAT),
-        (None, ()),
-        (None, (ChatMessage("", "no role"),)),
-        (None, (ChatMessage("user", "nul\x00inside"),)),
-    ],
-    ids=["unknown-template", "empty-chat", "empty-role", "nul-byte"],
-)
-def test_unrenderable_chats_raise(template: str | None, messages: tuple[ChatMessage, ...]) -> None:
-    with pytest.raises(ChatTemplateError):
-        apply_chat_template(llama_cpp, template, messages)
 
 
 # ---------------------------------------------------------------- detokenizer
