@@ -15,6 +15,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
 import orjson
@@ -34,6 +35,14 @@ from skippyctl.api.schemas import (
     json_body,
     read_body,
     sse_event,
+)
+from skippyctl.api.tool_calls import (
+    ArgumentsDelta,
+    CallStart,
+    ContentDelta,
+    Delta,
+    ToolCallStream,
+    parse_reply,
 )
 from skippyctl.events.reasons import ReasonCode
 from skippyctl.reducer.state import SERVING_MODEL_STATES
@@ -106,6 +115,46 @@ def _params(body: CompletionBody | ChatCompletionBody) -> GenerationParams:
 
 def _or(value: T | None, default: T) -> T:
     return default if value is None else value
+
+
+@dataclass(frozen=True, slots=True)
+class ToolReading:
+    """How a chat reply is read for tool calls (api/tool_calls.py): the request's tool names and
+    whether several calls may be taken."""
+
+    names: frozenset[str]
+    parallel: bool
+
+    def stream(self) -> ToolCallStream:
+        return ToolCallStream(self.names, parallel=self.parallel)
+
+
+def _tool_reading(body: CompletionBody | ChatCompletionBody) -> ToolReading | None:
+    """None when the reply is not read for calls: no tools, or `tool_choice: none`."""
+    if not isinstance(body, ChatCompletionBody) or body.tool_choice == "none":
+        return None
+    names = frozenset(_tool_names(body))
+    if not names:
+        return None
+    return ToolReading(names, parallel=body.parallel_tool_calls is not False)
+
+
+def _tool_names(body: ChatCompletionBody) -> list[str]:
+    """The names of the request's function tools (OpenAI's `{"type": "function", "function":
+    {"name": ...}}` items)."""
+    names: list[str] = []
+    for tool in body.tools or ():
+        function = tool.get("function") if isinstance(tool, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        if isinstance(name, str) and name:
+            names.append(name)
+    return names
+
+
+def _finish_with_calls(finish: str, calls: int) -> str:
+    """OpenAI's `tool_calls` when the reply called tools (a reply cut by max_tokens stays
+    `length`, as llama-server answers)."""
+    return "tool_calls" if calls and finish != "length" else finish
 
 
 def _session_key(body: CompletionBody | ChatCompletionBody, request: Request) -> str | None:
@@ -199,6 +248,7 @@ async def _generate(
     ctx: ApiContext, request: Request, body: CompletionBody | ChatCompletionBody
 ) -> Response:
     chat = isinstance(body, ChatCompletionBody)
+    tools = _tool_reading(body)
     try:
         params = _params(body)
     except InvalidRequest as error:
@@ -231,7 +281,9 @@ async def _generate(
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return StreamingResponse(
-            _stream(ctx, request, handle, chat, completion_id, created, model_id, include_usage),
+            _stream(
+                ctx, request, handle, chat, completion_id, created, model_id, include_usage, tools
+            ),
             media_type=SSE,
             headers={"Cache-Control": "no-cache", **request_header},
         )
@@ -251,9 +303,17 @@ async def _generate(
     finish = _FINISH.get(finished.stop_reason or "", "stop")
     text = "".join(text_parts)
     if chat:
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if tools is not None:
+            parsed = parse_reply(text, tools.names, parallel=tools.parallel)
+            ctx.scheduler.receipts.note_tool_calls(handle.request_id, len(parsed.calls))
+            if parsed.calls:
+                message["content"] = parsed.content
+                message["tool_calls"] = [call.document() for call in parsed.calls]
+                finish = _finish_with_calls(finish, len(parsed.calls))
         choice: dict[str, Any] = {
             "index": 0,
-            "message": {"role": "assistant", "content": text},
+            "message": message,
             "logprobs": None,
             "finish_reason": finish,
         }
@@ -325,6 +385,7 @@ async def _stream(
     created: int,
     model_id: str,
     include_usage: bool = False,
+    tools: ToolReading | None = None,
 ) -> AsyncIterator[bytes]:
     kind = "chat.completion.chunk" if chat else "text_completion"
 
@@ -355,6 +416,26 @@ async def _stream(
             choice = {"index": 0, "text": delta or "", "logprobs": None, "finish_reason": finish}
         return envelope([choice], None)
 
+    def tool_delta(delta: Delta) -> bytes:
+        """A content or tool-call delta as one chunk (OpenAI: a call's first chunk carries its
+        index, id, type and name with empty arguments; the next ones argument fragments)."""
+        if isinstance(delta, ContentDelta):
+            return chunk(delta.text, None)
+        if isinstance(delta, CallStart):
+            call: dict[str, Any] = {
+                "index": delta.index,
+                "id": delta.id,
+                "type": "function",
+                "function": {"name": delta.name, "arguments": ""},
+            }
+        else:
+            assert isinstance(delta, ArgumentsDelta)
+            call = {"index": delta.index, "function": {"arguments": delta.fragment}}
+        choice = {"index": 0, "delta": {"tool_calls": [call]}, "logprobs": None}
+        return envelope([{**choice, "finish_reason": None}], None)
+
+    reader = None if tools is None else tools.stream()
+
     finished = False
     try:
         if chat:
@@ -364,12 +445,21 @@ async def _stream(
             if item is None:
                 return
             if isinstance(item, TextChunk):
-                if item.text:
+                if reader is not None:
+                    for delta in reader.feed(item.text):
+                        yield tool_delta(delta)
+                elif item.text:
                     yield chunk(item.text, None)
                 continue
             finished = True
             if item.outcome == "completed":
-                yield chunk(None if chat else "", _FINISH.get(item.stop_reason or "", "stop"))
+                finish = _FINISH.get(item.stop_reason or "", "stop")
+                if reader is not None:
+                    for delta in reader.finish():
+                        yield tool_delta(delta)
+                    ctx.scheduler.receipts.note_tool_calls(handle.request_id, reader.call_count)
+                    finish = _finish_with_calls(finish, reader.call_count)
+                yield chunk(None if chat else "", finish)
                 if include_usage:
                     yield envelope([], _usage(item))
             else:

@@ -224,6 +224,15 @@ ReceiptDocument: Final = create_model(
     total_ms=(float, Field(description="Received → the terminal.")),
     **_figure_fields(speculative=False),
     speculative=(SpeculativeFiguresDocument, ...),
+    # -- tools
+    tools=(
+        int,
+        Field(
+            description="Tools the request offered the chat template (0 without tools or "
+            "with `tool_choice: none`)."
+        ),
+    ),
+    tool_calls=(int, Field(description="Tool calls parsed from the reply (a count).")),
 )
 
 
@@ -324,6 +333,23 @@ def _text_format(value: Any) -> Any:
     return value
 
 
+class FunctionName(_Body):
+    name: str = Field(min_length=1)
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: FunctionName
+
+
+def _servable_tool_choice(value: Any) -> Any:
+    if value == "required" or isinstance(value, NamedToolChoice):
+        # llama-server forces these with a grammar built from the tools' schemas; without
+        # grammar-constrained sampling a model may simply not call, which would break the promise.
+        raise _unsupported("tool_choice", "only 'auto' or 'none'")
+    return value
+
+
 class ResponseFormat(_Body):
     type: Literal["text"]
 
@@ -414,6 +440,20 @@ class ChatCompletionBody(_Generation):
     functions: Annotated[Any, Refused((), "function calling is not supported")] = Field(
         default=None, description="Refused unless empty."
     )
+    # -- tool calls (api/tool_calls.py parses the reply)
+    tool_choice: Annotated[
+        Literal["none", "auto", "required"] | NamedToolChoice | None,
+        AfterValidator(_servable_tool_choice),
+    ] = Field(
+        default=None,
+        description="`auto` (the default): the reply is read for tool calls; `none`: no tools "
+        "reach the template and the reply is not read for calls. `required` and a named "
+        "function are refused (they need grammar-constrained sampling).",
+    )
+    parallel_tool_calls: bool | None = Field(
+        default=None,
+        description="false: at most one tool call is taken from the reply (the first).",
+    )
 
 
 class ModelCard(BaseModel):
@@ -450,16 +490,30 @@ class Completion(BaseModel):
     usage: Usage
 
 
+class CalledFunction(BaseModel):
+    name: str
+    arguments: str = Field(description="The arguments as JSON text.")
+
+
+class ToolCallDocument(BaseModel):
+    id: str
+    type: Literal["function"]
+    function: CalledFunction
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"]
-    content: str
+    content: str | None = Field(description="Null when the reply was only tool calls.")
+    tool_calls: list[ToolCallDocument] | None = Field(
+        default=None, description="Present when tool calls were parsed from the reply."
+    )
 
 
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
     logprobs: None
-    finish_reason: Literal["stop", "length"]
+    finish_reason: Literal["stop", "length", "tool_calls"]
 
 
 class ChatCompletion(BaseModel):
