@@ -7,6 +7,11 @@ and one last chunk with `choices: []` carries the request's usage, as OpenAI doe
 the stream started is sent as one `data: {"error": …}` line before `[DONE]` (the official client
 raises it). A client that goes away cancels its request (between decode steps). Sessions come
 from the `user` field or an `X-Session-Id` header and are mapped to opaque ids by the scheduler.
+
+A chat request with `tools` (and `tool_choice` not `none`) has its reply read for tool calls
+(`skippyctl.api.tool_calls`): found calls are the message's `tool_calls` (`content` null when the
+reply was only calls, `finish_reason: "tool_calls"`), streamed as `delta.tool_calls` chunks as
+OpenAI streams them; the count goes to the request's receipt before the response's last byte.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ strict (a string is never taken for a number, nor 1 for true); an integral float
 for an integer, since JSON does not tell them apart. Unknown fields are accepted and ignored — what
 OpenAI clients send that does not change the result — while parameters that would change the
 result in a way the runtime cannot honour (`logprobs`, `top_logprobs`, `echo`, `best_of`,
-`suffix`, penalties, tools, non-text `response_format`, `n` != 1, non-text content parts) are
+`suffix`, penalties, tools, non-text `response_format`, `n` != 1, non-text content parts, a
+`tool_choice` that forces a call) are
 refused with a 400 naming them (`code: unsupported_parameter`), never silently dropped. Numbers
 are bounded where the engine or llama.cpp takes them as fixed-size integers.
 
