@@ -445,6 +445,8 @@ class ChatCompletionBody(_Generation):
     tool_choice: Annotated[
         Literal["none", "auto", "required"] | NamedToolChoice | None,
         AfterValidator(_servable_tool_choice),
+        # What is served (the refused forms are parsed only to name them in the 400).
+        WithJsonSchema({"anyOf": [{"enum": ["none", "auto"], "type": "string"}, {"type": "null"}]}),
     ] = Field(
         default=None,
         description="`auto` (the default): the reply is read for tool calls; `none`: no tools "
