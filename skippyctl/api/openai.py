@@ -49,9 +49,10 @@ from skippyctl.api.tool_calls import (
     ToolCallStream,
     parse_reply,
 )
+from skippyctl.config.tool_call_format import ToolCallFormat
 from skippyctl.events.reasons import ReasonCode
 from skippyctl.reducer.state import SERVING_MODEL_STATES
-from skippyctl.runtime.model_server import Rejection
+from skippyctl.runtime.model_server import ModelServer, Rejection
 from skippyctl.runtime.requests import (
     ChatTurn,
     Finished,
@@ -124,24 +125,29 @@ def _or(value: T | None, default: T) -> T:
 
 @dataclass(frozen=True, slots=True)
 class ToolReading:
-    """How a chat reply is read for tool calls (api/tool_calls.py): the request's tool names and
-    whether several calls may be taken."""
+    """How a chat reply is read for tool calls (api/tool_calls.py): the request's tool names,
+    the form the model's template teaches (None: both forms) and whether several calls may be
+    taken."""
 
     names: frozenset[str]
+    form: ToolCallFormat | None
     parallel: bool
 
     def stream(self) -> ToolCallStream:
-        return ToolCallStream(self.names, parallel=self.parallel)
+        return ToolCallStream(self.names, form=self.form, parallel=self.parallel)
 
 
-def _tool_reading(body: CompletionBody | ChatCompletionBody) -> ToolReading | None:
+def _tool_reading(
+    body: CompletionBody | ChatCompletionBody, server: ModelServer | None
+) -> ToolReading | None:
     """None when the reply is not read for calls: no tools, or `tool_choice: none`."""
     if not isinstance(body, ChatCompletionBody) or body.tool_choice == "none":
         return None
     names = frozenset(_tool_names(body))
     if not names:
         return None
-    return ToolReading(names, parallel=body.parallel_tool_calls is not False)
+    form = None if server is None else server.tool_call_format
+    return ToolReading(names, form, parallel=body.parallel_tool_calls is not False)
 
 
 def _tool_names(body: ChatCompletionBody) -> list[str]:
@@ -253,7 +259,6 @@ async def _generate(
     ctx: ApiContext, request: Request, body: CompletionBody | ChatCompletionBody
 ) -> Response:
     chat = isinstance(body, ChatCompletionBody)
-    tools = _tool_reading(body)
     try:
         params = _params(body)
     except InvalidRequest as error:
@@ -280,6 +285,7 @@ async def _generate(
             reason=rejection.reason,
             headers=headers,
         )
+    tools = _tool_reading(body, ctx.scheduler.server(handle.model_id))
     created = int(time.time())
     completion_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
     model_id = str(handle.model_id)
@@ -310,7 +316,7 @@ async def _generate(
     if chat:
         message: dict[str, Any] = {"role": "assistant", "content": text}
         if tools is not None:
-            parsed = parse_reply(text, tools.names, parallel=tools.parallel)
+            parsed = parse_reply(text, tools.names, form=tools.form, parallel=tools.parallel)
             ctx.scheduler.receipts.note_tool_calls(handle.request_id, len(parsed.calls))
             if parsed.calls:
                 message["content"] = parsed.content

@@ -10,9 +10,13 @@ for calls in the two forms llama.cpp's server parses for the model families that
   `{"name": ..., "parameters": {...}}` (or `"arguments"`; a `"type": "function"` key is allowed).
   Since any JSON answer could look like that, the name must be one of the request's tools.
 
-The engine renders the template; the host does not see it, so both forms are recognised in
-every reply (they cannot be confused: a reply is either wrapped in `<tool_call>` or is one bare
-object). :func:`tool_call_format` says which form a template teaches, for callers that know it.
+Which forms a reply is read for is the template's to say, as in llama-server: the engine
+reports the form its template teaches (`skippyctl.config.tool_call_format`), and a reply of a
+Hermes template is read only for blocks, one of a Llama 3 template only as bare JSON. A template
+that teaches neither (e.g. one without a tools section) has its replies read for both forms —
+unlike llama-server, which then returns the text: a client that offered tools gets the calls the
+model wrote (the forms cannot be confused: a reply is either wrapped in `<tool_call>` or is one
+bare object).
 
 What a malformed call becomes: as llama.cpp does, text that does not parse as a call stays
 `content` — a block whose JSON is invalid or lacks a string `name` and an object (or string)
@@ -36,35 +40,11 @@ import json
 import secrets
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any, Final
 
-OPEN_TAG: Final = "<tool_call>"
+from skippyctl.config.tool_call_format import OPEN_TAG, PYTHON_TAG, ToolCallFormat
+
 CLOSE_TAG: Final = "</tool_call>"
-PYTHON_TAG: Final = "<|python_tag|>"
-"""Llama 3.1's marker before a call (a special token; it reaches the text only if rendered)."""
-
-
-class ToolCallFormat(StrEnum):
-    """How a template teaches the model to call tools."""
-
-    HERMES = "hermes"
-    """`<tool_call>{json}</tool_call>` blocks (Hermes 2 Pro, Qwen 2.5/3)."""
-    LLAMA3_JSON = "llama3_json"
-    """The whole reply is one JSON object (Llama 3.x)."""
-
-
-def tool_call_format(template_source: str) -> ToolCallFormat | None:
-    """The call form a chat template teaches, from its text as llama.cpp's server tells them
-    apart (common/chat.cpp): `<tool_call>` -> Hermes; Llama 3.x's `<|start_header_id|>` with
-    `ipython` or `<|python_tag|>` -> JSON; None when it teaches neither."""
-    if OPEN_TAG in template_source:
-        return ToolCallFormat.HERMES
-    if "<|start_header_id|>" in template_source and (
-        "ipython" in template_source or PYTHON_TAG in template_source
-    ):
-        return ToolCallFormat.LLAMA3_JSON
-    return None
 
 
 def new_call_id() -> str:
@@ -189,11 +169,13 @@ def parse_reply(
     reply: str,
     tool_names: Collection[str],
     *,
+    form: ToolCallFormat | None = None,
     parallel: bool = True,
     make_id: Callable[[], str] = new_call_id,
 ) -> ParsedReply:
-    """The calls in `reply` and the content beside them (see the module docstring)."""
-    stream = ToolCallStream(tool_names, parallel=parallel, make_id=make_id)
+    """The calls in `reply` and the content beside them (see the module docstring); `form`:
+    the template's, None for both."""
+    stream = ToolCallStream(tool_names, form=form, parallel=parallel, make_id=make_id)
     deltas = stream.feed(reply) + stream.finish()
     return collect(deltas)
 
@@ -251,6 +233,8 @@ class ToolCallStream:
     be taken back once part of it went out as a call."""
 
     tool_names: Collection[str]
+    form: ToolCallFormat | None = None
+    """The form the model's template teaches; None: both."""
     parallel: bool = True
     make_id: Callable[[], str] = new_call_id
     _pending: str = ""
@@ -262,6 +246,9 @@ class ToolCallStream:
     _bare_possible: bool = True
     _calls: int = 0
     _out: list[Delta] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._bare_possible = self.form is not ToolCallFormat.HERMES
 
     @property
     def call_count(self) -> int:
@@ -297,6 +284,10 @@ class ToolCallStream:
             if _may_be_bare_json(self._pending) and not final:
                 return
             self._bare_possible = False
+        if self.form is ToolCallFormat.LLAMA3_JSON:  # no blocks to look for
+            self._content(self._pending)
+            self._pending = ""
+            return
         while self._pending:
             start = self._pending.find(OPEN_TAG)
             if start < 0:

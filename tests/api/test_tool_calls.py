@@ -18,13 +18,12 @@ from skippyctl.api.tool_calls import (
     ContentDelta,
     Delta,
     ParsedReply,
-    ToolCallFormat,
     ToolCallStream,
     collect,
     new_call_id,
     parse_reply,
-    tool_call_format,
 )
+from skippyctl.config.tool_call_format import ToolCallFormat, tool_call_format
 
 TOOLS = ("get_weather", "add")
 TEMPLATES = Path(__file__).resolve().parents[2] / "fixtures" / "vendor" / "templates"
@@ -35,8 +34,8 @@ def counter_ids() -> Callable[[], str]:
     return lambda: f"call_{next(numbers)}"
 
 
-def parse(reply: str, *, parallel: bool = True) -> ParsedReply:
-    return parse_reply(reply, TOOLS, parallel=parallel, make_id=counter_ids())
+def parse(reply: str, *, parallel: bool = True, form: ToolCallFormat | None = None) -> ParsedReply:
+    return parse_reply(reply, TOOLS, form=form, parallel=parallel, make_id=counter_ids())
 
 
 def calls(parsed: ParsedReply) -> list[tuple[str, object]]:
@@ -151,6 +150,23 @@ def test_json_that_is_not_exactly_one_known_call_is_content(reply: str) -> None:
     assert parse(reply) == ParsedReply(reply, ())
 
 
+# -- the template's form -----------------------------------------------------------------------
+
+
+def test_a_hermes_template_s_replies_are_read_only_for_blocks() -> None:
+    bare = '{"name": "add", "parameters": {"a": 1}}'
+    assert parse(bare, form=ToolCallFormat.HERMES) == ParsedReply(bare, ())
+    block = '<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>'
+    assert calls(parse(block, form=ToolCallFormat.HERMES)) == [("add", {"a": 1})]
+
+
+def test_a_llama3_template_s_replies_are_read_only_as_bare_json() -> None:
+    block = '<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>'
+    assert parse(block, form=ToolCallFormat.LLAMA3_JSON) == ParsedReply(block, ())
+    bare = '{"name": "add", "parameters": {"a": 1}}'
+    assert calls(parse(bare, form=ToolCallFormat.LLAMA3_JSON)) == [("add", {"a": 1})]
+
+
 # -- template detection ----------------------------------------------------------------------------
 
 
@@ -162,6 +178,7 @@ def test_json_that_is_not_exactly_one_known_call_is_content(reply: str) -> None:
         ("meta-llama-Llama-3.1-8B-Instruct.jinja", ToolCallFormat.LLAMA3_JSON),
         ("meta-llama-Llama-3.2-3B-Instruct.jinja", ToolCallFormat.LLAMA3_JSON),
         ("google-gemma-2-2b-it.jinja", None),
+        ("fireworks-ai-llama-3-firefunction-v2.jinja", None),
     ],
 )
 def test_the_format_is_told_from_the_template_text(
@@ -182,8 +199,10 @@ def test_call_ids_look_like_openai_ids_and_differ() -> None:
 # -- streaming -------------------------------------------------------------------------------------
 
 
-def stream(pieces: list[str], *, parallel: bool = True) -> list[Delta]:
-    parser = ToolCallStream(TOOLS, parallel=parallel, make_id=counter_ids())
+def stream(
+    pieces: list[str], *, parallel: bool = True, form: ToolCallFormat | None = None
+) -> list[Delta]:
+    parser = ToolCallStream(TOOLS, form=form, parallel=parallel, make_id=counter_ids())
     out: list[Delta] = []
     for piece in pieces:
         out.extend(parser.feed(piece))
@@ -239,13 +258,15 @@ REPLIES = [
     reply=st.sampled_from(REPLIES),
     cuts=st.lists(st.integers(min_value=0, max_value=200), max_size=12),
     parallel=st.booleans(),
+    form=st.sampled_from([None, *ToolCallFormat]),
 )
 def test_any_split_into_deltas_gives_the_whole_reply_s_calls_and_content(
-    reply: str, cuts: list[int], parallel: bool
+    reply: str, cuts: list[int], parallel: bool, form: ToolCallFormat | None
 ) -> None:
     points = sorted({c % (len(reply) + 1) for c in cuts})
     pieces = [reply[a:b] for a, b in zip([0, *points], [*points, len(reply)], strict=True)]
-    assert collect(stream(pieces, parallel=parallel)) == parse(reply, parallel=parallel)
+    whole = parse(reply, parallel=parallel, form=form)
+    assert collect(stream(pieces, parallel=parallel, form=form)) == whole
 
 
 @given(text=st.text(alphabet='<>/{}":, atoolcalnme_\n', max_size=80), data=st.data())
