@@ -7,6 +7,11 @@ and one last chunk with `choices: []` carries the request's usage, as OpenAI doe
 the stream started is sent as one `data: {"error": …}` line before `[DONE]` (the official client
 raises it). A client that goes away cancels its request (between decode steps). Sessions come
 from the `user` field or an `X-Session-Id` header and are mapped to opaque ids by the scheduler.
+
+A chat request with `tools` (and `tool_choice` not `none`) has its reply read for tool calls
+(`skippyctl.api.tool_calls`): found calls are the message's `tool_calls` (`content` null when the
+reply was only calls, `finish_reason: "tool_calls"`), streamed as `delta.tool_calls` chunks as
+OpenAI streams them; the count goes to the request's receipt before the response's last byte.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
 import orjson
@@ -36,9 +42,18 @@ from skippyctl.api.schemas import (
     sse_event,
 )
 from skippyctl.api.schemas import ChatMessage as ChatMessageBody
+from skippyctl.api.tool_calls import (
+    ArgumentsDelta,
+    CallStart,
+    ContentDelta,
+    Delta,
+    ToolCallStream,
+    parse_reply,
+)
+from skippyctl.config.tool_call_format import ToolCallFormat
 from skippyctl.events.reasons import ReasonCode
 from skippyctl.reducer.state import SERVING_MODEL_STATES
-from skippyctl.runtime.model_server import Rejection
+from skippyctl.runtime.model_server import ModelServer, Rejection
 from skippyctl.runtime.requests import (
     ChatMessage,
     Finished,
@@ -83,7 +98,7 @@ def _params(body: CompletionBody | ChatCompletionBody) -> GenerationParams:
         )
         max_tokens = CHAT_DEFAULT_MAX_TOKENS if wanted is None else wanted
         messages = tuple(_chat_message(m) for m in body.messages)
-        if body.tools:
+        if body.tools and body.tool_choice != "none":  # `none`: no tools reach the template
             tools = tuple(t.model_dump(exclude_none=True) for t in body.tools)
         template_kwargs = body.chat_template_kwargs
     else:
@@ -135,6 +150,44 @@ def _chat_message(message: ChatMessageBody) -> ChatMessage:
 
 def _or(value: T | None, default: T) -> T:
     return default if value is None else value
+
+
+@dataclass(frozen=True, slots=True)
+class ToolReading:
+    """How a chat reply is read for tool calls (api/tool_calls.py): the request's tool names,
+    the form the model's template teaches (None: both forms) and whether several calls may be
+    taken."""
+
+    names: frozenset[str]
+    form: ToolCallFormat | None
+    parallel: bool
+
+    def stream(self) -> ToolCallStream:
+        return ToolCallStream(self.names, form=self.form, parallel=self.parallel)
+
+
+def _tool_reading(
+    body: CompletionBody | ChatCompletionBody, server: ModelServer | None
+) -> ToolReading | None:
+    """None when the reply is not read for calls: no tools, or `tool_choice: none`."""
+    if not isinstance(body, ChatCompletionBody) or body.tool_choice == "none":
+        return None
+    names = frozenset(_tool_names(body))
+    if not names:
+        return None
+    form = None if server is None else server.tool_call_format
+    return ToolReading(names, form, parallel=body.parallel_tool_calls is not False)
+
+
+def _tool_names(body: ChatCompletionBody) -> list[str]:
+    """The names of the request's function tools (validated: every tool names its function)."""
+    return [tool.function.name for tool in body.tools or ()]
+
+
+def _finish_with_calls(finish: str, calls: int) -> str:
+    """OpenAI's `tool_calls` when the reply called tools (a reply cut by max_tokens stays
+    `length`, as llama-server answers)."""
+    return "tool_calls" if calls and finish != "length" else finish
 
 
 def _session_key(body: CompletionBody | ChatCompletionBody, request: Request) -> str | None:
@@ -256,13 +309,16 @@ async def _generate(
             reason=rejection.reason,
             headers=headers,
         )
+    tools = _tool_reading(body, ctx.scheduler.server(handle.model_id))
     created = int(time.time())
     completion_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
     model_id = str(handle.model_id)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return StreamingResponse(
-            _stream(ctx, request, handle, chat, completion_id, created, model_id, include_usage),
+            _stream(
+                ctx, request, handle, chat, completion_id, created, model_id, include_usage, tools
+            ),
             media_type=SSE,
             headers={"Cache-Control": "no-cache", **request_header},
         )
@@ -282,9 +338,17 @@ async def _generate(
     finish = _FINISH.get(finished.stop_reason or "", "stop")
     text = "".join(text_parts)
     if chat:
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if tools is not None:
+            parsed = parse_reply(text, tools.names, form=tools.form, parallel=tools.parallel)
+            ctx.scheduler.receipts.note_tool_calls(handle.request_id, len(parsed.calls))
+            if parsed.calls:
+                message["content"] = parsed.content
+                message["tool_calls"] = [call.document() for call in parsed.calls]
+                finish = _finish_with_calls(finish, len(parsed.calls))
         choice: dict[str, Any] = {
             "index": 0,
-            "message": {"role": "assistant", "content": text},
+            "message": message,
             "logprobs": None,
             "finish_reason": finish,
         }
@@ -356,6 +420,7 @@ async def _stream(
     created: int,
     model_id: str,
     include_usage: bool = False,
+    tools: ToolReading | None = None,
 ) -> AsyncIterator[bytes]:
     kind = "chat.completion.chunk" if chat else "text_completion"
 
@@ -386,6 +451,26 @@ async def _stream(
             choice = {"index": 0, "text": delta or "", "logprobs": None, "finish_reason": finish}
         return envelope([choice], None)
 
+    def tool_delta(delta: Delta) -> bytes:
+        """A content or tool-call delta as one chunk (OpenAI: a call's first chunk carries its
+        index, id, type and name with empty arguments; the next ones argument fragments)."""
+        if isinstance(delta, ContentDelta):
+            return chunk(delta.text, None)
+        if isinstance(delta, CallStart):
+            call: dict[str, Any] = {
+                "index": delta.index,
+                "id": delta.id,
+                "type": "function",
+                "function": {"name": delta.name, "arguments": ""},
+            }
+        else:
+            assert isinstance(delta, ArgumentsDelta)
+            call = {"index": delta.index, "function": {"arguments": delta.fragment}}
+        choice = {"index": 0, "delta": {"tool_calls": [call]}, "logprobs": None}
+        return envelope([{**choice, "finish_reason": None}], None)
+
+    reader = None if tools is None else tools.stream()
+
     finished = False
     try:
         if chat:
@@ -395,12 +480,21 @@ async def _stream(
             if item is None:
                 return
             if isinstance(item, TextChunk):
-                if item.text:
+                if reader is not None:
+                    for delta in reader.feed(item.text):
+                        yield tool_delta(delta)
+                elif item.text:
                     yield chunk(item.text, None)
                 continue
             finished = True
             if item.outcome == "completed":
-                yield chunk(None if chat else "", _FINISH.get(item.stop_reason or "", "stop"))
+                finish = _FINISH.get(item.stop_reason or "", "stop")
+                if reader is not None:
+                    for delta in reader.finish():
+                        yield tool_delta(delta)
+                    ctx.scheduler.receipts.note_tool_calls(handle.request_id, reader.call_count)
+                    finish = _finish_with_calls(finish, reader.call_count)
+                yield chunk(None if chat else "", finish)
                 if include_usage:
                     yield envelope([], _usage(item))
             else:

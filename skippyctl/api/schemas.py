@@ -5,7 +5,8 @@ strict (a string is never taken for a number, nor 1 for true); an integral float
 for an integer, since JSON does not tell them apart. Unknown fields are accepted and ignored — what
 OpenAI clients send that does not change the result — while parameters that would change the
 result in a way the runtime cannot honour (`logprobs`, `top_logprobs`, `echo`, `best_of`,
-`suffix`, penalties, tools, non-text `response_format`, `n` != 1, non-text content parts) are
+`suffix`, penalties, tools, non-text `response_format`, `n` != 1, non-text content parts, a
+`tool_choice` that forces a call) are
 refused with a 400 naming them (`code: unsupported_parameter`), never silently dropped. Numbers
 are bounded where the engine or llama.cpp takes them as fixed-size integers.
 
@@ -226,6 +227,15 @@ ReceiptDocument: Final = create_model(
     total_ms=(float, Field(description="Received → the terminal.")),
     **_figure_fields(speculative=False),
     speculative=(SpeculativeFiguresDocument, ...),
+    # -- tools
+    tools=(
+        int,
+        Field(
+            description="Tools the request offered the chat template (0 without tools or "
+            "with `tool_choice: none`)."
+        ),
+    ),
+    tool_calls=(int, Field(description="Tool calls parsed from the reply (a count).")),
 )
 
 
@@ -371,6 +381,23 @@ def _text_format(value: Any) -> Any:
     return value
 
 
+class FunctionName(_Body):
+    name: str = Field(min_length=1)
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: FunctionName
+
+
+def _servable_tool_choice(value: Any) -> Any:
+    if value == "required" or isinstance(value, NamedToolChoice):
+        # llama-server forces these with a grammar built from the tools' schemas; without
+        # grammar-constrained sampling a model may simply not call, which would break the promise.
+        raise _unsupported("tool_choice", "only 'auto' or 'none'")
+    return value
+
+
 class ResponseFormat(_Body):
     type: Literal["text"]
 
@@ -468,6 +495,22 @@ class ChatCompletionBody(_Generation):
     functions: Annotated[Any, Refused((), "function calling is not supported")] = Field(
         default=None, description="Refused unless empty."
     )
+    # -- tool calls (api/tool_calls.py parses the reply)
+    tool_choice: Annotated[
+        Literal["none", "auto", "required"] | NamedToolChoice | None,
+        AfterValidator(_servable_tool_choice),
+        # What is served (the refused forms are parsed only to name them in the 400).
+        WithJsonSchema({"anyOf": [{"enum": ["none", "auto"], "type": "string"}, {"type": "null"}]}),
+    ] = Field(
+        default=None,
+        description="`auto` (the default): the reply is read for tool calls; `none`: no tools "
+        "reach the template and the reply is not read for calls. `required` and a named "
+        "function are refused (they need grammar-constrained sampling).",
+    )
+    parallel_tool_calls: bool | None = Field(
+        default=None,
+        description="false: at most one tool call is taken from the reply (the first).",
+    )
 
 
 class ModelCard(BaseModel):
@@ -504,16 +547,30 @@ class Completion(BaseModel):
     usage: Usage
 
 
+class CalledFunction(BaseModel):
+    name: str
+    arguments: str = Field(description="The arguments as JSON text.")
+
+
+class ToolCallDocument(BaseModel):
+    id: str
+    type: Literal["function"]
+    function: CalledFunction
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"]
-    content: str
+    content: str | None = Field(description="Null when the reply was only tool calls.")
+    tool_calls: list[ToolCallDocument] | None = Field(
+        default=None, description="Present when tool calls were parsed from the reply."
+    )
 
 
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
     logprobs: None
-    finish_reason: Literal["stop", "length"]
+    finish_reason: Literal["stop", "length", "tool_calls"]
 
 
 class ChatCompletion(BaseModel):

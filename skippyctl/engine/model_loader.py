@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from skippyctl.config.load_options import LoadOptions, SpecMode
+from skippyctl.config.tool_call_format import tool_call_format
 from skippyctl.engine.geometry import available_memory_bytes, kv_bytes_per_token, plan_context
 from skippyctl.engine.options import EngineOptions
 from skippyctl.engine.protocol_commands import Load
@@ -45,6 +46,7 @@ from skippyctl.engine.protocol_messages import (
     PluginReported,
 )
 from skippyctl.engine.speculation import SPEC_OFF, SpecConfig
+from skippyctl.engine.text import model_chat_template
 from skippyctl.events.reasons import ReasonCode
 
 INITIAL_LINK_SAMPLES: Final = 3
@@ -360,6 +362,13 @@ class ModelLoader:
                 context_tokens_per_lane=loaded.generation.context_tokens_per_lane(),
                 batch_tokens=int(llama.llama_n_batch(context)),
                 threads=int(llama.llama_n_threads(context)),
+                # The template that renders a chat with tools: an override, else the GGUF's
+                # `tool_use` variant, else its default.
+                tool_call_format=tool_call_format(
+                    command.chat_template_text
+                    or model_chat_template(llama, model, "tool_use")
+                    or model_chat_template(llama, model)
+                ),
             )
         self._emit(reply)
         if loaded.generation is not None:

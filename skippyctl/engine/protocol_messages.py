@@ -48,6 +48,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from skippyctl.config.tool_call_format import ToolCallFormat
 from skippyctl.events.envelope import StopReason
 from skippyctl.events.figures import GenerationFigures
 from skippyctl.events.reasons import CacheResult, GenerationOutcome, ReasonCode
@@ -139,6 +140,10 @@ class ContextReturned:
     """``llama_n_batch``: the most tokens one ``llama_decode`` call takes."""
     threads: int | None = None
     """``llama_n_threads``: the threads that decode for the context."""
+    # -- tool calls
+    tool_call_format: ToolCallFormat | None = None
+    """The tool-call form the model's chat template teaches (``config/tool_call_format.py``);
+    None when it teaches none. The host reads chat replies for calls accordingly."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from skippyctl.config.tool_call_format import ToolCallFormat
 from skippyctl.engine.protocol_messages import Link, ServingMessage
 from skippyctl.events.envelope import Event, LogicalId
 from skippyctl.events.reasons import ReasonCode
@@ -50,7 +51,9 @@ class EngineListener(Protocol):
     Called on the engine's reader thread: implementations hand work off, never block.
     """
 
-    def on_engine_serving(self, engine: object, lanes: int) -> None: ...
+    def on_engine_serving(
+        self, engine: object, lanes: int, tool_call_format: ToolCallFormat | None = None
+    ) -> None: ...
     def on_engine_message(self, engine: object, message: ServingMessage) -> None: ...
     def on_engine_exit(
         self, engine: object, crashed: bool, reason: ReasonCode | None = None

@@ -543,7 +543,7 @@ class EngineProcess:
             self._retire()
         elif self.listener is not None and message.lanes is not None:
             # Before any serving message: the engine's decode thread starts after this reply.
-            self.listener.on_engine_serving(self, message.lanes)
+            self.listener.on_engine_serving(self, message.lanes, message.tool_call_format)
 
     @property
     def exited(self) -> bool:

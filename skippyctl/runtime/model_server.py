@@ -45,6 +45,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Final, Protocol, assert_never
 
+from skippyctl.config.tool_call_format import ToolCallFormat
 from skippyctl.engine.channel import (
     MAX_MESSAGE_BYTES,
     MessageTooLarge,
@@ -156,6 +157,8 @@ class ModelServer:
         self.engine: EngineLink | None = None
         self.speculation = "off"
         """How the engine speculates for this model (its load's ``speculation``): receipts say."""
+        self.tool_call_format: ToolCallFormat | None = None
+        """The tool-call form the model's chat template teaches, once the engine serves."""
         self.accepting = True
         self._lock = threading.Lock()
         self._queued: deque[RequestHandle] = deque()
@@ -370,10 +373,14 @@ class ModelServer:
             return len(self._running), len(self._queued)
 
     # -- engine messages (reader thread) --------------------------------------------------------
-    def on_engine_serving(self, engine: object, lanes: int) -> None:
+    def on_engine_serving(
+        self, engine: object, lanes: int, tool_call_format: ToolCallFormat | None = None
+    ) -> None:
         """The engine's context exists with `lanes` lanes (its own choice when the load left
-        them out): admit up to that many at once from now on."""
+        them out): admit up to that many at once from now on. `tool_call_format`: the form its
+        chat template teaches (how the API reads chat replies for tool calls)."""
         with self._lock:
+            self.tool_call_format = tool_call_format
             self.lanes = lanes
             self._next_locked()
 

@@ -23,11 +23,17 @@ Contract of a receipt (its ``document`` is the JSON of the API and of ``generate
   ``ttft_ms``, ``decode_ms``, the rates, ``shared_decode_steps``, ``max_batch``, and
   ``speculative``: ``mode`` (the load's ``--spec``; ``off``: every count is 0) with the
   proposal counts (``windows``, ``proposed``, ``accepted``, ``rejected``, ``late``,
-  ``discarded``); a figure that does not apply is null.
+  ``discarded``); a figure that does not apply is null;
+- what a chat request did with tools: ``tools`` (how many tools it offered the chat template; 0
+  without tools or with ``tool_choice: none``) and ``tool_calls`` (how many calls were parsed
+  from its reply, ``api/tool_calls.py``) — counts only, never a tool's name or arguments. The API
+  parses the reply after the terminal, so it adds ``tool_calls`` with
+  :meth:`ReceiptBook.note_tool_calls` before it answers the request's last byte.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -57,6 +63,11 @@ class Receipt:
     spec_mode: str = "off"
     figures: GenerationFigures = NO_FIGURES
     """The engine's figures, as its terminal carried them."""
+    # -- tools
+    tools: int = 0
+    """Tools the request offered the chat template (0 without tools or with tool_choice none)."""
+    tool_calls: int = 0
+    """Tool calls parsed from the reply (0 when none were, or the reply was not parsed)."""
 
     def document(self) -> dict[str, Any]:
         return {
@@ -69,6 +80,8 @@ class Receipt:
             "queue_ms": self.queue_ms,
             "total_ms": self.total_ms,
             **receipt_figures(self.figures, self.spec_mode),
+            "tools": self.tools,
+            "tool_calls": self.tool_calls,
         }
 
 
@@ -90,6 +103,7 @@ def receipt_of(handle: RequestHandle, finished: Finished, ended_mono_ns: int) ->
         total_ms=_ms(handle.received_mono_ns, ended_mono_ns),
         spec_mode=finished.spec_mode,
         figures=finished.figures,
+        tools=len(handle.params.tools or ()),
     )
 
 
@@ -112,6 +126,14 @@ class ReceiptBook:
             while len(self._receipts) > self.capacity:
                 self._receipts.popitem(last=False)
                 self.evicted += 1
+
+    def note_tool_calls(self, request_id: str, count: int) -> None:
+        """Record how many tool calls were parsed from the reply of ``request_id`` (a receipt
+        already evicted stays evicted)."""
+        with self._lock:
+            receipt = self._receipts.get(request_id)
+            if receipt is not None:
+                self._receipts[request_id] = dataclasses.replace(receipt, tool_calls=count)
 
     def get(self, request_id: str) -> Receipt | None:
         """The receipt of ``request_id``; None for an unknown, running or evicted request (and

@@ -106,6 +106,14 @@ WRONG_TYPES = [
     ("/v1/completions", {"model": "tiny", "prompt": "x", "user": 5}, "user"),
     ("/v1/completions", {"model": ["tiny"], "prompt": "x"}, "model"),
     ("/v1/completions", {"model": "tiny", "prompt": None}, "prompt"),
+    # tool calls
+    ("/v1/chat/completions", {**_chat("hi"), "tool_choice": "sometimes"}, "tool_choice"),
+    ("/v1/chat/completions", {**_chat("hi"), "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+    (
+        "/v1/chat/completions",
+        {**_chat("hi"), "tool_choice": {"type": "function", "function": {"name": ""}}},
+        "tool_choice.function.name",
+    ),
 ]
 
 
@@ -137,6 +145,13 @@ def test_type_errors_leave_the_model_serving(rooted: Server) -> None:
         ("/v1/chat/completions", {"top_logprobs": 3}, "top_logprobs"),
         ("/v1/chat/completions", {"n": 2}, "n"),
         ("/v1/chat/completions", {"functions": [{"name": "f"}]}, "functions"),
+        # tool calls: forcing a call needs grammar-constrained sampling
+        ("/v1/chat/completions", {"tool_choice": "required"}, "tool_choice"),
+        (
+            "/v1/chat/completions",
+            {"tool_choice": {"type": "function", "function": {"name": "f"}}},
+            "tool_choice",
+        ),
         ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
         ("/v1/chat/completions", {"presence_penalty": 0.5}, "presence_penalty"),
         ("/v1/completions", {"logprobs": 2}, "logprobs"),

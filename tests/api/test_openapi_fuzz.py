@@ -151,6 +151,9 @@ KNOWN_KEYS = st.sampled_from(
         "ctx",
         "lanes",
         "alias",
+        # tool calls
+        "tool_choice",
+        "parallel_tool_calls",
     ]
 )
 

@@ -3,6 +3,7 @@ cause — any size, any field, a broken frame — ends the process; each bad com
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import struct
@@ -20,7 +21,7 @@ from skippyctl.engine.channel import frame, host_side
 from skippyctl.engine.options import EngineOptions
 from skippyctl.engine.protocol import encode
 from skippyctl.engine.protocol_commands import Load
-from skippyctl.fixtures.generate import TINY
+from skippyctl.fixtures.generate import CHATML_TEMPLATE, TINY, make_model
 
 Message = dict[str, Any]
 
@@ -228,6 +229,34 @@ def test_the_load_returns_llama_cpps_model_and_context_figures(
         assert (serving["ok"], serving["batch_tokens"]) == (True, 256)
         # The load's threads (else one per core) are the context's, as llama.cpp reports them.
         assert serving["threads"] == (threads or os.cpu_count())
+    finally:
+        fresh.close()
+
+
+VENDORED_TEMPLATES = Path(__file__).resolve().parents[2] / "fixtures" / "vendor" / "templates"
+
+
+@pytest.mark.parametrize(
+    ("template", "form"),
+    [
+        ("Qwen-Qwen2.5-7B-Instruct.jinja", "hermes"),
+        ("meta-llama-Llama-3.1-8B-Instruct.jinja", "llama3_json"),
+        (None, None),  # the tiny fixture's ChatML teaches no tool calls
+    ],
+)
+def test_the_context_reply_names_the_tool_call_form_the_template_teaches(
+    tmp_path: Path, template: str | None, form: str | None
+) -> None:
+    if template is not None and not (VENDORED_TEMPLATES / template).exists():
+        pytest.skip(f"vendored template {template} not in fixtures/vendor/templates")
+    text = CHATML_TEMPLATE if template is None else (VENDORED_TEMPLATES / template).read_text()
+    path = make_model(tmp_path / "templated.gguf", dataclasses.replace(TINY, chat_template=text))
+    fresh = Engine()
+    try:
+        fresh.send(load_message("load-t", 4, LoadOptions(str(path), ctx=256, lanes=1)))
+        assert fresh.next("load_returned")["ok"] is True
+        serving = fresh.next("context_returned")
+        assert serving["ok"] is True and serving.get("tool_call_format") == form
     finally:
         fresh.close()
 

@@ -27,7 +27,9 @@ class Recorder:
     def submit(self, event: Event) -> None:
         self.events.append(event)
 
-    def on_engine_serving(self, engine: object, lanes: int) -> None:
+    def on_engine_serving(
+        self, engine: object, lanes: int, tool_call_format: object = None
+    ) -> None:
         raise AssertionError("not exercised here")
 
     def on_engine_message(self, engine: object, message: ServingMessage) -> None:

@@ -68,3 +68,20 @@ def test_the_terminal_reaches_the_receipt_hook_once_before_the_caller_sees_it() 
     assert not handle.deliver(Finished("failed", None, None))  # a second terminal is dropped
     chunk = handle.next_chunk_blocking(1.0)
     assert isinstance(chunk, Finished) and seen == ["hook:completed"]
+
+
+def test_a_receipt_counts_tool_calls_noted_after_the_terminal_and_never_names_them() -> None:
+    book = ReceiptBook(capacity=1)
+    book.record(receipt_of(_handle("req-t"), Finished("completed", None, "eos"), 2_000_000))
+    plain = book.get("req-t")
+    assert plain is not None and (plain.document()["tools"], plain.document()["tool_calls"]) == (
+        0,
+        0,
+    )
+    book.note_tool_calls("req-t", 2)
+    noted = book.get("req-t")
+    assert noted is not None and noted.document()["tool_calls"] == 2
+    assert noted.total_ms == plain.total_ms  # the rest of the receipt is unchanged
+    book.record(receipt_of(_handle("req-u"), Finished("completed", None, "eos"), 2_000_000))
+    book.note_tool_calls("req-t", 5)  # evicted: stays evicted
+    assert book.get("req-t") is None and len(book) == 1

@@ -1,0 +1,164 @@
+"""Make tests/golden/tool_calls.json: llama-server's tool calls for the real model, once.
+
+    .venv/bin/python -m scripts.golden_tool_calls [--binary PATH] [--out FILE]
+
+Starts llama-server (benchmarks/servers.py's `start_llama_server`, the peer built from the same
+vendored llama.cpp) on fixtures/real/SmolLM2-135M-Instruct.Q4_1.gguf with Qwen 2.5's chat
+template (fixtures/vendor/templates, `--jinja --chat-template-file`): a Hermes-form tool template
+on a ChatML model, so llama-server parses `<tool_call>` blocks from its replies. SmolLM2 copies a
+few-shot pattern greedily, so each case's messages show two solved turns and ask a third. The
+file keeps each request and what llama-server answered (finish_reason, content, the calls' names
+and arguments, usage); ids are random and left out. tests/api/test_tool_calls_golden.py replays
+the requests on skippy with the same template and compares.
+
+`--binary`: a llama-server built elsewhere (e.g. the path in /work/cache/llama-server.path),
+used in place of benchmarks.llama_server_build's cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+from typing import Any, Final
+
+import httpx
+import orjson
+
+from benchmarks import llama_server_build
+from benchmarks.servers import MODEL_ALIAS, ServerSpec, start_llama_server
+
+REPO: Final = Path(__file__).resolve().parents[1]
+MODEL: Final = REPO / "fixtures" / "real" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+TEMPLATE: Final = "Qwen-Qwen2.5-7B-Instruct.jinja"
+SYSTEM: Final = (
+    "You are a function calling AI model. You may call one or more functions to assist with the "
+    "user query. For each function call return a json object with function name and arguments "
+    "within <tool_call></tool_call> XML tags."
+)
+
+
+def _tool(name: str) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": f"The {name.removeprefix('get_')} in a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+
+
+TOOLS: Final = [_tool("get_weather"), _tool("get_time")]
+
+
+def _hermes(name: str, city: str) -> str:
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {{"city": "{city}"}}}}\n</tool_call>'
+
+
+def _few_shot(answer: Any, question: Any, last: str = "Oslo") -> list[dict[str, str]]:
+    return [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": question("Paris")},
+        {"role": "assistant", "content": answer("Paris")},
+        {"role": "user", "content": question("Berlin")},
+        {"role": "assistant", "content": answer("Berlin")},
+        {"role": "user", "content": question(last)},
+    ]
+
+
+def _weather(city: str) -> str:
+    return f"What is the weather in {city}?"
+
+
+def _both(city: str) -> str:
+    return f"Weather and time in {city}?"
+
+
+def _two_calls(city: str) -> str:
+    return _hermes("get_weather", city) + "\n" + _hermes("get_time", city)
+
+
+CASES: Final[list[tuple[str, dict[str, Any]]]] = [
+    ("one_call", {"messages": _few_shot(lambda c: _hermes("get_weather", c), _weather)}),
+    ("two_calls", {"messages": _few_shot(_two_calls, _both)}),
+    ("two_calls_lima", {"messages": _few_shot(_two_calls, _both, "Lima")}),
+    (
+        "text_before_call",
+        {
+            "messages": _few_shot(
+                lambda c: "Let me look that up.\n" + _hermes("get_weather", c), _weather
+            )
+        },
+    ),
+    ("no_call", {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 12}),
+]
+
+
+def _answer(body: dict[str, Any]) -> dict[str, Any]:
+    choice = body["choices"][0]
+    message = choice["message"]
+    return {
+        "finish_reason": choice["finish_reason"],
+        "content": message.get("content"),
+        "tool_calls": [
+            {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+            for c in message.get("tool_calls") or ()
+        ],
+        "prompt_tokens": body["usage"]["prompt_tokens"],
+        "completion_tokens": body["usage"]["completion_tokens"],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--binary", type=Path, help="a llama-server binary to use")
+    parser.add_argument("--out", type=Path, default=REPO / "tests" / "golden" / "tool_calls.json")
+    args = parser.parse_args(argv)
+    if args.binary is not None:
+        # The peer built elsewhere: start_llama_server looks it up through these two.
+        directory = args.binary.resolve().parent
+        llama_server_build.binary = lambda name: directory / name  # the given build
+        llama_server_build.is_built = lambda: True  # it is built
+    template = REPO / "fixtures" / "vendor" / "templates" / TEMPLATE
+    spec = ServerSpec(
+        MODEL,
+        sessions=1,
+        context_per_session=2048,
+        threads=1,
+        llama_server_args=("--jinja", "--chat-template-file", str(template)),
+    )
+    cases = []
+    with tempfile.TemporaryDirectory(prefix="golden-tool-calls-") as scratch:
+        server = start_llama_server(spec, Path(scratch))
+        try:
+            with httpx.Client(base_url=server.url, timeout=300) as http:
+                for name, extra in CASES:
+                    request = {"tools": TOOLS, "max_tokens": 80, "temperature": 0, **extra}
+                    response = http.post(
+                        "/v1/chat/completions", json={"model": MODEL_ALIAS, **request}
+                    )
+                    response.raise_for_status()
+                    cases.append({"name": name, "request": request, **_answer(response.json())})
+        finally:
+            server.stop()
+    document = {
+        # No absolute path in a committed file: the binary's is the reader's own.
+        "made_by": "python -m scripts.golden_tool_calls"
+        + (" --binary PATH" if args.binary is not None else ""),
+        "peer": "llama-server (benchmarks/llama_server_build.py), greedy, one slot",
+        "model": MODEL.name,
+        "template": TEMPLATE,
+        "cases": cases,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_bytes(orjson.dumps(document, option=orjson.OPT_INDENT_2) + b"\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,228 @@
+"""Tool calls end to end on the real instruct model (SmolLM2-135M-Instruct, Q4_1), through the
+official `openai` client: `tools`, `tool_choice`, `parallel_tool_calls`, the reply parsed into
+`tool_calls` (streamed as deltas and not) and the receipt's counts.
+
+SmolLM2's own template has no tools section (the template decides what a request's `tools` do:
+here, nothing), but the model copies a few-shot pattern greedily: two earlier turns in which the
+assistant answered with `<tool_call>` blocks (or Llama 3's bare JSON) make its greedy reply a call
+of the same form for the new question, with the new question's argument. So the model really
+writes the calls and the runtime really parses them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from tests.api.conftest import Server, start_server, stop_server
+
+REAL_MODEL = (
+    Path(__file__).resolve().parents[2] / "fixtures" / "real" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+)
+SYSTEM = (
+    "You are a function calling AI model. You may call one or more functions to assist with the "
+    "user query. For each function call return a json object with function name and arguments "
+    "within <tool_call></tool_call> XML tags."
+)
+
+
+def _tool(name: str) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": f"The {name.removeprefix('get_')} in a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+
+
+TOOLS = [_tool("get_weather"), _tool("get_time")]
+
+
+def _hermes(name: str, city: str) -> str:
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {{"city": "{city}"}}}}\n</tool_call>'
+
+
+def _few_shot(answer: Any, question: Any) -> list[dict[str, str]]:
+    """Two solved turns, then the question the model answers in the same form."""
+    return [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": question("Paris")},
+        {"role": "assistant", "content": answer("Paris")},
+        {"role": "user", "content": question("Berlin")},
+        {"role": "assistant", "content": answer("Berlin")},
+        {"role": "user", "content": question("Oslo")},
+    ]
+
+
+ONE_CALL = _few_shot(
+    lambda city: _hermes("get_weather", city), lambda city: f"What is the weather in {city}?"
+)
+TWO_CALLS = _few_shot(
+    lambda city: _hermes("get_weather", city) + "\n" + _hermes("get_time", city),
+    lambda city: f"Weather and time in {city}?",
+)
+LLAMA3_JSON = _few_shot(
+    lambda city: f'{{"name": "get_weather", "parameters": {{"city": "{city}"}}}}',
+    lambda city: f"What is the weather in {city}?",
+)
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    if not REAL_MODEL.exists():
+        pytest.skip("the real model is not in fixtures/real (make bootstrap fetches it)")
+    running = start_server(tmp_path_factory.mktemp("runtime"))
+    try:
+        answer = running.load(REAL_MODEL, alias="smollm2", ctx=2048, lanes=1)
+        assert answer["state"] == "available", answer
+        yield running
+    finally:
+        stop_server(running)
+
+
+def _client(server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=server.discovery.token, max_retries=0)
+
+
+def _receipt(server: Server, request_id: str) -> dict[str, Any]:
+    with server.http() as http:
+        response = http.get(f"/api/runtime/requests/{request_id}/receipt")
+    assert response.status_code == 200, response.text
+    receipt: dict[str, Any] = response.json()
+    return receipt
+
+
+def _chat(server: Server, messages: list[dict[str, str]], **extra: Any) -> tuple[Any, str]:
+    """The completion (greedy) and its request id."""
+    raw = _client(server).chat.completions.with_raw_response.create(
+        model="smollm2", messages=messages, max_tokens=80, temperature=0, **extra
+    )
+    return raw.parse(), raw.headers["x-request-id"]
+
+
+def _calls(message: Any) -> list[tuple[str, Any]]:
+    return [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or ()]
+
+
+def test_a_hermes_call_comes_back_as_tool_calls_with_null_content(real: Server) -> None:
+    completion, request_id = _chat(real, ONE_CALL, tools=TOOLS)
+    choice = completion.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None
+    assert _calls(choice.message) == [("get_weather", {"city": "Oslo"})]
+    call = choice.message.tool_calls[0]
+    assert call.type == "function" and call.id.startswith("call_")
+    receipt = _receipt(real, request_id)
+    assert (receipt["tools"], receipt["tool_calls"]) == (2, 1)
+    assert "get_weather" not in json.dumps(receipt)  # counts, never names
+
+
+def test_several_calls_and_parallel_tool_calls_false_keeps_the_first(real: Server) -> None:
+    completion, request_id = _chat(real, TWO_CALLS, tools=TOOLS)
+    assert _calls(completion.choices[0].message) == [
+        ("get_weather", {"city": "Oslo"}),
+        ("get_time", {"city": "Oslo"}),
+    ]
+    assert _receipt(real, request_id)["tool_calls"] == 2
+    single, single_id = _chat(real, TWO_CALLS, tools=TOOLS, parallel_tool_calls=False)
+    assert _calls(single.choices[0].message) == [("get_weather", {"city": "Oslo"})]
+    assert _receipt(real, single_id)["tool_calls"] == 1
+
+
+def test_a_llama3_json_reply_naming_a_tool_is_a_call(real: Server) -> None:
+    completion, _ = _chat(real, LLAMA3_JSON, tools=TOOLS)
+    assert completion.choices[0].finish_reason == "tool_calls"
+    assert _calls(completion.choices[0].message) == [("get_weather", {"city": "Oslo"})]
+
+
+def test_tool_choice_none_and_no_tools_leave_the_reply_as_text(real: Server) -> None:
+    for extra in ({"tools": TOOLS, "tool_choice": "none"}, {}):
+        completion, request_id = _chat(real, ONE_CALL, **extra)
+        choice = completion.choices[0]
+        assert choice.finish_reason == "stop" and choice.message.tool_calls is None
+        assert choice.message.content == _hermes("get_weather", "Oslo")
+        assert (_receipt(real, request_id)["tools"], _receipt(real, request_id)["tool_calls"]) == (
+            0,
+            0,
+        )
+
+
+def test_a_reply_without_a_call_is_plain_content_even_with_tools(real: Server) -> None:
+    completion, request_id = _chat(
+        real, [{"role": "user", "content": "Say hello."}], tools=TOOLS, max_completion_tokens=12
+    )
+    choice = completion.choices[0]
+    assert choice.message.tool_calls is None and choice.message.content
+    assert choice.finish_reason in ("stop", "length")
+    assert _receipt(real, request_id)["tool_calls"] == 0
+
+
+def test_streamed_calls_accumulate_in_the_official_client_to_the_non_streamed_ones(
+    real: Server,
+) -> None:
+    expected, _ = _chat(real, TWO_CALLS, tools=TOOLS)
+    client = _client(real)
+    with client.chat.completions.stream(
+        model="smollm2", messages=TWO_CALLS, tools=TOOLS, max_tokens=80, temperature=0
+    ) as stream:
+        final = stream.get_final_completion()
+    message = final.choices[0].message
+    assert final.choices[0].finish_reason == "tool_calls"
+    assert _calls(message) == _calls(expected.choices[0].message)
+    assert not message.content
+    assert [c.id for c in message.tool_calls or ()] != [
+        c.id for c in expected.choices[0].message.tool_calls
+    ]  # fresh ids per reply
+
+
+def test_streamed_tool_call_chunks_have_openai_s_shape(real: Server) -> None:
+    chunks = list(
+        _client(real).chat.completions.create(
+            model="smollm2",
+            messages=ONE_CALL,
+            tools=TOOLS,
+            max_tokens=80,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    calls = [d.tool_calls[0] for d in deltas if d.tool_calls]
+    first, *rest = calls
+    assert first.index == 0 and first.id.startswith("call_") and first.type == "function"
+    assert first.function.name == "get_weather" and first.function.arguments == ""
+    assert all(r.index == 0 and r.id is None and r.function.name is None for r in rest)
+    arguments = "".join(r.function.arguments for r in rest)
+    assert json.loads(arguments) == {"city": "Oslo"}
+    assert not "".join(d.content or "" for d in deltas)
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+
+
+def test_tool_choice_that_forces_a_call_is_refused_naming_it(real: Server) -> None:
+    with real.http() as http:
+        response = http.post(
+            "/v1/chat/completions",
+            json={
+                "model": "smollm2",
+                "messages": ONE_CALL,
+                "tools": TOOLS,
+                "tool_choice": "required",
+            },
+        )
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert (error["param"], error["code"]) == ("tool_choice", "unsupported_parameter")
+    assert error["reason_code"] == "unsupported_capability"
