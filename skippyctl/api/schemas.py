@@ -5,8 +5,7 @@ strict (a string is never taken for a number, nor 1 for true); an integral float
 for an integer, since JSON does not tell them apart. Unknown fields are accepted and ignored — what
 OpenAI clients send that does not change the result — while parameters that would change the
 result in a way the runtime cannot honour (`logprobs`, `top_logprobs`, `echo`, `best_of`,
-`suffix`, penalties, tools, non-text `response_format`, `n` != 1, non-text content parts, a
-`tool_choice` that forces a call) are
+`suffix`, `n` != 1, non-text content parts, a `tool_choice` that forces a call) are
 refused with a 400 naming them (`code: unsupported_parameter`), never silently dropped. Numbers
 are bounded where the engine or llama.cpp takes them as fixed-size integers.
 
@@ -34,6 +33,7 @@ from pydantic import (
     WithJsonSchema,
     create_model,
     field_validator,
+    model_validator,
 )
 from pydantic_core import PydanticCustomError, core_schema
 from starlette.requests import Request
@@ -58,6 +58,8 @@ from skippyctl.events.reasons import ReasonCode
 
 INT32_MAX: Final = 2**31 - 1
 MAX_SEED: Final = 0xFFFFFFFE
+MAX_GRAMMAR_CHARS: Final = 1 << 20
+"""A GBNF grammar's size bound (llama-server has none; a megabyte is far beyond any real one)."""
 """llama.cpp takes a 32-bit seed and reserves 0xFFFFFFFF for "random" (engine/sampling.py)."""
 NO_NUL: Final = "^[^\\u0000]+$"
 
@@ -236,6 +238,14 @@ ReceiptDocument: Final = create_model(
         ),
     ),
     tool_calls=(int, Field(description="Tool calls parsed from the reply (a count).")),
+    # -- sampling
+    constraint=(
+        str | None,
+        Field(
+            description="What constrained the reply: `grammar` (a GBNF grammar), `json_schema` "
+            "(a JSON `response_format`), or null. Never the grammar or schema itself."
+        ),
+    ),
 )
 
 
@@ -375,12 +385,6 @@ class ToolDefinition(_Body):
     function: FunctionDefinition
 
 
-def _text_format(value: Any) -> Any:
-    if isinstance(value, dict) and value.get("type") in ("json_object", "json_schema"):
-        raise _unsupported("response_format", "only type 'text'")
-    return value
-
-
 class FunctionName(_Body):
     name: str = Field(min_length=1)
 
@@ -398,8 +402,42 @@ def _servable_tool_choice(value: Any) -> Any:
     return value
 
 
+class JsonSchemaFormat(_Body):
+    name: str | None = Field(default=None, max_length=256)
+    description: str | None = None
+    schema_: dict[str, Any] = Field(
+        default_factory=dict,
+        alias="schema",
+        description="The JSON schema the reply must satisfy (llama.cpp's JSON-schema grammar).",
+    )
+    strict: bool | None = None
+
+
 class ResponseFormat(_Body):
-    type: Literal["text"]
+    """`text` (no constraint), `json_object` (the reply is a JSON object) or `json_schema` (the
+    reply satisfies `json_schema.schema`); both JSON forms constrain sampling with llama.cpp's
+    grammar sampler."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+    schema_: dict[str, Any] | None = Field(
+        default=None, alias="schema", description="llama-server's form of a json_object schema."
+    )
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("type json_schema needs a json_schema object")
+        return self
+
+    def schema_text(self) -> str | None:
+        """The JSON schema that constrains the reply (as JSON text); None for `text`."""
+        if self.type == "json_schema":
+            assert self.json_schema is not None
+            return orjson.dumps(self.json_schema.schema_).decode()
+        if self.type == "json_object":
+            return orjson.dumps(self.schema_ or {"type": "object"}).decode()
+        return None
 
 
 StopString = Annotated[str, Field(min_length=1, max_length=256)]
@@ -437,12 +475,33 @@ class _Generation(_Body):
     stream_options: StreamOptions | None = None
     user: str | None = Field(default=None, description="Session key (KV reuse).")
     timeout: float | None = Field(default=None, gt=0, le=MAX_DURATION_S, description="Seconds.")
-    presence_penalty: Annotated[Any, Refused(0, "omit it or set it to 0")] = Field(
-        default=None, description="Only 0 is supported."
+    # -- sampling: penalties and constrained output (llama.cpp's sampler chain)
+    presence_penalty: float | None = Field(
+        default=None,
+        ge=-2,
+        le=2,
+        description="Subtracted once from a token's logit if it occurred.",
     )
-    frequency_penalty: Annotated[Any, Refused(0, "omit it or set it to 0")] = Field(
-        default=None, description="Only 0 is supported."
+    frequency_penalty: float | None = Field(
+        default=None, ge=-2, le=2, description="Subtracted per occurrence of a token."
     )
+    repeat_last_n: int | None = Field(
+        default=None,
+        ge=0,
+        le=1_000_000,
+        description="How many recent tokens the penalties look at (0 disables them; default 64).",
+    )
+    grammar: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_GRAMMAR_CHARS,
+        description="A GBNF grammar (root rule `root`) the reply must match.",
+    )
+    response_format: ResponseFormat | None = Field(
+        default=None,
+        description="`text`, `json_object` or `json_schema` (constrained with a grammar).",
+    )
+    # -- end sampling
 
 
 class CompletionBody(_Generation):
@@ -478,9 +537,6 @@ class ChatCompletionBody(_Generation):
     )
     top_logprobs: Annotated[Any, Refused(0, "omit it or set it to 0")] = Field(
         default=None, description="Refused unless null or 0."
-    )
-    response_format: Annotated[ResponseFormat | None, BeforeValidator(_text_format)] = Field(
-        default=None, description="Only {'type': 'text'} is supported."
     )
     # -- chat template inputs (jinja)
     tools: Annotated[list[ToolDefinition], Field(max_length=128)] | None = Field(

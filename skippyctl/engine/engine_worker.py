@@ -248,6 +248,11 @@ class Worker:
                     repeat_penalty=sampling.repeat_penalty,
                     seed=sampling.seed,
                     logit_bias=sampling.logit_bias,
+                    presence_penalty=sampling.presence_penalty,
+                    frequency_penalty=sampling.frequency_penalty,
+                    repeat_last_n=sampling.repeat_last_n,
+                    grammar=sampling.grammar,
+                    json_schema=sampling.json_schema,
                 ),
                 deadline_mono_s=None if timeout is None else time.monotonic() + timeout,
             )

@@ -30,6 +30,14 @@ class Sampling:
     repeat_penalty: float = 1.0
     seed: int | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()
+    # -- penalties and constrained output
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repeat_last_n: int = 64
+    grammar: str | None = None
+    """GBNF text (request text: never in an event)."""
+    json_schema: str | None = None
+    """JSON schema text; the engine turns it into a grammar as llama.cpp does."""
 
 
 @dataclass(frozen=True, slots=True)

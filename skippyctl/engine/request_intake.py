@@ -21,7 +21,7 @@ from types import ModuleType
 
 from skippyctl.engine.chat_template import CHATML_TEMPLATE, ChatTemplate, ChatTemplateError
 from skippyctl.engine.request_state import RequestState
-from skippyctl.engine.sampling import build_sampler_chain
+from skippyctl.engine.sampling import build_sampler_chain, grammar_sampler
 from skippyctl.engine.text import (
     Detokenizer,
     StopMatcher,
@@ -124,14 +124,23 @@ class RequestIntake:
         bias_outside_vocab = any(t >= self.n_vocab for t, _b in spec.sampling.logit_bias)
         if not r.prompt or bias_outside_vocab:
             return ReasonCode.INVALID_CONFIGURATION
+        if spec.sampling.constraint is not None:
+            # Parsed now, so a bad grammar is refused before the request takes a lane.
+            try:
+                gbnf = spec.sampling.gbnf()
+                assert gbnf is not None
+                self._llama.llama_sampler_free(grammar_sampler(self._llama, self.vocab, gbnf))
+            except ValueError as error:
+                self.last_refusal = str(error)
+                return ReasonCode.INVALID_CONFIGURATION
         return None
 
     def equip(self, r: RequestState) -> None:
         """``r``'s sampler chain (fed its prompt's tail when it penalizes repeats), detokenizer
         and stop matcher."""
         params = r.spec.sampling
-        r.sampler = build_sampler_chain(self._llama, self.vocab, params)
-        if params.penalizes:
-            r.sampler.accept(r.prompt[-params.repeat_last_n :])
+        r.sampler = build_sampler_chain(
+            self._llama, self.vocab, params, history=r.prompt if params.penalizes else ()
+        )
         r.detok = Detokenizer(self._llama, self.vocab, self._pieces)
         r.stops = StopMatcher(r.spec.stop)

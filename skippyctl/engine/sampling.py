@@ -6,7 +6,10 @@ Contract:
   ``ValueError`` naming the field, so a bad request is refused before it touches llama.cpp (some
   bad values, such as a negative penalty window, would crash native code).
 - :func:`build_sampler_chain` makes one chain per request, in llama.cpp's usual order:
-  logit bias -> repetition penalties -> top-k -> top-p -> min-p -> temperature -> dist(seed).
+  grammar -> logit bias -> penalties (repeat, frequency, presence) -> top-k -> top-p -> min-p ->
+  temperature -> dist(seed). The grammar (a request's GBNF, or its JSON schema turned into GBNF)
+  comes first so every later stage, greedy included, picks among the tokens it allows; the
+  penalties are fed the prompt's tail, the grammar only the output.
   Temperature 0 replaces everything after the penalties with greedy selection, so it is exactly
   argmax of the biased, penalised logits. Stages that would be no-ops are left out (cheaper per
   token). A fixed seed makes the chain deterministic: same seed, same logits -> same tokens.
@@ -26,6 +29,8 @@ LLAMA_DEFAULT_SEED: Final = 0xFFFFFFFF
 """llama.cpp's "pick a random seed" value; a request seed must therefore be below it."""
 
 MAX_SEED: Final = LLAMA_DEFAULT_SEED - 1
+_PORT_SPACE_RULE: Final = 'space ::= " "?\n'
+_LLAMA_CPP_SPACE_RULE: Final = 'space ::= | " " | "\\n"{1,2} [ \\t]{0,20}\n'
 MIN_KEEP_CANDIDATES: Final = 1
 """top-p/min-p keep at least this many candidates, so a chain always has something to pick."""
 
@@ -48,6 +53,12 @@ class SamplingParams:
     repeat_last_n: int = 64
     seed: int | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    grammar: str | None = None
+    """A GBNF grammar (root rule ``root``) the output must match."""
+    json_schema: str | None = None
+    """A JSON schema (JSON text) the output must satisfy, turned into GBNF as llama.cpp does."""
 
     def __post_init__(self) -> None:
         _check_real("temperature", self.temperature)
@@ -66,6 +77,13 @@ class SamplingParams:
             raise ValueError(
                 f"repeat_penalty must be > 0 (1 disables it), got {self.repeat_penalty}"
             )
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _check_real(name, value)
+            if not -2.0 <= value <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {value}")
+        if self.grammar is not None and self.json_schema is not None:
+            raise ValueError("give either a grammar or a JSON schema")
         _check_int("repeat_last_n", self.repeat_last_n)
         if self.repeat_last_n < 0:
             raise ValueError(
@@ -95,8 +113,35 @@ class SamplingParams:
 
     @property
     def penalizes(self) -> bool:
-        """Whether the repetition penalty stage is active (and prompt tokens must be fed)."""
-        return self.repeat_penalty != 1.0 and self.repeat_last_n > 0
+        """Whether the penalty stage is active (and prompt tokens must be fed)."""
+        return self.repeat_last_n > 0 and (
+            self.repeat_penalty != 1.0
+            or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+        )
+
+    @property
+    def constraint(self) -> str | None:
+        """What constrains the output: ``grammar``, ``json_schema`` or None."""
+        if self.grammar is not None:
+            return "grammar"
+        return "json_schema" if self.json_schema is not None else None
+
+    def gbnf(self) -> str | None:
+        """The grammar the output must match (a JSON schema converted by llama-cpp-python's port
+        of llama.cpp's json-schema-to-grammar); ``ValueError`` for a schema it cannot convert."""
+        if self.json_schema is None:
+            return self.grammar
+        from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+        try:
+            gbnf = str(json_schema_to_gbnf(self.json_schema))
+        except Exception as error:  # noqa: BLE001 - the converter raises many kinds
+            raise ValueError(f"the JSON schema cannot be turned into a grammar: {error}") from None
+        # The port predates llama.cpp's whitespace rule (common/json-schema-to-grammar.cpp),
+        # which lets a model lay JSON out over lines as it was trained to; without it greedy
+        # replies differ from llama-server's.
+        return gbnf.replace(_PORT_SPACE_RULE, _LLAMA_CPP_SPACE_RULE)
 
 
 def _check_real(name: str, value: object) -> None:
@@ -130,8 +175,34 @@ class SamplerChain:
             self.pointer = None
 
 
-def build_sampler_chain(llama: ModuleType, vocab: Any, params: SamplingParams) -> SamplerChain:
-    """A fresh chain for ``params``; ``ValueError`` for a bias on a token outside ``vocab``."""
+class GrammarError(ValueError):
+    """llama.cpp did not accept the request's grammar (it parses it when the sampler is made)."""
+
+
+def grammar_sampler(llama: ModuleType, vocab: Any, gbnf: str) -> Any:
+    """An owned grammar sampler for ``gbnf``; :class:`GrammarError` when llama.cpp refuses it."""
+    if "\x00" in gbnf:
+        raise GrammarError("the grammar contains a NUL character")
+    sampler = llama.llama_sampler_init_grammar(vocab, gbnf.encode("utf-8"), b"root")
+    if not sampler:
+        raise GrammarError(
+            "llama.cpp could not parse the grammar (GBNF, starting at a rule named `root`)"
+        )
+    return sampler
+
+
+def build_sampler_chain(
+    llama: ModuleType,
+    vocab: Any,
+    params: SamplingParams,
+    history: Sequence[int] = (),
+    gbnf: str | None = None,
+) -> SamplerChain:
+    """A fresh chain for ``params``; ``ValueError`` for a bias on a token outside ``vocab``,
+    :class:`GrammarError` for a grammar llama.cpp refuses.
+
+    ``history`` (the prompt's tail) is fed to the penalty stage only — never to the grammar,
+    which must see the output alone. ``gbnf`` is ``params.gbnf()``, if the caller has it."""
     n_vocab = int(llama.llama_vocab_n_tokens(vocab))
     for token, _bias in params.logit_bias:
         if token >= n_vocab:
@@ -144,6 +215,10 @@ def build_sampler_chain(llama: ModuleType, vocab: Any, params: SamplingParams) -
     try:
         # The chain takes ownership of every stage added to it (freed with the chain).
         add = llama.llama_sampler_chain_add
+        grammar = gbnf if gbnf is not None else params.gbnf()
+        if grammar is not None:
+            # First: every later stage (greedy included) picks among what the grammar allows.
+            add(chain.pointer, grammar_sampler(llama, vocab, grammar))
         if params.logit_bias:
             biases = (llama.llama_logit_bias * len(params.logit_bias))()
             for index, (token, bias) in enumerate(params.logit_bias):
@@ -154,12 +229,17 @@ def build_sampler_chain(llama: ModuleType, vocab: Any, params: SamplingParams) -
                 llama.llama_sampler_init_logit_bias(n_vocab, len(params.logit_bias), biases),
             )
         if params.penalizes:
-            add(
-                chain.pointer,
-                llama.llama_sampler_init_penalties(
-                    n_vocab, params.repeat_last_n, params.repeat_penalty, 0.0, 0.0
-                ),
+            penalties = llama.llama_sampler_init_penalties(
+                n_vocab,
+                params.repeat_last_n,
+                params.repeat_penalty,
+                params.frequency_penalty,
+                params.presence_penalty,
             )
+            accept = llama.llama_sampler_accept
+            for token in history[-params.repeat_last_n :]:
+                accept(penalties, token)
+            add(chain.pointer, penalties)
         if params.greedy:
             add(chain.pointer, llama.llama_sampler_init_greedy())
             return chain

@@ -28,7 +28,9 @@ Contract of a receipt (its ``document`` is the JSON of the API and of ``generate
   without tools or with ``tool_choice: none``) and ``tool_calls`` (how many calls were parsed
   from its reply, ``api/tool_calls.py``) — counts only, never a tool's name or arguments. The API
   parses the reply after the terminal, so it adds ``tool_calls`` with
-  :meth:`ReceiptBook.note_tool_calls` before it answers the request's last byte.
+  :meth:`ReceiptBook.note_tool_calls` before it answers the request's last byte;
+- ``constraint``: ``grammar`` or ``json_schema`` when a GBNF grammar or a JSON
+  ``response_format`` constrained the reply, else null (never the grammar or schema).
 """
 
 from __future__ import annotations
@@ -68,6 +70,9 @@ class Receipt:
     """Tools the request offered the chat template (0 without tools or with tool_choice none)."""
     tool_calls: int = 0
     """Tool calls parsed from the reply (0 when none were, or the reply was not parsed)."""
+    # -- sampling
+    constraint: str | None = None
+    """``grammar`` or ``json_schema`` when one constrained the reply (never its text)."""
 
     def document(self) -> dict[str, Any]:
         return {
@@ -82,6 +87,7 @@ class Receipt:
             **receipt_figures(self.figures, self.spec_mode),
             "tools": self.tools,
             "tool_calls": self.tool_calls,
+            "constraint": self.constraint,
         }
 
 
@@ -104,6 +110,7 @@ def receipt_of(handle: RequestHandle, finished: Finished, ended_mono_ns: int) ->
         spec_mode=finished.spec_mode,
         figures=finished.figures,
         tools=len(handle.params.tools or ()),
+        constraint=handle.params.constraint,
     )
 
 

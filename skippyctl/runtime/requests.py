@@ -50,6 +50,15 @@ class GenerationParams:
     top_p: float = 0.95
     min_p: float = 0.05
     repeat_penalty: float = 1.0
+    # -- sampling: penalties and constrained output
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repeat_last_n: int = 64
+    grammar: str | None = None
+    """A GBNF grammar the reply must match (request text: never in an event)."""
+    json_schema: str | None = None
+    """A JSON schema (JSON text) the reply must satisfy; the engine makes its grammar."""
+    # -- end sampling
     seed: int | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()
     stop: tuple[str, ...] = ()
@@ -74,10 +83,24 @@ class GenerationParams:
             raise InvalidRequest("top_k", "top_k must not be negative")
         if not 0.0 < self.repeat_penalty <= 10.0:
             raise InvalidRequest("repeat_penalty", "repeat_penalty must be in (0, 10]")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise InvalidRequest(name, f"{name} must be between -2 and 2")
+        if not 0 <= self.repeat_last_n <= 1_000_000:
+            raise InvalidRequest("repeat_last_n", "repeat_last_n must be between 0 and 1000000")
+        if self.grammar is not None and self.json_schema is not None:
+            raise InvalidRequest("grammar", "give either grammar or a JSON response_format")
         if len(self.stop) > 8 or any(not s or len(s) > 256 for s in self.stop):
             raise InvalidRequest("stop", "at most 8 non-empty stop strings of up to 256 characters")
         if self.timeout_s is not None and not 0 < self.timeout_s <= 86_400:
             raise InvalidRequest("timeout", "timeout must be positive seconds (at most a day)")
+
+    @property
+    def constraint(self) -> str | None:
+        """What constrains the reply: ``grammar``, ``json_schema`` or None (receipts say it)."""
+        if self.grammar is not None:
+            return "grammar"
+        return "json_schema" if self.json_schema is not None else None
 
     def engine_command(
         self, request_id: LogicalId, session: LogicalId | None, timeout_s: float | None
@@ -99,6 +122,11 @@ class GenerationParams:
                 top_p=self.top_p,
                 min_p=self.min_p,
                 repeat_penalty=self.repeat_penalty,
+                presence_penalty=self.presence_penalty,
+                frequency_penalty=self.frequency_penalty,
+                repeat_last_n=self.repeat_last_n,
+                grammar=self.grammar,
+                json_schema=self.json_schema,
                 seed=self.seed,
                 logit_bias=self.logit_bias,
             ),

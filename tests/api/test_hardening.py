@@ -152,13 +152,10 @@ def test_type_errors_leave_the_model_serving(rooted: Server) -> None:
             {"tool_choice": {"type": "function", "function": {"name": "f"}}},
             "tool_choice",
         ),
-        ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
-        ("/v1/chat/completions", {"presence_penalty": 0.5}, "presence_penalty"),
         ("/v1/completions", {"logprobs": 2}, "logprobs"),
         ("/v1/completions", {"echo": True}, "echo"),
         ("/v1/completions", {"best_of": 3}, "best_of"),
         ("/v1/completions", {"suffix": "end"}, "suffix"),
-        ("/v1/completions", {"frequency_penalty": 1}, "frequency_penalty"),
     ],
 )
 def test_parameters_the_runtime_cannot_honour_are_refused_not_ignored(
