@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
@@ -29,6 +29,7 @@ from starlette.responses import Response, StreamingResponse
 
 from skippyctl.api.context import ApiContext
 from skippyctl.api.errors import JsonResponse, error_body, error_response
+from skippyctl.api.logprobs import chat_logprobs, completion_logprobs
 from skippyctl.api.schemas import (
     SSE,
     ChatCompletion,
@@ -61,6 +62,7 @@ from skippyctl.runtime.requests import (
     InvalidRequest,
     RequestHandle,
     TextChunk,
+    TokenLogprob,
     ToolCall,
 )
 
@@ -89,6 +91,7 @@ def _params(body: CompletionBody | ChatCompletionBody) -> GenerationParams:
     stop = [body.stop] if isinstance(body.stop, str) else body.stop
     bias = tuple((int(k), float(v)) for k, v in (body.logit_bias or {}).items())
     messages: tuple[ChatMessage, ...] | None = None
+    logprobs: int | None = None
     tools: tuple[dict[str, Any], ...] | None = None
     template_kwargs: dict[str, Any] | None = None
     prompt: str | None = None
@@ -98,12 +101,16 @@ def _params(body: CompletionBody | ChatCompletionBody) -> GenerationParams:
         )
         max_tokens = CHAT_DEFAULT_MAX_TOKENS if wanted is None else wanted
         messages = tuple(_chat_message(m) for m in body.messages)
+        if body.top_logprobs and not body.logprobs:
+            raise InvalidRequest("top_logprobs", "top_logprobs needs logprobs: true")
+        logprobs = (body.top_logprobs or 0) if body.logprobs else None
         if body.tools and body.tool_choice != "none":  # `none`: no tools reach the template
             tools = tuple(t.model_dump(exclude_none=True) for t in body.tools)
         template_kwargs = body.chat_template_kwargs
     else:
         max_tokens = COMPLETION_DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
         prompt = body.text()
+        logprobs = body.logprobs
     return GenerationParams(
         prompt=prompt,
         messages=messages,
@@ -118,6 +125,7 @@ def _params(body: CompletionBody | ChatCompletionBody) -> GenerationParams:
         repeat_last_n=_or(body.repeat_last_n, 64),
         grammar=body.grammar,
         json_schema=None if body.response_format is None else body.response_format.schema_text(),
+        logprobs=logprobs,
         seed=body.seed,
         logit_bias=bias,
         stop=tuple(stop or ()),
@@ -328,7 +336,8 @@ async def _generate(
             headers={"Cache-Control": "no-cache", **request_header},
         )
     text_parts: list[str] = []
-    finished = await _collect(ctx, request, handle, text_parts)
+    token_logprobs: list[TokenLogprob] | None = None if params.logprobs is None else []
+    finished = await _collect(ctx, request, handle, text_parts, token_logprobs)
     if finished is None:
         return Response(status_code=499, headers=request_header)
     if finished.outcome != "completed":
@@ -354,12 +363,17 @@ async def _generate(
         choice: dict[str, Any] = {
             "index": 0,
             "message": message,
-            "logprobs": None,
+            "logprobs": None if token_logprobs is None else chat_logprobs(token_logprobs),
             "finish_reason": finish,
         }
         kind = "chat.completion"
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        choice = {
+            "index": 0,
+            "text": text,
+            "logprobs": None if token_logprobs is None else completion_logprobs(token_logprobs),
+            "finish_reason": finish,
+        }
         kind = "text_completion"
     return JsonResponse(
         {
@@ -396,7 +410,11 @@ async def _next(handle: RequestHandle, request: Request) -> TextChunk | Finished
 
 
 async def _collect(
-    ctx: ApiContext, request: Request, handle: RequestHandle, parts: list[str]
+    ctx: ApiContext,
+    request: Request,
+    handle: RequestHandle,
+    parts: list[str],
+    logprobs: list[TokenLogprob] | None = None,
 ) -> Finished | None:
     try:
         while True:
@@ -407,6 +425,8 @@ async def _collect(
             if isinstance(chunk, Finished):
                 return chunk
             parts.append(chunk.text)
+            if logprobs is not None and chunk.logprobs:
+                logprobs.extend(chunk.logprobs)
     except asyncio.CancelledError:
         ctx.scheduler.cancel(handle)
         raise
@@ -441,7 +461,15 @@ async def _stream(
             payload["usage"] = usage
         return _sse(payload)
 
-    def chunk(delta: str | None, finish: str | None, first: bool = False) -> bytes:
+    offset = 0  # characters streamed so far (the legacy shape's text_offset)
+
+    def chunk(
+        delta: str | None,
+        finish: str | None,
+        first: bool = False,
+        logprobs: Sequence[TokenLogprob] | None = None,
+    ) -> bytes:
+        nonlocal offset
         if chat:
             body: dict[str, Any] = {"role": "assistant"} if first else {}
             if delta is not None:
@@ -449,11 +477,17 @@ async def _stream(
             choice: dict[str, Any] = {
                 "index": 0,
                 "delta": body,
-                "logprobs": None,
+                "logprobs": None if logprobs is None else chat_logprobs(logprobs),
                 "finish_reason": finish,
             }
         else:
-            choice = {"index": 0, "text": delta or "", "logprobs": None, "finish_reason": finish}
+            choice = {
+                "index": 0,
+                "text": delta or "",
+                "logprobs": None if logprobs is None else completion_logprobs(logprobs, offset),
+                "finish_reason": finish,
+            }
+        offset += len(delta or "")
         return envelope([choice], None)
 
     def tool_delta(delta: Delta) -> bytes:
@@ -488,8 +522,8 @@ async def _stream(
                 if reader is not None:
                     for delta in reader.feed(item.text):
                         yield tool_delta(delta)
-                elif item.text:
-                    yield chunk(item.text, None)
+                elif item.text or item.logprobs:
+                    yield chunk(item.text, None, logprobs=item.logprobs)
                 continue
             finished = True
             if item.outcome == "completed":

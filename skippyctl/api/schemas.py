@@ -4,10 +4,10 @@ Every request body is validated by one of these models before a handler acts on 
 strict (a string is never taken for a number, nor 1 for true); an integral float (`5.0`) is taken
 for an integer, since JSON does not tell them apart. Unknown fields are accepted and ignored — what
 OpenAI clients send that does not change the result — while parameters that would change the
-result in a way the runtime cannot honour (`logprobs`, `top_logprobs`, `echo`, `best_of`,
-`suffix`, `n` != 1, non-text content parts, a `tool_choice` that forces a call) are
-refused with a 400 naming them (`code: unsupported_parameter`), never silently dropped. Numbers
-are bounded where the engine or llama.cpp takes them as fixed-size integers.
+result in a way the runtime cannot honour (`echo`, `best_of`, `suffix`, `n` != 1, non-text
+content parts, a `tool_choice` that forces a call) are refused with a 400 naming them (`code:
+unsupported_parameter`), never silently dropped. Numbers are bounded where the engine or
+llama.cpp takes them as fixed-size integers.
 
 The same models describe the OpenAPI document (`/openapi.json`), so schema-driven clients and
 the schemathesis run in the test suite see exactly what is enforced.
@@ -510,8 +510,12 @@ class CompletionBody(_Generation):
     prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)] = Field(
         description="One prompt (a string, or a list of exactly one string)."
     )
-    logprobs: Annotated[Any, Refused(0, "omit it or set it to 0")] = Field(
-        default=None, description="Refused unless null or 0."
+    logprobs: int | None = Field(
+        default=None,
+        ge=0,
+        le=20,
+        description="Return each token's log-probability and this many most likely "
+        "candidates (OpenAI's legacy `logprobs` object).",
     )
     echo: Annotated[Any, Refused(False, "omit it or set it to false")] = Field(
         default=None, description="Refused unless null or false."
@@ -532,11 +536,14 @@ class ChatCompletionBody(_Generation):
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: MaxTokens | None = None
-    logprobs: Annotated[Any, Refused(False, "omit it or set it to false")] = Field(
-        default=None, description="Refused unless null or false."
+    logprobs: bool | None = Field(
+        default=None, description="Return each token's log-probability (`choices[].logprobs`)."
     )
-    top_logprobs: Annotated[Any, Refused(0, "omit it or set it to 0")] = Field(
-        default=None, description="Refused unless null or 0."
+    top_logprobs: int | None = Field(
+        default=None,
+        ge=0,
+        le=20,
+        description="With `logprobs`: this many most likely candidates per token.",
     )
     # -- chat template inputs (jinja)
     tools: Annotated[list[ToolDefinition], Field(max_length=128)] | None = Field(
@@ -587,10 +594,17 @@ class Usage(BaseModel):
     total_tokens: int
 
 
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]] | None
+    text_offset: list[int]
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
-    logprobs: None
+    logprobs: CompletionLogprobs | None
     finish_reason: Literal["stop", "length"]
 
 
@@ -622,10 +636,24 @@ class AssistantMessage(BaseModel):
     )
 
 
+class TopLogprobDocument(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprobDocument(TopLogprobDocument):
+    top_logprobs: list[TopLogprobDocument]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprobDocument] | None
+
+
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
-    logprobs: None
+    logprobs: ChatLogprobs | None
     finish_reason: Literal["stop", "length", "tool_calls"]
 
 

@@ -33,6 +33,7 @@ from skippyctl.engine.batch import StepBatch
 from skippyctl.engine.draft import DraftModel
 from skippyctl.engine.lane_kv import LaneKv
 from skippyctl.engine.lanes import KvGeometry, Lane, cache_result
+from skippyctl.engine.logprobs import token_logprob
 from skippyctl.engine.proposals import Proposals
 from skippyctl.engine.protocol_messages import (
     ComputeFailed,
@@ -174,6 +175,7 @@ class DecodeCore:
             llama, model, tokens_per_lane=self._ctx_per_lane, chat_template=chat_template
         )
         self._vocab = self._intake.vocab
+        self._n_vocab = self._intake.n_vocab
         self._eog: dict[int, bool] = {}
 
         # The model's serving plugins (sidecars) see each request's lifecycle and committed
@@ -439,7 +441,22 @@ class DecodeCore:
     def _sample(self, r: RequestState, index: int) -> int:
         sampler = r.sampler
         assert sampler is not None
-        return int(self._llama.llama_sampler_sample(sampler.pointer, self._ctx, index))
+        token = int(self._llama.llama_sampler_sample(sampler.pointer, self._ctx, index))
+        if r.logprobs is not None:
+            detok = r.detok
+            assert detok is not None
+            top = r.spec.sampling.logprobs or 0
+            r.logprobs.append(
+                token_logprob(self._llama, self._ctx, index, self._n_vocab, token, top, detok.piece)
+            )
+        return token
+
+    def _text(self, r: RequestState, text: str) -> GenText:
+        """``r``'s text message, with the log-probabilities of its tokens not yet sent."""
+        if not r.logprobs:
+            return GenText(r.id, text)
+        sent, r.logprobs = tuple(r.logprobs), []
+        return GenText(r.id, text, sent)
 
     def _on_logits(self, r: RequestState, now: float) -> None:
         """Sample ``r``'s next token from this step's logits and stream its text; with
@@ -471,6 +488,8 @@ class DecodeCore:
         if eog is None:
             eog = self._eog[token] = bool(llama.llama_vocab_is_eog(self._vocab, token))
         if eog:
+            if r.logprobs:
+                r.logprobs.pop()  # the end token is not part of the reply
             self.finish(r, _COMPLETED, StopReason.EOS)
             return False
         r.generated_tokens += 1
@@ -485,7 +504,7 @@ class DecodeCore:
             text, stopped = stops.push(text)
             if stopped:
                 if text:
-                    self.emit(GenText(r.id, text))
+                    self.emit(self._text(r, text))
                 self.finish(r, _COMPLETED, StopReason.STOP_STRING)
                 return False
         # A finishing request sends this token's text together with the flushed tail (one
@@ -501,7 +520,7 @@ class DecodeCore:
             self.finish(r, _COMPLETED, StopReason.LENGTH, ReasonCode.CONTEXT_EXHAUSTED, text=text)
             return False
         if text:
-            self.emit(GenText(r.id, text))
+            self.emit(self._text(r, text))
         if r.held_observations:
             self._release_observations(r)
         if now - r.t_progress >= GEN_PROGRESS_INTERVAL_S:
@@ -574,8 +593,8 @@ class DecodeCore:
                     text += released + r.stops.flush()
                 else:
                     text += tail
-            if text:
-                self.emit(GenText(r.id, text))
+            if text or r.logprobs:
+                self.emit(self._text(r, text))
         except Exception:  # noqa: BLE001 - the terminal below must still be sent
             pass
         self._release_observations(r)

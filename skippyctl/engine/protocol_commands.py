@@ -38,6 +38,8 @@ class Sampling:
     """GBNF text (request text: never in an event)."""
     json_schema: str | None = None
     """JSON schema text; the engine turns it into a grammar as llama.cpp does."""
+    logprobs: int | None = None
+    """Report each token's log-probability and this many top candidates (0..20); None: off."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -157,9 +157,31 @@ class GenStarted:
 
 
 @dataclass(frozen=True, slots=True)
+class TopLogprob:
+    """One candidate at a position: its text's bytes and its log-probability."""
+
+    piece: tuple[int, ...]
+    logprob: float
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """A generated token's log-probability under the model's raw logits at its position (as
+    llama-server computes it) and the most likely candidates there."""
+
+    piece: tuple[int, ...]
+    """The token's text as bytes (a token can end inside a UTF-8 character)."""
+    logprob: float
+    top: tuple[TopLogprob, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class GenText:
     request_id: str
     text: str
+    logprobs: tuple[TokenLogprob, ...] | None = None
+    """For a request that asked for them: the tokens whose text is ``text`` (or that were held
+    back until now), in order; None (omitted on the wire) otherwise."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,12 @@ from typing import Any
 
 from skippyctl.engine.chat_template import ChatMessage
 from skippyctl.engine.lanes import Lane
-from skippyctl.engine.protocol_messages import GenDone, GenFirstToken, GenPrefillDone
+from skippyctl.engine.protocol_messages import (
+    GenDone,
+    GenFirstToken,
+    GenPrefillDone,
+    TokenLogprob,
+)
 from skippyctl.engine.sampling import SamplerChain, SamplingParams
 from skippyctl.engine.speculation import AdaptiveWindow
 from skippyctl.engine.text import Detokenizer, StopMatcher
@@ -124,6 +129,7 @@ class RequestState:
         "held_observations",
         "id",
         "lane",
+        "logprobs",
         "max_batch",
         "out_index",
         "pending_token",
@@ -172,6 +178,10 @@ class RequestState:
         self.stops: StopMatcher | None = None
         self.pending_token = -1
         self.out_index = -1
+        self.logprobs: list[TokenLogprob] | None = (
+            None if error or spec.sampling.logprobs is None else []
+        )
+        """Log-probabilities of committed tokens not yet sent (requests that asked only)."""
         self.generated_tokens = 0
         self.sampled = 0
         self.held_observations: list[GenPrefillDone | GenFirstToken] = []

@@ -31,6 +31,8 @@ LLAMA_DEFAULT_SEED: Final = 0xFFFFFFFF
 MAX_SEED: Final = LLAMA_DEFAULT_SEED - 1
 _PORT_SPACE_RULE: Final = 'space ::= " "?\n'
 _LLAMA_CPP_SPACE_RULE: Final = 'space ::= | " " | "\\n"{1,2} [ \\t]{0,20}\n'
+MAX_TOP_LOGPROBS: Final = 20
+"""OpenAI's bound on top_logprobs."""
 MIN_KEEP_CANDIDATES: Final = 1
 """top-p/min-p keep at least this many candidates, so a chain always has something to pick."""
 
@@ -59,6 +61,8 @@ class SamplingParams:
     """A GBNF grammar (root rule ``root``) the output must match."""
     json_schema: str | None = None
     """A JSON schema (JSON text) the output must satisfy, turned into GBNF as llama.cpp does."""
+    logprobs: int | None = None
+    """Report each token's log-probability with this many top candidates; None: off."""
 
     def __post_init__(self) -> None:
         _check_real("temperature", self.temperature)
@@ -84,6 +88,12 @@ class SamplingParams:
                 raise ValueError(f"{name} must be in [-2, 2], got {value}")
         if self.grammar is not None and self.json_schema is not None:
             raise ValueError("give either a grammar or a JSON schema")
+        if self.logprobs is not None:
+            _check_int("logprobs", self.logprobs)
+            if not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+                raise ValueError(
+                    f"logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs}"
+                )
         _check_int("repeat_last_n", self.repeat_last_n)
         if self.repeat_last_n < 0:
             raise ValueError(

@@ -406,7 +406,7 @@ class ModelServer:
                 with self._lock:
                     handle = self._running.get(message.request_id)
                     if handle is not None:
-                        handle.deliver(TextChunk(message.text))
+                        handle.deliver(TextChunk(message.text, message.logprobs))
             case (
                 GenStarted()
                 | GenPrefillProgress()

@@ -16,6 +16,7 @@ from typing import Any
 
 from skippyctl.engine.chat_template import ChatMessage, ToolCall
 from skippyctl.engine.protocol_commands import Generate, Sampling
+from skippyctl.engine.protocol_messages import TokenLogprob, TopLogprob
 from skippyctl.events.envelope import LogicalId
 from skippyctl.events.figures import NO_FIGURES, GenerationFigures
 from skippyctl.events.reasons import ReasonCode
@@ -28,7 +29,9 @@ __all__ = [
     "InvalidRequest",
     "RequestHandle",
     "TextChunk",
+    "TokenLogprob",  # a token's log-probabilities, for the API likewise
     "ToolCall",
+    "TopLogprob",
 ]
 
 
@@ -58,6 +61,8 @@ class GenerationParams:
     """A GBNF grammar the reply must match (request text: never in an event)."""
     json_schema: str | None = None
     """A JSON schema (JSON text) the reply must satisfy; the engine makes its grammar."""
+    logprobs: int | None = None
+    """Each token's log-probability with this many top candidates (0..20); None: off."""
     # -- end sampling
     seed: int | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()
@@ -88,6 +93,8 @@ class GenerationParams:
                 raise InvalidRequest(name, f"{name} must be between -2 and 2")
         if not 0 <= self.repeat_last_n <= 1_000_000:
             raise InvalidRequest("repeat_last_n", "repeat_last_n must be between 0 and 1000000")
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            raise InvalidRequest("top_logprobs", "top_logprobs must be between 0 and 20")
         if self.grammar is not None and self.json_schema is not None:
             raise InvalidRequest("grammar", "give either grammar or a JSON response_format")
         if len(self.stop) > 8 or any(not s or len(s) > 256 for s in self.stop):
@@ -127,6 +134,7 @@ class GenerationParams:
                 repeat_last_n=self.repeat_last_n,
                 grammar=self.grammar,
                 json_schema=self.json_schema,
+                logprobs=self.logprobs,
                 seed=self.seed,
                 logit_bias=self.logit_bias,
             ),
@@ -137,6 +145,8 @@ class GenerationParams:
 @dataclass(frozen=True, slots=True)
 class TextChunk:
     text: str
+    logprobs: tuple[TokenLogprob, ...] | None = None
+    """The log-probabilities of the tokens of ``text`` (requests that asked for them)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -141,8 +141,6 @@ def test_type_errors_leave_the_model_serving(rooted: Server) -> None:
 @pytest.mark.parametrize(
     ("path", "extra", "param"),
     [
-        ("/v1/chat/completions", {"logprobs": True}, "logprobs"),
-        ("/v1/chat/completions", {"top_logprobs": 3}, "top_logprobs"),
         ("/v1/chat/completions", {"n": 2}, "n"),
         ("/v1/chat/completions", {"functions": [{"name": "f"}]}, "functions"),
         # tool calls: forcing a call needs grammar-constrained sampling
@@ -152,7 +150,6 @@ def test_type_errors_leave_the_model_serving(rooted: Server) -> None:
             {"tool_choice": {"type": "function", "function": {"name": "f"}}},
             "tool_choice",
         ),
-        ("/v1/completions", {"logprobs": 2}, "logprobs"),
         ("/v1/completions", {"echo": True}, "echo"),
         ("/v1/completions", {"best_of": 3}, "best_of"),
         ("/v1/completions", {"suffix": "end"}, "suffix"),
