@@ -30,6 +30,7 @@ from skippyctl.api.openai import register_openai_routes
 from skippyctl.api.query_parameters import refuse_repeated_scalar_query_parameters
 from skippyctl.api.runtime_routes import register_runtime_routes
 from skippyctl.api.schemas import FIELD_NAMES, add_request_models
+from skippyctl.api.vocabulary_routes import register_vocabulary_routes
 
 PUBLIC_PATHS = frozenset({"/health", "/metrics"})
 
@@ -82,6 +83,7 @@ def create_app(ctx: ApiContext, on_ready: Callable[[], None] | None = None) -> F
     register_runtime_routes(app, ctx)
     register_event_stream_route(app, ctx)
     register_openai_routes(app, ctx)
+    register_vocabulary_routes(app, ctx)
     _document(app)
     return app
 

@@ -666,11 +666,59 @@ class ChatCompletion(BaseModel):
     usage: Usage
 
 
+# -- the vocabulary (llama-server's /tokenize and /detokenize)
+MAX_DETOKENIZE_TOKENS: Final = 1_000_000
+
+
+class TokenizeBody(_Body):
+    """`POST /tokenize`."""
+
+    content: str
+    model: str | None = Field(
+        default=None, min_length=1, description="Which model; may be omitted when one serves."
+    )
+    add_special: bool = Field(default=False, description="Add BOS (and EOS) as the model does.")
+    parse_special: bool = Field(
+        default=True, description="Read special-token text (`<|im_start|>`) as those tokens."
+    )
+    with_pieces: bool = Field(
+        default=False, description="Return `{id, piece}` per token instead of bare ids."
+    )
+
+
+class DetokenizeBody(_Body):
+    """`POST /detokenize`."""
+
+    tokens: Annotated[
+        list[Annotated[int, Field(ge=0, le=INT32_MAX)]], Field(max_length=MAX_DETOKENIZE_TOKENS)
+    ]
+    model: str | None = Field(
+        default=None, min_length=1, description="Which model; may be omitted when one serves."
+    )
+
+
+class TokenPiece(BaseModel):
+    id: int
+    piece: str | list[int] = Field(
+        description="The token's text, or its bytes when they are not UTF-8 on their own."
+    )
+
+
+class Tokenized(BaseModel):
+    tokens: list[int] | list[TokenPiece]
+
+
+class Detokenized(BaseModel):
+    content: str
+
+
 REQUEST_MODELS: Final[tuple[type[BaseModel], ...]] = (
     LoadBody,
     UnloadBody,
     CompletionBody,
     ChatCompletionBody,
+    TokenizeBody,
+    DetokenizeBody,
 )
 FIELD_NAMES: Final = model_field_names(REQUEST_MODELS)
 """Names that may appear as an error's `param` (union tags and dict keys never do)."""

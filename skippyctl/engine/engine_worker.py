@@ -44,12 +44,14 @@ from skippyctl.engine.options import EngineOptions
 from skippyctl.engine.protocol_commands import (
     Cancel,
     Command,
+    Detokenize,
     DropSession,
     Generate,
     Load,
     Ping,
     SaveSessions,
     Shutdown,
+    Tokenize,
 )
 from skippyctl.engine.protocol_messages import (
     EngineMessage,
@@ -59,6 +61,7 @@ from skippyctl.engine.protocol_messages import (
     Pong,
     ProtocolError,
     StateExported,
+    VocabularyAnswer,
 )
 from skippyctl.events.reasons import ReasonCode
 
@@ -178,6 +181,8 @@ class Worker:
                     self._batch.drop_session(command.session, command.reason)
             case SaveSessions():
                 self._save_now(command)
+            case Tokenize() | Detokenize():
+                self._send(self._vocabulary(command))
             case Shutdown():
                 try:
                     self._save_sessions(command)
@@ -261,6 +266,38 @@ class Worker:
             self._send(GenDone.refused(command.request_id, ReasonCode.INVALID_CONFIGURATION))
             return
         self._batch.submit(request)
+
+    def _vocabulary(self, command: Tokenize | Detokenize) -> VocabularyAnswer:
+        """Tokenize or detokenize with the loaded model's vocabulary (read-only in llama.cpp,
+        so the decode thread may run beside it, as llama-server's HTTP threads do)."""
+        from skippyctl.engine.text import token_piece, tokenize
+
+        if self.loaded is None or self.loaded.model is None:
+            return VocabularyAnswer(command.request_id, problem="no model is loaded")
+        llama = self.llama
+        vocab = llama.llama_model_get_vocab(self.loaded.model)
+        if isinstance(command, Tokenize):
+            tokens = tokenize(
+                llama,
+                vocab,
+                command.content,
+                add_special=command.add_special,
+                parse_special=command.parse_special,
+            )
+            pieces = (
+                tuple(tuple(token_piece(llama, vocab, t)) for t in tokens)
+                if command.with_pieces
+                else None
+            )
+            return VocabularyAnswer(command.request_id, tokens=tuple(tokens), pieces=pieces)
+        n_vocab = int(llama.llama_vocab_n_tokens(vocab))
+        if any(not 0 <= t < n_vocab for t in command.tokens):
+            return VocabularyAnswer(
+                command.request_id,
+                problem=f"a token id is outside the vocabulary (0..{n_vocab - 1})",
+            )
+        text = b"".join(token_piece(llama, vocab, t) for t in command.tokens)
+        return VocabularyAnswer(command.request_id, content=text.decode("utf-8", errors="replace"))
 
     def _save_now(self, command: SaveSessions) -> None:
         """On request, while serving: queued on the decode thread, not waited for (this thread

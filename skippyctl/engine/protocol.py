@@ -44,12 +44,14 @@ import orjson
 from skippyctl.engine.protocol_commands import (
     Cancel,
     Command,
+    Detokenize,
     DropSession,
     Generate,
     Load,
     Ping,
     SaveSessions,
     Shutdown,
+    Tokenize,
 )
 from skippyctl.engine.protocol_messages import (
     AllocationRefused,
@@ -80,6 +82,7 @@ from skippyctl.engine.protocol_messages import (
     SessionChanged,
     StateExported,
     StateImported,
+    VocabularyAnswer,
 )
 
 Payload = dict[str, Any]
@@ -266,6 +269,8 @@ _COMMANDS: Final = {
         _spec("op", "ping", Ping),
         _spec("op", "shutdown", Shutdown),
         _spec("op", "save_sessions", SaveSessions),
+        _spec("op", "tokenize", Tokenize),
+        _spec("op", "detokenize", Detokenize),
     )
 }
 _ENGINE_MESSAGES: Final = {
@@ -298,6 +303,7 @@ _ENGINE_MESSAGES: Final = {
         _spec("msg", "cpu_fallback", CpuFallback),
         _spec("msg", "compute_failed", ComputeFailed),
         _spec("msg", "plugin_reported", PluginReported),
+        _spec("msg", "vocabulary_answer", VocabularyAnswer),
     )
 }
 _BY_TYPE: Final[dict[type, _Spec]] = {

@@ -150,4 +150,27 @@ class SaveSessions:
     budget_bytes: int
 
 
-Command = Load | Generate | Cancel | DropSession | Ping | Shutdown | SaveSessions
+@dataclass(frozen=True, slots=True)
+class Tokenize:
+    """Tokenize ``content`` with the model's vocabulary (reply: ``vocabulary_answer``), as
+    llama-server's ``/tokenize``. Answered on the engine's command thread: llama.cpp's tokenizer
+    reads the vocabulary only, so it never waits for a decode step."""
+
+    request_id: str
+    content: str
+    add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Detokenize:
+    """The text of ``tokens`` (reply: ``vocabulary_answer``), as llama-server's ``/detokenize``."""
+
+    request_id: str
+    tokens: tuple[int, ...]
+
+
+Command = (
+    Load | Generate | Cancel | DropSession | Ping | Shutdown | SaveSessions | Tokenize | Detokenize
+)

@@ -441,7 +441,30 @@ RequestObservation = (
     | GenToken
 )
 """What the engine says about one running request before its :class:`GenDone`."""
-ServingMessage = RequestObservation | GenDone | Kv | SessionChanged | StateExported | StateImported
+
+
+@dataclass(frozen=True, slots=True)
+class VocabularyAnswer:
+    """The answer to a ``Tokenize`` or ``Detokenize`` (the caller's own text and tokens, so only
+    to the caller: never an event). ``problem`` says why it failed (a fixed phrase)."""
+
+    request_id: str
+    tokens: tuple[int, ...] = ()
+    pieces: tuple[tuple[int, ...], ...] | None = None
+    """With ``with_pieces``: each token's text as bytes."""
+    content: str | None = None
+    problem: str | None = None
+
+
+ServingMessage = (
+    RequestObservation
+    | GenDone
+    | Kv
+    | SessionChanged
+    | StateExported
+    | StateImported
+    | VocabularyAnswer
+)
 """Everything the supervisor hands to the engine's listener (the scheduler)."""
 EngineMessage = (
     Hello

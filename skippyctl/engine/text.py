@@ -103,17 +103,23 @@ def model_chat_template(llama: ModuleType, model: Any, name: str | None = None) 
     return bytes(raw).decode("utf-8", errors="replace")
 
 
-def token_text(llama: ModuleType, vocab: Any, token: int) -> str:
-    """A token's text with special tokens rendered (``<|im_start|>``), as chat templates see
-    ``bos_token``/``eos_token``; empty for no token (-1)."""
-    if token < 0:
-        return ""
+def token_piece(llama: ModuleType, vocab: Any, token: int) -> bytes:
+    """A token's bytes with special tokens rendered (``<|im_start|>``), as llama-server's
+    ``/tokenize`` pieces and ``/detokenize`` show them."""
     buffer = ctypes.create_string_buffer(_PIECE_BUFFER_BYTES)
     size = int(llama.llama_token_to_piece(vocab, token, buffer, len(buffer), 0, True))
     if size < 0:
         buffer = ctypes.create_string_buffer(-size)
         size = int(llama.llama_token_to_piece(vocab, token, buffer, len(buffer), 0, True))
-    return buffer.raw[: max(size, 0)].decode("utf-8", errors="replace")
+    return buffer.raw[: max(size, 0)]
+
+
+def token_text(llama: ModuleType, vocab: Any, token: int) -> str:
+    """A token's text with special tokens rendered (``<|im_start|>``), as chat templates see
+    ``bos_token``/``eos_token``; empty for no token (-1)."""
+    if token < 0:
+        return ""
+    return token_piece(llama, vocab, token).decode("utf-8", errors="replace")
 
 
 class Detokenizer:

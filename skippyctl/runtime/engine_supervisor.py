@@ -88,6 +88,7 @@ from skippyctl.engine.protocol_messages import (
     SessionChanged,
     StateExported,
     StateImported,
+    VocabularyAnswer,
 )
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import LogicalId, Scope, make_event, summaries
@@ -490,6 +491,7 @@ class EngineProcess:
                 | SessionChanged()
                 | StateExported()
                 | StateImported()
+                | VocabularyAnswer()
             ):
                 if self.listener is not None:
                     self.listener.on_engine_message(self, message)

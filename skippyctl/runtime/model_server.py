@@ -38,10 +38,12 @@ Invariants:
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Final, Protocol, assert_never
 
@@ -52,7 +54,7 @@ from skippyctl.engine.channel import (
     UnencodableMessage,
     encode_frame,
 )
-from skippyctl.engine.protocol_commands import Cancel, Command
+from skippyctl.engine.protocol_commands import Cancel, Command, Detokenize, Tokenize
 from skippyctl.engine.protocol_messages import (
     GenDone,
     GenFirstToken,
@@ -67,6 +69,7 @@ from skippyctl.engine.protocol_messages import (
     SessionChanged,
     StateExported,
     StateImported,
+    VocabularyAnswer,
 )
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import LogicalId, Scope, StopReason, make_event, summaries
@@ -170,6 +173,45 @@ class ModelServer:
         self._unresponsive_since_ns = 0
         self.on_state: Callable[[ModelServer, StateExported | StateImported], None] | None = None
         """Told each session state file outcome before its event (the scheduler's state store)."""
+        self._vocabulary_asks: dict[str, Future[VocabularyAnswer]] = {}
+        self._vocabulary_ids = itertools.count(1)
+
+    def tokenize(
+        self, content: str, *, add_special: bool, parse_special: bool, with_pieces: bool
+    ) -> Future[VocabularyAnswer] | None:
+        """``content``'s tokens with this model's vocabulary (see :meth:`_ask_vocabulary`)."""
+        return self._ask_vocabulary(
+            lambda request_id: Tokenize(
+                request_id, content, add_special, parse_special, with_pieces
+            )
+        )
+
+    def detokenize(self, tokens: tuple[int, ...]) -> Future[VocabularyAnswer] | None:
+        """The text of ``tokens`` (see :meth:`_ask_vocabulary`)."""
+        return self._ask_vocabulary(lambda request_id: Detokenize(request_id, tokens))
+
+    def _ask_vocabulary(
+        self, make: Callable[[str], Tokenize | Detokenize]
+    ) -> Future[VocabularyAnswer] | None:
+        """Send a tokenize/detokenize command (``make`` builds it from a fresh id) to the serving
+        engine; its answer resolves the future. None when no engine serves (the caller says 503);
+        an engine that exits first fails the future (``ConnectionError``)."""
+        future: Future[VocabularyAnswer] = Future()
+        with self._lock:
+            engine = self.engine
+            if engine is None or not engine.serving:
+                return None
+            request_id = f"v{next(self._vocabulary_ids)}"
+            self._vocabulary_asks[request_id] = future
+        try:
+            sent = engine.send(make(request_id))
+        except (MessageTooLarge, UnencodableMessage):
+            sent = False
+        if not sent:
+            with self._lock:
+                self._vocabulary_asks.pop(request_id, None)
+            return None
+        return future
 
     def _emit(self, handle: RequestHandle, *emissions: Emission | Iterable[Emission]) -> None:
         flat: list[Emission] = []
@@ -392,6 +434,11 @@ class ModelServer:
                 self._on_session(message)
             case StateExported() | StateImported():
                 self._on_state(message)
+            case VocabularyAnswer():
+                with self._lock:
+                    asked = self._vocabulary_asks.pop(message.request_id, None)
+                if asked is not None:
+                    asked.set_result(message)
             case GenDone():
                 with self._lock:
                     # Claimed here: whoever pops the request emits its terminal (exactly once).
@@ -504,7 +551,11 @@ class ModelServer:
             self._running.clear()
             self._queued.clear()
             self._abandoned.clear()
+            asks = list(self._vocabulary_asks.values())
+            self._vocabulary_asks.clear()
             self.idle.notify_all()
+        for asked in asks:
+            asked.set_exception(ConnectionError("the engine exited"))
         # A crash the host attributed (a lost stage of a split model) ends requests with that
         # reason; an unattributed one with process_crash.
         if reason is None:
