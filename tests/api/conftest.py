@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -134,6 +135,33 @@ def start_server(directory: Path, *extra: str, env: dict[str, str] | None = None
         time.sleep(0.05)
     process.kill()
     raise AssertionError("server did not start")
+
+
+REAL_MODEL = (
+    Path(__file__).resolve().parents[2] / "fixtures" / "real" / ("SmolLM2-135M-Instruct.Q4_1.gguf")
+)
+"""The real instruct model `make fixtures` fetches (scripts/fetch_real_fixtures.py)."""
+
+
+@contextlib.contextmanager
+def real_model_server(directory: Path, alias: str, **options: Any) -> Iterator[Server]:
+    """A runtime serving the real model as ``alias`` (load ``options`` such as ctx, lanes)."""
+    if not REAL_MODEL.exists():
+        pytest.fail("the real model is not in fixtures/real: run `make fixtures`")
+    running = start_server(directory)
+    try:
+        answer = running.load(REAL_MODEL, alias=alias, **options)
+        assert answer["state"] == "available", answer
+        yield running
+    finally:
+        stop_server(running)
+
+
+def openai_client(server: Server) -> Any:
+    """The official client on ``server`` (no retries: a test sees the first answer)."""
+    import openai
+
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=server.discovery.token, max_retries=0)
 
 
 def stop_server(server: Server) -> None:

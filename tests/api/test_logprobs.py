@@ -13,10 +13,9 @@ from typing import Any
 import openai
 import pytest
 
-from tests.api.conftest import Server, start_server, stop_server
+from tests.api.conftest import Server, openai_client, real_model_server
 
 ROOT = Path(__file__).resolve().parents[2]
-REAL_MODEL = ROOT / "fixtures" / "real" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 GOLDEN = json.loads((ROOT / "tests" / "golden" / "logprobs.json").read_text())
 TOLERANCE = 1e-3
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
@@ -24,19 +23,15 @@ CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 
 @pytest.fixture(scope="module")
 def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    if not REAL_MODEL.exists():
-        pytest.fail("the real model is not in fixtures/real: run `make fixtures`")
-    running = start_server(tmp_path_factory.mktemp("runtime"))
-    try:
-        answer = running.load(REAL_MODEL, alias="smol", ctx=2048, lanes=2)
-        assert answer["state"] == "available", answer
+    with real_model_server(
+        tmp_path_factory.mktemp("runtime"), "smol", ctx=2048, lanes=2
+    ) as running:
         yield running
-    finally:
-        stop_server(running)
 
 
 def _client(server: Server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=server.discovery.token, max_retries=0)
+    client: openai.OpenAI = openai_client(server)
+    return client
 
 
 def _close(ours: list[tuple[str, float]], theirs: list[list[Any]]) -> None:

@@ -13,17 +13,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 
-from tests.api.conftest import Server, start_server, stop_server
+from tests.api.conftest import Server, openai_client, real_model_server
 
-REAL_MODEL = (
-    Path(__file__).resolve().parents[2] / "fixtures" / "real" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-)
 SYSTEM = (
     "You are a function calling AI model. You may call one or more functions to assist with the "
     "user query. For each function call return a json object with function name and arguments "
@@ -80,19 +76,15 @@ LLAMA3_JSON = _few_shot(
 
 @pytest.fixture(scope="module")
 def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    if not REAL_MODEL.exists():
-        pytest.skip("the real model is not in fixtures/real (make bootstrap fetches it)")
-    running = start_server(tmp_path_factory.mktemp("runtime"))
-    try:
-        answer = running.load(REAL_MODEL, alias="smollm2", ctx=2048, lanes=1)
-        assert answer["state"] == "available", answer
+    with real_model_server(
+        tmp_path_factory.mktemp("runtime"), "smollm2", ctx=2048, lanes=1
+    ) as running:
         yield running
-    finally:
-        stop_server(running)
 
 
 def _client(server: Server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=server.discovery.token, max_retries=0)
+    client: openai.OpenAI = openai_client(server)
+    return client
 
 
 def _receipt(server: Server, request_id: str) -> dict[str, Any]:

@@ -11,10 +11,9 @@ from typing import Any
 
 import pytest
 
-from tests.api.conftest import Server, start_server, stop_server
+from tests.api.conftest import Server, real_model_server
 
 ROOT = Path(__file__).resolve().parents[2]
-REAL_MODEL = ROOT / "fixtures" / "real" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 TEXT = "Hello <|im_start|> world ☃"
 LLAMA_SERVER_TOKENS = [19556, 216, 1, 905, 4636, 242, 221]
 LLAMA_SERVER_PIECES = [
@@ -29,16 +28,11 @@ LLAMA_SERVER_PIECES = [
 
 
 @pytest.fixture(scope="module")
-def real(tmp_path_factory: pytest.TempPathFactory, fixture_dir: Path) -> Iterator[Server]:
-    if not REAL_MODEL.exists():
-        pytest.fail("the real model is not in fixtures/real: run `make fixtures`")
-    running = start_server(tmp_path_factory.mktemp("runtime"))
-    try:
-        answer = running.load(REAL_MODEL, alias="smol", ctx=1024, lanes=1)
-        assert answer["state"] == "available", answer
+def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with real_model_server(
+        tmp_path_factory.mktemp("runtime"), "smol", ctx=1024, lanes=1
+    ) as running:
         yield running
-    finally:
-        stop_server(running)
 
 
 def _post(server: Server, path: str, body: dict[str, Any]) -> Any:
