@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -218,3 +219,43 @@ def test_tool_choice_that_forces_a_call_is_refused_naming_it(real: Server) -> No
     error = response.json()["error"]
     assert (error["param"], error["code"]) == ("tool_choice", "unsupported_parameter")
     assert error["reason_code"] == "unsupported_capability"
+
+
+# -- against llama-server: the real model with a vendored tool template (tests/golden/README.md)
+GOLDEN_TOOL_CALLS = json.loads(
+    (Path(__file__).resolve().parents[1] / "golden" / "tool_calls.json").read_text()
+)
+VENDORED_TEMPLATES = Path(__file__).resolve().parents[2] / "fixtures" / "vendor" / "templates"
+
+
+@pytest.fixture(scope="module")
+def with_tool_template(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    template = VENDORED_TEMPLATES / GOLDEN_TOOL_CALLS["template"]
+    with real_model_server(
+        tmp_path_factory.mktemp("runtime"),
+        "smollm2",
+        ctx=2048,
+        lanes=1,
+        chat_template=str(template),
+    ) as running:
+        yield running
+
+
+@pytest.mark.parametrize("case", GOLDEN_TOOL_CALLS["cases"], ids=lambda case: case["name"])
+def test_tool_calls_equal_llama_server_s_with_the_template_s_tool_section(
+    with_tool_template: Server, case: dict[str, Any]
+) -> None:
+    body = case["request"]
+    peer = case
+    completion = _client(with_tool_template).chat.completions.create(model="smollm2", **body)
+    choice = completion.choices[0]
+    assert completion.usage is not None
+    assert completion.usage.prompt_tokens == peer["prompt_tokens"]
+    # llama-server counts the end-of-generation token it sampled; skippyctl counts the reply's.
+    assert completion.usage.completion_tokens == peer["completion_tokens"] - 1
+    assert choice.finish_reason == peer["finish_reason"]
+    # llama-server says "" where a reply was only calls; OpenAI (and skippyctl) say null.
+    assert (choice.message.content or "") == peer["content"]
+    assert [
+        (c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls or ()
+    ] == [(c["name"], json.loads(c["arguments"])) for c in peer["tool_calls"]]
