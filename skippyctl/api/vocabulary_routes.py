@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from concurrent.futures import Future
-from typing import Any, Final
+from typing import Final
 
 from fastapi import FastAPI, Request
 from starlette.responses import Response
@@ -27,6 +27,7 @@ from skippyctl.api.schemas import (
 )
 from skippyctl.events.reasons import ReasonCode
 from skippyctl.runtime.model_server import ModelServer
+from skippyctl.runtime.requests import VocabularyAnswer
 
 ANSWER_TIMEOUT_S: Final = 30.0
 """A vocabulary answer takes milliseconds; this long means the engine is stuck."""
@@ -64,7 +65,11 @@ def register_vocabulary_routes(app: FastAPI, ctx: ApiContext) -> None:
             )
         return servers[0]
 
-    async def answer(future: Future[Any] | None) -> Any:
+    async def answer(
+        future: Future[VocabularyAnswer] | None, param: str
+    ) -> VocabularyAnswer | JsonResponse:
+        """The engine's answer, or the response to send instead: 503 when no engine answers,
+        400 naming ``param`` when the engine refused the request's input."""
         if future is None:
             return error_response(
                 "the model is not serving",
@@ -74,7 +79,7 @@ def register_vocabulary_routes(app: FastAPI, ctx: ApiContext) -> None:
             )
         try:
             async with asyncio.timeout(ANSWER_TIMEOUT_S):
-                return await asyncio.wrap_future(future)
+                result = await asyncio.wrap_future(future)
         except (TimeoutError, ConnectionError):
             return error_response(
                 "the model's engine did not answer",
@@ -82,6 +87,11 @@ def register_vocabulary_routes(app: FastAPI, ctx: ApiContext) -> None:
                 code="model_unavailable",
                 reason=ReasonCode.PROCESS_CRASH,
             )
+        if result.problem is not None:
+            return error_response(
+                result.problem, 400, param=param, reason=ReasonCode.INVALID_CONFIGURATION
+            )
+        return result
 
     @app.post(
         "/tokenize",
@@ -103,14 +113,11 @@ def register_vocabulary_routes(app: FastAPI, ctx: ApiContext) -> None:
                 add_special=body.add_special,
                 parse_special=body.parse_special,
                 with_pieces=body.with_pieces,
-            )
+            ),
+            "content",
         )
         if isinstance(result, Response):
             return result
-        if result.problem is not None:
-            return error_response(
-                result.problem, 400, param="content", reason=ReasonCode.INVALID_CONFIGURATION
-            )
         if result.pieces is None:
             return JsonResponse({"tokens": list(result.tokens)})
         return JsonResponse(
@@ -136,11 +143,7 @@ def register_vocabulary_routes(app: FastAPI, ctx: ApiContext) -> None:
         server = server_for(body.model)
         if isinstance(server, Response):
             return server
-        result = await answer(server.detokenize(tuple(body.tokens)))
+        result = await answer(server.detokenize(tuple(body.tokens)), "tokens")
         if isinstance(result, Response):
             return result
-        if result.problem is not None:
-            return error_response(
-                result.problem, 400, param="tokens", reason=ReasonCode.INVALID_CONFIGURATION
-            )
         return JsonResponse({"content": result.content or ""})

@@ -127,9 +127,9 @@ class RequestIntake:
         if spec.sampling.constraint is not None:
             # Parsed now, so a bad grammar is refused before the request takes a lane.
             try:
-                gbnf = spec.sampling.gbnf()
-                assert gbnf is not None
-                self._llama.llama_sampler_free(grammar_sampler(self._llama, self.vocab, gbnf))
+                r.gbnf = spec.sampling.gbnf()
+                assert r.gbnf is not None
+                self._llama.llama_sampler_free(grammar_sampler(self._llama, self.vocab, r.gbnf))
             except ValueError as error:
                 self.last_refusal = str(error)
                 return ReasonCode.INVALID_CONFIGURATION
@@ -140,7 +140,11 @@ class RequestIntake:
         and stop matcher."""
         params = r.spec.sampling
         r.sampler = build_sampler_chain(
-            self._llama, self.vocab, params, history=r.prompt if params.penalizes else ()
+            self._llama,
+            self.vocab,
+            params,
+            history=r.prompt if params.penalizes else (),
+            gbnf=r.gbnf,
         )
         r.detok = Detokenizer(self._llama, self.vocab, self._pieces)
         r.stops = StopMatcher(r.spec.stop)

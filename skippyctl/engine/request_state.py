@@ -125,6 +125,7 @@ class RequestState:
         "detok",
         "draft",
         "error",
+        "gbnf",
         "generated_tokens",
         "held_observations",
         "id",
@@ -178,6 +179,8 @@ class RequestState:
         self.stops: StopMatcher | None = None
         self.pending_token = -1
         self.out_index = -1
+        self.gbnf: str | None = None
+        """The grammar of a constrained request, made once at intake (a JSON schema's GBNF)."""
         self.logprobs: list[TokenLogprob] | None = (
             None if error or spec.sampling.logprobs is None else []
         )

@@ -212,7 +212,8 @@ def build_sampler_chain(
     :class:`GrammarError` for a grammar llama.cpp refuses.
 
     ``history`` (the prompt's tail) is fed to the penalty stage only — never to the grammar,
-    which must see the output alone. ``gbnf`` is ``params.gbnf()``, if the caller has it."""
+    which must see the output alone. ``gbnf`` is ``params.gbnf()`` when the caller made it
+    already (a JSON schema is converted once per request)."""
     n_vocab = int(llama.llama_vocab_n_tokens(vocab))
     for token, _bias in params.logit_bias:
         if token >= n_vocab:

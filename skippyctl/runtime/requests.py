@@ -16,7 +16,7 @@ from typing import Any
 
 from skippyctl.engine.chat_template import ChatMessage, ToolCall
 from skippyctl.engine.protocol_commands import Generate, Sampling
-from skippyctl.engine.protocol_messages import TokenLogprob, TopLogprob
+from skippyctl.engine.protocol_messages import TokenLogprob, TopLogprob, VocabularyAnswer
 from skippyctl.events.envelope import LogicalId
 from skippyctl.events.figures import NO_FIGURES, GenerationFigures
 from skippyctl.events.reasons import ReasonCode
@@ -32,6 +32,7 @@ __all__ = [
     "TokenLogprob",  # a token's log-probabilities, for the API likewise
     "ToolCall",
     "TopLogprob",
+    "VocabularyAnswer",  # a tokenize/detokenize answer, for the API likewise
 ]
 
 
