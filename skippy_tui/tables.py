@@ -8,12 +8,13 @@ on (by key). Work is proportional to the rows shown, which callers bound.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from rich.console import RenderableType
 from rich.text import Text
 from textual.widgets import DataTable
+from textual.widgets.data_table import RowKey
 
 Cells = tuple[RenderableType, ...]
 Rows = Sequence[tuple[str, Cells]]
@@ -28,6 +29,21 @@ def _cell(value: RenderableType) -> RenderableType:
         value.no_wrap = True
         value.overflow = "ellipsis"
     return value
+
+
+class SizedTable(DataTable[Any]):
+    """A DataTable whose header follows its columns' widths.
+
+    DataTable measures new or changed cells on idle, after it may already have drawn them; its
+    render caches are keyed without the column width, so a header drawn before the measuring
+    kept its old widths above rows drawn at the new ones (seen on a loaded machine, until the
+    next update). Dropping the caches once the widths are known redraws everything at them."""
+
+    def _update_dimensions(self, new_rows: Iterable[RowKey]) -> None:
+        widths = [column.content_width for column in self.ordered_columns]
+        super()._update_dimensions(new_rows)
+        if widths != [column.content_width for column in self.ordered_columns]:
+            self._clear_caches()
 
 
 class KeyedRows:

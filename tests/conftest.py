@@ -56,7 +56,10 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 def fixture_dir() -> Path:
     """The generated fixture models (`make fixtures`; generated here when missing)."""
     # Every file of the set: a checkout made before a fixture was added gets it too.
-    if not all((FIXTURES / name).exists() for name in ("tiny.gguf", "tiny-successor.gguf")):
+    if not all(
+        (FIXTURES / name).exists()
+        for name in ("tiny.gguf", "tiny-successor.gguf", "tiny-embedding.gguf")
+    ):
         from skippyctl.fixtures import make_fixtures
 
         make_fixtures(FIXTURES)

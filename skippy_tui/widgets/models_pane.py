@@ -9,7 +9,7 @@ is never shown as down. A failed, cancelled or unavailable model shows its reaso
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Final
+from typing import Any, Final
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -17,7 +17,7 @@ from textual.widgets import DataTable
 
 from skippy_tui import format as fmt
 from skippy_tui.store import DashboardSnapshot, model_phase
-from skippy_tui.tables import Cells, KeyedRows
+from skippy_tui.tables import Cells, KeyedRows, SizedTable
 from skippy_tui.widgets.pane import Pane
 from skippyctl.events.envelope import LogicalId
 from skippyctl.reducer.state import (
@@ -111,7 +111,7 @@ class ModelsPane(Pane):
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
-        self._table: DataTable[object] = DataTable(
+        self._table: DataTable[Any] = SizedTable(
             id="models-table", cursor_type="row", zebra_stripes=True
         )
         self._rows = KeyedRows(self._table)

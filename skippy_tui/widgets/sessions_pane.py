@@ -9,7 +9,7 @@ is bounded whatever the reducer holds. "Wait" is the request's queue wait.
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -17,7 +17,7 @@ from textual.widgets import DataTable, Static
 
 from skippy_tui import format as fmt
 from skippy_tui.store import DashboardSnapshot
-from skippy_tui.tables import Cells, KeyedRows
+from skippy_tui.tables import Cells, KeyedRows, SizedTable
 from skippy_tui.widgets.pane import Pane
 from skippyctl.reducer.state import RequestView, RuntimeView, SessionView
 
@@ -84,8 +84,8 @@ class SessionsPane(Pane):
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
-        self._sessions: DataTable[object] = DataTable(id="sessions-table", cursor_type="row")
-        self._requests: DataTable[object] = DataTable(id="requests-table", cursor_type="row")
+        self._sessions: DataTable[Any] = SizedTable(id="sessions-table", cursor_type="row")
+        self._requests: DataTable[Any] = SizedTable(id="requests-table", cursor_type="row")
         self._session_rows = KeyedRows(self._sessions)
         self._request_rows = KeyedRows(self._requests)
         self._inputs: tuple[object, ...] = ()

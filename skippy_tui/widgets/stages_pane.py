@@ -21,7 +21,7 @@ and the state document keeps it, but it gets no rows.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Final
+from typing import Any, Final
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -29,7 +29,7 @@ from textual.widgets import DataTable
 
 from skippy_tui import format as fmt
 from skippy_tui.store import DashboardSnapshot
-from skippy_tui.tables import Cells, KeyedRows
+from skippy_tui.tables import Cells, KeyedRows, SizedTable
 from skippy_tui.widgets.pane import Pane
 from skippyctl.events.envelope import LogicalId
 from skippyctl.events.reasons import ReasonCode
@@ -235,7 +235,7 @@ class StagesPane(Pane):
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
-        self._table: DataTable[object] = DataTable(id="stages-table", cursor_type="row")
+        self._table: DataTable[Any] = SizedTable(id="stages-table", cursor_type="row")
         self._rows = KeyedRows(self._table)
         self._inputs: tuple[object, ...] = ()
 

@@ -356,8 +356,8 @@ async def _generate(
         if tools is not None:
             parsed = parse_reply(text, tools.names, form=tools.form, parallel=tools.parallel)
             ctx.scheduler.receipts.note_tool_calls(handle.request_id, len(parsed.calls))
+            message["content"] = parsed.content
             if parsed.calls:
-                message["content"] = parsed.content
                 message["tool_calls"] = [call.document() for call in parsed.calls]
                 finish = _finish_with_calls(finish, len(parsed.calls))
         choice: dict[str, Any] = {

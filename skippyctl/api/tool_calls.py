@@ -29,7 +29,10 @@ is kept (OpenAI's "at most one"); later blocks are dropped, not turned into cont
 start of `<tool_call>` (as the engine's StopMatcher holds stop-string prefixes), a block until it
 closes, and a reply that begins like a bare JSON object until it ends. For any split of a reply
 into deltas, the concatenated content deltas and the calls equal :func:`parse_reply`'s. Content
-that is only whitespace beside calls is dropped (the reply's `content` is then null).
+that is only whitespace beside calls is dropped (the reply's `content` is then null). Under a
+template that teaches a form, the reply's leading whitespace is not content either: llama-server
+parses such a reply as the generation prompt, optional space, then content and calls (llama.cpp
+common/chat-auto-parser-generator.cpp), so "\nIt is sunny." is "It is sunny." on both.
 
 Nothing here logs: names, arguments and text stay with the caller.
 """
@@ -45,6 +48,8 @@ from typing import Any, Final
 from skippyctl.config.tool_call_format import OPEN_TAG, PYTHON_TAG, ToolCallFormat
 
 CLOSE_TAG: Final = "</tool_call>"
+SPACE: Final = " \t\n\v\f\r"
+"""What llama.cpp's parsers take as space (C `isspace`)."""
 
 
 def new_call_id() -> str:
@@ -273,7 +278,7 @@ class ToolCallStream:
         if self._pending:  # an unterminated block, or a possible tag that never completed
             self._content(self._pending)
             self._pending = ""
-        if not self._calls and self._whitespace:
+        if not self._calls and self._whitespace and self.form is None:
             self._out.append(ContentDelta(self._whitespace))
         self._whitespace = ""
         out, self._out = self._out, []
@@ -312,9 +317,12 @@ class ToolCallStream:
     def _content(self, text: str) -> None:
         if not text:
             return
-        if not self._content_seen and not text.strip():
+        if not self._content_seen and not text.strip(SPACE):
             self._whitespace += text
             return
+        if not self._content_seen and self.form is not None:
+            self._whitespace = ""  # the space after the generation prompt (module docstring)
+            text = text.lstrip(SPACE)
         self._content_seen = True
         self._out.append(ContentDelta(self._whitespace + text))
         self._whitespace = ""

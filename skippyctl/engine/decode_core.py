@@ -11,9 +11,10 @@ Decode thread only — no locks here; the thread, the inbox and the public entry
 ``engine/session_files.py`` (session state files).
 
 Each step holds the next token of every decoding lane plus, if any request is prefilling, up to
-``prefill_chunk_tokens`` prompt tokens in all, taken round-robin from the prefilling requests
-(several short prompts start in the same step, as llama-server does), so a long prompt never
-stalls running generations and generations never starve prefill. Logits are requested only
+``prefill_chunk_tokens`` prompt tokens in all (the context's ``n_ubatch`` unless told), taken
+round-robin from the prefilling requests (several short prompts start in the same step, as
+llama-server does), so a long prompt never stalls running generations and generations never
+starve prefill. Logits are requested only
 for each decoding lane's token and for the last prompt token of a prefill that completes in the
 step (the batch itself is ``engine/batch.py``).
 """
@@ -101,7 +102,7 @@ class DecodeCore:
         lanes: int,
         emit: Callable[[EngineMessage], None],
         released: Callable[[RequestState], None],
-        prefill_chunk_tokens: int = 256,
+        prefill_chunk_tokens: int | None = None,
         kv_pressure_high: float = 0.85,
         kv_pressure_low: float = 0.70,
         approaching_limit: float = 0.90,
@@ -118,6 +119,11 @@ class DecodeCore:
         n_seq_max = int(llama.llama_n_seq_max(context))
         if lanes > n_seq_max:
             raise ValueError(f"lanes ({lanes}) exceeds the context's n_seq_max ({n_seq_max})")
+        if prefill_chunk_tokens is None:
+            # llama-server fills a batch with prompt and llama_decode splits it in n_ubatch
+            # pieces: a prompt chunked the same way is the same computation, so a greedy reply
+            # is the same text (chunks of another size round differently and can tip a near tie).
+            prefill_chunk_tokens = int(llama.llama_n_ubatch(context))
         if prefill_chunk_tokens < 1:
             raise ValueError("prefill_chunk_tokens must be >= 1")
         if not 0.0 < kv_pressure_low < kv_pressure_high <= 1.0:

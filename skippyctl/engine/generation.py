@@ -96,7 +96,7 @@ class BatchEngine:
         lanes: int,
         emit: Callable[[EngineMessage], None],
         emit_many: Callable[[list[EngineMessage]], int] | None = None,
-        prefill_chunk_tokens: int = 256,
+        prefill_chunk_tokens: int | None = None,
         kv_pressure_high: float = 0.85,
         kv_pressure_low: float = 0.70,
         approaching_limit: float = 0.90,

@@ -52,12 +52,16 @@ from skippyctl.reducer.state import (
     LOADING_MODEL_STATES,
     SERVING_MODEL_STATES,
     SETTLED_MODEL_STATES,
+    RuntimeView,
 )
 from skippyctl.runtime.engine_seams import EngineListener
 from skippyctl.runtime.engine_supervisor import EngineHello, EngineProcess, LoadCommand
 from skippyctl.runtime.topology import Assembled, Topology, TopologyRefused
 
 ENGINE_HELLO_TIMEOUT_S: Final = 60.0
+REJECTION_SETTLE_S: Final = 2.0
+"""How long a refused load's answer waits for the state to show the refusal (the pipeline
+applies it within milliseconds; a stalled pipeline must not hold the answer longer)."""
 SAVE_STOP_TIMEOUT_S: Final = 90.0
 """How long an unload that saves session state waits for its engine to exit (the engine gives
 the save 60 s, engine/engine_worker.py)."""
@@ -80,6 +84,15 @@ class NativeStatus:
     library: Any | None
     problem_event: EventId | None
     detail: str | None
+
+
+def _settled(state: RuntimeView, model_id: LogicalId, operation_id: LogicalId) -> bool:
+    model = state.models.get(model_id)
+    return (
+        model is not None
+        and model.operation_id == operation_id
+        and model.state in SETTLED_MODEL_STATES
+    )
 
 
 def llama_cpp_importable() -> bool:
@@ -437,6 +450,12 @@ class RuntimeHost:
             )
         )
         self.pipeline.submit_authority(OperationRejected(operation_id, reason))
+        if model_id is not None:
+            # The refusal is answered once the state says so: a caller that reads /health or
+            # `ps` right after the answer sees the model failed, not still requested.
+            self.pipeline.wait_state(
+                lambda state: _settled(state, model_id, operation_id), REJECTION_SETTLE_S
+            )
 
     def cancel(self, operation_id: LogicalId, reason: ReasonCode = ReasonCode.CANCELLATION) -> None:
         """Cancel a load that is still under way; a load that already settled is left alone

@@ -119,6 +119,18 @@ def test_a_reply_without_calls_is_all_content_whitespace_included() -> None:
         assert parse(reply) == ParsedReply(reply, ())
 
 
+@pytest.mark.parametrize("form", list(ToolCallFormat))
+def test_under_a_template_s_form_the_reply_s_leading_space_is_not_content(
+    form: ToolCallFormat,
+) -> None:
+    # llama-server: the generation prompt, optional space, then content and calls.
+    assert parse("\n It is sunny. \n", form=form) == ParsedReply("It is sunny. \n", ())
+    assert parse(" \n\t", form=form) == ParsedReply("", ())
+    assert parse("a\n b", form=form) == ParsedReply("a\n b", ())
+    # Unicode space that C's isspace does not know stays.
+    assert parse("\u00a0x", form=form) == ParsedReply("\u00a0x", ())
+
+
 # -- Llama 3.x JSON --------------------------------------------------------------------------------
 
 

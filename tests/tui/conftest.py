@@ -17,7 +17,9 @@ from skippy_tui.sources import ScriptedSource, SourceItem
 from skippyctl.events.envelope import Event
 
 SETTLE_TIMEOUT_S = 20.0
-SETTLE_FRAMES = 50
+SETTLE_FRAMES = 100
+SETTLE_STABLE_FRAMES = 3
+SETTLE_FRAME_S = 0.02
 
 
 @pytest.fixture
@@ -47,11 +49,15 @@ async def settle(pilot: Pilot[None]) -> None:
     app.poll()
     # Until the screen stops changing: a DataTable sizes its columns in a later refresh, and on a
     # loaded machine one pause had drawn the rows under a header still at its old widths.
+    # One unchanged frame was not enough under a loaded run either (a header redrawn at its new
+    # widths a few frames later): the screen must hold for SETTLE_STABLE_FRAMES in a row.
     previous = None
+    stable = 0
     for _ in range(SETTLE_FRAMES):
-        await pilot.pause()
+        await pilot.pause(SETTLE_FRAME_S)
         screen = app.export_screenshot()
-        if screen == previous:
+        stable = stable + 1 if screen == previous else 0
+        if stable >= SETTLE_STABLE_FRAMES:
             return
         previous = screen
     raise AssertionError(f"the screen still changed after {SETTLE_FRAMES} frames")
