@@ -23,6 +23,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from skippyctl.api.context import ApiContext
 from skippyctl.api.edge import EdgeMiddleware
+from skippyctl.api.embedding_routes import register_embedding_routes
 from skippyctl.api.errors import error_response, install_error_handlers
 from skippyctl.api.event_stream import register_event_stream_route
 from skippyctl.api.health_routes import register_health_routes
@@ -84,6 +85,7 @@ def create_app(ctx: ApiContext, on_ready: Callable[[], None] | None = None) -> F
     register_event_stream_route(app, ctx)
     register_openai_routes(app, ctx)
     register_vocabulary_routes(app, ctx)
+    register_embedding_routes(app, ctx)
     _document(app)
     return app
 

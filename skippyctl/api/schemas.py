@@ -697,6 +697,56 @@ class DetokenizeBody(_Body):
     )
 
 
+MAX_EMBEDDING_INPUTS: Final = 2048
+"""OpenAI's limit on the inputs of one embeddings request."""
+InputTokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
+
+
+class EmbeddingBody(_Body):
+    """`POST /v1/embeddings` (OpenAI's shape; llama-server's `content` is not taken)."""
+
+    input: (
+        str
+        | Annotated[list[str], Field(min_length=1, max_length=MAX_EMBEDDING_INPUTS)]
+        | Annotated[list[InputTokenId], Field(min_length=1)]
+        | Annotated[
+            list[Annotated[list[InputTokenId], Field(min_length=1)]],
+            Field(min_length=1, max_length=MAX_EMBEDDING_INPUTS),
+        ]
+    ) = Field(
+        description="A text, a list of texts, a list of token ids, or a list of token-id lists."
+    )
+    model: str | None = Field(
+        default=None, min_length=1, description="Which model; may be omitted when one serves."
+    )
+    encoding_format: Literal["float", "base64"] = Field(
+        default="float",
+        description="`float`: JSON numbers; `base64`: the float32 little-endian bytes, base64.",
+    )
+    dimensions: Annotated[Any, Refused(None, "the model's own size only")] = Field(
+        default=None, description="Not supported: vectors have the model's size."
+    )
+    user: str | None = Field(default=None, description="Accepted and ignored.")
+
+
+class EmbeddingData(BaseModel):
+    object: Literal["embedding"]
+    index: int
+    embedding: list[float] | str
+
+
+class EmbeddingUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class Embeddings(BaseModel):
+    object: Literal["list"]
+    data: list[EmbeddingData]
+    model: str
+    usage: EmbeddingUsage
+
+
 class TokenPiece(BaseModel):
     id: int
     piece: str | list[int] = Field(
@@ -719,6 +769,7 @@ REQUEST_MODELS: Final[tuple[type[BaseModel], ...]] = (
     ChatCompletionBody,
     TokenizeBody,
     DetokenizeBody,
+    EmbeddingBody,
 )
 FIELD_NAMES: Final = model_field_names(REQUEST_MODELS)
 """Names that may appear as an error's `param` (union tags and dict keys never do)."""

@@ -46,6 +46,7 @@ from skippyctl.engine.protocol_commands import (
     Command,
     Detokenize,
     DropSession,
+    Embed,
     Generate,
     Load,
     Ping,
@@ -54,6 +55,7 @@ from skippyctl.engine.protocol_commands import (
     Tokenize,
 )
 from skippyctl.engine.protocol_messages import (
+    EmbeddingAnswer,
     EngineMessage,
     GenDone,
     Hello,
@@ -183,6 +185,8 @@ class Worker:
                 self._save_now(command)
             case Tokenize() | Detokenize():
                 self._send(self._vocabulary(command))
+            case Embed():
+                self._send(self._embed(command))
             case Shutdown():
                 try:
                     self._save_sessions(command)
@@ -230,6 +234,10 @@ class Worker:
         from skippyctl.engine.generation import GenerateRequest
         from skippyctl.engine.sampling import SamplingParams
 
+        if self.loaded is not None and self.loaded.pooling is not None:
+            # An embedding model's context pools its outputs: there are no logits to sample.
+            self._send(GenDone.refused(command.request_id, ReasonCode.UNSUPPORTED_CAPABILITY))
+            return
         try:
             if self._batch is None:
                 raise ValueError("no model is loaded in this engine")
@@ -298,6 +306,38 @@ class Worker:
             )
         text = b"".join(token_piece(llama, vocab, t) for t in command.tokens)
         return VocabularyAnswer(command.request_id, content=text.decode("utf-8", errors="replace"))
+
+    def _embed(self, command: Embed) -> EmbeddingAnswer:
+        """Embed the inputs with the loaded embedding model (engine/embeddings.py). Its decode
+        thread never decodes (generation is refused above), so the context is this thread's."""
+        from skippyctl.engine.embeddings import EmbedRefused, embed
+        from skippyctl.engine.text import tokenize
+
+        loaded = self.loaded
+        if loaded is None or loaded.model is None or loaded.context is None:
+            return EmbeddingAnswer(
+                command.request_id,
+                problem="no model is loaded",
+                reason=ReasonCode.STAGE_UNAVAILABLE,
+            )
+        llama = self.llama
+        try:
+            if command.texts:
+                vocab = llama.llama_model_get_vocab(loaded.model)
+                token_lists: tuple[tuple[int, ...], ...] = tuple(
+                    tuple(tokenize(llama, vocab, text, add_special=True, parse_special=True))
+                    for text in command.texts
+                )
+            else:
+                token_lists = command.token_lists
+            vectors = embed(llama, loaded.model, loaded.context, token_lists)
+        except EmbedRefused as refused:
+            return EmbeddingAnswer(
+                command.request_id, problem=refused.problem, reason=refused.reason
+            )
+        return EmbeddingAnswer(
+            command.request_id, vectors=vectors, prompt_tokens=sum(len(t) for t in token_lists)
+        )
 
     def _save_now(self, command: SaveSessions) -> None:
         """On request, while serving: queued on the decode thread, not waited for (this thread

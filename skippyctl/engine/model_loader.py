@@ -70,6 +70,8 @@ class LoadedModel:
     draft: Any | None = None  # DraftModel (engine/draft.py) of --draft
     fingerprint: bytes | None = None
     """The model file's (engine/kv_state.py); None when it could not be read."""
+    pooling: str | None = None
+    """An embedding model's pooling (engine/embeddings.py); None for a generative model."""
 
 
 class ModelLoader:
@@ -326,9 +328,14 @@ class ModelLoader:
             self._emit(AllocationRefused(operation_id, self._device, kv_bytes, available, failed))
             reply = ContextReturned(operation_id, ok=False, reason=failed)
         if context:
+            from skippyctl.engine.embeddings import pooling_name
             from skippyctl.engine.generation import BatchEngine
 
             loaded.context = context
+            loaded.pooling = pooling_name(llama, context)
+            if loaded.pooling is not None:
+                # The GGUF says it is an embedding model: its outputs are pooled vectors.
+                llama.llama_set_embeddings(context, True)
             self._arm_abort(context, command.serving_operation)
             lanes = int(llama.llama_n_seq_max(context))
             # Raises for a context it cannot serve (e.g. more lanes than its batch): the load
@@ -362,6 +369,7 @@ class ModelLoader:
                 context_tokens_per_lane=loaded.generation.context_tokens_per_lane(),
                 batch_tokens=int(llama.llama_n_batch(context)),
                 threads=int(llama.llama_n_threads(context)),
+                pooling=loaded.pooling,
                 # The template that renders a chat with tools: an override, else the GGUF's
                 # `tool_use` variant, else its default.
                 tool_call_format=tool_call_format(

@@ -46,6 +46,7 @@ from skippyctl.engine.protocol_commands import (
     Command,
     Detokenize,
     DropSession,
+    Embed,
     Generate,
     Load,
     Ping,
@@ -60,6 +61,7 @@ from skippyctl.engine.protocol_messages import (
     ContextBegun,
     ContextReturned,
     CpuFallback,
+    EmbeddingAnswer,
     EngineMessage,
     GenDone,
     GenFirstToken,
@@ -271,6 +273,7 @@ _COMMANDS: Final = {
         _spec("op", "save_sessions", SaveSessions),
         _spec("op", "tokenize", Tokenize),
         _spec("op", "detokenize", Detokenize),
+        _spec("op", "embed", Embed),
     )
 }
 _ENGINE_MESSAGES: Final = {
@@ -304,6 +307,7 @@ _ENGINE_MESSAGES: Final = {
         _spec("msg", "compute_failed", ComputeFailed),
         _spec("msg", "plugin_reported", PluginReported),
         _spec("msg", "vocabulary_answer", VocabularyAnswer),
+        _spec("msg", "embedding_answer", EmbeddingAnswer),
     )
 }
 _BY_TYPE: Final[dict[type, _Spec]] = {

@@ -171,6 +171,28 @@ class Detokenize:
     tokens: tuple[int, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class Embed:
+    """Embed each input with an embedding model (reply: ``embedding_answer``), as llama-server's
+    ``/v1/embeddings``: ``texts`` are tokenized with the model's special tokens (BOS/EOS as its
+    vocabulary says), ``token_lists`` taken as given; one of the two is empty. Answered on the
+    engine's command thread: an embedding model's decode thread never decodes (it serves no
+    generation), so the context is this thread's."""
+
+    request_id: str
+    texts: tuple[str, ...] = ()
+    token_lists: tuple[tuple[int, ...], ...] = ()
+
+
 Command = (
-    Load | Generate | Cancel | DropSession | Ping | Shutdown | SaveSessions | Tokenize | Detokenize
+    Load
+    | Generate
+    | Cancel
+    | DropSession
+    | Ping
+    | Shutdown
+    | SaveSessions
+    | Tokenize
+    | Detokenize
+    | Embed
 )

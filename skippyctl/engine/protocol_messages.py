@@ -141,6 +141,9 @@ class ContextReturned:
     threads: int | None = None
     """``llama_n_threads``: the threads that decode for the context."""
     # -- tool calls
+    pooling: str | None = None
+    """An embedding model's pooling (``mean``, ``cls``, ``last``, ``rank``: llama.cpp's, from the
+    GGUF); None for a generative model. A pooling model serves embeddings, not generation."""
     tool_call_format: ToolCallFormat | None = None
     """The tool-call form the model's chat template teaches (``config/tool_call_format.py``);
     None when it teaches none. The host reads chat replies for calls accordingly."""
@@ -456,6 +459,19 @@ class VocabularyAnswer:
     problem: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class EmbeddingAnswer:
+    """The answer to an ``Embed``: one pooled, L2-normalised vector per input, in order, and the
+    tokens evaluated (the caller's own, so only to the caller: never an event). ``problem`` says
+    why it failed (a fixed phrase, counts only) and ``reason`` its reason code."""
+
+    request_id: str
+    vectors: tuple[tuple[float, ...], ...] = ()
+    prompt_tokens: int = 0
+    problem: str | None = None
+    reason: ReasonCode | None = None
+
+
 ServingMessage = (
     RequestObservation
     | GenDone
@@ -464,6 +480,7 @@ ServingMessage = (
     | StateExported
     | StateImported
     | VocabularyAnswer
+    | EmbeddingAnswer
 )
 """Everything the supervisor hands to the engine's listener (the scheduler)."""
 EngineMessage = (

@@ -52,7 +52,11 @@ class EngineListener(Protocol):
     """
 
     def on_engine_serving(
-        self, engine: object, lanes: int, tool_call_format: ToolCallFormat | None = None
+        self,
+        engine: object,
+        lanes: int,
+        tool_call_format: ToolCallFormat | None = None,
+        pooling: str | None = None,
     ) -> None: ...
     def on_engine_message(self, engine: object, message: ServingMessage) -> None: ...
     def on_engine_exit(

@@ -66,6 +66,7 @@ from skippyctl.engine.protocol_messages import (
     ContextBegun,
     ContextReturned,
     CpuFallback,
+    EmbeddingAnswer,
     EngineMessage,
     GenDone,
     GenFirstToken,
@@ -492,6 +493,7 @@ class EngineProcess:
                 | StateExported()
                 | StateImported()
                 | VocabularyAnswer()
+                | EmbeddingAnswer()
             ):
                 if self.listener is not None:
                     self.listener.on_engine_message(self, message)
@@ -545,7 +547,9 @@ class EngineProcess:
             self._retire()
         elif self.listener is not None and message.lanes is not None:
             # Before any serving message: the engine's decode thread starts after this reply.
-            self.listener.on_engine_serving(self, message.lanes, message.tool_call_format)
+            self.listener.on_engine_serving(
+                self, message.lanes, message.tool_call_format, message.pooling
+            )
 
     @property
     def exited(self) -> bool:

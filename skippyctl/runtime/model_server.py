@@ -45,7 +45,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Final, Protocol, assert_never
+from typing import Any, Final, Protocol, assert_never
 
 from skippyctl.config.tool_call_format import ToolCallFormat
 from skippyctl.engine.channel import (
@@ -54,8 +54,9 @@ from skippyctl.engine.channel import (
     UnencodableMessage,
     encode_frame,
 )
-from skippyctl.engine.protocol_commands import Cancel, Command, Detokenize, Tokenize
+from skippyctl.engine.protocol_commands import Cancel, Command, Detokenize, Embed, Tokenize
 from skippyctl.engine.protocol_messages import (
+    EmbeddingAnswer,
     GenDone,
     GenFirstToken,
     GenPrefillDone,
@@ -161,6 +162,8 @@ class ModelServer:
         self.speculation = "off"
         """How the engine speculates for this model (its load's ``speculation``): receipts say."""
         self.tool_call_format: ToolCallFormat | None = None
+        self.pooling: str | None = None
+        """An embedding model's pooling (``on_engine_serving``); None: a generative model."""
         """The tool-call form the model's chat template teaches, once the engine serves."""
         self.accepting = True
         self._lock = threading.Lock()
@@ -173,8 +176,9 @@ class ModelServer:
         self._unresponsive_since_ns = 0
         self.on_state: Callable[[ModelServer, StateExported | StateImported], None] | None = None
         """Told each session state file outcome before its event (the scheduler's state store)."""
-        self._vocabulary_asks: dict[str, Future[VocabularyAnswer]] = {}
-        self._vocabulary_ids = itertools.count(1)
+        self._engine_asks: dict[str, Future[Any]] = {}
+        """Tokenize, detokenize and embed commands awaiting their engine's answer, by id."""
+        self._engine_ask_ids = itertools.count(1)
 
     def tokenize(
         self, content: str, *, add_special: bool, parse_special: bool, with_pieces: bool
@@ -190,26 +194,32 @@ class ModelServer:
         """The text of ``tokens`` (see :meth:`_ask_vocabulary`)."""
         return self._ask_vocabulary(lambda request_id: Detokenize(request_id, tokens))
 
-    def _ask_vocabulary(
-        self, make: Callable[[str], Tokenize | Detokenize]
-    ) -> Future[VocabularyAnswer] | None:
-        """Send a tokenize/detokenize command (``make`` builds it from a fresh id) to the serving
-        engine; its answer resolves the future. None when no engine serves (the caller says 503);
-        an engine that exits first fails the future (``ConnectionError``)."""
-        future: Future[VocabularyAnswer] = Future()
+    def embed(
+        self, texts: tuple[str, ...], token_lists: tuple[tuple[int, ...], ...]
+    ) -> Future[EmbeddingAnswer] | None:
+        """One embedding per input (texts, or token lists), from an embedding model's engine
+        (see :meth:`_ask_vocabulary`)."""
+        return self._ask_vocabulary(lambda request_id: Embed(request_id, texts, token_lists))
+
+    def _ask_vocabulary(self, make: Callable[[str], Command]) -> Future[Any] | None:
+        """Send a command answered off the decode step (tokenize, detokenize, embed; ``make``
+        builds it from a fresh id) to the serving engine; its answer resolves the future. None
+        when no engine serves (the caller says 503); an engine that exits first fails the future
+        (``ConnectionError``)."""
+        future: Future[Any] = Future()
         with self._lock:
             engine = self.engine
             if engine is None or not engine.serving:
                 return None
-            request_id = f"v{next(self._vocabulary_ids)}"
-            self._vocabulary_asks[request_id] = future
+            request_id = f"v{next(self._engine_ask_ids)}"
+            self._engine_asks[request_id] = future
         try:
             sent = engine.send(make(request_id))
         except (MessageTooLarge, UnencodableMessage):
             sent = False
         if not sent:
             with self._lock:
-                self._vocabulary_asks.pop(request_id, None)
+                self._engine_asks.pop(request_id, None)
             return None
         return future
 
@@ -231,6 +241,13 @@ class ModelServer:
                 rejection = unframable
             elif not self.accepting or self.engine is None:
                 rejection = Rejection(503, ReasonCode.STAGE_UNAVAILABLE, "model is not serving")
+            elif self.pooling is not None:
+                rejection = Rejection(
+                    400,
+                    ReasonCode.UNSUPPORTED_CAPABILITY,
+                    f"model '{self.model_id}' is an embedding model ({self.pooling} pooling): "
+                    "it serves /v1/embeddings, not completions",
+                )
             elif len(self._running) < self.lanes and not self._queued:
                 self._start_locked(handle)
                 return None
@@ -416,13 +433,19 @@ class ModelServer:
 
     # -- engine messages (reader thread) --------------------------------------------------------
     def on_engine_serving(
-        self, engine: object, lanes: int, tool_call_format: ToolCallFormat | None = None
+        self,
+        engine: object,
+        lanes: int,
+        tool_call_format: ToolCallFormat | None = None,
+        pooling: str | None = None,
     ) -> None:
         """The engine's context exists with `lanes` lanes (its own choice when the load left
         them out): admit up to that many at once from now on. `tool_call_format`: the form its
-        chat template teaches (how the API reads chat replies for tool calls)."""
+        chat template teaches (how the API reads chat replies for tool calls); `pooling`: an
+        embedding model's (it serves embeddings, not generation)."""
         with self._lock:
             self.tool_call_format = tool_call_format
+            self.pooling = pooling
             self.lanes = lanes
             self._next_locked()
 
@@ -434,9 +457,9 @@ class ModelServer:
                 self._on_session(message)
             case StateExported() | StateImported():
                 self._on_state(message)
-            case VocabularyAnswer():
+            case VocabularyAnswer() | EmbeddingAnswer():
                 with self._lock:
-                    asked = self._vocabulary_asks.pop(message.request_id, None)
+                    asked = self._engine_asks.pop(message.request_id, None)
                 if asked is not None:
                     asked.set_result(message)
             case GenDone():
@@ -551,8 +574,8 @@ class ModelServer:
             self._running.clear()
             self._queued.clear()
             self._abandoned.clear()
-            asks = list(self._vocabulary_asks.values())
-            self._vocabulary_asks.clear()
+            asks = list(self._engine_asks.values())
+            self._engine_asks.clear()
             self.idle.notify_all()
         for asked in asks:
             asked.set_exception(ConnectionError("the engine exited"))

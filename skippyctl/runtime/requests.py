@@ -16,13 +16,19 @@ from typing import Any
 
 from skippyctl.engine.chat_template import ChatMessage, ToolCall
 from skippyctl.engine.protocol_commands import Generate, Sampling
-from skippyctl.engine.protocol_messages import TokenLogprob, TopLogprob, VocabularyAnswer
+from skippyctl.engine.protocol_messages import (
+    EmbeddingAnswer,
+    TokenLogprob,
+    TopLogprob,
+    VocabularyAnswer,
+)
 from skippyctl.events.envelope import LogicalId
 from skippyctl.events.figures import NO_FIGURES, GenerationFigures
 from skippyctl.events.reasons import ReasonCode
 
 __all__ = [
     "ChatMessage",  # the chat's shape, for the API (which may not import the engine)
+    "EmbeddingAnswer",  # an embeddings answer, for the API likewise
     "Chunk",
     "Finished",
     "GenerationParams",

@@ -28,7 +28,7 @@ class Recorder:
         self.events.append(event)
 
     def on_engine_serving(
-        self, engine: object, lanes: int, tool_call_format: object = None
+        self, engine: object, lanes: int, tool_call_format: object = None, pooling: object = None
     ) -> None:
         raise AssertionError("not exercised here")
 

@@ -1,0 +1,84 @@
+"""Make tests/golden/embeddings.json: llama-server's `/v1/embeddings` on the embedding fixture.
+
+    .venv/bin/python -m scripts.golden_embeddings [--binary PATH] [--out FILE]
+
+Starts llama-server `--embeddings` (benchmarks/servers.py's `start_llama_server`, the peer built
+from the same vendored llama.cpp) on fixtures/tiny-embedding.gguf (`make fixtures`: the tiny
+model with mean pooling) and keeps its answers to INPUTS: each vector and the usage.
+tests/api/test_embeddings.py asks skippyctl the same through the official `openai` client.
+
+`--binary`: a llama-server built elsewhere, used in place of benchmarks.llama_server_build's cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+from typing import Any, Final
+
+import httpx
+import orjson
+
+from benchmarks import llama_server_build
+from benchmarks.servers import MODEL_ALIAS, ServerSpec, start_llama_server
+
+REPO: Final = Path(__file__).resolve().parents[1]
+MODEL: Final = REPO / "fixtures" / "tiny-embedding.gguf"
+INPUTS: Final[list[tuple[str, Any]]] = [
+    ("one_text", "Hello world"),
+    ("texts", ["The capital of France", "", "<|im_start|>user"]),
+    ("tokens", [1, 5, 9, 200]),
+    ("token_lists", [[1, 5], [7]]),
+]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--binary", type=Path, help="a llama-server binary to use")
+    parser.add_argument("--out", type=Path, default=REPO / "tests" / "golden" / "embeddings.json")
+    args = parser.parse_args(argv)
+    if args.binary is not None:
+        # The peer built elsewhere: start_llama_server looks it up through these two.
+        directory = args.binary.resolve().parent
+        llama_server_build.binary = lambda name: directory / name  # the given build
+        llama_server_build.is_built = lambda: True  # it is built
+    spec = ServerSpec(
+        MODEL, sessions=1, context_per_session=512, threads=1, llama_server_args=("--embeddings",)
+    )
+    cases = []
+    with tempfile.TemporaryDirectory(prefix="golden-embeddings-") as scratch:
+        server = start_llama_server(spec, Path(scratch))
+        try:
+            with httpx.Client(base_url=server.url, timeout=300) as http:
+                for name, value in INPUTS:
+                    response = http.post(
+                        "/v1/embeddings", json={"model": MODEL_ALIAS, "input": value}
+                    )
+                    response.raise_for_status()
+                    body = response.json()
+                    cases.append(
+                        {
+                            "name": name,
+                            "input": value,
+                            "vectors": [d["embedding"] for d in body["data"]],
+                            "prompt_tokens": body["usage"]["prompt_tokens"],
+                        }
+                    )
+        finally:
+            server.stop()
+    document = {
+        # No absolute path in a committed file: the binary's is the reader's own.
+        "made_by": "python -m scripts.golden_embeddings"
+        + (" --binary PATH" if args.binary is not None else ""),
+        "peer": "llama-server --embeddings (benchmarks/llama_server_build.py), one slot",
+        "model": MODEL.name,
+        "cases": cases,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_bytes(orjson.dumps(document, option=orjson.OPT_INDENT_2) + b"\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
