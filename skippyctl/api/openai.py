@@ -29,6 +29,7 @@ from starlette.responses import Response, StreamingResponse
 
 from skippyctl.api.context import ApiContext
 from skippyctl.api.errors import JsonResponse, error_body, error_response
+from skippyctl.api.forced_tool_calls import forced_tool_call
 from skippyctl.api.logprobs import chat_logprobs, completion_logprobs
 from skippyctl.api.schemas import (
     SSE,
@@ -86,8 +87,11 @@ CHAT_DEFAULT_MAX_TOKENS: Final = 256
 T = TypeVar("T")
 
 
-def _params(body: CompletionBody | ChatCompletionBody) -> GenerationParams:
-    """The host's parameters from a validated body (ranges are GenerationParams' to check)."""
+def _params(
+    body: CompletionBody | ChatCompletionBody, form: ToolCallFormat | None = None
+) -> GenerationParams:
+    """The host's parameters from a validated body (ranges are GenerationParams' to check);
+    `form`: the tool-call form of the model's chat template (a forced call is written in it)."""
     stop = [body.stop] if isinstance(body.stop, str) else body.stop
     bias = tuple((int(k), float(v)) for k, v in (body.logit_bias or {}).items())
     messages: tuple[ChatMessage, ...] | None = None
@@ -95,6 +99,8 @@ def _params(body: CompletionBody | ChatCompletionBody) -> GenerationParams:
     tools: tuple[dict[str, Any], ...] | None = None
     template_kwargs: dict[str, Any] | None = None
     prompt: str | None = None
+    json_schema = None if body.response_format is None else body.response_format.schema_text()
+    json_schema_tags: tuple[str, str] | None = None
     if isinstance(body, ChatCompletionBody):
         wanted = (
             body.max_tokens if body.max_completion_tokens is None else body.max_completion_tokens
@@ -107,6 +113,9 @@ def _params(body: CompletionBody | ChatCompletionBody) -> GenerationParams:
         if body.tools and body.tool_choice != "none":  # `none`: no tools reach the template
             tools = tuple(t.model_dump(exclude_none=True) for t in body.tools)
         template_kwargs = body.chat_template_kwargs
+        forced = forced_tool_call(body, form)
+        if forced is not None:
+            json_schema, json_schema_tags = forced
     else:
         max_tokens = COMPLETION_DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
         prompt = body.text()
@@ -124,7 +133,8 @@ def _params(body: CompletionBody | ChatCompletionBody) -> GenerationParams:
         frequency_penalty=_or(body.frequency_penalty, 0.0),
         repeat_last_n=_or(body.repeat_last_n, 64),
         grammar=body.grammar,
-        json_schema=None if body.response_format is None else body.response_format.schema_text(),
+        json_schema=json_schema,
+        json_schema_tags=json_schema_tags,
         logprobs=logprobs,
         seed=body.seed,
         logit_bias=bias,
@@ -297,7 +307,8 @@ async def _generate(
 ) -> Response:
     chat = isinstance(body, ChatCompletionBody)
     try:
-        params = _params(body)
+        server = ctx.scheduler.server(body.model)
+        params = _params(body, None if server is None else server.tool_call_format)
     except InvalidRequest as error:
         return error_response(
             str(error),

@@ -5,7 +5,7 @@ strict (a string is never taken for a number, nor 1 for true); an integral float
 for an integer, since JSON does not tell them apart. Unknown fields are accepted and ignored — what
 OpenAI clients send that does not change the result — while parameters that would change the
 result in a way the runtime cannot honour (`echo`, `best_of`, `suffix`, `n` != 1, non-text
-content parts, a `tool_choice` that forces a call) are refused with a 400 naming them (`code:
+content parts) are refused with a 400 naming them (`code:
 unsupported_parameter`), never silently dropped. Numbers are bounded where the engine or
 llama.cpp takes them as fixed-size integers.
 
@@ -394,14 +394,6 @@ class NamedToolChoice(_Body):
     function: FunctionName
 
 
-def _servable_tool_choice(value: Any) -> Any:
-    if value == "required" or isinstance(value, NamedToolChoice):
-        # llama-server forces these with a grammar built from the tools' schemas; without
-        # grammar-constrained sampling a model may simply not call, which would break the promise.
-        raise _unsupported("tool_choice", "only 'auto' or 'none'")
-    return value
-
-
 class JsonSchemaFormat(_Body):
     name: str | None = Field(default=None, max_length=256)
     description: str | None = None
@@ -559,16 +551,13 @@ class ChatCompletionBody(_Generation):
         default=None, description="Refused unless empty."
     )
     # -- tool calls (api/tool_calls.py parses the reply)
-    tool_choice: Annotated[
-        Literal["none", "auto", "required"] | NamedToolChoice | None,
-        AfterValidator(_servable_tool_choice),
-        # What is served (the refused forms are parsed only to name them in the 400).
-        WithJsonSchema({"anyOf": [{"enum": ["none", "auto"], "type": "string"}, {"type": "null"}]}),
-    ] = Field(
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
         default=None,
         description="`auto` (the default): the reply is read for tool calls; `none`: no tools "
-        "reach the template and the reply is not read for calls. `required` and a named "
-        "function are refused (they need grammar-constrained sampling).",
+        "reach the template and the reply is not read for calls; `required` or "
+        "`{type: function, function: {name}}`: the reply is one call (of any tool, or of the "
+        "named one), forced by a grammar from the tools' parameter schemas in the form the "
+        "model's chat template teaches.",
     )
     parallel_tool_calls: bool | None = Field(
         default=None,

@@ -266,6 +266,7 @@ class Worker:
                     repeat_last_n=sampling.repeat_last_n,
                     grammar=sampling.grammar,
                     json_schema=sampling.json_schema,
+                    json_schema_tags=sampling.json_schema_tags,
                     logprobs=sampling.logprobs,
                 ),
                 deadline_mono_s=None if timeout is None else time.monotonic() + timeout,

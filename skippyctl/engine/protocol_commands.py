@@ -38,6 +38,8 @@ class Sampling:
     """GBNF text (request text: never in an event)."""
     json_schema: str | None = None
     """JSON schema text; the engine turns it into a grammar as llama.cpp does."""
+    json_schema_tags: tuple[str, str] | None = None
+    """Literal text around the JSON (a Hermes tool call's tags); None: the JSON alone."""
     logprobs: int | None = None
     """Report each token's log-probability and this many top candidates (0..20); None: off."""
 

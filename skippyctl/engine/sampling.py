@@ -20,6 +20,7 @@ Contract:
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
@@ -61,6 +62,9 @@ class SamplingParams:
     """A GBNF grammar (root rule ``root``) the output must match."""
     json_schema: str | None = None
     """A JSON schema (JSON text) the output must satisfy, turned into GBNF as llama.cpp does."""
+    json_schema_tags: tuple[str, str] | None = None
+    """Literal text before and after the JSON ``json_schema`` constrains (a Hermes tool call's
+    ``<tool_call>`` tags); None: the JSON alone."""
     logprobs: int | None = None
     """Report each token's log-probability with this many top candidates; None: off."""
 
@@ -88,6 +92,8 @@ class SamplingParams:
                 raise ValueError(f"{name} must be in [-2, 2], got {value}")
         if self.grammar is not None and self.json_schema is not None:
             raise ValueError("give either a grammar or a JSON schema")
+        if self.json_schema_tags is not None and self.json_schema is None:
+            raise ValueError("json_schema_tags need a JSON schema")
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs)
             if not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
@@ -151,7 +157,25 @@ class SamplingParams:
         # The port predates llama.cpp's whitespace rule (common/json-schema-to-grammar.cpp),
         # which lets a model lay JSON out over lines as it was trained to; without it greedy
         # replies differ from llama-server's.
-        return gbnf.replace(_PORT_SPACE_RULE, _LLAMA_CPP_SPACE_RULE)
+        gbnf = gbnf.replace(_PORT_SPACE_RULE, _LLAMA_CPP_SPACE_RULE)
+        if self.json_schema_tags is None:
+            return gbnf
+        before, after = self.json_schema_tags
+        rule = _TAGGED_JSON_RULE
+        while re.search(rf"^{rule} ::=", gbnf, flags=re.M):  # a schema's own rule of that name
+            rule += "-"
+        renamed = re.sub(r"^root ::=", f"{rule} ::=", gbnf, count=1, flags=re.M)
+        return f"root ::= {_gbnf_literal(before)} {rule} {_gbnf_literal(after)}\n" + renamed
+
+
+_TAGGED_JSON_RULE: Final = "tagged-json"
+"""The JSON's rule when tags surround it (lengthened while the schema has a rule so named)."""
+
+
+def _gbnf_literal(text: str) -> str:
+    """``text`` as a GBNF string literal."""
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"')
+    return '"' + escaped.replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t") + '"'
 
 
 def _check_real(name: str, value: object) -> None:

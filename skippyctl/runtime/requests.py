@@ -68,6 +68,8 @@ class GenerationParams:
     """A GBNF grammar the reply must match (request text: never in an event)."""
     json_schema: str | None = None
     """A JSON schema (JSON text) the reply must satisfy; the engine makes its grammar."""
+    json_schema_tags: tuple[str, str] | None = None
+    """Literal text before and after that JSON (a forced Hermes tool call's tags)."""
     logprobs: int | None = None
     """Each token's log-probability with this many top candidates (0..20); None: off."""
     # -- end sampling
@@ -141,6 +143,7 @@ class GenerationParams:
                 repeat_last_n=self.repeat_last_n,
                 grammar=self.grammar,
                 json_schema=self.json_schema,
+                json_schema_tags=self.json_schema_tags,
                 logprobs=self.logprobs,
                 seed=self.seed,
                 logit_bias=self.logit_bias,

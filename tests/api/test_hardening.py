@@ -143,13 +143,6 @@ def test_type_errors_leave_the_model_serving(rooted: Server) -> None:
     [
         ("/v1/chat/completions", {"n": 2}, "n"),
         ("/v1/chat/completions", {"functions": [{"name": "f"}]}, "functions"),
-        # tool calls: forcing a call needs grammar-constrained sampling
-        ("/v1/chat/completions", {"tool_choice": "required"}, "tool_choice"),
-        (
-            "/v1/chat/completions",
-            {"tool_choice": {"type": "function", "function": {"name": "f"}}},
-            "tool_choice",
-        ),
         ("/v1/completions", {"echo": True}, "echo"),
         ("/v1/completions", {"best_of": 3}, "best_of"),
         ("/v1/completions", {"suffix": "end"}, "suffix"),

@@ -204,21 +204,25 @@ def test_streamed_tool_call_chunks_have_openai_s_shape(real: Server) -> None:
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
 
 
-def test_tool_choice_that_forces_a_call_is_refused_naming_it(real: Server) -> None:
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        ({"tools": TOOLS, "tool_choice": "required"}, "teaches no tool-call form"),
+        ({"tool_choice": "required"}, "needs 'tools'"),
+    ],
+)
+def test_a_forced_call_the_runtime_cannot_force_is_a_400_naming_tool_choice(
+    real: Server, extra: dict[str, Any], words: str
+) -> None:
+    # SmolLM2's own template has no tools section: there is no form to write a call in.
     with real.http() as http:
         response = http.post(
-            "/v1/chat/completions",
-            json={
-                "model": "smollm2",
-                "messages": ONE_CALL,
-                "tools": TOOLS,
-                "tool_choice": "required",
-            },
+            "/v1/chat/completions", json={"model": "smollm2", "messages": ONE_CALL, **extra}
         )
-    assert response.status_code == 400
+    assert response.status_code == 400, response.text
     error = response.json()["error"]
-    assert (error["param"], error["code"]) == ("tool_choice", "unsupported_parameter")
-    assert error["reason_code"] == "unsupported_capability"
+    assert error["param"] == "tool_choice"
+    assert words in error["message"]
 
 
 # -- against llama-server: the real model with a vendored tool template (tests/golden/README.md)
@@ -259,3 +263,86 @@ def test_tool_calls_equal_llama_server_s_with_the_template_s_tool_section(
     assert [
         (c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls or ()
     ] == [(c["name"], json.loads(c["arguments"])) for c in peer["tool_calls"]]
+
+
+# -- tool_choice required / named: a grammar forces one call in the template's form
+
+WEATHER_QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def with_llama3_template(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    template = VENDORED_TEMPLATES / "meta-llama-Llama-3.1-8B-Instruct.jinja"
+    with real_model_server(
+        tmp_path_factory.mktemp("runtime"),
+        "smollm2",
+        ctx=2048,
+        lanes=1,
+        chat_template=str(template),
+    ) as running:
+        yield running
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    ("choice", "name"),
+    [
+        ("required", "get_weather"),
+        ({"type": "function", "function": {"name": "get_time"}}, "get_time"),
+    ],
+    ids=["required", "named"],
+)
+@pytest.mark.parametrize("template", ["hermes", "llama3"])
+def test_a_forced_call_is_one_call_of_the_allowed_tool_with_valid_arguments(
+    request: pytest.FixtureRequest, template: str, choice: Any, name: str, stream: bool
+) -> None:
+    # Unforced, SmolLM2 answers this question in prose under both templates (tests/golden/
+    # chat_greedy.json): the call below is the grammar's doing.
+    server = request.getfixturevalue(
+        "with_tool_template" if template == "hermes" else "with_llama3_template"
+    )
+    created = _client(server).chat.completions.create(
+        model="smollm2",
+        messages=WEATHER_QUESTION,
+        tools=TOOLS,
+        tool_choice=choice,
+        max_tokens=60,
+        temperature=0,
+        stream=stream,
+    )
+    if stream:
+        chunks = list(created)
+        deltas = [c.choices[0].delta for c in chunks if c.choices]
+        calls = [tc for d in deltas for tc in d.tool_calls or ()]
+        names = "".join(tc.function.name or "" for tc in calls)
+        arguments = "".join(tc.function.arguments or "" for tc in calls)
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+        content = "".join(d.content or "" for d in deltas)
+        assert {tc.index for tc in calls} == {0}
+    else:
+        choice_out = created.choices[0]
+        assert len(choice_out.message.tool_calls or ()) == 1
+        call = choice_out.message.tool_calls[0]
+        names, arguments = call.function.name, call.function.arguments
+        finish, content = choice_out.finish_reason, choice_out.message.content or ""
+    assert names == name
+    assert json.loads(arguments) == {"city": "Paris"}
+    assert finish == "tool_calls"
+    assert content == ""
+
+
+def test_a_forced_call_refuses_a_name_tools_lacks_and_a_second_constraint(
+    with_tool_template: Server,
+) -> None:
+    base = {"model": "smollm2", "messages": WEATHER_QUESTION, "tools": TOOLS}
+    for extra, words in (
+        ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "lacks"),
+        ({"tool_choice": "required", "response_format": {"type": "json_object"}}, "combined"),
+        ({"tool_choice": "required", "grammar": 'root ::= "x"'}, "combined"),
+    ):
+        with with_tool_template.http() as http:
+            response = http.post("/v1/chat/completions", json={**base, **extra})
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["param"] == "tool_choice"
+        assert words in error["message"]

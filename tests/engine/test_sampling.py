@@ -193,3 +193,38 @@ def test_close_is_idempotent(vocab: Any) -> None:
     chain.close()
     chain.close()
     assert chain.pointer is None
+
+
+# -- a JSON schema between literal tags (a forced Hermes tool call) -------------------------------
+
+_CALL_SCHEMA = (
+    '{"type": "object", "properties": {"name": {"const": "get_weather"}, '
+    '"arguments": {"type": "object"}}, "required": ["name", "arguments"]}'
+)
+
+
+def test_tags_surround_the_schema_s_json_in_the_grammar() -> None:
+    tagged = SamplingParams(json_schema=_CALL_SCHEMA, json_schema_tags=("<tool_call>\n", '"\\'))
+    grammar = tagged.gbnf()
+    assert grammar is not None
+    assert grammar.splitlines()[0] == 'root ::= "<tool_call>\\n" tagged-json "\\"\\\\"'
+    assert "\ntagged-json ::= " in grammar
+    # Untagged, the same schema is the root itself.
+    plain = SamplingParams(json_schema=_CALL_SCHEMA).gbnf()
+    assert plain is not None and plain.replace("root ::=", "tagged-json ::=", 1) in grammar
+
+
+def test_a_schema_rule_named_like_the_tagged_rule_is_not_overwritten() -> None:
+    schema = (
+        '{"type": "object", "properties": {"tagged-json": {"type": "object", '
+        '"properties": {"a": {"type": "string"}}}}}'
+    )
+    assert "\ntagged-json ::= " in (SamplingParams(json_schema=schema).gbnf() or "")
+    grammar = SamplingParams(json_schema=schema, json_schema_tags=("<", ">")).gbnf()
+    assert grammar is not None
+    assert grammar.splitlines()[0] == 'root ::= "<" tagged-json- ">"'
+
+
+def test_tags_without_a_schema_are_refused() -> None:
+    with pytest.raises(ValueError, match="need a JSON schema"):
+        SamplingParams(json_schema_tags=("<", ">"))
