@@ -24,10 +24,9 @@ from pathlib import Path
 from typing import Any, Final
 
 import httpx
-import orjson
 
-from benchmarks import llama_server_build
 from benchmarks.servers import MODEL_ALIAS, ServerSpec, start_llama_server
+from scripts.golden_peer import chat_answer, use_binary, write_golden
 
 REPO: Final = Path(__file__).resolve().parents[1]
 MODEL: Final = REPO / "fixtures" / "real" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -85,21 +84,6 @@ def requests_for(template: str) -> list[tuple[str, dict[str, Any]]]:
     return [(name, {**body, "max_tokens": MAX_TOKENS, "temperature": 0}) for name, body in cases]
 
 
-def _answer(body: dict[str, Any]) -> dict[str, Any]:
-    choice = body["choices"][0]
-    message = choice["message"]
-    return {
-        "finish_reason": choice["finish_reason"],
-        "content": message.get("content"),
-        "tool_calls": [
-            {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
-            for c in message.get("tool_calls") or ()
-        ],
-        "prompt_tokens": body["usage"]["prompt_tokens"],
-        "completion_tokens": body["usage"]["completion_tokens"],
-    }
-
-
 def _ask(template: str, scratch: Path) -> list[dict[str, Any]]:
     path = REPO / "fixtures" / "vendor" / "templates" / template
     spec = ServerSpec(
@@ -116,7 +100,7 @@ def _ask(template: str, scratch: Path) -> list[dict[str, Any]]:
             for name, request in requests_for(template):
                 response = http.post("/v1/chat/completions", json={"model": MODEL_ALIAS, **request})
                 response.raise_for_status()
-                cases.append({"name": name, "request": request, **_answer(response.json())})
+                cases.append({"name": name, "request": request, **chat_answer(response.json())})
     finally:
         server.stop()
     return cases
@@ -127,25 +111,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--binary", type=Path, help="a llama-server binary to use")
     parser.add_argument("--out", type=Path, default=REPO / "tests" / "golden" / "chat_greedy.json")
     args = parser.parse_args(argv)
-    if args.binary is not None:
-        # The peer built elsewhere: start_llama_server looks it up through these two.
-        directory = args.binary.resolve().parent
-        llama_server_build.binary = lambda name: directory / name  # the given build
-        llama_server_build.is_built = lambda: True  # it is built
+    use_binary(args.binary)
     templates = {}
     with tempfile.TemporaryDirectory(prefix="golden-chat-greedy-") as scratch:
         for template in TEMPLATES:
             templates[template] = _ask(template, Path(scratch))
-    document = {
-        # No absolute path in a committed file: the binary's is the reader's own.
-        "made_by": "python -m scripts.golden_chat_greedy"
-        + (" --binary PATH" if args.binary is not None else ""),
-        "peer": "llama-server (benchmarks/llama_server_build.py), --jinja, greedy, one slot",
-        "model": MODEL.name,
-        "templates": templates,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_bytes(orjson.dumps(document, option=orjson.OPT_INDENT_2) + b"\n")
+    write_golden(
+        args.out,
+        "golden_chat_greedy",
+        args.binary,
+        {
+            "peer": "llama-server (benchmarks/llama_server_build.py), --jinja, greedy, one slot",
+            "model": MODEL.name,
+            "templates": templates,
+        },
+    )
     return 0
 
 

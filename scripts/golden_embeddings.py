@@ -18,10 +18,9 @@ from pathlib import Path
 from typing import Any, Final
 
 import httpx
-import orjson
 
-from benchmarks import llama_server_build
 from benchmarks.servers import MODEL_ALIAS, ServerSpec, start_llama_server
+from scripts.golden_peer import use_binary, write_golden
 
 REPO: Final = Path(__file__).resolve().parents[1]
 MODEL: Final = REPO / "fixtures" / "tiny-embedding.gguf"
@@ -38,11 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--binary", type=Path, help="a llama-server binary to use")
     parser.add_argument("--out", type=Path, default=REPO / "tests" / "golden" / "embeddings.json")
     args = parser.parse_args(argv)
-    if args.binary is not None:
-        # The peer built elsewhere: start_llama_server looks it up through these two.
-        directory = args.binary.resolve().parent
-        llama_server_build.binary = lambda name: directory / name  # the given build
-        llama_server_build.is_built = lambda: True  # it is built
+    use_binary(args.binary)
     spec = ServerSpec(
         MODEL, sessions=1, context_per_session=512, threads=1, llama_server_args=("--embeddings",)
     )
@@ -67,16 +62,16 @@ def main(argv: list[str] | None = None) -> int:
                     )
         finally:
             server.stop()
-    document = {
-        # No absolute path in a committed file: the binary's is the reader's own.
-        "made_by": "python -m scripts.golden_embeddings"
-        + (" --binary PATH" if args.binary is not None else ""),
-        "peer": "llama-server --embeddings (benchmarks/llama_server_build.py), one slot",
-        "model": MODEL.name,
-        "cases": cases,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_bytes(orjson.dumps(document, option=orjson.OPT_INDENT_2) + b"\n")
+    write_golden(
+        args.out,
+        "golden_embeddings",
+        args.binary,
+        {
+            "peer": "llama-server --embeddings (benchmarks/llama_server_build.py), one slot",
+            "model": MODEL.name,
+            "cases": cases,
+        },
+    )
     return 0
 
 

@@ -8,7 +8,7 @@ template (fixtures/vendor/templates, `--jinja --chat-template-file`): a Hermes-f
 on a ChatML model, so llama-server parses `<tool_call>` blocks from its replies. SmolLM2 copies a
 few-shot pattern greedily, so each case's messages show two solved turns and ask a third. The
 file keeps each request and what llama-server answered (finish_reason, content, the calls' names
-and arguments, usage); ids are random and left out. tests/api/test_tool_calls_golden.py replays
+and arguments, usage); ids are random and left out. tests/api/test_tool_calls_real.py replays
 the requests on skippy with the same template and compares.
 
 `--binary`: a llama-server built elsewhere (e.g. the path in /work/cache/llama-server.path),
@@ -23,10 +23,9 @@ from pathlib import Path
 from typing import Any, Final
 
 import httpx
-import orjson
 
-from benchmarks import llama_server_build
 from benchmarks.servers import MODEL_ALIAS, ServerSpec, start_llama_server
+from scripts.golden_peer import chat_answer, use_binary, write_golden
 
 REPO: Final = Path(__file__).resolve().parents[1]
 MODEL: Final = REPO / "fixtures" / "real" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -99,31 +98,12 @@ CASES: Final[list[tuple[str, dict[str, Any]]]] = [
 ]
 
 
-def _answer(body: dict[str, Any]) -> dict[str, Any]:
-    choice = body["choices"][0]
-    message = choice["message"]
-    return {
-        "finish_reason": choice["finish_reason"],
-        "content": message.get("content"),
-        "tool_calls": [
-            {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
-            for c in message.get("tool_calls") or ()
-        ],
-        "prompt_tokens": body["usage"]["prompt_tokens"],
-        "completion_tokens": body["usage"]["completion_tokens"],
-    }
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--binary", type=Path, help="a llama-server binary to use")
     parser.add_argument("--out", type=Path, default=REPO / "tests" / "golden" / "tool_calls.json")
     args = parser.parse_args(argv)
-    if args.binary is not None:
-        # The peer built elsewhere: start_llama_server looks it up through these two.
-        directory = args.binary.resolve().parent
-        llama_server_build.binary = lambda name: directory / name  # the given build
-        llama_server_build.is_built = lambda: True  # it is built
+    use_binary(args.binary)
     template = REPO / "fixtures" / "vendor" / "templates" / TEMPLATE
     spec = ServerSpec(
         MODEL,
@@ -143,20 +123,20 @@ def main(argv: list[str] | None = None) -> int:
                         "/v1/chat/completions", json={"model": MODEL_ALIAS, **request}
                     )
                     response.raise_for_status()
-                    cases.append({"name": name, "request": request, **_answer(response.json())})
+                    cases.append({"name": name, "request": request, **chat_answer(response.json())})
         finally:
             server.stop()
-    document = {
-        # No absolute path in a committed file: the binary's is the reader's own.
-        "made_by": "python -m scripts.golden_tool_calls"
-        + (" --binary PATH" if args.binary is not None else ""),
-        "peer": "llama-server (benchmarks/llama_server_build.py), greedy, one slot",
-        "model": MODEL.name,
-        "template": TEMPLATE,
-        "cases": cases,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_bytes(orjson.dumps(document, option=orjson.OPT_INDENT_2) + b"\n")
+    write_golden(
+        args.out,
+        "golden_tool_calls",
+        args.binary,
+        {
+            "peer": "llama-server (benchmarks/llama_server_build.py), greedy, one slot",
+            "model": MODEL.name,
+            "template": TEMPLATE,
+            "cases": cases,
+        },
+    )
     return 0
 
 

@@ -232,17 +232,21 @@ GOLDEN_TOOL_CALLS = json.loads(
 VENDORED_TEMPLATES = Path(__file__).resolve().parents[2] / "fixtures" / "vendor" / "templates"
 
 
-@pytest.fixture(scope="module")
-def with_tool_template(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    template = VENDORED_TEMPLATES / GOLDEN_TOOL_CALLS["template"]
+def _with_template(factory: pytest.TempPathFactory, template: str) -> Iterator[Server]:
+    """The real model served as `smollm2` under a vendored chat template."""
     with real_model_server(
-        tmp_path_factory.mktemp("runtime"),
+        factory.mktemp("runtime"),
         "smollm2",
         ctx=2048,
         lanes=1,
-        chat_template=str(template),
+        chat_template=str(VENDORED_TEMPLATES / template),
     ) as running:
         yield running
+
+
+@pytest.fixture(scope="module")
+def with_tool_template(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    yield from _with_template(tmp_path_factory, GOLDEN_TOOL_CALLS["template"])
 
 
 @pytest.mark.parametrize("case", GOLDEN_TOOL_CALLS["cases"], ids=lambda case: case["name"])
@@ -272,15 +276,7 @@ WEATHER_QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}
 
 @pytest.fixture(scope="module")
 def with_llama3_template(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    template = VENDORED_TEMPLATES / "meta-llama-Llama-3.1-8B-Instruct.jinja"
-    with real_model_server(
-        tmp_path_factory.mktemp("runtime"),
-        "smollm2",
-        ctx=2048,
-        lanes=1,
-        chat_template=str(template),
-    ) as running:
-        yield running
+    yield from _with_template(tmp_path_factory, "meta-llama-Llama-3.1-8B-Instruct.jinja")
 
 
 @pytest.mark.parametrize("stream", [False, True])
