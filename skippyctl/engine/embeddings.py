@@ -69,9 +69,16 @@ def embed(
 ) -> tuple[tuple[float, ...], ...]:
     """One normalised pooled vector per input (see the module docstring); raises
     :class:`EmbedRefused` for inputs it cannot take or a decode that fails."""
-    if pooling_name(llama, context) is None:
+    pooling = pooling_name(llama, context)
+    if pooling is None:
         raise EmbedRefused(
             "the model has no pooling: it serves completions, not embeddings",
+            ReasonCode.UNSUPPORTED_CAPABILITY,
+        )
+    if pooling == "rank":
+        # A reranker pools into class scores, not an n_embd vector (llama-server's /rerank).
+        raise EmbedRefused(
+            "the model is a reranker (rank pooling): it scores pairs, it does not embed",
             ReasonCode.UNSUPPORTED_CAPABILITY,
         )
     n_vocab = int(llama.llama_vocab_n_tokens(llama.llama_model_get_vocab(model)))

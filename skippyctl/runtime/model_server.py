@@ -183,25 +183,25 @@ class ModelServer:
     def tokenize(
         self, content: str, *, add_special: bool, parse_special: bool, with_pieces: bool
     ) -> Future[VocabularyAnswer] | None:
-        """``content``'s tokens with this model's vocabulary (see :meth:`_ask_vocabulary`)."""
-        return self._ask_vocabulary(
+        """``content``'s tokens with this model's vocabulary (see :meth:`_ask_engine`)."""
+        return self._ask_engine(
             lambda request_id: Tokenize(
                 request_id, content, add_special, parse_special, with_pieces
             )
         )
 
     def detokenize(self, tokens: tuple[int, ...]) -> Future[VocabularyAnswer] | None:
-        """The text of ``tokens`` (see :meth:`_ask_vocabulary`)."""
-        return self._ask_vocabulary(lambda request_id: Detokenize(request_id, tokens))
+        """The text of ``tokens`` (see :meth:`_ask_engine`)."""
+        return self._ask_engine(lambda request_id: Detokenize(request_id, tokens))
 
     def embed(
         self, texts: tuple[str, ...], token_lists: tuple[tuple[int, ...], ...]
     ) -> Future[EmbeddingAnswer] | None:
         """One embedding per input (texts, or token lists), from an embedding model's engine
-        (see :meth:`_ask_vocabulary`)."""
-        return self._ask_vocabulary(lambda request_id: Embed(request_id, texts, token_lists))
+        (see :meth:`_ask_engine`)."""
+        return self._ask_engine(lambda request_id: Embed(request_id, texts, token_lists))
 
-    def _ask_vocabulary(self, make: Callable[[str], Command]) -> Future[Any] | None:
+    def _ask_engine(self, make: Callable[[str], Command]) -> Future[Any] | None:
         """Send a command answered off the decode step (tokenize, detokenize, embed; ``make``
         builds it from a fresh id) to the serving engine; its answer resolves the future. None
         when no engine serves (the caller says 503); an engine that exits first fails the future
