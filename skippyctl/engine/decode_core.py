@@ -14,9 +14,8 @@ Each step holds the next token of every decoding lane plus, if any request is pr
 ``prefill_chunk_tokens`` prompt tokens in all (the context's ``n_ubatch`` unless told), taken
 round-robin from the prefilling requests (several short prompts start in the same step, as
 llama-server does), so a long prompt never stalls running generations and generations never
-starve prefill. Logits are requested only
-for each decoding lane's token and for the last prompt token of a prefill that completes in the
-step (the batch itself is ``engine/batch.py``).
+starve prefill. Logits are requested only for each decoding lane's token and for the last prompt
+token of a prefill that completes in the step (the batch itself is ``engine/batch.py``).
 """
 
 from __future__ import annotations

@@ -140,10 +140,10 @@ class ContextReturned:
     """``llama_n_batch``: the most tokens one ``llama_decode`` call takes."""
     threads: int | None = None
     """``llama_n_threads``: the threads that decode for the context."""
-    # -- tool calls
     pooling: str | None = None
     """An embedding model's pooling (``mean``, ``cls``, ``last``, ``rank``: llama.cpp's, from the
     GGUF); None for a generative model. A pooling model serves embeddings, not generation."""
+    # -- tool calls
     tool_call_format: ToolCallFormat | None = None
     """The tool-call form the model's chat template teaches (``config/tool_call_format.py``);
     None when it teaches none. The host reads chat replies for calls accordingly."""

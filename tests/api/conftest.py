@@ -141,6 +141,8 @@ REAL_MODEL = (
     Path(__file__).resolve().parents[2] / "fixtures" / "real" / ("SmolLM2-135M-Instruct.Q4_1.gguf")
 )
 """The real instruct model `make fixtures` fetches (scripts/fetch_real_fixtures.py)."""
+VENDORED_TEMPLATES = Path(__file__).resolve().parents[2] / "fixtures" / "vendor" / "templates"
+"""llama.cpp's chat templates `make fixtures` takes from the llama-cpp-python sdist."""
 
 
 @contextlib.contextmanager

@@ -17,12 +17,18 @@ from typing import Any
 
 import pytest
 
-from tests.api.conftest import REAL_MODEL, Server, openai_client, start_server, stop_server
+from tests.api.conftest import (
+    REAL_MODEL,
+    VENDORED_TEMPLATES,
+    Server,
+    openai_client,
+    start_server,
+    stop_server,
+)
 
 GOLDEN = json.loads(
     (Path(__file__).resolve().parents[1] / "golden" / "chat_greedy.json").read_text()
 )
-VENDORED_TEMPLATES = Path(__file__).resolve().parents[2] / "fixtures" / "vendor" / "templates"
 CASES = [(template, case) for template, cases in GOLDEN["templates"].items() for case in cases]
 
 

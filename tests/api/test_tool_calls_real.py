@@ -19,7 +19,7 @@ from typing import Any
 import openai
 import pytest
 
-from tests.api.conftest import Server, openai_client, real_model_server
+from tests.api.conftest import VENDORED_TEMPLATES, Server, openai_client, real_model_server
 
 SYSTEM = (
     "You are a function calling AI model. You may call one or more functions to assist with the "
@@ -229,7 +229,6 @@ def test_a_forced_call_the_runtime_cannot_force_is_a_400_naming_tool_choice(
 GOLDEN_TOOL_CALLS = json.loads(
     (Path(__file__).resolve().parents[1] / "golden" / "tool_calls.json").read_text()
 )
-VENDORED_TEMPLATES = Path(__file__).resolve().parents[2] / "fixtures" / "vendor" / "templates"
 
 
 def _with_template(factory: pytest.TempPathFactory, template: str) -> Iterator[Server]:
