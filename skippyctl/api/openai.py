@@ -28,6 +28,7 @@ from fastapi import FastAPI, Request
 from starlette.responses import Response, StreamingResponse
 
 from skippyctl.api.context import ApiContext
+from skippyctl.api.direct_stream import SseSocketSink, sse_template, transport
 from skippyctl.api.errors import JsonResponse, error_body, error_response
 from skippyctl.api.forced_tool_calls import forced_tool_call
 from skippyctl.api.logprobs import chat_logprobs, completion_logprobs
@@ -443,6 +444,20 @@ async def _collect(
         raise
 
 
+def _attach_direct(
+    handle: RequestHandle, direct: asyncio.Transport | None, template: tuple[bytes, bytes]
+) -> bool:
+    """Whether a direct sink now writes the stream's text (only once everything written so far
+    has left the transport's buffer, so the sink's writes follow it on the wire)."""
+    if direct is None or direct.is_closing() or direct.get_write_buffer_size():
+        return False
+    sink = SseSocketSink(direct, asyncio.get_running_loop(), template)
+    if handle.attach_sink(sink):
+        return True
+    sink.close()
+    return False
+
+
 def _sse(payload: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
 
@@ -520,12 +535,22 @@ async def _stream(
         return envelope([{**choice, "finish_reason": None}], None)
 
     reader = None if tools is None else tools.stream()
+    # Plain text goes to the socket from the engine reader thread once the sink is attached.
+    direct = (
+        None
+        if reader is not None or handle.params.logprobs is not None
+        else transport(request.scope)
+    )
+    template = None if direct is None else sse_template(lambda text: chunk(text, None))
+    offset = 0  # the template's chunk counted its placeholder
 
     finished = False
     try:
         if chat:
             yield chunk(None, None, first=True)
         while True:
+            if template is not None and _attach_direct(handle, direct, template):
+                template = None
             item = await _next(handle, request)
             if item is None:
                 return

@@ -241,6 +241,7 @@ def _build_server(
 
     from skippyctl.api.app import create_app
     from skippyctl.api.context import ApiContext
+    from skippyctl.api.direct_stream import expose_transport
 
     token = options.api_key or secrets.token_urlsafe(32)
     config = _uvicorn_config()
@@ -264,7 +265,7 @@ def _build_server(
     def advertise() -> None:
         write_discovery(discovery, settings)
 
-    config.app = create_app(ctx, on_ready=advertise)
+    config.app = expose_transport(create_app(ctx, on_ready=advertise))
     return server
 
 

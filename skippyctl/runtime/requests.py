@@ -12,7 +12,7 @@ import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from skippyctl.engine.chat_template import ChatMessage, ToolCall
 from skippyctl.engine.protocol_commands import Generate, Sampling
@@ -35,6 +35,7 @@ __all__ = [
     "InvalidRequest",
     "RequestHandle",
     "TextChunk",
+    "TextSink",
     "TokenLogprob",  # a token's log-probabilities, for the API likewise
     "ToolCall",
     "TopLogprob",
@@ -181,6 +182,21 @@ class Finished:
 Chunk = TextChunk | Finished
 
 
+class TextSink(Protocol):
+    """Where a request's plain text goes straight from the engine reader thread, instead of
+    through the caller's queue (:meth:`RequestHandle.attach_sink`)."""
+
+    def write(self, text: str) -> bool:
+        """Take `text` (never blocking); False when the sink can take nothing more (the chunk
+        then goes through the queue, and so does everything after it)."""
+        ...
+
+    def close(self) -> None:
+        """Release what the sink holds; called once, under the handle's lock, before the
+        terminal is delivered."""
+        ...
+
+
 @dataclass(slots=True)
 class RequestHandle:
     """One request's stream. Exactly one `Finished` is delivered, always last."""
@@ -201,18 +217,46 @@ class RequestHandle:
     """Called once with the terminal, before the caller can see it (the scheduler records the
     request's receipt, so whoever read the terminal finds the receipt)."""
 
+    _sink: TextSink | None = None
+    _queued: int = 0
+    """Chunks handed to the caller's queue (`deliver`) ..."""
+    _taken: int = 0
+    """... and taken from it (`next_chunk`): equal when none is in flight."""
+
     def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self._async_queue = asyncio.Queue()
+
+    def attach_sink(self, sink: TextSink) -> bool:
+        """From now on, plain text chunks (no log-probabilities) go to `sink` on the thread that
+        delivers them, so the caller's thread does nothing per token. Attached only while no
+        chunk is in flight to the caller (the sink's writes must follow everything the caller
+        wrote) and before the terminal; False otherwise (the caller may try again later, and
+        keeps ownership of `sink`). The sink is closed before the terminal is delivered."""
+        with self._lock:
+            if self._finished or self._sink is not None or self._queued != self._taken:
+                return False
+            self._sink = sink
+            return True
 
     def deliver(self, chunk: Chunk) -> bool:
         """Thread-safe. False (and dropped) after the terminal was delivered."""
         with self._lock:
             if self._finished:
                 return False
+            sink = self._sink
             if isinstance(chunk, Finished):
                 self._finished = True
                 self.finished = chunk
+                if sink is not None:
+                    self._sink = None
+                    sink.close()
+            elif sink is not None:
+                if chunk.logprobs is None and sink.write(chunk.text):
+                    return True
+                self._sink = None
+                sink.close()
+            self._queued += 1
         if isinstance(chunk, Finished) and self.on_finished is not None:
             self.on_finished(self, chunk)
         if self.loop is not None and self._async_queue is not None:
@@ -230,7 +274,9 @@ class RequestHandle:
 
     async def next_chunk(self) -> Chunk:
         assert self._async_queue is not None, "bind_loop first"
-        return await self._async_queue.get()
+        chunk = await self._async_queue.get()
+        self._taken += 1  # one int store, read under the lock by attach_sink: no lock needed
+        return chunk
 
     def next_chunk_blocking(self, timeout_s: float | None = None) -> Chunk | None:
         try:
