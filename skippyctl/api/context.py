@@ -8,7 +8,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from skippyctl.api.arrivals import GenerationArrivals
 from skippyctl.api.edge import MAX_REQUEST_BODY_BYTES
 from skippyctl.runtime.host import RuntimeHost
 from skippyctl.runtime.scheduler import Scheduler
@@ -50,7 +49,6 @@ class ApiContext:
     keepalive_s: float = 15.0
     stream_queue_size: int = 1024
     limiter: ReconnectLimiter = field(default_factory=ReconnectLimiter)
-    arrivals: GenerationArrivals = field(default_factory=GenerationArrivals)
     max_body_bytes: int = MAX_REQUEST_BODY_BYTES
     """Larger request bodies are refused with 413 while they are read (api/edge.py)."""
     stopping: Callable[[], bool] = lambda: False

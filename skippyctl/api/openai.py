@@ -321,7 +321,6 @@ async def _generate(
     handle, rejection = ctx.scheduler.generate(body.model, params, _session_key(body, request))
     if rejection is None:
         handle.bind_loop(asyncio.get_running_loop())
-        handle.gather = ctx.arrivals.submitting(request.scope, *_returning(handle))
         rejection = ctx.scheduler.enqueue(handle)
     request_header = {"X-Request-Id": str(handle.request_id)}
     if rejection is not None:
@@ -351,7 +350,6 @@ async def _generate(
     text_parts: list[str] = []
     token_logprobs: list[TokenLogprob] | None = None if params.logprobs is None else []
     finished = await _collect(ctx, request, handle, text_parts, token_logprobs)
-    ctx.arrivals.finished(*_returning(handle))
     if finished is None:
         return Response(status_code=499, headers=request_header)
     if finished.outcome != "completed":
@@ -444,12 +442,6 @@ async def _collect(
     except asyncio.CancelledError:
         ctx.scheduler.cancel(handle)
         raise
-
-
-def _returning(handle: RequestHandle) -> tuple[str, str | None]:
-    """The model and session a client comes back with (api/arrivals.py)."""
-    session = handle.session_id
-    return str(handle.model_id), None if session is None else str(session)
 
 
 def _attach_direct(
@@ -570,7 +562,6 @@ async def _stream(
                     yield chunk(item.text, None, logprobs=item.logprobs)
                 continue
             finished = True
-            ctx.arrivals.finished(*_returning(handle))
             if item.outcome == "completed":
                 finish = _FINISH.get(item.stop_reason or "", "stop")
                 if reader is not None:

@@ -240,7 +240,6 @@ def _build_server(
     import uvicorn
 
     from skippyctl.api.app import create_app
-    from skippyctl.api.arrivals import count_arrivals
     from skippyctl.api.context import ApiContext
     from skippyctl.api.direct_stream import expose_transport
 
@@ -266,8 +265,7 @@ def _build_server(
     def advertise() -> None:
         write_discovery(discovery, settings)
 
-    app = create_app(ctx, on_ready=advertise)
-    config.app = expose_transport(count_arrivals(app, ctx.arrivals))
+    config.app = expose_transport(create_app(ctx, on_ready=advertise))
     return server
 
 

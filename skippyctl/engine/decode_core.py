@@ -219,11 +219,6 @@ class DecodeCore:
         return self._unified
 
     @property
-    def busy(self) -> bool:
-        """Whether a request is being prefilled or decoded."""
-        return bool(self._board.prefilling or self._board.decoding)
-
-    @property
     def proposal_failures(self) -> int:
         """Failed calls into the plugins or a proposer (``Proposals.failures``)."""
         return self._proposals.failures

@@ -270,7 +270,6 @@ class Worker:
                     logprobs=sampling.logprobs,
                 ),
                 deadline_mono_s=None if timeout is None else time.monotonic() + timeout,
-                gather=command.gather is True,
             )
         except Exception:  # noqa: BLE001 - any bad field refuses this request, never the engine
             self._send(GenDone.refused(command.request_id, ReasonCode.INVALID_CONFIGURATION))

@@ -71,10 +71,6 @@ from skippyctl.events.reasons import GenerationOutcome, ReasonCode
 __all__ = ["BatchEngine", "ChatMessage", "GenerateRequest", "SamplingParams"]
 
 DECODE_THREAD_NAME: Final = "skippy-decode"
-GATHER_MAX_S: Final = 0.008
-"""Longest an idle engine waits for the rest of a burst (``Generate.gather``): the host hands
-over a burst of 8 requests within a few milliseconds, even with both cores decoding; a burst
-that never completes (its last request refused on the host) costs this once."""
 _SESSION_REASON = re.compile(r"[a-z][a-z0-9_]{0,31}")
 _DEFAULT_DROP_REASON: Final = "dropped"
 
@@ -347,39 +343,20 @@ class BatchEngine:
     def _iterate(self) -> bool:
         """Inbox, then the core's work (deadlines, admission, one step); False when idle."""
         if self._inbox:
-            idle = not self._core.busy
-            if self._drain_inbox() and idle:
-                self._gather(time.monotonic() + GATHER_MAX_S)
+            self._drain_inbox()
         if self._stopping:
             return True
         return self._core.work()
 
-    def _gather(self, deadline: float) -> None:
-        """Take submissions until the burst's last request (one sent with ``gather`` off) or
-        ``deadline``, so that the next step prefills the whole burst."""
-        while True:
-            with self._cond:
-                while not self._inbox and not self._stopping:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        return
-                    self._cond.wait(remaining)
-            if self._stopping or self._drain_inbox() is False:
-                return
-
-    def _drain_inbox(self) -> bool | None:
-        """Handle what was submitted; whether the last request among it asked to gather (None
-        when it held no request)."""
+    def _drain_inbox(self) -> None:
         with self._cond:
             items = list(self._inbox)
             self._inbox.clear()
         core = self._core
-        gather: bool | None = None
         for kind, first, second in items:
             # One item at a time: whatever one raises, the others drained with it are handled.
             try:
                 if kind == "submit":
-                    gather = first.spec.gather is True
                     core.accept(first)
                 elif kind == "cancel":
                     core.cancel(first)
@@ -396,7 +373,6 @@ class BatchEngine:
             except Exception:  # noqa: BLE001 - one request's failure must not stop the engine
                 if kind == "submit" and first.phase is not Phase.DONE:
                     core.fail(first)
-        return gather
 
     def _shutdown(self) -> None:
         """Answer everything still pending with ``cancelled``; free the batch. Runs once."""

@@ -112,9 +112,6 @@ class Generate:
     sampling: Sampling = Sampling()
     timeout_s: float | None = None
     """Left of the request's deadline when it was sent; the engine keeps it from receipt."""
-    gather: bool = False
-    """More requests were on their way when this one was sent: an idle engine waits for them
-    (at most ``GATHER_MAX_S``) so that one step prefills them all (api/arrivals.py)."""
 
 
 @dataclass(frozen=True, slots=True)

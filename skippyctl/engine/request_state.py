@@ -56,8 +56,6 @@ class GenerateRequest:
     stop: tuple[str, ...] = ()
     sampling: SamplingParams = SamplingParams()
     deadline_mono_s: float | None = None
-    gather: bool = False
-    """More requests are on their way: an idle engine waits for them before its next step."""
     # -- chat template inputs (jinja)
     tools: tuple[dict[str, Any], ...] | None = None
     chat_template_kwargs: dict[str, Any] | None = None

@@ -287,9 +287,7 @@ class ModelServer:
         if timeout is not None:
             elapsed = (now - handle.received_mono_ns) / 1e9
             timeout = max(0.001, timeout - elapsed)
-        command = handle.params.engine_command(
-            handle.request_id, handle.session_id, timeout, handle.gather
-        )
+        command = handle.params.engine_command(handle.request_id, handle.session_id, timeout)
         assert self.engine is not None
         # If the engine is already gone the send fails silently: its exit handler fails
         # everything in `_running`, this request included, so it still gets its one terminal.

@@ -120,17 +120,11 @@ class GenerationParams:
         return "json_schema" if self.json_schema is not None else None
 
     def engine_command(
-        self,
-        request_id: LogicalId,
-        session: LogicalId | None,
-        timeout_s: float | None,
-        gather: bool = False,
+        self, request_id: LogicalId, session: LogicalId | None, timeout_s: float | None
     ) -> Generate:
         """This request as the engine's command; ``timeout_s`` is what is left of its deadline
-        when it is sent (the engine keeps it from receipt); ``gather``: more requests are on
-        their way (``Generate.gather``)."""
+        when it is sent (the engine keeps it from receipt)."""
         return Generate(
-            gather=gather,
             request_id=str(request_id),
             prompt=self.prompt,
             messages=self.messages,
@@ -223,8 +217,6 @@ class RequestHandle:
     """Called once with the terminal, before the caller can see it (the scheduler records the
     request's receipt, so whoever read the terminal finds the receipt)."""
 
-    gather: bool = False
-    """Sent while more requests were on their way to the engine (``Generate.gather``)."""
     _sink: TextSink | None = None
     _queued: int = 0
     """Chunks handed to the caller's queue (`deliver`) ..."""

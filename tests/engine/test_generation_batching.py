@@ -3,12 +3,6 @@ is chunked beside running generation, one write per iteration, progress messages
 
 from __future__ import annotations
 
-import time
-from typing import Any
-
-import pytest
-
-from skippyctl.engine import generation
 from skippyctl.engine.generation import GenerateRequest
 from skippyctl.engine.protocol_messages import EngineMessage
 from tests.engine.generation_harness import PROMPT, EngineFactory, Recorder, greedy
@@ -130,70 +124,3 @@ def test_progress_messages_are_rate_limited(
     assert [m["generated"] for m in generated] == sorted({m["generated"] for m in generated})
     times = h.recorder.times("p", "gen_progress")
     assert all(b - a >= 0.4 for a, b in zip(times, times[1:], strict=False))
-
-
-def _burst(
-    h: Any, eog_ban: tuple[tuple[int, float], ...], gathers: list[bool], gap_s: float
-) -> list[dict[str, Any]]:
-    for i, gather in enumerate(gathers):
-        if i:
-            time.sleep(gap_s)
-        request = GenerateRequest(
-            f"g{i}", prompt=f"{PROMPT} {i}", max_tokens=4, sampling=greedy(eog_ban), gather=gather
-        )
-        h.engine.submit(request)
-    done = h.recorder.wait_done(len(gathers))
-    return [m["figures"] for m in sorted(done, key=lambda m: str(m["request_id"]))]
-
-
-def test_an_idle_engine_gathers_a_burst_into_one_prefill_step(
-    make_engine: EngineFactory,
-    eog_ban: tuple[tuple[int, float], ...],
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Requests sent while more were on their way (``gather``) wait on an idle engine until the
-    burst's last one: all three are prefilled in the same step, though they arrived 50 ms apart
-    (far longer than the three steps a request takes here). The wait's cap is raised so the
-    test does not depend on this machine's scheduling."""
-    monkeypatch.setattr(generation, "GATHER_MAX_S", 5.0)
-    h = make_engine(lanes=3)
-    figures = _burst(h, eog_ban, [True, True, False], gap_s=0.05)
-    assert [(f["shared_decode_steps"], f["max_batch"]) for f in figures] == [(4, 3)] * 3
-
-
-def test_without_gather_the_first_request_of_a_slow_burst_starts_alone(
-    make_engine: EngineFactory, eog_ban: tuple[tuple[int, float], ...]
-) -> None:
-    h = make_engine(lanes=3)
-    figures = _burst(h, eog_ban, [False, False, False], gap_s=0.05)
-    assert figures[0]["max_batch"] == 1, figures  # done before the second one arrived
-
-
-def test_a_burst_that_never_completes_waits_only_the_cap(
-    make_engine: EngineFactory,
-    eog_ban: tuple[tuple[int, float], ...],
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(generation, "GATHER_MAX_S", 0.2)
-    h = make_engine(lanes=3)
-    (figures,) = _burst(h, eog_ban, [True], gap_s=0)
-    assert figures["ttft_ms"] >= 200
-
-
-def test_a_busy_engine_does_not_hold_its_running_requests_for_a_burst(
-    make_engine: EngineFactory,
-    eog_ban: tuple[tuple[int, float], ...],
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(generation, "GATHER_MAX_S", 5.0)
-    h = make_engine(lanes=3)
-    h.engine.submit(
-        GenerateRequest("running", prompt=PROMPT, max_tokens=200, sampling=greedy(eog_ban))
-    )
-    h.recorder.wait_for(lambda m: m["msg"] == "gen_first_token")
-    h.engine.submit(
-        GenerateRequest("late", prompt=PROMPT, max_tokens=2, sampling=greedy(eog_ban), gather=True)
-    )
-    late = h.recorder.wait_for(lambda m: m["msg"] == "gen_done" and m["request_id"] == "late")
-    assert late["figures"]["ttft_ms"] < 2_000  # not held for the 5 s cap
-    h.engine.cancel("running")
