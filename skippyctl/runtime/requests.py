@@ -192,8 +192,9 @@ class TextSink(Protocol):
         ...
 
     def close(self) -> None:
-        """Release what the sink holds; called once, under the handle's lock, before the
-        terminal is delivered."""
+        """Release what the sink holds (idempotent); called under the handle's lock when the
+        sink is detached: it refused a chunk, a chunk carries log-probabilities, or the
+        terminal is about to be delivered."""
         ...
 
 
@@ -275,7 +276,8 @@ class RequestHandle:
     async def next_chunk(self) -> Chunk:
         assert self._async_queue is not None, "bind_loop first"
         chunk = await self._async_queue.get()
-        self._taken += 1  # one int store, read under the lock by attach_sink: no lock needed
+        # Only the caller's thread takes chunks and attaches sinks: it reads its own count.
+        self._taken += 1
         return chunk
 
     def next_chunk_blocking(self, timeout_s: float | None = None) -> Chunk | None:
