@@ -340,7 +340,7 @@ async def _generate(
     model_id = str(handle.model_id)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(
+        return _SseResponse(
             _stream(
                 ctx, request, handle, chat, completion_id, created, model_id, include_usage, tools
             ),
@@ -409,16 +409,40 @@ def _usage(finished: Finished) -> dict[str, int]:
     }
 
 
-async def _next(handle: RequestHandle, request: Request) -> TextChunk | Finished | None:
+DEPARTURE_LOOK_S: Final = 0.5
+"""How often a request's handler asks whether its client is still there: while it waits for the
+engine, and also while text keeps coming (a send to a departed client fails silently)."""
+
+
+class _Departure:
+    """When a request's handler last asked whether its client left."""
+
+    __slots__ = ("looked",)
+
+    def __init__(self) -> None:
+        self.looked = time.monotonic()
+
+    async def gone(self, request: Request) -> bool:
+        now = time.monotonic()
+        if now - self.looked < DEPARTURE_LOOK_S:
+            return False
+        self.looked = now
+        return await request.is_disconnected()
+
+
+async def _next(
+    handle: RequestHandle, request: Request, departure: _Departure
+) -> TextChunk | Finished | None:
     """The next chunk; None when the client went away (the request is then cancelled)."""
     while True:
+        if await departure.gone(request):
+            return None
         try:
             # asyncio.timeout, not wait_for: wait_for wraps the wait in a new Task per chunk.
-            async with asyncio.timeout(0.5):
+            async with asyncio.timeout(DEPARTURE_LOOK_S):
                 return await handle.next_chunk()
         except TimeoutError:
-            if await request.is_disconnected():
-                return None
+            continue
 
 
 async def _collect(
@@ -428,9 +452,10 @@ async def _collect(
     parts: list[str],
     logprobs: list[TokenLogprob] | None = None,
 ) -> Finished | None:
+    departure = _Departure()
     try:
         while True:
-            chunk = await _next(handle, request)
+            chunk = await _next(handle, request, departure)
             if chunk is None:
                 ctx.scheduler.cancel(handle)
                 return None
@@ -442,6 +467,18 @@ async def _collect(
     except asyncio.CancelledError:
         ctx.scheduler.cancel(handle)
         raise
+
+
+class _SseResponse(StreamingResponse):
+    """A streamed completion without Starlette's disconnect listener: under uvicorn's h11
+    protocol (ASGI 2.3) `StreamingResponse` runs every response in an anyio task group beside a
+    task that waits for the client to leave — ~0.3 ms of the event loop's CPU per request here
+    (`/proc` thread times, 200 sequential streams: 1.85 → 1.55 ms), on the cores the decode
+    needs. The stream notices a departed client itself (`_next` asks every 0.5 s while it
+    waits, and a send to a closed connection is dropped by uvicorn), then cancels the request."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await self.stream_response(send)
 
 
 def _attach_direct(
@@ -545,13 +582,14 @@ async def _stream(
     offset = 0  # the template's chunk counted its placeholder
 
     finished = False
+    departure = _Departure()
     try:
         if chat:
             yield chunk(None, None, first=True)
         while True:
             if template is not None and _attach_direct(handle, direct, template):
                 template = None
-            item = await _next(handle, request)
+            item = await _next(handle, request, departure)
             if item is None:
                 return
             if isinstance(item, TextChunk):
