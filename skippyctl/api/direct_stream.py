@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Any, Final
+from collections.abc import Callable
+from typing import Final
 
 import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -60,7 +61,7 @@ def transport(scope: Scope) -> asyncio.Transport | None:
     return found if isinstance(found, asyncio.Transport) else None
 
 
-def sse_template(make_chunk: Any) -> tuple[bytes, bytes] | None:
+def sse_template(make_chunk: Callable[[str], bytes]) -> tuple[bytes, bytes] | None:
     """The SSE event around a chunk's text, split where the text goes: `make_chunk(text)` is the
     stream's own formatter (so both paths write the same bytes). None if the text's place
     cannot be found exactly once."""
