@@ -11,19 +11,41 @@ step's participants, in ascending sequence order.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from types import ModuleType
 from typing import Any
 
 from skippyctl.engine.request_state import RequestState
 
 
-def _lane_seq(r: RequestState) -> int:
+def sequence_of(r: RequestState) -> int:
     assert r.lane is not None
     return r.lane.seq
 
 
 def _first(entry: tuple[int, RequestState, int]) -> int:
     return entry[0]
+
+
+def forward_passes(rows: Iterable[tuple[int, int]]) -> int:
+    """How many forward passes llama.cpp makes of a batch with these ``(sequence id, tokens)``
+    rows when every lane has its own KV stream (``llama_batch_allocr::split_equal`` with
+    ``sequential``): each micro-batch is a run of consecutive sequence ids starting at the
+    lowest one with tokens left, and takes as many tokens from each as the shortest has.
+    So one lane prefilling 2 tokens beside three decoding 1 costs two passes, and decoding
+    lanes 0 and 2 without 1 cost two as well. (A micro-batch's ``n_ubatch`` cap is left out:
+    a step's prompt chunks stay within it.)"""
+    left = sorted((seq, tokens) for seq, tokens in rows if tokens > 0)
+    passes = 0
+    while left:
+        run = 1
+        while run < len(left) and left[run][0] == left[run - 1][0] + 1:
+            run += 1
+        take = min(tokens for _seq, tokens in left[:run])
+        rest = [(seq, tokens - take) for seq, tokens in left[:run] if tokens > take]
+        left = sorted(rest + left[run:])
+        passes += 1
+    return passes
 
 
 class StepBatch:
@@ -55,8 +77,8 @@ class StepBatch:
         # split_equal), and each micro-batch is a whole forward pass. Lanes decoding in the
         # order they started (say 2, 0, 3, 1) would cost three passes instead of one.
         # (sequence id, request, prompt tokens to take: 0 for a decoding lane's next token)
-        entries: list[tuple[int, RequestState, int]] = [(_lane_seq(r), r, 0) for r in decoding]
-        entries += [(_lane_seq(r), r, take) for r, take in chunks]
+        entries: list[tuple[int, RequestState, int]] = [(sequence_of(r), r, 0) for r in decoding]
+        entries += [(sequence_of(r), r, take) for r, take in chunks]
         if len(entries) > 1:
             entries.sort(key=_first)
         token, pos, logits, seq = self._token, self._pos, self._logits, self._seq

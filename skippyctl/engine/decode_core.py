@@ -29,7 +29,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any, Final
 
-from skippyctl.engine.batch import StepBatch
+from skippyctl.engine.batch import StepBatch, forward_passes, sequence_of
 from skippyctl.engine.draft import DraftModel
 from skippyctl.engine.lane_kv import LaneKv
 from skippyctl.engine.lanes import KvGeometry, Lane, cache_result
@@ -355,9 +355,10 @@ class DecodeCore:
         board = self._board
         decoding = board.decoding
         chunks = self._prefill_chunks()
+        stepping = [] if self._prompts_first(decoding, chunks) else decoding
         if self._spec.enabled:
             self._proposals.propose(decoding)
-        participants = self._batch.fill(decoding, chunks)
+        participants = self._batch.fill(stepping, chunks)
         n_seqs = len(participants)
         if n_seqs > 1:
             for r in participants:
@@ -377,7 +378,7 @@ class DecodeCore:
             return
 
         # The batch is in the KV now: mirror it.
-        for r in decoding:
+        for r in stepping:
             lane = r.lane
             assert lane is not None
             lane.tokens.append(r.pending_token)
@@ -395,6 +396,28 @@ class DecodeCore:
             for r in decoding:  # the ones still running: an ended one handed its tokens over
                 self._proposals.hand_commits(r)
         self._kv.check_pressure()
+
+    def _prompts_first(
+        self, decoding: list[RequestState], chunks: list[tuple[RequestState, int]]
+    ) -> bool:
+        """Whether this step decodes the prompt chunks alone, the decoding lanes waiting one step.
+
+        With one KV stream per lane a step costs a forward pass per micro-batch
+        (:func:`forward_passes`): three 2-token prompts beside a decoding lane take two passes,
+        alone one. When every chunk completes its prompt here and the decoding lanes would add
+        a pass, the prompts go first: their first tokens come a pass sooner, and the decoding
+        lanes' next token comes after the same two passes it would have taken with them. A
+        prompt that needs more steps never holds the decoding lanes back (they join every
+        one of its chunks), nor does a unified KV (one pass for any batch), nor speculation
+        (its proposals are made for the step that verifies them).
+        """
+        if not decoding or not chunks or self._unified or self._spec.enabled:
+            return False
+        if any(r.prefill_pos + take < len(r.prompt) for r, take in chunks):
+            return False
+        prompts = [(sequence_of(r), take) for r, take in chunks]
+        together = prompts + [(sequence_of(r), 1) for r in decoding]
+        return forward_passes(prompts) < forward_passes(together)
 
     def _prefill_chunks(self) -> list[tuple[RequestState, int]]:
         """This step's prompt chunks: up to ``prefill_chunk_tokens`` tokens in all, taken
