@@ -3,15 +3,16 @@
     .venv/bin/python -m benchmarks.step_passes [--model real|mid|tiny] [--repeats 5]
         [--threads 2]
 
-One llama context of 4 sequences, 512 cells each (flash attention, the given threads), as the
-engine makes it for `load --lanes 4 --ctx 2048`. Every sequence first holds a 33-token prompt;
-then each composition below is decoded `--repeats` times (the sequences' positions move on, as
-in serving) and its median time printed, for a split KV (`kv_unified` false, the engine's
-default) and a unified one. `forward_passes` is the engine's count of llama.cpp's micro-batches
-for the composition under a split KV (`llama_batch_allocr::split_equal`): the compositions show
-why the engine decodes prompts that complete in a step alone when decoding lanes would add a
-pass to it (`decode_core._prompts_first`): compare "1 decoding + 3 prompts × 2" with "3 prompts
-× 2" followed by "4 decoding".
+One llama context of 4 sequences, 512 cells each (the given threads, llama.cpp's defaults
+otherwise), as the engine makes it for `load --lanes 4 --ctx 2048`. Every sequence first holds a
+33-token prompt; then each composition below is decoded `--repeats` times (the sequences'
+positions move on, as in serving) and its median time printed, for a split KV (`kv_unified`
+false, the engine's default) and a unified one. `forward_passes` is the engine's count of
+llama.cpp's micro-batches for the composition under a split KV
+(`llama_batch_allocr::split_equal`): the compositions show why the engine decodes prompts that
+complete in a step alone when decoding lanes would add a pass to it
+(`decode_core._prompts_first`): compare "1 decoding + 3 prompts × 2" with "3 prompts × 2"
+followed by "4 decoding".
 
 Prints a table on stderr and one JSON summary on stdout. Times are this machine's: compare
 within a run.
@@ -51,7 +52,6 @@ def _context(llama: Any, model: Any, unified: bool, threads: int) -> Any:
     params.n_ctx = LANES * CELLS_PER_LANE
     params.n_seq_max = LANES
     params.n_threads = params.n_threads_batch = threads
-    params.flash_attn_type = 1  # LLAMA_FLASH_ATTN_TYPE_ENABLED
     params.kv_unified = unified
     context = llama.llama_init_from_model(model, params)
     if not context:

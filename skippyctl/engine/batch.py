@@ -42,8 +42,8 @@ def forward_passes(rows: Iterable[tuple[int, int]]) -> int:
         while run < len(left) and left[run][0] == left[run - 1][0] + 1:
             run += 1
         take = min(tokens for _seq, tokens in left[:run])
-        rest = [(seq, tokens - take) for seq, tokens in left[:run] if tokens > take]
-        left = sorted(rest + left[run:])
+        # What the run has left keeps its order, ahead of the higher sequence ids after it.
+        left = [(seq, tokens - take) for seq, tokens in left[:run] if tokens > take] + left[run:]
         passes += 1
     return passes
 

@@ -408,8 +408,7 @@ class DecodeCore:
         (:func:`forward_passes`): three 2-token prompts beside a decoding lane take two passes,
         alone one. When every chunk completes its prompt here and the decoding lanes would add
         a pass, the prompts go first: their first tokens come a pass sooner, and the decoding
-        lanes wait one step, once (on 2 cores: 24 + 19 ms to their next token instead of 34,
-        and 7 tokens in those two steps instead of 8 in 53 ms; ``benchmarks/step_passes.py``).
+        lanes wait one step, once (``benchmarks/step_passes.py`` measures both compositions).
         A prompt that needs more steps never holds the decoding lanes back (they join every
         one of its chunks), nor does a unified KV (one pass for any batch), nor speculation
         (its proposals are made for the step that verifies them).
