@@ -1,13 +1,22 @@
-"""Streamed text written to the client's socket by the thread that receives it from the engine.
+"""Streamed text written to the client's socket by the engine itself, or by the host thread that
+receives it from the engine.
 
-Why: on this 2-core machine both cores decode, so every microsecond the host spends per streamed
-token delays the next token (docs/BENCHMARKS.md section 5). Through the ordinary path a token
-crosses threads (the engine reader wakes the event loop), then a queue, the response generator,
+Why: on this 2-core machine both cores decode, so every microsecond spent per streamed token
+delays the next token (docs/BENCHMARKS.md section 5). Through the ordinary path a token crosses
+the control channel (the engine's send wakes the host's engine reader, which takes the decode
+thread's core), then threads (the reader wakes the event loop), a queue, the response generator,
 Starlette's and uvicorn's send wrappers and h11 before it reaches the socket. For a plain text
 stream all of that adds nothing: once the response's headers (and a chat's role chunk) are on
-the wire, the engine reader formats each chunk — the same bytes the generator would have
-yielded, in HTTP/1.1 chunked framing as h11 writes it — and writes it to the socket itself,
-never blocking.
+the wire, each chunk is formatted as the generator would have yielded it — the same bytes, in
+HTTP/1.1 chunked framing as h11 writes it (``config/stream_wire.py``) — and written to the
+socket, never blocking, by:
+
+- the engine's decode thread, as it samples the token: the connection is handed to the engine
+  (:func:`stream_offer`, ``ModelServer.offer_stream``, the ``AttachStream`` command), which takes
+  it only if no text of the request is in flight to the host. The engine hands back what the
+  socket did not take (a ``GenText`` marked ``framed``) and lets go of the connection before
+  its ``GenDone``; the host writes the stream's end after that;
+- otherwise (an engine that cannot take it), the host's engine reader (:class:`SseSocketSink`).
 
 Ordering is what makes it safe: the sink is attached only while the transport's buffer is empty
 and no chunk is in flight to the generator (:meth:`~skippyctl.runtime.requests.RequestHandle.
@@ -31,7 +40,17 @@ from typing import Final
 import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-__all__ = ["TRANSPORT_EXTENSION", "SseSocketSink", "expose_transport", "sse_template", "transport"]
+from skippyctl.config.stream_wire import SocketChunks
+from skippyctl.runtime.requests import StreamOffer
+
+__all__ = [
+    "TRANSPORT_EXTENSION",
+    "SseSocketSink",
+    "expose_transport",
+    "sse_template",
+    "stream_offer",
+    "transport",
+]
 
 TRANSPORT_EXTENSION: Final = "skippyctl.transport"
 _SENTINEL: Final = "\x00skippy-direct-text\x00"
@@ -58,7 +77,9 @@ def transport(scope: Scope) -> asyncio.Transport | None:
     if scope.get("http_version") != "1.1" or scope.get("method") == "HEAD":
         return None
     found = (scope.get("extensions") or {}).get(TRANSPORT_EXTENSION)
-    return found if isinstance(found, asyncio.Transport) else None
+    if not isinstance(found, asyncio.Transport) or found.get_extra_info("sslcontext") is not None:
+        return None  # bytes written to a TLS connection's socket would bypass the encryption
+    return found
 
 
 def sse_template(make_chunk: Callable[[str], bytes]) -> tuple[bytes, bytes] | None:
@@ -74,7 +95,7 @@ def sse_template(make_chunk: Callable[[str], bytes]) -> tuple[bytes, bytes] | No
 class SseSocketSink:
     """A :class:`~skippyctl.runtime.requests.TextSink` writing SSE chunks to a client socket."""
 
-    __slots__ = ("_fd", "_head", "_loop", "_tail", "_transport", "writes")
+    __slots__ = ("_chunks", "_loop", "_transport")
 
     def __init__(
         self,
@@ -83,32 +104,23 @@ class SseSocketSink:
         template: tuple[bytes, bytes],
     ) -> None:
         sock = transport.get_extra_info("socket")
-        self._fd: int | None = os.dup(sock.fileno())
+        self._chunks = SocketChunks(os.dup(sock.fileno()), *template)
         self._transport = transport
         self._loop = loop
-        self._head, self._tail = template
-        self.writes = 0
+
+    @property
+    def writes(self) -> int:
         """Chunks written to the socket directly (for tests and benchmarks)."""
+        return self._chunks.writes
 
     def write(self, text: str) -> bool:
-        fd = self._fd
-        if fd is None:
+        if self._chunks.closed:
             return False
         if not text:
             return True
-        event = self._head + orjson.dumps(text) + self._tail
-        framed = b"%x\r\n%b\r\n" % (len(event), event)
-        try:
-            sent = os.write(fd, framed)  # the socket is non-blocking (asyncio's)
-        except BlockingIOError:
-            sent = 0
-        except OSError:  # the client is gone; the route sees the disconnect and cancels
-            self.close()
-            return True
-        self.writes += 1
-        if sent < len(framed):
-            self.close()
-            self._loop.call_soon_threadsafe(self._write_rest, framed[sent:])
+        rest = self._chunks.write(text)
+        if rest:
+            self._loop.call_soon_threadsafe(self._write_rest, rest)
         return True
 
     def _write_rest(self, rest: bytes) -> None:
@@ -116,6 +128,17 @@ class SseSocketSink:
             self._transport.write(rest)
 
     def close(self) -> None:
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)
+        self._chunks.close()
+
+
+def stream_offer(transport: asyncio.Transport, template: tuple[bytes, bytes]) -> StreamOffer:
+    """The connection of `transport`, for its request's engine to write the text to itself: a
+    descriptor of its own of the socket, the SSE template, and the writer of what the engine's
+    socket did not take (on the loop, in order with the transport's other writes)."""
+
+    def write_rest(rest: bytes) -> None:
+        if not transport.is_closing():
+            transport.write(rest)
+
+    sock = transport.get_extra_info("socket")
+    return StreamOffer(os.dup(sock.fileno()), *template, write_rest)

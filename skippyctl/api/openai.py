@@ -28,7 +28,7 @@ from fastapi import FastAPI, Request
 from starlette.responses import Response, StreamingResponse
 
 from skippyctl.api.context import ApiContext
-from skippyctl.api.direct_stream import SseSocketSink, sse_template, transport
+from skippyctl.api.direct_stream import SseSocketSink, sse_template, stream_offer, transport
 from skippyctl.api.errors import JsonResponse, error_body, error_response
 from skippyctl.api.forced_tool_calls import forced_tool_call
 from skippyctl.api.logprobs import chat_logprobs, completion_logprobs
@@ -84,6 +84,10 @@ _FAILURE_STATUS: Final = {
 _FINISH: Final = {"eos": "stop", "stop": "stop", "length": "length"}
 COMPLETION_DEFAULT_MAX_TOKENS: Final = 16  # OpenAI's default for /v1/completions
 CHAT_DEFAULT_MAX_TOKENS: Final = 256
+ENGINE_STREAM_GRACE_S: Final = 5.0
+"""How long a stream the host ended (its deadline) waits for the engine to let go of the
+client's connection before the host writes the stream's end; past it the connection is closed
+instead (the engine is stuck, and a late write of its own would corrupt the stream)."""
 
 T = TypeVar("T")
 
@@ -319,8 +323,17 @@ async def _generate(
             reason=ReasonCode.INVALID_CONFIGURATION,
         )
     handle, rejection = ctx.scheduler.generate(body.model, params, _session_key(body, request))
+    tools = _tool_reading(body, ctx.scheduler.server(handle.model_id))
     if rejection is None:
         handle.bind_loop(asyncio.get_running_loop())
+        # Plain text streamed over HTTP/1.1 may be written by the engine itself: it holds the
+        # text until the stream's headers are out and the stream says who writes (_stream).
+        handle.hold_text = bool(
+            body.stream
+            and tools is None
+            and params.logprobs is None
+            and transport(request.scope) is not None
+        )
         rejection = ctx.scheduler.enqueue(handle)
     request_header = {"X-Request-Id": str(handle.request_id)}
     if rejection is not None:
@@ -334,7 +347,6 @@ async def _generate(
             reason=rejection.reason,
             headers=headers,
         )
-    tools = _tool_reading(body, ctx.scheduler.server(handle.model_id))
     created = int(time.time())
     completion_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
     model_id = str(handle.model_id)
@@ -444,18 +456,53 @@ async def _collect(
         raise
 
 
+def _unwritten(direct: asyncio.Transport | None) -> bool:
+    """Whether everything written to the connection so far has left the transport's buffer
+    (so a direct writer's chunks follow it on the wire)."""
+    return direct is not None and not direct.is_closing() and not direct.get_write_buffer_size()
+
+
+def _hand_to_engine(
+    ctx: ApiContext,
+    handle: RequestHandle,
+    direct: asyncio.Transport | None,
+    template: tuple[bytes, bytes] | None,
+) -> bool:
+    """Say who writes a stream whose engine holds its text: the engine, handed the client's
+    connection, when it can; True if so. Otherwise the host (the engine then sends the text)."""
+    if not handle.hold_text:
+        return False
+    if direct is not None and template is not None and _unwritten(direct):
+        offer = stream_offer(direct, template)
+        if ctx.scheduler.resolve_stream(handle, offer):
+            return True
+        offer.close()
+    ctx.scheduler.resolve_stream(handle, None)
+    return False
+
+
 def _attach_direct(
     handle: RequestHandle, direct: asyncio.Transport | None, template: tuple[bytes, bytes]
 ) -> bool:
-    """Whether a direct sink now writes the stream's text (only once everything written so far
-    has left the transport's buffer, so the sink's writes follow it on the wire)."""
-    if direct is None or direct.is_closing() or direct.get_write_buffer_size():
+    """Whether a sink on the engine reader now writes the stream's text."""
+    if direct is None or not _unwritten(direct):
         return False
     sink = SseSocketSink(direct, asyncio.get_running_loop(), template)
     if handle.attach_sink(sink):
         return True
     sink.close()
     return False
+
+
+async def _engine_let_go(handle: RequestHandle) -> bool:
+    """Whether the engine has let go of the stream's connection (at once, unless the host
+    ended the request while the engine still held it: then within ENGINE_STREAM_GRACE_S)."""
+    deadline = time.monotonic() + ENGINE_STREAM_GRACE_S
+    while handle.engine_stream:
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(0.05)
+    return True
 
 
 def _sse(payload: dict[str, Any]) -> bytes:
@@ -535,7 +582,8 @@ async def _stream(
         return envelope([{**choice, "finish_reason": None}], None)
 
     reader = None if tools is None else tools.stream()
-    # Plain text goes to the socket from the engine reader thread once the sink is attached.
+    # Plain text goes to the socket from the engine itself, or from the engine reader thread
+    # once the sink is attached.
     direct = (
         None
         if reader is not None or handle.params.logprobs is not None
@@ -548,6 +596,8 @@ async def _stream(
     try:
         if chat:
             yield chunk(None, None, first=True)
+        if _hand_to_engine(ctx, handle, direct, template):
+            template = None
         while True:
             if template is not None and _attach_direct(handle, direct, template):
                 template = None
@@ -562,6 +612,11 @@ async def _stream(
                     yield chunk(item.text, None, logprobs=item.logprobs)
                 continue
             finished = True
+            if not await _engine_let_go(handle):
+                # Its write could land after our end of the stream: end the connection instead.
+                if direct is not None:
+                    direct.abort()
+                return
             if item.outcome == "completed":
                 finish = _FINISH.get(item.stop_reason or "", "stop")
                 if reader is not None:

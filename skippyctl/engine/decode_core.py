@@ -31,6 +31,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any, Final
 
+from skippyctl.config.stream_wire import SocketChunks
 from skippyctl.engine.batch import StepBatch, forward_passes, sequence_of
 from skippyctl.engine.draft import DraftModel
 from skippyctl.engine.lane_kv import LaneKv
@@ -481,12 +482,60 @@ class DecodeCore:
             )
         return token
 
-    def _text(self, r: RequestState, text: str) -> GenText:
-        """``r``'s text message, with the log-probabilities of its tokens not yet sent."""
+    def _send_text(self, r: RequestState, text: str) -> None:
+        """Stream ``r``'s new text: held while the host has not said who writes the stream
+        (``hold_text``), to the client directly while the engine holds its connection
+        (``attach_stream``), otherwise as a ``GenText`` for the host (with the
+        log-probabilities of its tokens not yet sent)."""
+        if r.text_held is not None:
+            r.text_held.append(text)
+            return
+        stream = r.stream
+        if stream is not None:
+            self._write_stream(r, stream, stream.write(text))
+            return
         if not r.logprobs:
-            return GenText(r.id, text)
+            self.emit(GenText(r.id, text))
+            return
         sent, r.logprobs = tuple(r.logprobs), []
-        return GenText(r.id, text, sent)
+        self.emit(GenText(r.id, text, sent))
+
+    def _write_stream(self, r: RequestState, stream: SocketChunks, rest: bytes | None) -> None:
+        """After a write to ``r``'s client: when the socket took less than the chunk, the host
+        writes the rest, then everything after it (the connection is the host's again)."""
+        if rest is None:
+            return
+        r.stream = None
+        stream.close()
+        if rest:
+            self.emit(GenText(r.id, rest.decode("latin-1"), framed=True))
+
+    def attach_stream(self, request_id: str, chunks: SocketChunks) -> None:
+        """Write ``request_id``'s text to its client through ``chunks``: what was held until
+        now, then each piece as it comes. Only a request that holds its text (the host wrote
+        nothing of it, so these writes are the stream's first); ``chunks`` is closed
+        otherwise."""
+        r = self._board.by_id.get(request_id)
+        held = None if r is None or r.phase is Phase.DONE else r.text_held
+        if r is None or held is None:
+            chunks.close()
+            return
+        r.text_held = None
+        r.stream = chunks
+        r.wrote_stream = True
+        if held:
+            self._write_stream(r, chunks, chunks.write_all(held))
+
+    def release_text(self, request_id: str) -> None:
+        """Send ``request_id``'s held text to the host, and the rest of it as it comes."""
+        r = self._board.by_id.get(request_id)
+        if r is not None:
+            self._release_text(r)
+
+    def _release_text(self, r: RequestState) -> None:
+        held, r.text_held = r.text_held, None
+        if held:
+            self.emit(GenText(r.id, "".join(held)))
 
     def _on_logits(self, r: RequestState, now: float) -> None:
         """Sample ``r``'s next token from this step's logits and stream its text; with
@@ -534,7 +583,7 @@ class DecodeCore:
             text, stopped = stops.push(text)
             if stopped:
                 if text:
-                    self.emit(self._text(r, text))
+                    self._send_text(r, text)
                 self.finish(r, _COMPLETED, StopReason.STOP_STRING)
                 return False
         # A finishing request sends this token's text together with the flushed tail (one
@@ -550,7 +599,7 @@ class DecodeCore:
             self.finish(r, _COMPLETED, StopReason.LENGTH, ReasonCode.CONTEXT_EXHAUSTED, text=text)
             return False
         if text:
-            self.emit(self._text(r, text))
+            self._send_text(r, text)
         if r.held_observations:
             self._release_observations(r)
         if now - r.t_progress >= GEN_PROGRESS_INTERVAL_S:
@@ -610,6 +659,8 @@ class DecodeCore:
             return
         phase = r.phase
         r.phase = Phase.DONE
+        # Nobody said who writes the stream: its text goes to the host with the terminal.
+        self._release_text(r)
         try:
             if (
                 stop_reason is not StopReason.STOP_STRING
@@ -624,9 +675,13 @@ class DecodeCore:
                 else:
                     text += tail
             if text or r.logprobs:
-                self.emit(self._text(r, text))
+                self._send_text(r, text)
         except Exception:  # noqa: BLE001 - the terminal below must still be sent
             pass
+        if r.stream is not None:
+            # Before GenDone: the host writes the stream's end once it has it.
+            r.stream.close()
+            r.stream = None
         self._release_observations(r)
         board = self._board
         board.unlist(r, phase)

@@ -1,12 +1,13 @@
 """The engine worker process: owns llama.cpp for one model.
 
 Run by the host's supervisor (``skippyctl/runtime/engine_supervisor.py``) as
-`python -m skippyctl.engine.engine_worker --control-fd N [--ring-fd M --native-library PATH]
---serving-events on|off --debug-token-events on|off …` (``engine/options.py``): everything the
-host decided about this engine arrives as arguments — the test fault injections too — and the
-worker reads no configuration from its environment. With a ring, llama.cpp's progress and log
-callbacks point straight at C functions of the native library (no Python on the callback path),
-and the worker brackets each load in a native operation scope.
+`python -m skippyctl.engine.engine_worker --control-fd N [--stream-fd S] [--ring-fd M
+--native-library PATH] --serving-events on|off --debug-token-events on|off …`
+(``engine/options.py``): everything the host decided about this engine arrives as arguments —
+the test fault injections too — and the worker reads no configuration from its environment.
+With a ring, llama.cpp's progress and log callbacks point straight at C functions of the native
+library (no Python on the callback path), and the worker brackets each load in a native
+operation scope.
 Without one (legacy mode) it only reports return values. Either way the authoritative result of
 every llama.cpp call is sent on the control channel after the native scope has ended, so the host
 drains every native fact of the operation before it sees the return.
@@ -37,11 +38,13 @@ import time
 from pathlib import Path
 from typing import Any, Final, assert_never
 
+from skippyctl.config.stream_wire import SocketChunks
 from skippyctl.engine import options as engine_options
 from skippyctl.engine.channel import ControlChannel, MalformedMessage, engine_side
 from skippyctl.engine.model_loader import LoadedModel, ModelLoader, address_space_bytes
 from skippyctl.engine.options import EngineOptions
 from skippyctl.engine.protocol_commands import (
+    AttachStream,
     Cancel,
     Command,
     Detokenize,
@@ -50,6 +53,7 @@ from skippyctl.engine.protocol_commands import (
     Generate,
     Load,
     Ping,
+    ReleaseText,
     SaveSessions,
     Shutdown,
     Tokenize,
@@ -65,6 +69,7 @@ from skippyctl.engine.protocol_messages import (
     StateExported,
     VocabularyAnswer,
 )
+from skippyctl.engine.stream_socket import StreamSocket
 from skippyctl.events.reasons import ReasonCode
 
 SAVE_TIMEOUT_S: Final = 60.0
@@ -79,8 +84,12 @@ class Worker:
         capture_debug_log: bool,
         options: EngineOptions | None = None,
         native_library: str | None = None,
+        streams: StreamSocket | None = None,
     ) -> None:
         self.channel = channel
+        self.streams = streams
+        """Where client connections arrive for ``AttachStream`` (None: every attach is
+        refused, the host's text path serves)."""
         self.options = options or EngineOptions()
         self.adapter: Any | None = None
         self.native_problem: str | None = None
@@ -178,6 +187,11 @@ class Worker:
             case Cancel():
                 if self._batch is not None:
                     self._batch.cancel(command.request_id)
+            case AttachStream():
+                self._attach_stream(command)
+            case ReleaseText():
+                if self._batch is not None:
+                    self._batch.release_text(command.request_id)
             case DropSession():
                 if self._batch is not None:
                     self._batch.drop_session(command.session, command.reason)
@@ -216,6 +230,22 @@ class Worker:
                 self._send(GenDone.refused(command.request_id, ReasonCode.INTERNAL_RUNTIME_FAILURE))
         except Exception:  # noqa: BLE001 - the serve loop must go on whatever happens here
             self.protocol_errors += 1
+
+    def _attach_stream(self, command: AttachStream) -> None:
+        """Hand the client connection that went ahead of `command` on the stream socket to the
+        decode thread, which writes the request's text to it (``DecodeCore.attach_stream``);
+        closed here when it cannot be. Without the connection the text goes to the host."""
+        batch = self._batch
+        fd = None if self.streams is None else self.streams.take(command.request_id)
+        if batch is None:
+            if fd is not None:
+                os.close(fd)
+            return
+        if fd is None:
+            batch.release_text(command.request_id)
+            return
+        chunks = SocketChunks(fd, command.head.encode(), command.tail.encode())
+        batch.attach_stream(command.request_id, chunks)
 
     def _send(self, message: EngineMessage) -> None:
         # A host that went away is noticed by the serve loop (end of stream); nothing to do here.
@@ -270,6 +300,7 @@ class Worker:
                     logprobs=sampling.logprobs,
                 ),
                 deadline_mono_s=None if timeout is None else time.monotonic() + timeout,
+                hold_text=command.hold_text,
             )
         except Exception:  # noqa: BLE001 - any bad field refuses this request, never the engine
             self._send(GenDone.refused(command.request_id, ReasonCode.INVALID_CONFIGURATION))
@@ -387,11 +418,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--control-fd", type=int, required=True)
     parser.add_argument("--ring-fd", type=int)
     parser.add_argument("--native-library")
+    parser.add_argument("--stream-fd", type=int)
     engine_options.add_arguments(parser)
     args = parser.parse_args(argv)
     options = engine_options.from_arguments(args)
     channel = engine_side(socket.socket(fileno=args.control_fd))
-    worker = Worker(channel, args.ring_fd, options.capture_debug_log, options, args.native_library)
+    streams = None if args.stream_fd is None else StreamSocket(socket.socket(fileno=args.stream_fd))
+    worker = Worker(
+        channel, args.ring_fd, options.capture_debug_log, options, args.native_library, streams
+    )
     # After llama.cpp and the native library are mapped.
     _test_address_space_limit(options.test_address_space_limit_mib)
     return worker.serve()

@@ -57,6 +57,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any, Final
 
+from skippyctl.config.stream_wire import SocketChunks
 from skippyctl.engine.chat_template import ChatMessage
 from skippyctl.engine.decode_core import DecodeCore
 from skippyctl.engine.draft import DraftModel
@@ -216,6 +217,26 @@ class BatchEngine:
                 self._inbox.append(("cancel", request_id, None))
                 self._cond.notify()
 
+    def attach_stream(self, request_id: str, chunks: SocketChunks) -> None:
+        """Write ``request_id``'s held text and the rest of it to its client through ``chunks``
+        (``DecodeCore.attach_stream``); ``chunks`` is closed if it cannot be. Never blocks."""
+        with self._cond:
+            if self._closed or request_id not in self._ids:
+                closed = True
+            else:
+                closed = False
+                self._inbox.append(("attach", request_id, chunks))
+                self._cond.notify()
+        if closed:
+            chunks.close()
+
+    def release_text(self, request_id: str) -> None:
+        """Send ``request_id``'s held text and the rest of it to the host. Never blocks."""
+        with self._cond:
+            if request_id in self._ids:
+                self._inbox.append(("release", request_id, None))
+                self._cond.notify()
+
     def drop_session(self, session: str, reason: str = _DEFAULT_DROP_REASON) -> None:
         """Forget ``session`` and free its lane's KV (``session`` evicted with ``reason``).
 
@@ -360,6 +381,10 @@ class BatchEngine:
                     core.accept(first)
                 elif kind == "cancel":
                     core.cancel(first)
+                elif kind == "attach":
+                    core.attach_stream(first, second)
+                elif kind == "release":
+                    core.release_text(first)
                 elif kind == "restore":
                     core.session_files.restore(*first)
                 elif kind == "save":
@@ -389,12 +414,14 @@ class BatchEngine:
                     # From here on submit() answers by itself: nothing can slip in between.
                     self._closed = True
                     break
-            for kind, first, _second in items:
+            for kind, first, second in items:
                 if kind == "submit":
                     r = first
                     if r.error is not None:
                         core.refuse(r, ReasonCode.INVALID_CONFIGURATION)
                     else:
                         core.track(r)
+                elif kind == "attach":
+                    second.close()
         core.cancel_all()
         self._flush()

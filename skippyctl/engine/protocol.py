@@ -4,8 +4,8 @@ codec that puts them on the wire.
 Two tagged unions, one per direction, each in its own module:
 
 - :data:`~skippyctl.engine.protocol_commands.Command` (host → engine, tag key ``op``;
-  ``engine/protocol_commands.py``): ``Load``, ``Generate``, ``Cancel``, ``DropSession``,
-  ``Ping``, ``Shutdown``, ``SaveSessions``.
+  ``engine/protocol_commands.py``): ``Load``, ``Generate``, ``Cancel``, ``AttachStream``,
+  ``ReleaseText``, ``DropSession``, ``Ping``, ``Shutdown``, ``SaveSessions``.
 - :data:`~skippyctl.engine.protocol_messages.EngineMessage` (engine → host, tag key ``msg``;
   ``engine/protocol_messages.py``): ``Hello``, ``Pong``, ``ProtocolError``, the load replies
   (``LoadBegun``, ``LoadReturned``, ``ContextBegun``, ``ContextReturned``), the serving messages
@@ -42,6 +42,7 @@ from typing import Any, Final, Union, cast, get_args, get_origin, get_type_hints
 import orjson
 
 from skippyctl.engine.protocol_commands import (
+    AttachStream,
     Cancel,
     Command,
     Detokenize,
@@ -50,6 +51,7 @@ from skippyctl.engine.protocol_commands import (
     Generate,
     Load,
     Ping,
+    ReleaseText,
     SaveSessions,
     Shutdown,
     Tokenize,
@@ -267,6 +269,8 @@ _COMMANDS: Final = {
         _spec("op", "load", Load),
         _spec("op", "generate", Generate),
         _spec("op", "cancel", Cancel),
+        _spec("op", "attach_stream", AttachStream),
+        _spec("op", "release_text", ReleaseText),
         _spec("op", "drop_session", DropSession),
         _spec("op", "ping", Ping),
         _spec("op", "shutdown", Shutdown),

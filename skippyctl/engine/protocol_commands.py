@@ -112,10 +112,35 @@ class Generate:
     sampling: Sampling = Sampling()
     timeout_s: float | None = None
     """Left of the request's deadline when it was sent; the engine keeps it from receipt."""
+    hold_text: bool = False
+    """Hold the text until the host says who writes the stream: the engine itself
+    (``AttachStream``) or the host (``ReleaseText``). Ignored for a request that asked for
+    log-probabilities (its text always goes to the host)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Cancel:
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class AttachStream:
+    """Write the text of a request sent with ``hold_text`` to its client's connection yourself,
+    the text held until now first: the connection's descriptor went ahead of this command on
+    the engine's stream socket. Refused (the descriptor closed) for a request that is not
+    holding its text: it has ended, or its text goes to the host. ``head`` and ``tail``: the SSE
+    event around a chunk's text (its stream's id, model and creation time; no text)."""
+
+    request_id: str
+    head: str
+    tail: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseText:
+    """Send the text of a request sent with ``hold_text`` to the host (``GenText``), the text
+    held until now first: the host writes its stream."""
+
     request_id: str
 
 
@@ -190,6 +215,8 @@ Command = (
     Load
     | Generate
     | Cancel
+    | AttachStream
+    | ReleaseText
     | DropSession
     | Ping
     | Shutdown

@@ -185,6 +185,11 @@ class GenText:
     logprobs: tuple[TokenLogprob, ...] | None = None
     """For a request that asked for them: the tokens whose text is ``text`` (or that were held
     back until now), in order; None (omitted on the wire) otherwise."""
+    framed: bool | None = None
+    """True: ``text`` is the rest of a chunk the engine wrote to the client's connection
+    itself (``AttachStream``) and the socket did not take, each byte as one Latin-1 character,
+    for the host to write as it is before anything else; the engine writes no more after it.
+    None (omitted on the wire) otherwise."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +242,9 @@ class GenDone:
     detail: str | None = None
     """Why a chat was refused, for its requester only (a chat template's own message, which
     may quote the request): like completion text, never in an event."""
+    wrote_stream: bool | None = None
+    """True when the engine wrote the request's text to the client's connection itself
+    (``AttachStream``); None (omitted on the wire) otherwise."""
 
     @classmethod
     def refused(cls, request_id: str, reason: ReasonCode) -> GenDone:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from skippyctl.config.stream_wire import SocketChunks
 from skippyctl.engine.chat_template import ChatMessage
 from skippyctl.engine.lanes import Lane
 from skippyctl.engine.protocol_messages import (
@@ -59,6 +60,8 @@ class GenerateRequest:
     # -- chat template inputs (jinja)
     tools: tuple[dict[str, Any], ...] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    hold_text: bool = False
+    """Hold the text until the host says who writes the stream (``Generate.hold_text``)."""
 
 
 def validation_error(request: GenerateRequest) -> str | None:
@@ -151,6 +154,7 @@ class RequestState:
         "spec_proposed",
         "spec_windows",
         "stops",
+        "stream",
         "submitted",
         "t_first",
         "t_last",
@@ -158,7 +162,9 @@ class RequestState:
         "t_prefill_progress",
         "t_prefill_start",
         "t_progress",
+        "text_held",
         "window",
+        "wrote_stream",
     )
 
     def __init__(self, spec: GenerateRequest, submitted: float, error: str | None) -> None:
@@ -210,6 +216,16 @@ class RequestState:
         self.plugin_commits: list[int] | None = None
         """With serving plugins: committed tokens not yet handed to them (one delta a step)."""
         self.approaching_sent = False
+        self.text_held: list[str] | None = (
+            [] if spec.hold_text and spec.sampling.logprobs is None and not error else None
+        )
+        """While the host has not said who writes the stream (``hold_text``): the text so far,
+        a piece per token; None once it has (or when it was not asked to hold)."""
+        self.wrote_stream = False
+        """The engine was handed the client's connection (its terminal says so)."""
+        self.stream: SocketChunks | None = None
+        """The client's connection while the engine writes this request's text to it itself
+        (``AttachStream``); closed before its ``GenDone``."""
         self.t_prefill_start = 0.0
         self.t_prefill_end = 0.0
         self.t_prefill_progress = 0.0
@@ -233,7 +249,8 @@ class RequestState:
             reason = ReasonCode.CANCELLATION
         elif reason is None and outcome is GenerationOutcome.TIMED_OUT:
             reason = ReasonCode.TIMEOUT
-        return GenDone(self.id, outcome, reason, stop_reason, self.figures())
+        wrote = True if self.wrote_stream else None
+        return GenDone(self.id, outcome, reason, stop_reason, self.figures(), wrote_stream=wrote)
 
     def figures(self) -> GenerationFigures:
         """What this request measured so far (its terminal's, when it has ended)."""

@@ -58,7 +58,7 @@ from typing import Final, assert_never
 from skippyctl.config.runtime_settings import inherited_environment
 from skippyctl.engine.channel import MalformedMessage, host_side
 from skippyctl.engine.options import EngineOptions
-from skippyctl.engine.protocol_commands import Command, Load, Ping, Shutdown
+from skippyctl.engine.protocol_commands import AttachStream, Command, Load, Ping, Shutdown
 from skippyctl.engine.protocol_messages import (
     AllocationRefused,
     Backends,
@@ -91,6 +91,7 @@ from skippyctl.engine.protocol_messages import (
     StateImported,
     VocabularyAnswer,
 )
+from skippyctl.engine.stream_socket import StreamSocket, stream_socket_pair
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import LogicalId, Scope, make_event, summaries
 from skippyctl.events.reasons import Outcome, ReasonCode
@@ -197,9 +198,11 @@ class EngineProcess:
         self.pongs = 0
         """Pings the engine answered (for operators and tests)."""
         host_sock, child_sock = socket.socketpair()
-        pass_fds = [child_sock.fileno()]
+        host_streams, child_streams = stream_socket_pair()
+        pass_fds = [child_sock.fileno(), child_streams.fileno()]
         args = [sys.executable, "-m", "skippyctl.engine.engine_worker"]
         args += ["--control-fd", str(child_sock.fileno())]
+        args += ["--stream-fd", str(child_streams.fileno())]
         args += (options or EngineOptions()).argv()
         try:
             if native_library is not None:
@@ -221,9 +224,14 @@ class EngineProcess:
         except BaseException:
             host_sock.close()
             child_sock.close()
+            host_streams.close()
+            child_streams.close()
             self.close_ring()
             raise
         child_sock.close()
+        child_streams.close()
+        self._streams = StreamSocket(host_streams)
+        self._attach_lock = threading.Lock()
         try:
             self._channel = host_side(host_sock)
             self._commands = CommandWriter(self._channel, key)
@@ -242,6 +250,7 @@ class EngineProcess:
             self.process.kill()
             self.process.wait()
             host_sock.close()
+            host_streams.close()
             if self._ring is not None:
                 pipeline.detach_engine(key)
             self.close_ring()
@@ -294,6 +303,15 @@ class EngineProcess:
         Raises :class:`MessageTooLarge` or :class:`UnencodableMessage` (nothing queued) for a
         command that cannot be framed."""
         return self._commands.send(command)
+
+    def attach_stream(self, command: AttachStream, fd: int) -> bool:
+        """Hand the engine a client connection (`fd`, which the caller keeps) to write
+        `command`'s request text to; never blocks. False if it could not be handed over (the
+        engine then never has it)."""
+        with self._attach_lock:  # descriptors and commands reach the engine in the same order
+            if not self._streams.give(command.request_id, fd):
+                return False
+            return self.send(command)
 
     # -- liveness -------------------------------------------------------------------------------
     def silent_for_s(self, now_ns: int | None = None) -> float:
@@ -440,6 +458,7 @@ class EngineProcess:
         # The peer is gone, so a write in flight fails at once; then the socket can close.
         self._commands.join(WRITER_JOIN_S)
         self._channel.close()
+        self._streams.close()
         self._exited.set()
 
     def _on_message(self, message: EngineMessage) -> None:

@@ -27,6 +27,11 @@ Invariants:
   request still running `HOST_DEADLINE_GRACE_S` after its deadline is ended here (timed_out), its
   host lane is freed at once and the engine is told to cancel it. The engine's later messages for
   it, `GenDone` included, are ignored (`_abandoned`), so nothing is emitted or freed twice.
+- A plain text stream's engine may hold its text (`hold_text`) until told who writes the
+  stream (`resolve_stream`): the host, or the engine itself, which is handed the client's
+  connection. The handle says so (`engine_stream`) until the engine has let go of it — its
+  `GenDone`, even for a request the host ended, or its exit — so the host's own end of the
+  stream never meets a write of the engine's on the wire.
 - A request whose engine command would exceed the control channel's frame limit is refused at
   admission (`context_exhausted`; `invalid_configuration` for a value JSON cannot carry, such as
   a seed beyond 64 bits): no request can break the channel.
@@ -38,6 +43,7 @@ Invariants:
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 import time
@@ -54,7 +60,15 @@ from skippyctl.engine.channel import (
     UnencodableMessage,
     encode_frame,
 )
-from skippyctl.engine.protocol_commands import Cancel, Command, Detokenize, Embed, Tokenize
+from skippyctl.engine.protocol_commands import (
+    AttachStream,
+    Cancel,
+    Command,
+    Detokenize,
+    Embed,
+    ReleaseText,
+    Tokenize,
+)
 from skippyctl.engine.protocol_messages import (
     EmbeddingAnswer,
     GenDone,
@@ -87,7 +101,7 @@ from skippyctl.runtime.observations import (
     observation_emissions,
     unstarted_emission,
 )
-from skippyctl.runtime.requests import Finished, RequestHandle, TextChunk
+from skippyctl.runtime.requests import Finished, RequestHandle, StreamOffer, TextChunk
 
 HOST_DEADLINE_GRACE_S: Final = 0.2
 """The engine ends a request at its deadline itself (with its token counts); the host ends it this
@@ -108,6 +122,11 @@ class EngineLink(Protocol):
     def send(self, command: Command) -> bool:
         """Queue a command without blocking; False if the engine is gone. Raises
         MessageTooLarge / UnencodableMessage for a command that cannot be framed."""
+        ...
+
+    def attach_stream(self, command: AttachStream, fd: int) -> bool:
+        """Hand the engine a client connection for `command`'s request (the caller keeps
+        `fd`); never blocks. False if it could not be handed over."""
         ...
 
     def silent_for_s(self, now_ns: int | None = None) -> float: ...
@@ -169,7 +188,7 @@ class ModelServer:
         self._lock = threading.Lock()
         self._queued: deque[RequestHandle] = deque()
         self._running: dict[str, RequestHandle] = {}
-        self._abandoned: set[str] = set()
+        self._abandoned: dict[str, RequestHandle] = {}
         """Ended by the host while the engine still ran them; their late messages are ignored."""
         self.idle = threading.Condition(self._lock)
         self.unresponsive = False
@@ -288,11 +307,14 @@ class ModelServer:
             elapsed = (now - handle.received_mono_ns) / 1e9
             timeout = max(0.001, timeout - elapsed)
         command = handle.params.engine_command(handle.request_id, handle.session_id, timeout)
+        if handle.hold_text:
+            command = dataclasses.replace(command, hold_text=True)
         assert self.engine is not None
         # If the engine is already gone the send fails silently: its exit handler fails
         # everything in `_running`, this request included, so it still gets its one terminal.
         try:
             self.engine.send(command)
+            self._send_resolution_locked(handle)
         except (MessageTooLarge, UnencodableMessage) as error:
             # Admission checked the same command with a margin, so this is not expected; still,
             # the request gets its terminal (off this thread: the server lock is held here).
@@ -372,6 +394,35 @@ class ModelServer:
             ]
         return min(deadlines, default=None)
 
+    def resolve_stream(self, handle: RequestHandle, offer: StreamOffer | None) -> bool:
+        """Say who writes the stream of `handle`, whose engine holds its text: the engine,
+        through `offer` (it writes the text to the client's connection itself), or the host
+        (None). Told to the engine now if the request runs, or right after its ``Generate``.
+        False if the handle cannot take it (the caller keeps `offer`)."""
+        with self._lock:
+            if not handle.resolve_stream(offer):
+                return False
+            if str(handle.request_id) in self._running:
+                self._send_resolution_locked(handle)
+        return True
+
+    def _send_resolution_locked(self, handle: RequestHandle) -> None:
+        """Tell the engine who writes `handle`'s stream, once it was said (behind the request's
+        ``Generate``): ``AttachStream`` with the connection, or ``ReleaseText``."""
+        taken = handle.take_resolution()
+        engine = self.engine
+        if taken is None or engine is None:
+            return
+        (offer,) = taken
+        request_id = str(handle.request_id)
+        fd = None if offer is None else offer.fd
+        if offer is not None and fd is not None:
+            head, tail = offer.head.decode(), offer.tail.decode()
+            handle.engine_stream = engine.attach_stream(AttachStream(request_id, head, tail), fd)
+            offer.close()  # the engine has its own descriptor now
+        if not handle.engine_stream:
+            engine.send(ReleaseText(request_id))
+
     def _end_running(self, request_id: str, outcome: GenerationOutcome, reason: ReasonCode) -> None:
         """End a running request on the host (its engine has not): claim it, emit its terminal
         events, free its host lane, tell the engine to drop it, deliver its `Finished`."""
@@ -379,7 +430,7 @@ class ModelServer:
             handle = self._running.pop(request_id, None)
             if handle is None:
                 return  # its GenDone (or the engine's exit) came first: already ended
-            self._abandoned.add(request_id)
+            self._abandoned[request_id] = handle
         engine = self.engine
         if engine is not None:
             engine.send(Cancel(request_id))
@@ -467,8 +518,12 @@ class ModelServer:
                     # Claimed here: whoever pops the request emits its terminal (exactly once).
                     handle = self._running.pop(message.request_id, None)
                     if handle is None:
-                        self._abandoned.discard(message.request_id)  # the host ended it already
+                        # The host ended it already; the engine has let go of its stream now.
+                        abandoned = self._abandoned.pop(message.request_id, None)
+                        if abandoned is not None:
+                            abandoned.engine_stream = False
                         return
+                    handle.engine_stream = False
                 self._on_done(handle, message)
             case GenText():
                 # Under the lock, so a host-side terminal cannot slip in between: nothing of a
@@ -476,7 +531,10 @@ class ModelServer:
                 with self._lock:
                     handle = self._running.get(message.request_id)
                     if handle is not None:
-                        handle.deliver(TextChunk(message.text, message.logprobs))
+                        if message.framed:
+                            handle.deliver_framed(message.text.encode("latin-1"))
+                        else:
+                            handle.deliver(TextChunk(message.text, message.logprobs))
             case (
                 GenStarted()
                 | GenPrefillProgress()
@@ -511,6 +569,7 @@ class ModelServer:
                 message.figures,
                 spec_mode,
                 detail=message.detail,
+                written_by="engine" if message.wrote_stream else "host",
             )
         )
 
@@ -573,6 +632,8 @@ class ModelServer:
             queued = list(self._queued)
             self._running.clear()
             self._queued.clear()
+            for handle in (*running, *self._abandoned.values()):
+                handle.engine_stream = False  # its descriptors closed with it
             self._abandoned.clear()
             asks = list(self._engine_asks.values())
             self._engine_asks.clear()

@@ -30,7 +30,9 @@ Contract of a receipt (its ``document`` is the JSON of the API and of ``generate
   parses the reply after the terminal, so it adds ``tool_calls`` with
   :meth:`ReceiptBook.note_tool_calls` before it answers the request's last byte;
 - ``constraint``: ``grammar`` or ``json_schema`` when a GBNF grammar or a JSON
-  ``response_format`` constrained the reply, else null (never the grammar or schema).
+  ``response_format`` constrained the reply, else null (never the grammar or schema);
+- ``written_by``: ``engine`` when the engine wrote the streamed reply's text to the client's
+  connection itself (``api/direct_stream.py``), ``host`` when the host wrote the reply.
 """
 
 from __future__ import annotations
@@ -73,6 +75,8 @@ class Receipt:
     # -- sampling
     constraint: str | None = None
     """``grammar`` or ``json_schema`` when one constrained the reply (never its text)."""
+    written_by: str = "host"
+    """``engine`` when the engine wrote the streamed text to the client itself, else ``host``."""
 
     def document(self) -> dict[str, Any]:
         return {
@@ -88,6 +92,7 @@ class Receipt:
             "tools": self.tools,
             "tool_calls": self.tool_calls,
             "constraint": self.constraint,
+            "written_by": self.written_by,
         }
 
 
@@ -111,6 +116,7 @@ def receipt_of(handle: RequestHandle, finished: Finished, ended_mono_ns: int) ->
         figures=finished.figures,
         tools=len(handle.params.tools or ()),
         constraint=handle.params.constraint,
+        written_by=finished.written_by,
     )
 
 

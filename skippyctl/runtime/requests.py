@@ -8,6 +8,7 @@ caller (an asyncio API handler or a blocking CLI): `deliver` is thread-safe and 
 from __future__ import annotations
 
 import asyncio
+import os
 import queue
 import threading
 from collections.abc import Callable
@@ -34,6 +35,7 @@ __all__ = [
     "GenerationParams",
     "InvalidRequest",
     "RequestHandle",
+    "StreamOffer",
     "TextChunk",
     "TextSink",
     "TokenLogprob",  # a token's log-probabilities, for the API likewise
@@ -173,10 +175,13 @@ class Finished:
     """The engine's figures when the engine ended the request (its ``GenDone.figures``,
     unchanged); :data:`~skippyctl.events.figures.NO_FIGURES` on every path the host ended."""
     spec_mode: str = "off"
-    detail: str | None = None
-    """Why the engine refused a chat (its template's message), for the requester only."""
     """How the model's engine speculates (its load's ``speculation``) when the engine ended the
     request; ``off`` on the paths the host ended (whose figures are all 0)."""
+    detail: str | None = None
+    """Why the engine refused a chat (its template's message), for the requester only."""
+    written_by: str = "host"
+    """``engine`` when the engine wrote the streamed text to the client's connection itself
+    (its ``GenDone.wrote_stream``); ``host`` otherwise."""
 
 
 Chunk = TextChunk | Finished
@@ -196,6 +201,38 @@ class TextSink(Protocol):
         sink is detached: it refused a chunk, a chunk carries log-probabilities, or the
         terminal is about to be delivered."""
         ...
+
+
+class StreamOffer:
+    """A client connection the engine may write a request's plain text to itself (the API
+    makes it, the model server hands it to the engine: ``AttachStream``). It owns a
+    descriptor of the connection's socket until :meth:`close`; `head` and `tail` are the SSE
+    event around a chunk's text; `write_rest` writes bytes to the connection in order with the
+    caller's own writes (call it on the caller's loop)."""
+
+    __slots__ = ("_fd", "_lock", "head", "sent", "tail", "write_rest")
+
+    def __init__(
+        self, fd: int, head: bytes, tail: bytes, write_rest: Callable[[bytes], None]
+    ) -> None:
+        self._fd: int | None = fd
+        self._lock = threading.Lock()
+        self.head = head
+        self.tail = tail
+        self.write_rest = write_rest
+        self.sent = False
+        """Handed to the model server's engine (whether it took it or not)."""
+
+    @property
+    def fd(self) -> int | None:
+        return self._fd
+
+    def close(self) -> None:
+        """Release the descriptor (idempotent; the engine keeps its own if it was handed)."""
+        with self._lock:
+            fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
 
 
 @dataclass(slots=True)
@@ -223,6 +260,16 @@ class RequestHandle:
     """Chunks handed to the caller's queue (`deliver`) ..."""
     _taken: int = 0
     """... and taken from it (`next_chunk`): equal when none is in flight."""
+    hold_text: bool = False
+    """The engine holds the request's text until told who writes the stream
+    (:meth:`resolve_stream`): set by the caller before the request is enqueued."""
+    _resolved: bool = False
+    _resolution_taken: bool = False
+    _offer: StreamOffer | None = None
+    engine_stream: bool = False
+    """The engine may be writing this request's text to the client's connection: set when the
+    offer was handed to it, cleared when the engine has let go of it (its ``GenDone``, or its
+    exit). While set, nobody else may write to the connection."""
 
     def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
@@ -240,6 +287,45 @@ class RequestHandle:
             self._sink = sink
             return True
 
+    def resolve_stream(self, offer: StreamOffer | None) -> bool:
+        """Say who writes a stream whose engine holds its text (`hold_text`): the engine, through
+        `offer`, or the host (None). Once; the model server tells the engine
+        (:meth:`take_resolution`). False if it was said already or the text is not held, or,
+        with an offer, if a chunk is in flight to the caller or a sink writes the text (the
+        caller then keeps `offer`)."""
+        with self._lock:
+            if not self.hold_text or self._resolved:
+                return False
+            if offer is not None and (
+                self._finished or self._sink is not None or self._queued != self._taken
+            ):
+                return False
+            self._resolved = True
+            self._offer = offer
+            return True
+
+    @property
+    def stream_resolved(self) -> bool:
+        return self._resolved
+
+    def take_resolution(self) -> tuple[StreamOffer | None] | None:
+        """Who writes the stream, for the engine, once it was said and not yet taken (called
+        under the model server's lock, after the request's ``Generate``); None otherwise."""
+        with self._lock:
+            if not self._resolved or self._resolution_taken or self._finished:
+                return None
+            self._resolution_taken = True
+            return (self._offer,)
+
+    def deliver_framed(self, data: bytes) -> None:
+        """Bytes the engine wrote in part to the client's connection: the rest goes out through
+        the offer's writer, in order with the chunks delivered after it. Thread-safe."""
+        with self._lock:
+            offer = self._offer
+            if self._finished or offer is None or self.loop is None:
+                return
+            self.loop.call_soon_threadsafe(offer.write_rest, data)
+
     def deliver(self, chunk: Chunk) -> bool:
         """Thread-safe. False (and dropped) after the terminal was delivered."""
         with self._lock:
@@ -252,6 +338,8 @@ class RequestHandle:
                 if sink is not None:
                     self._sink = None
                     sink.close()
+                if self._offer is not None:
+                    self._offer.close()
             elif sink is not None:
                 if chunk.logprobs is None and sink.write(chunk.text):
                     return True

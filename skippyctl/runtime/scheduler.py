@@ -46,7 +46,7 @@ from skippyctl.runtime.memory_pressure import (
 from skippyctl.runtime.model_server import Liveness, ModelServer, Rejection
 from skippyctl.runtime.observations import ServingEvents
 from skippyctl.runtime.receipts import ReceiptBook, receipt_of
-from skippyctl.runtime.requests import Finished, GenerationParams, RequestHandle
+from skippyctl.runtime.requests import Finished, GenerationParams, RequestHandle, StreamOffer
 from skippyctl.runtime.session_state import SessionStateStore
 from skippyctl.runtime.sessions import SessionRegistry
 
@@ -265,6 +265,13 @@ class Scheduler:
         server = self.server(handle.model_id)
         if server is not None and not handle.done:
             server.cancel(str(handle.request_id), reason)
+
+    def resolve_stream(self, handle: RequestHandle, offer: StreamOffer | None) -> bool:
+        """Say who writes the stream of `handle`, whose engine holds its text: the engine,
+        through `offer`, or the host (None) (``ModelServer.resolve_stream``). False if it
+        cannot be said (the caller keeps `offer`)."""
+        server = self.server(handle.model_id)
+        return server is not None and server.resolve_stream(handle, offer)
 
     def session_released(self, handle: RequestHandle) -> None:
         if handle.session_id is not None:
