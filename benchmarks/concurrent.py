@@ -90,6 +90,12 @@ class Row:
     ttft_p50_ms: float
     ttft_p95_ms: float
     events_seen: int
+    ttft_first_p50_ms: float | None = None
+    """TTFT p50 of each session's first request (its whole prompt is prefilled) ..."""
+    ttft_later_p50_ms: float | None = None
+    """... and of its later ones (they share the session's prefix). The p50 over all requests
+    falls where the two meet when a session makes two requests, so it says more about how many
+    samples each side has than about either (section 5 of docs/BENCHMARKS.md)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +114,10 @@ class Ratio:
     target: float | None
     meets_target: bool | None
     ttft_meets_target: bool | None
+    ttft_first_p50: float | None = None
+    """The same for each session's first requests ..."""
+    ttft_later_p50: float | None = None
+    """... and for the later ones (None with one request per session)."""
 
 
 def _orders(contenders: tuple[str, ...]) -> list[tuple[str, ...]]:
@@ -182,6 +192,7 @@ def run(plan: Plan) -> tuple[list[Row], list[Ratio]]:
             group += 1
     rows: list[Row] = []
     ttft_p50: dict[tuple[str, int], float] = {}
+    turn_p50: dict[tuple[str, int, str], float] = {}
     for name in plan.contenders:
         for sessions in plan.sessions:
             runs = samples[name][sessions]
@@ -189,6 +200,15 @@ def run(plan: Plan) -> tuple[list[Row], list[Ratio]]:
             latencies = [r.latency_s * 1000 for sample in runs for r in sample.requests]
             ttfts = [r.ttft_s * 1000 for sample in runs for r in sample.requests]
             ttft_p50[name, sessions] = percentile(ttfts, 50)
+            for turn, first in (("first", True), ("later", False)):
+                of_turn = [
+                    r.ttft_s * 1000
+                    for sample in runs
+                    for r in sample.requests
+                    if (r.turn == 0) == first
+                ]
+                if of_turn:
+                    turn_p50[name, sessions, turn] = percentile(of_turn, 50)
             rows.append(
                 Row(
                     server=name,
@@ -204,6 +224,8 @@ def run(plan: Plan) -> tuple[list[Row], list[Ratio]]:
                     ttft_p50_ms=round(ttft_p50[name, sessions], 1),
                     ttft_p95_ms=round(percentile(ttfts, 95), 1),
                     events_seen=sum(sample.events_seen for sample in runs),
+                    ttft_first_p50_ms=_rounded(turn_p50.get((name, sessions, "first"))),
+                    ttft_later_p50_ms=_rounded(turn_p50.get((name, sessions, "later"))),
                 )
             )
     ratios: list[Ratio] = []
@@ -229,9 +251,29 @@ def run(plan: Plan) -> tuple[list[Row], list[Ratio]]:
                         target=TARGET_RATE if targeted else None,
                         meets_target=min(rate, paired) >= TARGET_RATE if targeted else None,
                         ttft_meets_target=ttft <= 1.0 if targeted else None,
+                        ttft_first_p50=_turn_ratio(turn_p50, peer, sessions, "first"),
+                        ttft_later_p50=_turn_ratio(turn_p50, peer, sessions, "later"),
                     )
                 )
     return rows, ratios
+
+
+def _rounded(value: float | None, digits: int = 1) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _turn_ratio(
+    turn_p50: dict[tuple[str, int, str], float], peer: str, sessions: int, turn: str
+) -> float | None:
+    ours, theirs = turn_p50.get((SKIPPY, sessions, turn)), turn_p50.get((peer, sessions, turn))
+    return None if ours is None or theirs is None else round(ours / theirs, 3)
+
+
+def _pair(first: float | None, later: float | None, digits: int) -> str:
+    def shown(value: float | None) -> str:
+        return "-" if value is None else f"{value:.{digits}f}"
+
+    return f"{shown(first)}/{shown(later)}"
 
 
 def _defaults_scaling(rows: list[Row]) -> float | None:
@@ -250,16 +292,20 @@ def _report(plan: Plan, model: str, rows: list[Row], ratios: list[Ratio]) -> Non
     )
     write(
         f"{'server':>16} {'S':>2} {'req':>4} {'tokens/s (min..max)':>26} {'lat p50 ms':>10} "
-        f"{'lat p95 ms':>10} {'TTFT p50':>9} {'TTFT p95':>9}\n"
+        f"{'lat p95 ms':>10} {'TTFT p50':>9} {'TTFT p95':>9} {'first/later p50':>16}\n"
     )
     for row in rows:
         rate = f"{row.tokens_per_s:.1f} ({row.tokens_per_s_min:.1f}..{row.tokens_per_s_max:.1f})"
         write(
             f"{row.server:>16} {row.sessions:>2} {row.requests:>4} {rate:>26} "
             f"{row.latency_p50_ms:>10.1f} {row.latency_p95_ms:>10.1f} "
-            f"{row.ttft_p50_ms:>9.1f} {row.ttft_p95_ms:>9.1f}\n"
+            f"{row.ttft_p50_ms:>9.1f} {row.ttft_p95_ms:>9.1f} "
+            f"{_pair(row.ttft_first_p50_ms, row.ttft_later_p50_ms, 1):>16}\n"
         )
-    write(f"{'skippy /':>16} {'S':>2} {'tok/s':>7} {'paired (min..max)':>24} {'TTFT p50':>9}\n")
+    write(
+        f"{'skippy /':>16} {'S':>2} {'tok/s':>7} {'paired (min..max)':>24} {'TTFT p50':>9} "
+        f"{'first/later':>13}\n"
+    )
     for ratio in ratios:
         paired = (
             f"{ratio.rate_paired_median:.3f} ({ratio.rate_paired_min:.3f}.."
@@ -273,7 +319,8 @@ def _report(plan: Plan, model: str, rows: list[Row], ratios: list[Ratio]) -> Non
             )
         write(
             f"{ratio.peer:>16} {ratio.sessions:>2} {ratio.rate:>7.3f} {paired:>24} "
-            f"{ratio.ttft_p50:>9.3f}{verdict}\n"
+            f"{ratio.ttft_p50:>9.3f} {_pair(ratio.ttft_first_p50, ratio.ttft_later_p50, 3):>13}"
+            f"{verdict}\n"
         )
     scaling = _defaults_scaling(rows)
     if scaling is not None:

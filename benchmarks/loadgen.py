@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import math
 import time
@@ -56,6 +57,9 @@ class RequestSample:
     latency_s: float
     ttft_s: float
     tokens: int
+    turn: int = 0
+    """The request's place in its session (0: the first, whose prompt is all new; later turns
+    share the session's prefix, so their prefill is short)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,7 +192,8 @@ async def run_sessions(
             samples = []
             for request in range(work.requests):
                 payload = body(work, name, request, stream=True)
-                samples.append(await _one(client, payload, work.tokens))
+                sample = await _one(client, payload, work.tokens)
+                samples.append(dataclasses.replace(sample, turn=request))
             return samples
 
         # The client's own full collections (15 ms a pass over this process's heap, seen at the

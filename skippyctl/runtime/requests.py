@@ -210,7 +210,7 @@ class StreamOffer:
     event around a chunk's text; `write_rest` writes bytes to the connection in order with the
     caller's own writes (call it on the caller's loop)."""
 
-    __slots__ = ("_fd", "_lock", "head", "sent", "tail", "write_rest")
+    __slots__ = ("_fd", "_lock", "head", "tail", "write_rest")
 
     def __init__(
         self, fd: int, head: bytes, tail: bytes, write_rest: Callable[[bytes], None]
@@ -220,8 +220,6 @@ class StreamOffer:
         self.head = head
         self.tail = tail
         self.write_rest = write_rest
-        self.sent = False
-        """Handed to the model server's engine (whether it took it or not)."""
 
     @property
     def fd(self) -> int | None:
@@ -303,10 +301,6 @@ class RequestHandle:
             self._resolved = True
             self._offer = offer
             return True
-
-    @property
-    def stream_resolved(self) -> bool:
-        return self._resolved
 
     def take_resolution(self) -> tuple[StreamOffer | None] | None:
         """Who writes the stream, for the engine, once it was said and not yet taken (called
