@@ -17,6 +17,8 @@ OpenAI streams them; the count goes to the request's receipt before the response
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -613,8 +615,11 @@ async def _stream(
                 continue
             finished = True
             if not await _engine_let_go(handle):
-                # Its write could land after our end of the stream: end the connection instead.
+                # Its write could land after our end of the stream: end the connection instead
+                # (the socket itself: the engine's descriptor would keep it open).
                 if direct is not None:
+                    with contextlib.suppress(OSError):
+                        direct.get_extra_info("socket").shutdown(socket.SHUT_RDWR)
                     direct.abort()
                 return
             if item.outcome == "completed":

@@ -1,15 +1,23 @@
 """Streams whose text the engine writes to the client's connection itself, against a real runtime
 (tiny.gguf): byte for byte what the host would have written, said by the receipt
 (``written_by``), and kept to the streams it may serve — plain text over HTTP/1.1 — while
-log-probabilities and tool-call reading stay on the host's path."""
+log-probabilities and tool-call reading stay on the host's path. A stream the host ends itself
+while the engine holds its connection (the engine stopped with SIGSTOP, a real stall) gets its
+end only after the engine let go, or is cut."""
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
+import time
+from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 
+from skippyctl.api.openai import ENGINE_STREAM_GRACE_S
 from tests.api.conftest import Server
 
 BAN_END = {"2": -100, "1023": -100}  # tiny.gguf's end tokens: replies run to max_tokens
@@ -98,3 +106,84 @@ def test_log_probabilities_and_replies_without_streaming_stay_on_the_hosts_path(
     with server.http() as http:
         answer = http.post("/v1/completions", json=body)
     assert _receipt(server, answer.headers["x-request-id"])["written_by"] == "host"
+
+
+def _engine_pid(server: Server) -> int:
+    """The pid of the server's engine process (its child running the engine worker)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            command = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        if parent == server.process.pid and b"skippyctl.engine.engine_worker" in command:
+            return int(entry.name)
+    raise AssertionError("no engine process")
+
+
+def _stalled_stream(server: Server, stalled_s: float) -> tuple[list[str], BaseException | None]:
+    """A stream whose engine is stopped (SIGSTOP) right after its first chunk, past the
+    request's deadline, for `stalled_s`: the data lines the client read, and what ended the
+    read if not the stream's own end."""
+    pid = _engine_pid(server)
+    body = {
+        "model": "tiny",
+        "prompt": "a b c",
+        "max_tokens": 100000,
+        "stream": True,
+        "timeout": 1.0,
+        "logit_bias": BAN_END,
+    }
+    lines: list[str] = []
+    error: BaseException | None = None
+    stopped = False
+    try:
+        with server.http() as http, http.stream("POST", "/v1/completions", json=body) as response:
+            try:
+                for line in response.iter_lines():
+                    if not line.startswith("data: "):
+                        continue
+                    lines.append(line)
+                    if not stopped:
+                        os.kill(pid, signal.SIGSTOP)
+                        stopped = True
+                        resume = threading.Timer(stalled_s, os.kill, (pid, signal.SIGCONT))
+                        resume.start()
+            except httpx.HTTPError as ended:
+                error = ended
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    return lines, error
+
+
+def test_a_stream_the_host_ended_gets_its_end_after_the_engine_let_go(
+    server: Server,
+) -> None:
+    # The host ends the request at its deadline (the engine is stopped); the engine, resumed
+    # 1 s later, may still write a chunk before it lets go: the host's end comes after it.
+    lines, error = _stalled_stream(server, stalled_s=2.2)
+    assert error is None
+    assert lines[-1] == "data: [DONE]"
+    failure = httpx.Response(200, content=lines[-2][6:]).json()
+    assert failure["error"]["reason_code"] == "timeout"
+    for line in lines[:-2]:  # every chunk before the end is whole text
+        assert "text" in httpx.Response(200, content=line[6:]).json()["choices"][0]
+    with server.http() as http:
+        after = http.post("/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 2})
+    assert after.status_code == 200
+
+
+def test_a_stream_whose_engine_never_lets_go_is_cut_not_corrupted(server: Server) -> None:
+    # Stopped past the host's grace (1.2 s to its deadline, 5 s more): the connection is shut,
+    # with no end of the stream the engine's late write could follow.
+    started = time.monotonic()
+    lines, error = _stalled_stream(server, stalled_s=ENGINE_STREAM_GRACE_S + 3.0)
+    assert "data: [DONE]" not in lines
+    assert isinstance(error, httpx.RemoteProtocolError)  # the body ended before its last chunk
+    assert time.monotonic() - started < ENGINE_STREAM_GRACE_S + 3.0  # cut, not waited out
+    with server.http() as http:
+        after = http.post("/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 2})
+    assert after.status_code == 200
