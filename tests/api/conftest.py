@@ -61,6 +61,14 @@ class Server:
     def http(self, timeout: float = 60.0) -> httpx.Client:
         return httpx.Client(base_url=self.url, headers=self.headers, timeout=timeout)
 
+    def receipt(self, request_id: str) -> dict[str, Any]:
+        """A request's receipt (``GET /api/runtime/requests/{id}/receipt``)."""
+        with self.http() as http:
+            response = http.get(f"/api/runtime/requests/{request_id}/receipt")
+        assert response.status_code == 200, response.text
+        receipt: dict[str, Any] = response.json()
+        return receipt
+
     def load(self, path: Path, **options: Any) -> dict[str, Any]:
         """Load and wait until the model serves (or its load failed)."""
         with self.http() as http:

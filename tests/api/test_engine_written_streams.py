@@ -27,14 +27,6 @@ def _client(server: Server) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{server.url}/v1", api_key=server.discovery.token, max_retries=0)
 
 
-def _receipt(server: Server, request_id: str) -> dict[str, Any]:
-    with server.http() as http:
-        answer = http.get(f"/api/runtime/requests/{request_id}/receipt")
-    assert answer.status_code == 200, answer.text
-    document: dict[str, Any] = answer.json()
-    return document
-
-
 def _stream_lines(server: Server, path: str, body: dict[str, Any]) -> tuple[str, list[str]]:
     """The request id and the SSE data lines of a streamed request, read as they come."""
     with server.http() as http, http.stream("POST", path, json=body) as response:
@@ -62,7 +54,7 @@ def test_a_streamed_completion_is_written_by_the_engine_as_the_host_would(
     assert len(chunks) == 41
     assert {c["id"] for c in chunks} == {chunks[0]["id"]}
     assert {c["model"] for c in chunks} == {"tiny"}
-    receipt = _receipt(server, request_id)
+    receipt = server.receipt(request_id)
     assert receipt["written_by"] == "engine"
     assert receipt["generated_tokens"] == 40
 
@@ -89,7 +81,7 @@ def test_a_streamed_chat_through_the_official_client_is_written_by_the_engine(
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.choices[0].message.content
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 20
-    assert _receipt(server, raw.headers["x-request-id"])["written_by"] == "engine"
+    assert server.receipt(raw.headers["x-request-id"])["written_by"] == "engine"
 
 
 def test_log_probabilities_and_replies_without_streaming_stay_on_the_hosts_path(
@@ -102,10 +94,10 @@ def test_log_probabilities_and_replies_without_streaming_stay_on_the_hosts_path(
     assert lines[-1] == "data: [DONE]"
     first = httpx.Response(200, content=lines[0][6:]).json()
     assert first["choices"][0]["logprobs"] is not None
-    assert _receipt(server, request_id)["written_by"] == "host"
+    assert server.receipt(request_id)["written_by"] == "host"
     with server.http() as http:
         answer = http.post("/v1/completions", json=body)
-    assert _receipt(server, answer.headers["x-request-id"])["written_by"] == "host"
+    assert server.receipt(answer.headers["x-request-id"])["written_by"] == "host"
 
 
 def _engine_pid(server: Server) -> int:
@@ -140,6 +132,7 @@ def _stalled_stream(server: Server, stalled_s: float) -> tuple[list[str], BaseEx
     lines: list[str] = []
     error: BaseException | None = None
     stopped = False
+    resume = threading.Timer(stalled_s, os.kill, (pid, signal.SIGCONT))
     try:
         with server.http() as http, http.stream("POST", "/v1/completions", json=body) as response:
             try:
@@ -150,11 +143,11 @@ def _stalled_stream(server: Server, stalled_s: float) -> tuple[list[str], BaseEx
                     if not stopped:
                         os.kill(pid, signal.SIGSTOP)
                         stopped = True
-                        resume = threading.Timer(stalled_s, os.kill, (pid, signal.SIGCONT))
                         resume.start()
             except httpx.HTTPError as ended:
                 error = ended
     finally:
+        resume.cancel()
         os.kill(pid, signal.SIGCONT)
     return lines, error
 

@@ -88,14 +88,6 @@ def _client(server: Server) -> openai.OpenAI:
     return client
 
 
-def _receipt(server: Server, request_id: str) -> dict[str, Any]:
-    with server.http() as http:
-        response = http.get(f"/api/runtime/requests/{request_id}/receipt")
-    assert response.status_code == 200, response.text
-    receipt: dict[str, Any] = response.json()
-    return receipt
-
-
 def _chat(server: Server, messages: list[dict[str, str]], **extra: Any) -> tuple[Any, str]:
     """The completion (greedy) and its request id."""
     raw = _client(server).chat.completions.with_raw_response.create(
@@ -116,7 +108,7 @@ def test_a_hermes_call_comes_back_as_tool_calls_with_null_content(real: Server) 
     assert _calls(choice.message) == [("get_weather", {"city": "Oslo"})]
     call = choice.message.tool_calls[0]
     assert call.type == "function" and call.id.startswith("call_")
-    receipt = _receipt(real, request_id)
+    receipt = real.receipt(request_id)
     assert (receipt["tools"], receipt["tool_calls"]) == (2, 1)
     assert "get_weather" not in json.dumps(receipt)  # counts, never names
 
@@ -127,10 +119,10 @@ def test_several_calls_and_parallel_tool_calls_false_keeps_the_first(real: Serve
         ("get_weather", {"city": "Oslo"}),
         ("get_time", {"city": "Oslo"}),
     ]
-    assert _receipt(real, request_id)["tool_calls"] == 2
+    assert real.receipt(request_id)["tool_calls"] == 2
     single, single_id = _chat(real, TWO_CALLS, tools=TOOLS, parallel_tool_calls=False)
     assert _calls(single.choices[0].message) == [("get_weather", {"city": "Oslo"})]
-    assert _receipt(real, single_id)["tool_calls"] == 1
+    assert real.receipt(single_id)["tool_calls"] == 1
 
 
 def test_a_llama3_json_reply_naming_a_tool_is_a_call(real: Server) -> None:
@@ -145,7 +137,7 @@ def test_tool_choice_none_and_no_tools_leave_the_reply_as_text(real: Server) -> 
         choice = completion.choices[0]
         assert choice.finish_reason == "stop" and choice.message.tool_calls is None
         assert choice.message.content == _hermes("get_weather", "Oslo")
-        assert (_receipt(real, request_id)["tools"], _receipt(real, request_id)["tool_calls"]) == (
+        assert (real.receipt(request_id)["tools"], real.receipt(request_id)["tool_calls"]) == (
             0,
             0,
         )
@@ -158,7 +150,7 @@ def test_a_reply_without_a_call_is_plain_content_even_with_tools(real: Server) -
     choice = completion.choices[0]
     assert choice.message.tool_calls is None and choice.message.content
     assert choice.finish_reason in ("stop", "length")
-    assert _receipt(real, request_id)["tool_calls"] == 0
+    assert real.receipt(request_id)["tool_calls"] == 0
 
 
 def test_streamed_calls_accumulate_in_the_official_client_to_the_non_streamed_ones(
