@@ -7,6 +7,7 @@ end only after the engine let go, or is cut."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import signal
 import threading
@@ -180,3 +181,42 @@ def test_a_stream_whose_engine_never_lets_go_is_cut_not_corrupted(server: Server
     with server.http() as http:
         after = http.post("/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 2})
     assert after.status_code == 200
+
+
+def test_streams_queued_on_the_host_are_handed_over_when_they_start(server: Server) -> None:
+    # Six streams on four lanes: two wait in the host's queue, their connections handed over
+    # right after their Generate.
+    def one(index: int) -> tuple[str, str]:
+        body = {
+            "model": "tiny",
+            "prompt": f"queue {index}",
+            "max_tokens": 60,
+            "temperature": 0,
+            "logit_bias": BAN_END,
+            "stream": True,
+        }
+        request_id, lines = _stream_lines(server, "/v1/completions", body)
+        assert lines[-1] == "data: [DONE]"
+        chunks = [httpx.Response(200, content=line[6:]).json() for line in lines[:-1]]
+        return request_id, "".join(c["choices"][0]["text"] for c in chunks)
+
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        results = list(pool.map(one, range(6)))
+    receipts = [server.receipt(request_id) for request_id, _ in results]
+    # At least one waited for a lane (a running request takes 60 steps of >= 1 ms).
+    assert any(r["queue_ms"] >= 30 for r in receipts), [r["queue_ms"] for r in receipts]
+    assert [r["written_by"] for r in receipts] == ["engine"] * 6
+    assert [r["generated_tokens"] for r in receipts] == [60] * 6
+    with server.http() as http:
+        for index, (_, text) in enumerate(results):
+            whole = http.post(
+                "/v1/completions",
+                json={
+                    "model": "tiny",
+                    "prompt": f"queue {index}",
+                    "max_tokens": 60,
+                    "temperature": 0,
+                    "logit_bias": BAN_END,
+                },
+            ).json()
+            assert text == whole["choices"][0]["text"]
