@@ -87,6 +87,14 @@ _FAILED: Final = GenerationOutcome.FAILED
 _CANCELLED: Final = GenerationOutcome.CANCELLED
 
 
+GATHER_AFTER_END_S: Final = 0.2
+"""Requests that ended this long before a new one arrived at an idle engine count as sessions
+that may be coming back (``DecodeCore._gathering``)."""
+GATHER_WAIT_S: Final = 0.004
+"""The most an idle engine holds the first of them for the others: about what the host takes
+for each request, far below one prefill step."""
+
+
 class DecodeCore:
     """Requests, lanes and the batch of one llama.cpp context (see the module docstring).
 
@@ -205,6 +213,9 @@ class DecodeCore:
         # One batch for the engine's lifetime: a chunk plus the decoding slots.
         self._batch = StepBatch(llama, self._chunk + slots)
         self._board = RequestBoard()
+        self._ended: list[float] = []
+        """When running requests ended lately (for gathering the sessions that come back)."""
+        self.gather_until: float | None = None
         self.emit_failures = 0
 
     # ---------------------------------------------------------------- properties
@@ -256,6 +267,9 @@ class DecodeCore:
                 self.finish(r, GenerationOutcome.TIMED_OUT, StopReason.TIMEOUT)
         if board.queue:
             self._admit()
+        self.gather_until = None
+        if board.prefilling and not board.decoding and self._gathering():
+            return False
         if board.prefilling or board.decoding:
             self._step()  # checks KV pressure itself
             return True
@@ -263,6 +277,20 @@ class DecodeCore:
         # thread is about to sleep.
         self._kv.check_pressure()
         return False
+
+    def _gathering(self) -> bool:
+        """Whether an idle engine waits a moment before prefilling what arrived: when several
+        requests ended together just before and fewer have come back yet, the rest are on
+        their way (sessions in lockstep), and one step for all beats a step for the first."""
+        first = min(r.submitted for r in self._board.prefilling)
+        ended = [t for t in self._ended if first - GATHER_AFTER_END_S <= t <= first]
+        if len(ended) < 2 or len(self._board.prefilling) + len(self._board.queue) >= len(ended):
+            return False
+        until = first + GATHER_WAIT_S
+        if time.monotonic() >= until:
+            return False
+        self.gather_until = until
+        return True
 
     def fail_running(self) -> None:
         """After a failure no request can be blamed for: fail the running requests, and any the
@@ -659,6 +687,10 @@ class DecodeCore:
             return
         phase = r.phase
         r.phase = Phase.DONE
+        if phase is Phase.DECODE:
+            now = time.monotonic()
+            self._ended = [t for t in self._ended if now - t < GATHER_AFTER_END_S]
+            self._ended.append(now)
         # Nobody said who writes the stream: its text goes to the host with the terminal.
         self._release_text(r)
         try:

@@ -336,8 +336,12 @@ class BatchEngine:
                     with self._cond:
                         while not self._inbox and not self._stopping:
                             wait = self._links_wait_s()
+                            gather = core.gather_until
+                            if gather is not None:
+                                left = gather - time.monotonic()
+                                wait = left if wait is None else min(wait, left)
                             if wait is not None and wait <= 0:
-                                break  # a link probe is due
+                                break  # a link probe is due, or the gathering is over
                             self._cond.wait(wait)
         finally:
             self._shutdown()
