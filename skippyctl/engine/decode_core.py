@@ -213,8 +213,11 @@ class DecodeCore:
         # One batch for the engine's lifetime: a chunk plus the decoding slots.
         self._batch = StepBatch(llama, self._chunk + slots)
         self._board = RequestBoard()
-        self._ended: list[float] = []
-        """When running requests ended lately (for gathering the sessions that come back)."""
+        self._steps = 0
+        """Decode steps so far (which step generations ended in)."""
+        self._ended: list[tuple[int, float]] = []
+        """The step and time at which generations ended lately (for gathering the sessions
+        that come back)."""
         self.gather_until: float | None = None
         self.emit_failures = 0
 
@@ -280,10 +283,13 @@ class DecodeCore:
 
     def _gathering(self) -> bool:
         """Whether an idle engine waits a moment before prefilling what arrived: when several
-        requests ended together just before and fewer have come back yet, the rest are on
-        their way (sessions in lockstep), and one step for all beats a step for the first."""
+        generations ended in the same step just before and fewer requests have come since, the
+        rest are on their way (sessions in lockstep), and one step for all beats a step for the
+        first."""
         first = min(r.submitted for r in self._board.prefilling)
-        ended = [t for t in self._ended if first - GATHER_AFTER_END_S <= t <= first]
+        lately = [step for step, t in self._ended if first - GATHER_AFTER_END_S <= t <= first]
+        # Together: in the last step that ended any (one after another is a lone client).
+        ended = [step for step in lately if step == lately[-1]]
         if len(ended) < 2 or len(self._board.prefilling) + len(self._board.queue) >= len(ended):
             return False
         until = first + GATHER_WAIT_S
@@ -383,6 +389,7 @@ class DecodeCore:
 
     def _step(self) -> None:
         """One llama_decode: every decoding lane's next token + prefill chunks."""
+        self._steps += 1
         board = self._board
         decoding = board.decoding
         chunks = self._prefill_chunks()
@@ -689,8 +696,8 @@ class DecodeCore:
         r.phase = Phase.DONE
         if phase is Phase.DECODE:
             now = time.monotonic()
-            self._ended = [t for t in self._ended if now - t < GATHER_AFTER_END_S]
-            self._ended.append(now)
+            self._ended = [e for e in self._ended if now - e[1] < GATHER_AFTER_END_S]
+            self._ended.append((self._steps, now))
         # Nobody said who writes the stream: its text goes to the host with the terminal.
         self._release_text(r)
         try:

@@ -104,3 +104,21 @@ def test_the_wait_ends_when_the_others_never_come(
     _wait_gathering(h)
     done = h.recorder.wait_done(3, timeout_s=10.0)
     assert done[-1]["request_id"] == "c" and done[-1]["outcome"] == "completed"
+
+
+def test_nothing_waits_after_generations_that_ended_one_after_another(
+    make_engine: EngineFactory,
+    eog_ban: tuple[tuple[int, float], ...],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A lone client's requests (a warm-up, then the next) end in different steps: no session
+    # is on its way.
+    monkeypatch.setattr(decode_core, "GATHER_WAIT_S", 30.0)  # a wait would outlast the test
+    h, _steps = _recording(make_engine)
+    h.engine.submit(_request("a", eog_ban))
+    h.recorder.wait_done(1)
+    h.engine.submit(_request("b", eog_ban))
+    h.recorder.wait_done(2)
+    h.engine.submit(_request("c", eog_ban))
+    done = h.recorder.wait_done(3, timeout_s=10.0)
+    assert done[-1]["request_id"] == "c" and done[-1]["outcome"] == "completed"
