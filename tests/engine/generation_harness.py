@@ -10,8 +10,10 @@ import json
 import threading
 import time
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
+import llama_cpp
 import orjson
 
 from skippyctl.engine.generation import BatchEngine, SamplingParams
@@ -103,6 +105,15 @@ class Harness:
 
 
 EngineFactory = Callable[..., Harness]
+
+
+def llama_with_decode(decode: Callable[[Any, Any], int]) -> SimpleNamespace:
+    """llama_cpp's functions with ``llama_decode`` replaced (a spy that calls the real one)."""
+    proxy = SimpleNamespace(
+        **{name: getattr(llama_cpp, name) for name in dir(llama_cpp) if name.startswith("llama_")}
+    )
+    proxy.llama_decode = decode
+    return proxy
 
 
 def greedy(eog_ban: tuple[tuple[int, float], ...] = (), **kwargs: Any) -> SamplingParams:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from types import SimpleNamespace
 from typing import Any
 
 import llama_cpp
@@ -20,7 +19,7 @@ import pytest
 
 from skippyctl.engine import decode_core
 from skippyctl.engine.generation import GenerateRequest
-from tests.engine.generation_harness import EngineFactory, Harness, greedy
+from tests.engine.generation_harness import EngineFactory, Harness, greedy, llama_with_decode
 
 TOKENS = 6
 
@@ -32,10 +31,7 @@ def _recording(make_engine: EngineFactory, lanes: int = 3) -> tuple[Harness, lis
         steps.append(Counter(int(batch.seq_id[i][0]) for i in range(batch.n_tokens)))
         return int(llama_cpp.llama_decode(context, batch))
 
-    proxy = SimpleNamespace(
-        **{name: getattr(llama_cpp, name) for name in dir(llama_cpp) if name.startswith("llama_")}
-    )
-    proxy.llama_decode = decode
+    proxy = llama_with_decode(decode)
     return make_engine(lanes=lanes, llama=proxy), steps
 
 
@@ -50,6 +46,13 @@ def _wait_gathering(h: Harness, timeout_s: float = 5.0) -> None:
     while h.engine._core.gather_until is None:
         assert time.monotonic() < deadline, "the engine did not wait for the others"
         time.sleep(0.0002)
+
+
+def _c_completes(h: Harness, terminals: int) -> None:
+    """The request "c" ends completed, the last of `terminals` (without waiting out a gather
+    the test made 30 s long)."""
+    done = h.recorder.wait_done(terminals, timeout_s=10.0)
+    assert done[-1]["request_id"] == "c" and done[-1]["outcome"] == "completed"
 
 
 def _lane(h: Harness, request_id: str) -> int:
@@ -86,8 +89,7 @@ def test_nothing_waits_after_a_single_generation_ended(
     h.engine.submit(_request("a", eog_ban))
     h.recorder.wait_done(1)
     h.engine.submit(_request("c", eog_ban))
-    done = h.recorder.wait_done(2, timeout_s=10.0)
-    assert done[-1]["request_id"] == "c" and done[-1]["outcome"] == "completed"
+    _c_completes(h, 2)
 
 
 def test_the_wait_ends_when_the_others_never_come(
@@ -102,8 +104,7 @@ def test_the_wait_ends_when_the_others_never_come(
     h.recorder.wait_done(2)
     h.engine.submit(_request("c", eog_ban))
     _wait_gathering(h)
-    done = h.recorder.wait_done(3, timeout_s=10.0)
-    assert done[-1]["request_id"] == "c" and done[-1]["outcome"] == "completed"
+    _c_completes(h, 3)
 
 
 def test_nothing_waits_after_generations_that_ended_one_after_another(
@@ -120,5 +121,4 @@ def test_nothing_waits_after_generations_that_ended_one_after_another(
     h.engine.submit(_request("b", eog_ban))
     h.recorder.wait_done(2)
     h.engine.submit(_request("c", eog_ban))
-    done = h.recorder.wait_done(3, timeout_s=10.0)
-    assert done[-1]["request_id"] == "c" and done[-1]["outcome"] == "completed"
+    _c_completes(h, 3)

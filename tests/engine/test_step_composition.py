@@ -10,7 +10,6 @@ be arranged from outside the decode thread). The decode itself is llama.cpp's.""
 from __future__ import annotations
 
 from collections import Counter
-from types import SimpleNamespace
 from typing import Any
 
 import llama_cpp
@@ -18,7 +17,13 @@ import pytest
 
 from skippyctl.engine.batch import forward_passes
 from skippyctl.engine.generation import GenerateRequest
-from tests.engine.generation_harness import PROMPT, EngineFactory, Harness, greedy
+from tests.engine.generation_harness import (
+    PROMPT,
+    EngineFactory,
+    Harness,
+    greedy,
+    llama_with_decode,
+)
 
 PROMPTS = (
     "Once upon a time there was",
@@ -53,10 +58,7 @@ def _recording_engine(
                 )
         return int(llama_cpp.llama_decode(context, batch))
 
-    proxy = SimpleNamespace(
-        **{name: getattr(llama_cpp, name) for name in dir(llama_cpp) if name.startswith("llama_")}
-    )
-    proxy.llama_decode = decode
+    proxy = llama_with_decode(decode)
     harness = make_engine(lanes=4, llama=proxy, start=False, **kwargs)
     holder["h"] = harness
     harness.engine.submit(
