@@ -3,11 +3,13 @@
 Columns: model, state, detail, device, weights, device free memory, context, lanes in use/lanes,
 queue depth, decode rate. The state reads `loading` for every pre-available state (requested,
 loading, initializing) with the load phase and a progress bar in the detail column: a loading model
-is never shown as down. A failed, cancelled or unavailable model shows its reason code.
+is never shown as down. A failed, cancelled or unavailable model shows its reason code; an idle
+model with an idle TTL, when it unloads unless a request comes.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -72,6 +74,10 @@ def detail(snapshot: DashboardSnapshot, model: ModelView) -> Text:
         text = Text(f"ready in {fmt.millis(model.load_duration_ms)}", style="green")
         if model.kv.pressure:
             text.append(" · KV pressure", style="yellow")
+        if model.idle_expires_wall_ns is not None:
+            # A clock time, not a countdown: the pane redraws only when the state changes.
+            at = time.strftime("%H:%M:%S", time.localtime(model.idle_expires_wall_ns / 1e9))
+            text.append(f" · idle, unloads {at}", style="dim")
         return text
     return Text(state.value, style=fmt.MODEL_STYLES[state])
 

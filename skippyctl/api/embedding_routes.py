@@ -60,7 +60,7 @@ def register_embedding_routes(app: FastAPI, ctx: ApiContext) -> None:
         body = await read_body(request, EmbeddingBody)
         if isinstance(body, Response):
             return body
-        server = server_for(ctx, body.model)
+        server = await server_for(ctx, body.model)
         if isinstance(server, Response):
             return server
         if server.pooling is None:

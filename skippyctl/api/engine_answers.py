@@ -9,6 +9,7 @@ from typing import Any, Final, TypeVar
 
 from skippyctl.api.context import ApiContext
 from skippyctl.api.errors import JsonResponse, error_response
+from skippyctl.api.model_demand import serving_model
 from skippyctl.events.reasons import ReasonCode
 from skippyctl.runtime.model_server import ModelServer
 
@@ -18,11 +19,11 @@ ANSWER_TIMEOUT_S: Final = 30.0
 A = TypeVar("A")
 
 
-def server_for(ctx: ApiContext, name: str | None) -> ModelServer | JsonResponse:
-    """The model `name` serves as, or the only one loaded when `name` is None; else the 404 or
-    400 to answer with."""
+async def server_for(ctx: ApiContext, name: str | None) -> ModelServer | JsonResponse:
+    """The model `name` serves as (loaded on demand when it must be), or the only one loaded
+    when `name` is None; else the 404, 400 or 503 to answer with."""
     if name is not None:
-        server = ctx.scheduler.server(name)
+        server = await serving_model(ctx, name)
         if server is None:
             return error_response(
                 f"model '{name}' is not loaded",

@@ -34,6 +34,7 @@ from skippyctl.api.direct_stream import SseSocketSink, sse_template, stream_offe
 from skippyctl.api.errors import JsonResponse, error_body, error_response
 from skippyctl.api.forced_tool_calls import forced_tool_call
 from skippyctl.api.logprobs import chat_logprobs, completion_logprobs
+from skippyctl.api.model_demand import serving_model
 from skippyctl.api.schemas import (
     SSE,
     ChatCompletion,
@@ -57,7 +58,8 @@ from skippyctl.api.tool_calls import (
 )
 from skippyctl.config.tool_call_format import ToolCallFormat
 from skippyctl.events.reasons import ReasonCode
-from skippyctl.reducer.state import SERVING_MODEL_STATES
+from skippyctl.output.codec.encode import rfc3339
+from skippyctl.reducer.state import LOADING_MODEL_STATES, SERVING_MODEL_STATES
 from skippyctl.runtime.model_server import ModelServer, Rejection
 from skippyctl.runtime.requests import (
     ChatMessage,
@@ -147,6 +149,7 @@ def _params(
         logit_bias=bias,
         stop=tuple(stop or ()),
         timeout_s=body.timeout,
+        keep_alive_s=body.keep_alive,
         tools=tools,
         chat_template_kwargs=template_kwargs,
     )
@@ -246,17 +249,36 @@ def register_openai_routes(app: FastAPI, ctx: ApiContext) -> None:
         responses=errors(401),
     )
     async def models() -> Response:
+        """Loaded and loading models, then the models the runtime may load on demand."""
         state = ctx.host.pipeline.state
-        data = [
-            {
-                "id": str(m.model_id),
-                "object": "model",
-                "created": int(ctx.started_wall),
-                "owned_by": "skippyctl",
-            }
-            for m in state.models.values()
-            if m.state in SERVING_MODEL_STATES
-        ]
+        created = int(ctx.started_wall)
+        data: list[dict[str, Any]] = []
+        listed: set[str] = set()
+        for view in state.models.values():
+            if view.state in SERVING_MODEL_STATES:
+                shown = "loaded"
+            elif view.state in LOADING_MODEL_STATES:
+                shown = "loading"
+            else:
+                continue
+            model_id = str(view.model_id)
+            listed.add(model_id)
+            card = _model_card(model_id, created, shown, ctx.scheduler.server(model_id))
+            if view.idle_expires_wall_ns is not None:
+                card["idle_expires_at"] = rfc3339(view.idle_expires_wall_ns)
+            data.append(card)
+        for entry in await asyncio.to_thread(ctx.scheduler.catalog.loadable):
+            model_id = str(entry.model_id)
+            if model_id not in listed:
+                card = _model_card(model_id, created, "loadable", None)
+                card["pinned"] = entry.pinned
+                ttl = (
+                    ctx.scheduler.default_ttl_s if entry.options.ttl is None else entry.options.ttl
+                )
+                if ttl >= 0 and not entry.pinned:
+                    card["idle_ttl_s"] = ttl
+                card["source"] = entry.source.value
+                data.append(card)
         return JsonResponse({"object": "list", "data": data})
 
     @app.post(
@@ -286,6 +308,24 @@ def register_openai_routes(app: FastAPI, ctx: ApiContext) -> None:
         return await _generate(ctx, request, body)
 
 
+def _model_card(
+    model_id: str, created: int, state: str, server: ModelServer | None
+) -> dict[str, Any]:
+    card: dict[str, Any] = {
+        "id": model_id,
+        "object": "model",
+        "created": created,
+        "owned_by": "skippyctl",
+        "state": state,
+    }
+    if server is not None:
+        card["pinned"] = server.pinned
+        ttl = server.idle_ttl_s()
+        if ttl >= 0:
+            card["idle_ttl_s"] = ttl
+    return card
+
+
 def _failure(reason: ReasonCode | None) -> tuple[int, str]:
     return _FAILURE_STATUS.get(reason or ReasonCode.UNKNOWN_FAILURE, (500, "failed"))
 
@@ -313,8 +353,12 @@ async def _generate(
     ctx: ApiContext, request: Request, body: CompletionBody | ChatCompletionBody
 ) -> Response:
     chat = isinstance(body, ChatCompletionBody)
+    received = time.monotonic_ns()
+    found = await serving_model(ctx, body.model)  # loads it on demand when it must
+    if isinstance(found, Response):
+        return found
+    server = found
     try:
-        server = ctx.scheduler.server(body.model)
         params = _params(body, None if server is None else server.tool_call_format)
     except InvalidRequest as error:
         return error_response(
@@ -324,7 +368,9 @@ async def _generate(
             code="invalid_value",
             reason=ReasonCode.INVALID_CONFIGURATION,
         )
-    handle, rejection = ctx.scheduler.generate(body.model, params, _session_key(body, request))
+    handle, rejection = ctx.scheduler.generate(
+        body.model, params, _session_key(body, request), received_mono_ns=received
+    )
     tools = _tool_reading(body, ctx.scheduler.server(handle.model_id))
     if rejection is None:
         handle.bind_loop(asyncio.get_running_loop())

@@ -46,6 +46,8 @@ from skippyctl.api.errors import (
     model_field_names,
     validation_error_response,
 )
+from skippyctl.config.durations import MAX_TEXT as DURATION_MAX_TEXT
+from skippyctl.config.durations import DurationError, parse_duration_s
 from skippyctl.config.load_options import (
     MAX_DURATION_S,
     OPTIONS,
@@ -77,6 +79,30 @@ Int32 = Annotated[int, Field(ge=-INT32_MAX, le=INT32_MAX), BeforeValidator(_inte
 Count = Annotated[int, Field(ge=0, le=INT32_MAX), BeforeValidator(_integral)]
 Seed = Annotated[int, Field(ge=0, le=MAX_SEED), BeforeValidator(_integral)]
 MaxTokens = Annotated[int, Field(ge=1, le=1_000_000), BeforeValidator(_integral)]
+
+
+def _duration(value: Any) -> Any:
+    if not isinstance(value, int | float | str) or isinstance(value, bool):
+        return value  # the float type refuses it with its own message
+    try:
+        return parse_duration_s(value)
+    except DurationError as error:
+        raise PydanticCustomError("duration", str(error)) from None
+
+
+KeepAlive = Annotated[
+    float,
+    Field(ge=-1, le=MAX_DURATION_S),
+    BeforeValidator(_duration),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "number", "maximum": MAX_DURATION_S},
+                {"type": "string", "maxLength": DURATION_MAX_TEXT},
+            ]
+        }
+    ),
+]
 
 
 def _no_nul(value: str) -> str:
@@ -467,6 +493,12 @@ class _Generation(_Body):
     stream_options: StreamOptions | None = None
     user: str | None = Field(default=None, description="Session key (KV reuse).")
     timeout: float | None = Field(default=None, gt=0, le=MAX_DURATION_S, description="Seconds.")
+    keep_alive: KeepAlive | None = Field(
+        default=None,
+        description="How long the model stays loaded once idle after this request, as Ollama "
+        "takes it: seconds, or text such as '5m' or '1h'; negative: forever; 0: unload when "
+        "idle. Default: the model's TTL.",
+    )
     # -- sampling: penalties and constrained output (llama.cpp's sampler chain)
     presence_penalty: float | None = Field(
         default=None,
@@ -570,6 +602,21 @@ class ModelCard(BaseModel):
     object: Literal["model"]
     created: int
     owned_by: str
+    state: Literal["loaded", "loading", "loadable"] = Field(
+        description="`loaded`: it serves; `loading`: its load runs (requests wait for it); "
+        "`loadable`: a preset or a file of the models directory, loaded by its first request."
+    )
+    source: Literal["preset", "models_dir"] | None = Field(
+        default=None, description="Where a model the runtime may load on demand comes from."
+    )
+    pinned: bool = Field(default=False, description="Never unloaded on the runtime's account.")
+    idle_ttl_s: float | None = Field(
+        default=None, description="Idle seconds before it unloads (absent: never)."
+    )
+    idle_expires_at: str | None = Field(
+        default=None,
+        description="When the idle model unloads unless a request comes (RFC 3339, UTC).",
+    )
 
 
 class ModelList(BaseModel):

@@ -44,7 +44,7 @@ def register_vocabulary_routes(app: FastAPI, ctx: ApiContext) -> None:
         body = await read_body(request, TokenizeBody)
         if isinstance(body, Response):
             return body
-        server = server_for(ctx, body.model)
+        server = await server_for(ctx, body.model)
         if isinstance(server, Response):
             return server
         result = await engine_answer(
@@ -80,7 +80,7 @@ def register_vocabulary_routes(app: FastAPI, ctx: ApiContext) -> None:
         body = await read_body(request, DetokenizeBody)
         if isinstance(body, Response):
             return body
-        server = server_for(ctx, body.model)
+        server = await server_for(ctx, body.model)
         if isinstance(server, Response):
             return server
         result = await engine_answer(server.detokenize(tuple(body.tokens)), "tokens")

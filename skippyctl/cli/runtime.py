@@ -73,6 +73,31 @@ QueueOption = Annotated[
 RemoteOption = Annotated[
     bool, typer.Option("--allow-remote", help="Allow listening on a non-loopback address.")
 ]
+ModelsDirOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--models-dir",
+        help="A directory of GGUF files: a request naming one (its file name without .gguf; a"
+        " split set by its first part) loads it on demand, as llama-server's router does.",
+    ),
+]
+PresetsOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--presets",
+        help="A TOML file of models loaded on demand: \\[models.ID] tables with 'model' (a GGUF,"
+        " relative to the file, or hf://ORG/REPO/FILE.gguf) and any load option (lanes, ctx,"
+        " spec, ttl, pinned, ...).",
+    ),
+]
+TtlOption = Annotated[
+    float,
+    typer.Option(
+        "--ttl",
+        help="Idle seconds after which a model without its own ttl unloads (reason 'idle');"
+        " -1: never. A load's --ttl, a preset's ttl or a request's keep_alive override it.",
+    ),
+]
 
 
 def _check_otlp(settings: RuntimeSettings, command: str, json_output: bool = False) -> None:
@@ -139,6 +164,37 @@ def _plugins(values: list[str] | None, command: str, json_output: bool = False) 
     return plugins
 
 
+def _check_on_demand(
+    models_dir: Path | None,
+    presets: Path | None,
+    ttl: float,
+    command: str,
+    json_output: bool = False,
+) -> None:
+    """Exit 10 (invalid_configuration) for a models directory that is not one, a presets file
+    that cannot be used (its problem named), or a TTL that is neither -1 nor ≥ 0."""
+    problem = None
+    if not (ttl == -1 or 0 <= ttl <= 86_400):
+        problem = "--ttl must be -1 (never) or 0-86400 seconds"
+    elif models_dir is not None and not models_dir.expanduser().is_dir():
+        problem = f"--models-dir {models_dir.name}: not a directory"
+    elif presets is not None:
+        from skippyctl.config.model_presets import PresetsError, read_presets
+
+        try:
+            read_presets(presets.expanduser())
+        except PresetsError as error:
+            problem = f"--presets {presets.name}: {error}"
+    if problem is not None:
+        fail(
+            command,
+            ExitCode.INVALID_CONFIGURATION,
+            problem,
+            json_output,
+            reason="invalid_configuration",
+        )
+
+
 def _echo_json(record: dict[str, Any]) -> None:
     typer.echo(orjson.dumps(record).decode())
 
@@ -178,6 +234,9 @@ def serve_command(
     ] = 4096,
     debug_token_events: DebugTokenOption = False,
     plugin: PluginOption = None,
+    models_dir: ModelsDirOption = None,
+    presets: PresetsOption = None,
+    ttl: TtlOption = -1.0,
 ) -> None:
     """Run the runtime host in the foreground (Ctrl-C stops it) and advertise it to other commands.
 
@@ -188,6 +247,7 @@ def serve_command(
     if max_queue < 0 or session_ttl <= 0 or replay_records < 16:
         _err.print("[red]✗[/] --max-queue must be ≥ 0, --session-ttl > 0, --replay-records ≥ 16")
         raise typer.Exit(int(ExitCode.INVALID_CONFIGURATION))
+    _check_on_demand(models_dir, presets, ttl, "runtime serve")
     settings = runtime_settings("runtime serve")
     listen_port = _port(port, settings, "runtime serve")
     plugins = _plugins(plugin, "runtime serve")
@@ -212,6 +272,9 @@ def serve_command(
         replay_records,
         debug_token_events=debug_token_events or settings.debug_token_events,
         plugins=plugins,
+        models_dir=models_dir,
+        presets=presets,
+        ttl_s=ttl,
     )
     from skippyctl.daemon.serve import serve
 
@@ -238,6 +301,9 @@ def start_command(
     allow_remote: RemoteOption = False,
     debug_token_events: DebugTokenOption = False,
     plugin: PluginOption = None,
+    models_dir: ModelsDirOption = None,
+    presets: PresetsOption = None,
+    ttl: TtlOption = -1.0,
     json_output: Annotated[
         bool, typer.Option("--json", help="Print the runtime's status as one JSON object.")
     ] = False,
@@ -260,6 +326,7 @@ def start_command(
     listen_port = _port(port, settings, "runtime start", json_output)
     _check_otlp(settings, "runtime start", json_output)
     plugins = _plugins(plugin, "runtime start", json_output)
+    _check_on_demand(models_dir, presets, ttl, "runtime start", json_output)
     try:
         existing = read_discovery(settings)
     except DiscoveryProblem as problem:
@@ -282,6 +349,9 @@ def start_command(
             allow_remote=allow_remote,
             debug_token_events=debug_token_events or settings.debug_token_events,
             plugins=plugins,
+            models_dir=None if models_dir is None else models_dir.expanduser().resolve(),
+            presets=None if presets is None else presets.expanduser().resolve(),
+            ttl_s=ttl,
         )
         try:
             existing = launch(options, settings)

@@ -6,6 +6,7 @@ state reader: it prints the document as it came.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Final
 
 from rich.console import Console
@@ -73,6 +74,21 @@ def _state_cell(model: ModelEntry) -> str:
     if model.reason_code is not None and model.reason_code.text:
         text += f" [dim]({model.reason_code.text})[/]"
     return text
+
+
+def idle_line(model_id: str, expires_at: datetime) -> str:
+    """When an idle model unloads unless a request comes (a line of its own, as its options)."""
+    left = max(0.0, (expires_at - datetime.now(UTC)).total_seconds())
+    return f"  [dim]{escape(model_id)} idle:[/] unloads in {_duration(left)}"
+
+
+def _duration(seconds: float) -> str:
+    whole = round(seconds)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
 def _memory_cell(model: ModelEntry) -> str:
@@ -251,6 +267,8 @@ def print_state(state: StateDocumentView, url: str, out: Console) -> None:
         for model in state.models:
             if model.settings:
                 out.print(options_line(model))
+            if model.idle_expires_at is not None:
+                out.print(idle_line(model.model_id, model.idle_expires_at))
         for model in state.models:
             topology = state.topology_of(model)
             if topology is not None:

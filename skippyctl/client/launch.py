@@ -71,6 +71,13 @@ class ServeOptions:
     plugins: tuple[str, ...] = ()
     """Serving plugins every model gets (``--plugin``: a C plugin's path or an entry-point
     name)."""
+    models_dir: Path | None = None
+    """A directory whose GGUFs requests may name to have them loaded on demand."""
+    presets: Path | None = None
+    """A TOML presets file: model ids and their loads, loaded on demand
+    (config/model_presets.py)."""
+    ttl_s: float = -1.0
+    """Idle seconds before a model without its own ttl unloads; -1: never."""
 
 
 def _remove_stale(problem: DiscoveryProblem, settings: RuntimeSettings) -> None:
@@ -166,6 +173,12 @@ def start_background(options: ServeOptions, settings: RuntimeSettings) -> Discov
         args.append("--debug-token-events")
     for plugin in options.plugins:
         args += ["--plugin", plugin]
+    if options.models_dir is not None:
+        args += ["--models-dir", str(options.models_dir)]
+    if options.presets is not None:
+        args += ["--presets", str(options.presets)]
+    if options.ttl_s != -1.0:
+        args += ["--ttl", repr(options.ttl_s)]
     env = inherited_environment()
     if options.api_key:
         env["SKIPPY_API_KEY"] = options.api_key

@@ -112,6 +112,10 @@ def _plugin_count(plugins: tuple[str, ...]) -> int:
     return len(plugins)
 
 
+def _ttl_problem(ttl: float) -> str | None:
+    return "must be -1 (never) or at least 0" if -1 < ttl < 0 else None
+
+
 def _endpoints_problem(endpoints: tuple[str, ...]) -> str | None:
     try:
         parse_endpoints(endpoints)
@@ -274,6 +278,24 @@ class LoadOptions:
         "window.",
         minimum=0,
         maximum=MAX_RUNAHEAD_TOKENS,
+    )
+
+    ttl: float | None = _option(
+        None,
+        help="Seconds the model stays loaded with nothing to serve before the runtime unloads "
+        "it (reason 'idle'); 0: as soon as its last request ends; -1: never (default: the "
+        "runtime's --ttl). A request's keep_alive overrides it for the idle time after that "
+        "request.",
+        minimum=-1,
+        maximum=MAX_DURATION_S,
+        check=_ttl_problem,
+        metavar="SECONDS",
+    )
+    pinned: bool = _option(
+        False,
+        help="Never unload the model on the runtime's own account: no idle TTL, never evicted "
+        "to make room for another model (an explicit unload still unloads it).",
+        flag="--pin",
     )
 
     def __post_init__(self) -> None:

@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     import uvicorn
 
     from skippyctl.runtime.host import RuntimeHost
+    from skippyctl.runtime.model_catalog import ModelCatalog
     from skippyctl.runtime.scheduler import Scheduler
     from skippyctl.runtime.session_state import SessionStateStore
     from skippyctl.telemetry.metrics import MetricsCollector
@@ -157,6 +158,7 @@ def build_runtime(
     from skippyctl.runtime.sessions import SessionRegistry
     from skippyctl.telemetry.metrics import MetricsCollector
 
+    catalog = _model_catalog(options)
     host = _start_host(options, settings, crashed)
     scheduler = Scheduler(
         host,
@@ -164,11 +166,31 @@ def build_runtime(
         sessions=SessionRegistry(ttl_s=options.session_ttl_s),
         engine_unresponsive_after_s=settings.engine_unresponsive_s,
         session_state=_session_state_store(settings),
+        catalog=catalog,
+        default_ttl_s=options.ttl_s,
     ).start()
     metrics = MetricsCollector()
     metrics.attach(host.pipeline.dispatcher)
     otlp = None if otlp_config is None else _start_otlp(host, metrics, otlp_config)
     return Runtime(host, scheduler, metrics, otlp)
+
+
+def _model_catalog(options: ServeOptions) -> ModelCatalog:
+    """The models requests may load on demand (ServeError for a presets file that cannot be
+    used: the runtime does not start half-configured)."""
+    from skippyctl.config.model_presets import PresetsError, read_presets
+    from skippyctl.runtime.model_catalog import ModelCatalog
+
+    presets = {}
+    if options.presets is not None:
+        try:
+            presets = read_presets(options.presets)
+        except PresetsError as error:
+            raise ServeError("invalid_configuration", f"--presets: {error}") from error
+    models_dir = options.models_dir
+    if models_dir is not None and not models_dir.is_dir():
+        raise ServeError("invalid_configuration", "--models-dir is not a directory")
+    return ModelCatalog(presets, models_dir)
 
 
 def _start_host(

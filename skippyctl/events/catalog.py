@@ -77,6 +77,8 @@ class EventId(StrEnum):
     MODEL_RECOVERY_COMPLETED = "model_recovery_completed"
     MODEL_RECOVERY_FAILED = "model_recovery_failed"
     MODEL_CAPACITY_CHANGED = "model_capacity_changed"
+    MODEL_IDLE_TIMER_STARTED = "model_idle_timer_started"
+    MODEL_IDLE_TIMER_CLEARED = "model_idle_timer_cleared"
 
     # model_unloading
     UNLOAD_REQUESTED = "unload_requested"
@@ -509,6 +511,19 @@ _SPECS: Final[tuple[EventSpec, ...]] = (
                 STATE,
                 _S.INFO,
                 "A model's lanes, context or queue capacity changed.",
+            ),
+            (
+                _E.MODEL_IDLE_TIMER_STARTED,
+                STATE,
+                _S.INFO,
+                "A model with an idle TTL is idle: it unloads after idle_ttl_ms unless a "
+                "request comes.",
+            ),
+            (
+                _E.MODEL_IDLE_TIMER_CLEARED,
+                STATE,
+                _S.DEBUG,
+                "A request came for an idle model: its idle timer stopped.",
             ),
         ),
     ),

@@ -148,6 +148,8 @@ class SummaryKey(StrEnum):
     SPEC_DISCARDED_TOKENS = "spec_discarded_tokens"
     ENGINE_WAIT_MS = "engine_wait_ms"
     """The engine's wait for a lane (events/figures.py); not ``queue_wait_ms``, the host's."""
+    IDLE_TTL_MS = "idle_ttl_ms"
+    """How long an idle model stays loaded before it unloads (model_idle_timer_started)."""
 
 
 class StopReason(StrEnum):

@@ -114,6 +114,8 @@ class ReasonCode(StrEnum):
     UNKNOWN_FAILURE = "unknown_failure"
     TERMINAL_NOT_DELIVERED = "terminal_not_delivered"
     RESERVATION_EXHAUSTED = "reservation_exhausted"
+    IDLE = "idle"
+    """An unload the runtime started because the model stayed idle past its TTL."""
 
 
 class ProgressUnit(StrEnum):

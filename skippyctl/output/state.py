@@ -74,6 +74,10 @@ def model_document(state: RuntimeView, view: ModelView) -> dict[str, Any]:
             "spec_accepted_tokens": view.spec_accepted_tokens,
             "settings": {s.key: s.value for s in view.settings} or None,
             "chat_template": {s.key: s.value for s in view.chat_template} or None,
+            "idle_ttl_ms": view.idle_ttl_ms,
+            "idle_expires_at": None
+            if view.idle_expires_wall_ns is None
+            else rfc3339(view.idle_expires_wall_ns),
         }
     )
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from enum import StrEnum
 from typing import Any, Final, Generic, TypeVar
 
@@ -105,6 +106,8 @@ class ModelEntry:
     settings: tuple[tuple[str, int | float | bool | str], ...] = ()
     """What the load asked for beyond the defaults, in the document's order (values that are
     not a number, a flag or a text are left out)."""
+    idle_expires_at: datetime | None = None
+    """When the idle model unloads unless a request comes (None: in use, or no idle TTL)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,7 +239,18 @@ def _model(entry: Mapping[str, Any]) -> ModelEntry | None:
         queue_depth=_int(entry.get("queue_depth")) or 0,
         decode_tokens_per_s=_number(entry.get("decode_tokens_per_s")),
         settings=_settings(entry.get("settings")),
+        idle_expires_at=_timestamp(entry.get("idle_expires_at")),
     )
+
+
+def _timestamp(value: object) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        stamp = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return stamp if stamp.tzinfo is not None else None
 
 
 def _settings(value: object) -> tuple[tuple[str, int | float | bool | str], ...]:

@@ -430,8 +430,24 @@ def on_topology_changed(state: RuntimeView, event: Event, topology: LogicalId) -
     return state, tuple(transitions)
 
 
+def on_idle_timer(state: RuntimeView, event: Event) -> Step:
+    """``model_idle_timer_started`` / ``_cleared``: when a serving model unloads if unused."""
+    view = _model_of(state, event)
+    if view is None or view.state not in SERVING_MODEL_STATES:
+        return reject(state)
+    ttl = event.summary_value(SummaryKey.IDLE_TTL_MS)
+    if event.id is EventId.MODEL_IDLE_TIMER_STARTED and ttl is not None:
+        expires: int | None = event.wall_ns + int(ttl * 1e6)
+    else:
+        ttl, expires = None, None
+    idle = evolve(view, idle_ttl_ms=ttl, idle_expires_wall_ns=expires)
+    return _store(state, idle), NO_TRANSITIONS
+
+
 def on_unload_requested(state: RuntimeView, event: Event) -> Step:
-    step = _move(state, event)
+    step = _move(
+        state, event, lambda view: evolve(view, idle_ttl_ms=None, idle_expires_wall_ns=None)
+    )
     if step is None:
         return reject(state, duplicate=_is_duplicate(state, event))
     return step[0], NO_TRANSITIONS
@@ -466,6 +482,8 @@ HANDLERS: Final[dict[EventId, Handler]] = {
     EventId.MODEL_LOAD_CANCELLED: on_load_settled,
     EventId.ENGINE_PROCESS_CRASHED: on_engine_crashed,
     EventId.UNLOAD_REQUESTED: on_unload_requested,
+    EventId.MODEL_IDLE_TIMER_STARTED: on_idle_timer,
+    EventId.MODEL_IDLE_TIMER_CLEARED: on_idle_timer,
     EventId.UNLOAD_COMPLETED: on_unload_completed,
     EventId.UNLOAD_FAILED: on_unload_failed,
 }

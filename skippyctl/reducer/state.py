@@ -159,6 +159,10 @@ class ModelView:
     chat_template: tuple[Setting, ...] = ()
     """Which chat template serves its chats (``source``, ``sha256``, ``tool_use``: the settings
     of its ``native_model_load_completed``)."""
+    idle_ttl_ms: float | None = None
+    idle_expires_wall_ns: int | None = None
+    """When an idle model unloads unless a request comes (``model_idle_timer_started``'s time
+    plus its ``idle_ttl_ms``); None: in use, or no idle TTL."""
 
 
 @dataclass(frozen=True, slots=True)

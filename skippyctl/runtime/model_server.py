@@ -35,6 +35,14 @@ Invariants:
 - A request whose engine command would exceed the control channel's frame limit is refused at
   admission (`context_exhausted`; `invalid_configuration` for a value JSON cannot carry, such as
   a seed beyond 64 bits): no request can break the channel.
+- `ready` resolves once the engine serves (or fails when it exits first, a failed load
+  included): what a request for a model still loading waits on (``Scheduler.demand``).
+- Idle time: a serving model with nothing queued or running is idle from that moment
+  (`idle_since_ns`); with an idle TTL (the latest request's keep_alive, else `ttl_s`; none when
+  `pinned`) it says so with `model_idle_timer_started`, and `model_idle_timer_cleared` when a
+  request comes first. The scheduler unloads it once the TTL has passed
+  (:meth:`claim_idle_expired`, which stops admission in the same lock, so no request is
+  admitted into an expiring model).
 - An engine that sends nothing (not even a `Pong`) for `unresponsive_after_s` while its model
   serves is reported once with `model_degraded` (reason `timeout`) and `model_recovery_started`
   (the heartbeat goes on), then with `model_recovery_completed` when it is heard again, or
@@ -159,6 +167,15 @@ class Rejection:
     retry_after_s: int | None = None
 
 
+class ModelNotServing(Exception):
+    """The model's engine exited before it served (its load failed, was cancelled, or it
+    crashed); ``reason`` is the exit's reason when the host knows one."""
+
+    def __init__(self, reason: ReasonCode | None = None) -> None:
+        super().__init__("the model's engine exited before it served")
+        self.reason = reason
+
+
 class ModelServer:
     """One loaded model: its engine, admission queue and running requests."""
 
@@ -198,6 +215,25 @@ class ModelServer:
         self._engine_asks: dict[str, Future[Any]] = {}
         """Tokenize, detokenize and embed commands awaiting their engine's answer, by id."""
         self._engine_ask_ids = itertools.count(1)
+        self.unloading = False
+        """An unload of this model started (it never serves again)."""
+        self.gone = threading.Event()
+        """Set once an unload of this model has ended (its engine stopped, or the unload
+        failed): an on-demand load of the same id waits for it."""
+        self.ready: Future[None] = Future()
+        """Resolved when the engine serves; failed (:class:`ModelNotServing`) if it exits
+        first."""
+        self.ttl_s = -1.0
+        """Idle seconds before the scheduler unloads the model; -1: never."""
+        self.pinned = False
+        """Never unloaded on the runtime's own account (no idle TTL, never evicted)."""
+        self.idle_since_ns: int | None = None
+        """When it last became idle (serving, nothing queued or running); None: busy."""
+        self.last_used_ns = time.monotonic_ns()
+        """When a request last came or ended (least-recently-used order)."""
+        self._keep_alive_s: float | None = None
+        self._idle_timer_ms: float | None = None
+        """The idle TTL `model_idle_timer_started` announced, until it is cleared."""
 
     def tokenize(
         self, content: str, *, add_special: bool, parse_special: bool, with_pieces: bool
@@ -268,9 +304,11 @@ class ModelServer:
                     "it serves /v1/embeddings, not completions",
                 )
             elif len(self._running) < self.lanes and not self._queued:
+                self._busy_locked(handle)
                 self._start_locked(handle)
                 return None
             elif len(self._queued) < self.max_queue:
+                self._busy_locked(handle)
                 self._queued.append(handle)
                 depth = len(self._queued)
                 self._emit(handle, Emission(EventId.REQUEST_QUEUED, summaries(queue_depth=depth)))
@@ -335,6 +373,65 @@ class ModelServer:
             self._start_locked(self._queued.popleft())
         if not self._running:
             self.idle.notify_all()
+            if not self._queued and self.accepting and self.ready.done():
+                self._idle_locked()
+
+    # -- idle time ------------------------------------------------------------------------------
+    def idle_ttl_s(self) -> float:
+        """The idle TTL that applies now: -1 when pinned, else the latest request's keep_alive,
+        else the model's."""
+        if self.pinned:
+            return -1.0
+        return self.ttl_s if self._keep_alive_s is None else self._keep_alive_s
+
+    def _idle_locked(self) -> None:
+        now = time.monotonic_ns()
+        self.last_used_ns = now
+        if self.idle_since_ns is not None:
+            return
+        self.idle_since_ns = now
+        ttl = self.idle_ttl_s()
+        if ttl < 0:
+            return
+        self._idle_timer_ms = ttl * 1000.0
+        self.events.always(
+            make_event(
+                EventId.MODEL_IDLE_TIMER_STARTED,
+                scope=Scope(model_id=self.model_id),
+                summaries=summaries(idle_ttl_ms=round(ttl * 1000.0, 3)),
+                mono_ns=now,
+            )
+        )
+
+    def _busy_locked(self, handle: RequestHandle) -> None:
+        self._keep_alive_s = handle.params.keep_alive_s
+        self.last_used_ns = time.monotonic_ns()
+        self.idle_since_ns = None
+        if self._idle_timer_ms is not None:
+            self._idle_timer_ms = None
+            self.events.always(
+                make_event(EventId.MODEL_IDLE_TIMER_CLEARED, scope=Scope(model_id=self.model_id))
+            )
+
+    def idle_expiry_ns(self) -> int | None:
+        """When the model's idle TTL runs out (monotonic ns), or None: busy, or no TTL."""
+        since = self.idle_since_ns
+        ttl = self.idle_ttl_s()
+        if since is None or ttl < 0:
+            return None
+        return since + int(ttl * 1e9)
+
+    def claim_idle_expired(self, now_ns: int) -> bool:
+        """True when the idle TTL has run out: admission stops at once (in the same lock as
+        admission), and the caller unloads the model."""
+        with self._lock:
+            expiry = self.idle_expiry_ns()
+            if expiry is None or now_ns < expiry or not self.accepting:
+                return False
+            if self._running or self._queued:
+                return False
+            self.accepting = False
+            return True
 
     def cancel(self, request_id: str, reason: ReasonCode = ReasonCode.CANCELLATION) -> None:
         """Cancel a queued or running request (the client went away, or an unload forces it)."""
@@ -498,6 +595,8 @@ class ModelServer:
             self.tool_call_format = tool_call_format
             self.pooling = pooling
             self.lanes = lanes
+            if not self.ready.done():
+                self.ready.set_result(None)
             self._next_locked()
 
     def on_engine_message(self, engine: object, message: ServingMessage) -> None:
@@ -626,6 +725,8 @@ class ModelServer:
     def on_engine_exit(
         self, engine: object, crashed: bool, reason: ReasonCode | None = None
     ) -> None:
+        if not self.ready.done():
+            self.ready.set_exception(ModelNotServing(reason))
         with self._lock:
             self.accepting = False
             running = list(self._running.values())

@@ -80,6 +80,9 @@ class GenerationParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     stop: tuple[str, ...] = ()
     timeout_s: float | None = None
+    keep_alive_s: float | None = None
+    """How long the model stays loaded once idle after this request (seconds; -1: forever, 0:
+    unload as soon as it is idle); None: the model's TTL. Host-only: not sent to the engine."""
     # -- chat template inputs (jinja): request text, never in an event
     tools: tuple[dict[str, Any], ...] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
@@ -113,6 +116,12 @@ class GenerationParams:
             raise InvalidRequest("stop", "at most 8 non-empty stop strings of up to 256 characters")
         if self.timeout_s is not None and not 0 < self.timeout_s <= 86_400:
             raise InvalidRequest("timeout", "timeout must be positive seconds (at most a day)")
+        if self.keep_alive_s is not None and not (
+            self.keep_alive_s == -1 or 0 <= self.keep_alive_s <= 86_400
+        ):
+            raise InvalidRequest(
+                "keep_alive", "keep_alive must be -1 (forever) or 0 to 86400 seconds"
+            )
 
     @property
     def constraint(self) -> str | None:

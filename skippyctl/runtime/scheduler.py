@@ -12,6 +12,15 @@ Serving events are on unless the host's :class:`~skippyctl.engine.options.Engine
 ``serving_events``) say otherwise — the engine and the scheduler are told the same value once,
 by the composition root. Model lifecycle events flow either way.
 
+Models on demand (with a :class:`~skippyctl.runtime.model_catalog.ModelCatalog`): a request for
+a model that is not loaded, or still loading, waits on :meth:`Scheduler.demand`. Concurrent
+requests for one model share one load; a model the catalog knows is loaded with its preset's
+options (an ``hf://`` preset prepared from the hub's cache, or downloaded into it, with the pull's
+events); at most ``max_queue`` requests wait for a load, and the next is refused (503 with
+Retry-After). Idle models unload after their idle TTL (``ModelServer.idle_ttl_s``: a request's
+keep_alive, the load's ``ttl``, else the runtime's ``default_ttl_s``; never when pinned):
+``unload_requested`` … ``unload_completed`` with reason ``idle``.
+
 Session persistence (with a :class:`~skippyctl.runtime.session_state.SessionStateStore`): an
 unload parks the model's sessions (``runtime/sessions.py``) and asks the engine to write their KV
 state files before it exits; the next load of the same model id names the files in its ``Load``,
@@ -26,6 +35,8 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 from typing import Final
 
 from skippyctl.config.load_options import LoadOptions
@@ -33,7 +44,7 @@ from skippyctl.config.runtime_settings import DEFAULT_ENGINE_UNRESPONSIVE_S
 from skippyctl.engine.protocol_commands import DropSession, SaveSessions, SessionFile
 from skippyctl.engine.protocol_messages import StateExported, StateImported
 from skippyctl.events.catalog import EventId
-from skippyctl.events.envelope import LogicalId, Scope, make_event, summaries
+from skippyctl.events.envelope import Event, LogicalId, Scope, make_event, summaries
 from skippyctl.events.identity import OperationIds
 from skippyctl.events.reasons import Outcome, ReasonCode
 from skippyctl.runtime.host import LoadHandle, RuntimeHost
@@ -43,7 +54,8 @@ from skippyctl.runtime.memory_pressure import (
     PressureChange,
     host_memory,
 )
-from skippyctl.runtime.model_server import Liveness, ModelServer, Rejection
+from skippyctl.runtime.model_catalog import ModelCatalog
+from skippyctl.runtime.model_server import Liveness, ModelNotServing, ModelServer, Rejection
 from skippyctl.runtime.observations import ServingEvents
 from skippyctl.runtime.receipts import ReceiptBook, receipt_of
 from skippyctl.runtime.requests import Finished, GenerationParams, RequestHandle, StreamOffer
@@ -57,6 +69,29 @@ HOUSEKEEPING_INTERVAL_S: Final = 0.2
 DEFAULT_DRAIN_TIMEOUT_S: Final = 30.0
 MEMORY_OBSERVATION_INTERVAL_S: Final = 10.0
 MAX_HEARTBEAT_INTERVAL_S: Final = 1.0
+DEMAND_RETRY_AFTER_S: Final = 5
+"""What a request refused because too many wait for a load is told to wait before retrying."""
+UNLOAD_WAIT_S: Final = DEFAULT_DRAIN_TIMEOUT_S + 90.0
+"""How long an on-demand load waits for the same model's unload to end first (its drain, then
+its engine's exit, which may save session state)."""
+
+
+class DemandRefused(Exception):
+    """A request cannot be served by loading its model: ``rejection`` says how to answer."""
+
+    def __init__(self, rejection: Rejection) -> None:
+        super().__init__(rejection.message)
+        self.rejection = rejection
+
+
+@dataclass(slots=True)
+class Demand:
+    """One model's on-demand load (or a load in progress) and the requests waiting for it."""
+
+    model_id: LogicalId
+    future: Future[ModelServer] = field(default_factory=Future)
+    """The serving model, or :class:`DemandRefused`."""
+    waiting: int = 0
 
 
 class Scheduler:
@@ -73,8 +108,15 @@ class Scheduler:
         engine_unresponsive_after_s: float = DEFAULT_ENGINE_UNRESPONSIVE_S,
         serving_events: bool | None = None,
         session_state: SessionStateStore | None = None,
+        catalog: ModelCatalog | None = None,
+        default_ttl_s: float = -1.0,
     ) -> None:
         self.host = host
+        self.catalog = catalog or ModelCatalog()
+        """The models it may load on demand (runtime serve --presets / --models-dir)."""
+        self.default_ttl_s = default_ttl_s
+        """Idle seconds before a model without its own ``ttl`` unloads; -1: never."""
+        self._demands: dict[LogicalId, Demand] = {}
         self.session_state = session_state
         """Where unloads save sessions' KV state for the next load (None: they do not)."""
         self.max_queue = max_queue
@@ -133,6 +175,8 @@ class Scheduler:
         )
         server.speculation = options.spec.value
         server.on_state = self._on_state
+        server.ttl_s = self.default_ttl_s if options.ttl is None else options.ttl
+        server.pinned = options.pinned
         handle = self.host.load_model(
             options,
             listener=server,
@@ -142,6 +186,8 @@ class Scheduler:
             return handle
         server.model_id = handle.model_id
         server.engine = self.host.engine_for(handle.model_id)
+        if server.engine is None and not server.ready.done():
+            server.ready.set_exception(ModelNotServing())  # the load ended before an engine
         with self._lock:
             previous = self._servers.get(handle.model_id)
             self._servers[handle.model_id] = server
@@ -204,10 +250,165 @@ class Scheduler:
         files, budget = store.save_plan([LogicalId(session_id)])
         return server.engine.send(SaveSessions(files, budget))
 
+    # -- models on demand -----------------------------------------------------------------------
+    def demand(self, name: str) -> Demand | None:
+        """The load a request for ``name`` waits on when the model does not serve yet: the load
+        in progress, or a new one of the catalog's entry. The caller counts itself in
+        ``waiting`` (done here) and calls :meth:`stop_waiting` when it stops. None: the model
+        neither loads nor is known (a 404). Raises :class:`DemandRefused` when too many wait."""
+        if not _valid(name):
+            return None
+        model_id = LogicalId(name)
+        watch: ModelServer | None = None
+        start: threading.Thread | None = None
+        with self._lock:
+            demand = self._demands.get(model_id)
+            server = self._servers.get(model_id)
+            if demand is None:
+                if server is not None and server.accepting and not server.ready.done():
+                    watch = server  # a load someone else started
+                elif self.catalog.find(name) is None:
+                    return None
+                if self.max_queue <= 0:
+                    raise DemandRefused(self._too_many(model_id, 0))
+                demand = Demand(model_id)
+                self._demands[model_id] = demand
+                if watch is None:
+                    start = threading.Thread(
+                        target=self._load_on_demand,
+                        args=(demand, server),
+                        name=f"skippy-demand-{model_id}",
+                        daemon=True,
+                    )
+            elif demand.waiting >= self.max_queue:
+                raise DemandRefused(self._too_many(model_id, demand.waiting))
+            demand.waiting += 1
+        if watch is not None:
+            ready_server = watch
+            watch.ready.add_done_callback(lambda _: self._settle_demand(demand, ready_server))
+        if start is not None:
+            start.start()
+        return demand
+
+    @staticmethod
+    def _too_many(model_id: LogicalId, waiting: int) -> Rejection:
+        return Rejection(
+            503,
+            ReasonCode.RESERVATION_EXHAUSTED,
+            f"{waiting} requests already wait for model '{model_id}' to load; retry later",
+            retry_after_s=DEMAND_RETRY_AFTER_S,
+        )
+
+    def stop_waiting(self, demand: Demand) -> None:
+        with self._lock:
+            demand.waiting = max(0, demand.waiting - 1)
+
+    def _load_on_demand(self, demand: Demand, previous: ModelServer | None) -> None:
+        """The demand thread: wait out an unload of the same model, prepare an hf:// file,
+        load, and settle the demand when the model serves or its load ends."""
+        try:
+            server = self._start_demanded_load(demand, previous)
+        except DemandRefused as refused:
+            self._refuse_demand(demand, refused.rejection)
+            return
+        except Exception:  # noqa: BLE001 - whatever fails, every waiting request gets an answer
+            self._refuse_demand(
+                demand,
+                Rejection(
+                    503, ReasonCode.INTERNAL_RUNTIME_FAILURE, "the model could not be loaded"
+                ),
+            )
+            return
+        server.ready.add_done_callback(lambda _: self._settle_demand(demand, server))
+
+    def _start_demanded_load(self, demand: Demand, previous: ModelServer | None) -> ModelServer:
+        model_id = demand.model_id
+        if previous is not None and previous.unloading:
+            previous.gone.wait(UNLOAD_WAIT_S)  # its unload (idle or asked) ends first
+        entry = self.catalog.find(str(model_id))
+        if entry is None:
+            raise DemandRefused(
+                Rejection(404, ReasonCode.MISSING_ARTIFACT, f"model '{model_id}' is not known")
+            )
+        options = entry.options
+        if options.model.startswith("hf://"):
+            options = options.replace(model=self._prepare_from_hub(options.model))
+        handle = self.load(options)
+        if handle.problem is not None or handle.model_id is None:
+            raise DemandRefused(
+                Rejection(
+                    503,
+                    ReasonCode.MODEL_FORMAT_OR_LOAD_FAILURE,
+                    f"model '{model_id}' could not be loaded: {handle.problem or 'refused'}",
+                )
+            )
+        server = self.server(handle.model_id)
+        if server is None:
+            raise DemandRefused(self._load_failure(model_id))
+        return server
+
+    def _prepare_from_hub(self, reference: str) -> str:
+        """The local file of an hf:// preset: from the hub's cache, or downloaded into it, with
+        the pull's events in the runtime's stream."""
+        from skippyctl.acquisition.acquire import Acquisition
+        from skippyctl.acquisition.errors import PreparationError
+
+        try:
+            prepared = Acquisition(self._submit_pull_event).prepare(reference)
+        except PreparationError as error:
+            raise DemandRefused(
+                Rejection(503, error.reason, f"the model could not be prepared: {error}")
+            ) from error
+        return str(prepared.path)
+
+    def _submit_pull_event(self, event: Event) -> None:
+        self.host.pipeline.submit(event)
+
+    def _settle_demand(self, demand: Demand, server: ModelServer) -> None:
+        if server.ready.exception() is None:
+            with self._lock:
+                if self._demands.get(demand.model_id) is demand:
+                    del self._demands[demand.model_id]
+            demand.future.set_result(server)
+            return
+        # Off the thread that failed the load (an engine's exit report): the reason may take
+        # the pipeline a moment to apply.
+        threading.Thread(
+            target=lambda: self._refuse_demand(demand, self._load_failure(demand.model_id)),
+            name=f"skippy-demand-{demand.model_id}",
+            daemon=True,
+        ).start()
+
+    def _load_failure(self, model_id: LogicalId) -> Rejection:
+        """How a request that waited for a load that failed is answered: the load's reason
+        (from the state its events made), as a 503."""
+        deadline = time.monotonic() + 2.0
+        reason = None
+        while reason is None and time.monotonic() < deadline:
+            view = self.host.pipeline.state.models.get(model_id)
+            reason = None if view is None else view.reason_code
+            if reason is None:
+                time.sleep(0.02)  # the pipeline applies the load's terminal within milliseconds
+        reason = reason or ReasonCode.MODEL_FORMAT_OR_LOAD_FAILURE
+        return Rejection(503, reason, f"model '{model_id}' could not be loaded ({reason})")
+
+    def _refuse_demand(self, demand: Demand, rejection: Rejection) -> None:
+        with self._lock:
+            if self._demands.get(demand.model_id) is demand:
+                del self._demands[demand.model_id]
+        if not demand.future.done():
+            demand.future.set_exception(DemandRefused(rejection))
+
     # -- generation -----------------------------------------------------------------------------
     def generate(
-        self, model: str, params: GenerationParams, session_key: str | None = None
+        self,
+        model: str,
+        params: GenerationParams,
+        session_key: str | None = None,
+        received_mono_ns: int | None = None,
     ) -> tuple[RequestHandle, Rejection | None]:
+        """A handle for a request to ``model``; ``received_mono_ns``: when it came, if it
+        waited for its model to load first (the receipt's queue wait counts the load)."""
         request_id, _ = self._ids.next("req")
         server = self.server(model)
         session_id: LogicalId | None = None
@@ -227,7 +428,7 @@ class Scheduler:
             model_id=server.model_id if server is not None else LogicalId("unknown"),
             session_id=session_id,
             params=params,
-            received_mono_ns=time.monotonic_ns(),
+            received_mono_ns=received_mono_ns or time.monotonic_ns(),
             on_finished=self._record_receipt,
         )
         if server is None:
@@ -286,28 +487,69 @@ class Scheduler:
 
     # -- unload ---------------------------------------------------------------------------------
     def unload(
-        self, model_id: str, force: bool = False, drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
+        self,
+        model_id: str,
+        force: bool = False,
+        drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S,
+        cause: ReasonCode | None = None,
     ) -> LogicalId | None:
-        """Start an unload in the background; its events say how it went. None: not loaded."""
+        """Start an unload in the background; its events say how it went (``cause``: why the
+        runtime unloads it on its own account, e.g. ``idle``; None: it was asked to). None: not
+        loaded."""
         server = self.server(model_id)
         if server is None:
             return None
+        return self._start_unload(server, force, drain_timeout_s, cause)
+
+    def _start_unload(
+        self,
+        server: ModelServer,
+        force: bool = False,
+        drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S,
+        cause: ReasonCode | None = None,
+    ) -> LogicalId:
+        server.unloading = True
         operation_id, _ = self._ids.next("unload")
         threading.Thread(
             target=self._unload,
-            args=(server, operation_id, force, drain_timeout_s),
+            args=(server, operation_id, force, drain_timeout_s, cause),
             name=f"skippy-unload-{server.model_id}",
             daemon=True,
         ).start()
         return operation_id
 
     def _unload(
-        self, server: ModelServer, operation_id: LogicalId, force: bool, drain_timeout_s: float
+        self,
+        server: ModelServer,
+        operation_id: LogicalId,
+        force: bool,
+        drain_timeout_s: float,
+        cause: ReasonCode | None = None,
+    ) -> None:
+        try:
+            self._unload_steps(server, operation_id, force, drain_timeout_s, cause)
+        finally:
+            server.gone.set()
+
+    def _unload_steps(
+        self,
+        server: ModelServer,
+        operation_id: LogicalId,
+        force: bool,
+        drain_timeout_s: float,
+        cause: ReasonCode | None,
     ) -> None:
         scope = Scope(model_id=server.model_id)
         submit = self.events.always  # lifecycle: submitted with serving events off too
         started = time.monotonic_ns()
-        submit(make_event(EventId.UNLOAD_REQUESTED, operation_id=operation_id, scope=scope))
+        submit(
+            make_event(
+                EventId.UNLOAD_REQUESTED,
+                operation_id=operation_id,
+                scope=scope,
+                reason_code=cause,
+            )
+        )
         submit(make_event(EventId.UNLOAD_STARTED, operation_id=operation_id, scope=scope))
         running, queued = server.counts()
         draining = self.sessions.sessions_of(server.model_id)
@@ -379,6 +621,7 @@ class Scheduler:
                 operation_id=operation_id,
                 scope=scope,
                 outcome=Outcome.SUCCESS,
+                reason_code=cause,
                 duration_ms=round((time.monotonic_ns() - started) / 1e6, 3),
                 summaries=summaries(cancelled_requests=cancelled),
             )
@@ -438,6 +681,12 @@ class Scheduler:
                 server.expire_queued(now)
                 server.expire_running(now)
                 server.check_engine(now)
+                if server.claim_idle_expired(now):
+                    self._start_unload(server, cause=ReasonCode.IDLE)
+                    continue
+                expiry = server.idle_expiry_ns()
+                if expiry is not None:
+                    wait_s = min(wait_s, max(0.005, (expiry - time.monotonic_ns()) / 1e9))
                 deadline = server.next_deadline_ns()
                 if deadline is not None:
                     # Wake at the next deadline, not up to an interval after it.

@@ -116,7 +116,8 @@ def _sample(spec: OptionField) -> Any:
             return low if low != spec.default else low + 1
         case _ if spec.kind is float:
             low = spec.option.minimum if spec.option.minimum is not None else 1.0
-            return low + 0.5
+            # The first of these the option's own rule takes (ttl: -1 or at least 0).
+            return next(v for v in (low + 0.5, low + 1.5) if spec.problem(v) is None)
         case _ if spec.kind is str:
             return "value.gguf"
         case _ if spec.kind is tuple:

@@ -1,0 +1,125 @@
+"""The models a runtime may load on demand: its presets, then the GGUFs of its models directory.
+
+A request that names a model that is not loaded is served by loading it when this catalog knows
+the name (``Scheduler.demand``): a preset (``runtime serve --presets FILE``,
+``config/model_presets.py``) by its table's name, else a file of ``--models-dir`` by its name
+without ``.gguf`` (a split set by its first part's name without the ``-00001-of-0000N`` suffix),
+as llama-server's router names them. The directory is read when asked (it is small), so a file
+copied in is loadable at once; a name that would be the same for two files goes to the one that
+sorts first. Paths never leave the host: listings carry ids and where a model comes from.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Final
+
+from skippyctl.config.load_options import LoadOptions
+from skippyctl.config.model_presets import Preset
+from skippyctl.events.envelope import LogicalId
+from skippyctl.events.identity import model_id_for
+
+MAX_DIRECTORY_ENTRIES: Final = 4096
+"""A models directory is read up to this many entries (a huge directory must not stall a
+request)."""
+_LATER_SPLIT_PART: Final = re.compile(r"-(?!0*1-of-)\d+-of-\d+\.gguf$", re.IGNORECASE)
+
+
+class LoadableSource(StrEnum):
+    """Where a loadable model comes from (``/v1/models``, ``ps``)."""
+
+    PRESET = "preset"
+    MODELS_DIR = "models_dir"
+
+
+@dataclass(frozen=True, slots=True)
+class Loadable:
+    model_id: LogicalId
+    options: LoadOptions
+    """The load that serves it (``alias`` is ``model_id``)."""
+    source: LoadableSource
+    pinned: bool = False
+
+
+class ModelCatalog:
+    """Presets and a models directory, both optional (an empty catalog knows no model)."""
+
+    def __init__(
+        self, presets: Mapping[LogicalId, Preset] | None = None, models_dir: Path | None = None
+    ) -> None:
+        self.presets = dict(presets or {})
+        self.models_dir = models_dir
+
+    @property
+    def empty(self) -> bool:
+        return not self.presets and self.models_dir is None
+
+    def find(self, name: str) -> Loadable | None:
+        """The load that serves ``name``, or None when the catalog does not know it."""
+        preset = self.presets.get(LogicalId(name)) if _is_id(name) else None
+        if preset is not None:
+            return _from_preset(preset)
+        return self._directory().get(name)
+
+    def loadable(self) -> list[Loadable]:
+        """Every model the catalog knows, presets first, each id once."""
+        found = {model_id: _from_preset(preset) for model_id, preset in self.presets.items()}
+        for model_id, entry in self._directory().items():
+            found.setdefault(LogicalId(model_id), entry)
+        return list(found.values())
+
+    def _directory(self) -> dict[str, Loadable]:
+        root = self.models_dir
+        if root is None:
+            return {}
+        names: list[str] = []
+        try:
+            with os.scandir(root) as entries:
+                for count, entry in enumerate(entries):
+                    if count >= MAX_DIRECTORY_ENTRIES:
+                        break
+                    if _model_file(entry):
+                        names.append(entry.name)
+        except OSError:
+            return {}
+        found: dict[str, Loadable] = {}
+        for name in sorted(names):
+            model_id = model_id_for(name)
+            if str(model_id) in found:
+                continue
+            options = LoadOptions(model=str(root / name), alias=str(model_id))
+            found[str(model_id)] = Loadable(model_id, options, LoadableSource.MODELS_DIR)
+        return found
+
+
+def _model_file(entry: os.DirEntry[str]) -> bool:
+    name = entry.name
+    if not name.lower().endswith(".gguf") or name.startswith(".") or name.startswith("mmproj"):
+        return False
+    if _LATER_SPLIT_PART.search(name):
+        return False  # a split set is named by its first part
+    try:
+        return entry.is_file()
+    except OSError:
+        return False
+
+
+def _from_preset(preset: Preset) -> Loadable:
+    return Loadable(
+        preset.model_id, preset.options, LoadableSource.PRESET, pinned=preset.options.pinned
+    )
+
+
+def _is_id(name: str) -> bool:
+    from skippyctl.events.envelope import InvalidLogicalId
+
+    try:
+        LogicalId(name)
+    except InvalidLogicalId:
+        return False
+    return True

@@ -1,0 +1,223 @@
+"""Models on demand, against a real runtime and real llama.cpp: a request naming a model the
+runtime knows (a preset, a file of its models directory) but has not loaded waits for one shared
+load; idle models unload after their TTL (reason ``idle``) and load again when asked; a load that
+fails answers every waiting request with its reason; unknown names stay 404s."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.api.conftest import (
+    Server,
+    assert_openai_error,
+    openai_client,
+    start_server,
+    stop_server,
+)
+
+PROMPT = {"prompt": "hello", "max_tokens": 4, "temperature": 0}
+
+
+def _presets(fixture_dir: Path, directory: Path) -> Path:
+    presets = directory / "presets.toml"
+    presets.write_text(
+        f"""
+[models.brief]
+model = "{fixture_dir / "tiny.gguf"}"
+lanes = 2
+ttl = 1
+
+[models.kept]
+model = "{fixture_dir / "tiny.gguf"}"
+ttl = 0
+pinned = true
+
+[models.broken]
+model = "{fixture_dir / "bad-magic.gguf"}"
+"""
+    )
+    return presets
+
+
+@pytest.fixture(scope="module")
+def on_demand(tmp_path_factory: pytest.TempPathFactory, fixture_dir: Path) -> Iterator[Server]:
+    directory = tmp_path_factory.mktemp("on-demand")
+    models = directory / "models"
+    models.mkdir()
+    for name in ("dirmodel", "dirshort", "dirlong"):  # one per test: tests run in any order
+        os.symlink(fixture_dir / "tiny.gguf", models / f"{name}.gguf")
+    os.symlink(fixture_dir / "tiny-embedding.gguf", models / "dirembed.gguf")
+    (models / "notes.txt").write_text("not a model")
+    running = start_server(
+        directory / "runtime",
+        "--models-dir",
+        str(models),
+        "--presets",
+        str(_presets(fixture_dir, directory)),
+        # Loads that take a while (each native progress callback waits 20 ms), so the
+        # requests of a test all arrive while their model still loads.
+        env={"SKIPPY_TEST_PROGRESS_DELAY_US": "20000"},
+    )
+    try:
+        yield running
+    finally:
+        stop_server(running)
+
+
+def _complete(server: Server, model: str, **extra: Any) -> httpx.Response:
+    with server.http(timeout=120) as http:
+        return http.post("/v1/completions", json={"model": model, **PROMPT, **extra})
+
+
+def _events_of(server: Server, model: str, kind: str) -> list[dict[str, Any]]:
+    return [
+        e
+        for e in server.events()
+        if e["kind"] == kind and e.get("scope", {}).get("model_id") == model
+    ]
+
+
+def _wait_for(check: Any, timeout_s: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.1)
+    raise AssertionError("timed out")
+
+
+def test_concurrent_requests_for_an_unloaded_model_share_one_load(on_demand: Server) -> None:
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        answers = list(pool.map(lambda _: _complete(on_demand, "dirmodel"), range(3)))
+    assert [a.status_code for a in answers] == [200, 200, 200], [a.text for a in answers]
+    assert all(a.json()["model"] == "dirmodel" for a in answers)
+    assert len(_events_of(on_demand, "dirmodel", "model_load_requested")) == 1
+    # Each request's wait for the load is in its receipt's queue wait (the slowed load takes
+    # far longer than 100 ms).
+    receipt = on_demand.receipt(answers[0].headers["X-Request-Id"])
+    assert receipt["queue_ms"] > 100, receipt
+
+
+def test_a_model_unloads_after_its_ttl_and_loads_again(on_demand: Server) -> None:
+    assert _complete(on_demand, "brief").status_code == 200
+    started = _wait_for(lambda: _events_of(on_demand, "brief", "model_idle_timer_started"))
+    ttl = {s["key"]: s["value"] for s in started[-1]["numeric_summaries"]}["idle_ttl_ms"]
+    assert ttl == 1000
+    completed = _wait_for(lambda: _events_of(on_demand, "brief", "unload_completed"))
+    assert completed[0]["reason_code"] == "idle"
+    requested = _events_of(on_demand, "brief", "unload_requested")
+    assert [e["reason_code"] for e in requested] == ["idle"]
+    # The next request loads it again.
+    assert _complete(on_demand, "brief").status_code == 200
+    assert len(_events_of(on_demand, "brief", "model_load_requested")) == 2
+
+
+def test_keep_alive_zero_unloads_after_the_request(on_demand: Server) -> None:
+    answer = _complete(on_demand, "dirshort", keep_alive="0s")
+    assert answer.status_code == 200, answer.text
+    completed = _wait_for(lambda: _events_of(on_demand, "dirshort", "unload_completed"))
+    assert completed[-1]["reason_code"] == "idle"
+
+
+def test_a_pinned_model_never_unloads_on_its_own(on_demand: Server) -> None:
+    assert _complete(on_demand, "kept").status_code == 200
+    time.sleep(1.0)  # its ttl is 0: unpinned, it would be gone by now
+    assert _events_of(on_demand, "kept", "model_idle_timer_started") == []
+    assert _events_of(on_demand, "kept", "unload_requested") == []
+    with on_demand.http() as http:
+        cards = {card["id"]: card for card in http.get("/v1/models").json()["data"]}
+    assert cards["kept"]["state"] == "loaded" and cards["kept"]["pinned"] is True
+
+
+def test_v1_models_lists_loadable_and_loaded_models(on_demand: Server) -> None:
+    with on_demand.http() as http:
+        cards = {card["id"]: card for card in http.get("/v1/models").json()["data"]}
+    assert {"brief", "kept", "broken", "dirmodel", "dirembed"} <= set(cards)
+    assert "notes" not in cards
+    assert cards["broken"]["state"] == "loadable" and cards["broken"]["source"] == "preset"
+    assert cards["dirembed"]["source"] == "models_dir"
+    # The official client reads the list.
+    listed = {model.id for model in openai_client(on_demand).models.list()}
+    assert "dirembed" in listed
+
+
+def test_an_idle_model_shows_when_it_unloads(on_demand: Server) -> None:
+    # The runtime's default TTL is "never"; this request's keep_alive says a minute.
+    answer = _complete(on_demand, "dirlong", keep_alive="1m")
+    assert answer.status_code == 200
+    with on_demand.http() as http:
+        card = _wait_for(lambda: _expiring_card(http, "dirlong"))
+        state = http.get("/api/runtime/state").json()
+    assert card["state"] == "loaded" and card["idle_ttl_s"] == 60
+    assert card["idle_expires_at"].endswith("Z")
+    model = next(m for m in state["models"] if m["model_id"] == "dirlong")
+    assert model["idle_ttl_ms"] == 60_000 and model["idle_expires_at"] == card["idle_expires_at"]
+
+
+def _expiring_card(http: httpx.Client, model: str) -> dict[str, Any] | None:
+    """The model's card once it shows an expiry (the state applies events within ms)."""
+    card: dict[str, Any] = next(
+        c for c in http.get("/v1/models").json()["data"] if c["id"] == model
+    )
+    return card if "idle_expires_at" in card else None
+
+
+def test_a_failed_load_answers_every_waiting_request(on_demand: Server) -> None:
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(lambda _: _complete(on_demand, "broken"), range(2)))
+    for answer in answers:
+        error = assert_openai_error(answer, 503)
+        assert error["reason_code"] == "model_format_or_load_failure", error
+        assert error["code"] == "model_unavailable"
+
+
+def test_unknown_models_stay_not_found(on_demand: Server) -> None:
+    for name in ("nobody", "notes", "../models/dirmodel", "x" * 300):
+        error = assert_openai_error(_complete(on_demand, name), 404)
+        assert error["code"] == "model_not_found"
+
+
+def test_an_embedding_model_loads_on_demand_for_embeddings(on_demand: Server) -> None:
+    with on_demand.http(timeout=120) as http:
+        answer = http.post("/v1/embeddings", json={"model": "dirembed", "input": "hello"})
+    assert answer.status_code == 200, answer.text
+    assert len(answer.json()["data"][0]["embedding"]) > 0
+
+
+def test_a_bad_keep_alive_is_refused_naming_it(on_demand: Server) -> None:
+    for bad in ("soon", True, "5x", 10**9):
+        error = assert_openai_error(_complete(on_demand, "dirmodel", keep_alive=bad), 400)
+        assert error["param"] == "keep_alive", error
+
+
+def test_too_many_waiting_requests_are_told_to_retry(tmp_path: Path, fixture_dir: Path) -> None:
+    models = tmp_path / "models"
+    models.mkdir()
+    os.symlink(fixture_dir / "tiny.gguf", models / "slow.gguf")
+    running = start_server(
+        tmp_path / "runtime",
+        "--models-dir",
+        str(models),
+        "--max-queue",
+        "1",
+        env={"SKIPPY_TEST_PROGRESS_DELAY_US": "100000"},  # a load of seconds
+    )
+    try:
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            answers = list(pool.map(lambda _: _complete(running, "slow"), range(3)))
+        statuses = sorted(a.status_code for a in answers)
+        assert statuses == [200, 503, 503], [a.text for a in answers]
+        refused = next(a for a in answers if a.status_code == 503)
+        assert refused.headers["Retry-After"] == "5"
+        assert assert_openai_error(refused, 503)["reason_code"] == "reservation_exhausted"
+    finally:
+        stop_server(running)
