@@ -183,9 +183,12 @@ def start_skippy(
     directory: Path,
     env: dict[str, str] | None = None,
     checkout: Path | None = None,
+    serve_args: tuple[str, ...] = (),
+    load: bool = True,
 ) -> Server:
     """skippy from this checkout, or from `checkout` (its code first on the module path, in the
-    runtime, the engine and the CLI alike)."""
+    runtime, the engine and the CLI alike); `serve_args`: more `runtime serve` arguments;
+    `load`: False leaves the runtime without a model."""
     runtime_dir = directory / "runtime"
     runtime_dir.mkdir()
     environment = dict(os.environ if env is None else env, SKIPPY_RUNTIME_DIR=str(runtime_dir))
@@ -193,7 +196,7 @@ def start_skippy(
     if checkout is not None:
         environment["PYTHONPATH"] = str(checkout)
     log_path = directory / "skippy.log"
-    command = [sys.executable, "-m", "skippyctl", "runtime", "serve", "--port", "0"]
+    command = [sys.executable, "-m", "skippyctl", "runtime", "serve", "--port", "0", *serve_args]
     name = SKIPPY if checkout is None else SKIPPY_BASE
     server = popen(name, command, log_path, environment, cwd)
     try:
@@ -206,13 +209,23 @@ def start_skippy(
         data = orjson.loads(discovery.read_bytes())
         server.url = str(data["url"])
         server.headers = {"Authorization": f"Bearer {data['token']}"}
-        load = [sys.executable, "-m", "skippyctl", "load", str(spec.path), "--alias", MODEL_ALIAS]
+        if not load:
+            return server
+        load_command = [
+            sys.executable,
+            "-m",
+            "skippyctl",
+            "load",
+            str(spec.path),
+            "--alias",
+            MODEL_ALIAS,
+        ]
         if not spec.defaults:
-            load += ["--lanes", str(spec.sessions)]
-            load += ["--ctx", str(spec.sessions * spec.context_per_session)]
-        load += spec.skippy_load_args
+            load_command += ["--lanes", str(spec.sessions)]
+            load_command += ["--ctx", str(spec.sessions * spec.context_per_session)]
+        load_command += spec.skippy_load_args
         result = subprocess.run(
-            load,
+            load_command,
             cwd=cwd,
             env=environment,
             capture_output=True,

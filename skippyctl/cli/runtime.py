@@ -90,6 +90,16 @@ PresetsOption = Annotated[
         " spec, ttl, pinned, ...).",
     ),
 ]
+MaxModelsOption = Annotated[
+    int | None,
+    typer.Option(
+        "--max-models",
+        help="At most this many models loaded at once: a load beyond it first unloads the least"
+        " recently used idle, unpinned model (reason 'max_models'); with none to unload it fails"
+        " (default: no limit).",
+        min=1,
+    ),
+]
 TtlOption = Annotated[
     float,
     typer.Option(
@@ -237,6 +247,7 @@ def serve_command(
     models_dir: ModelsDirOption = None,
     presets: PresetsOption = None,
     ttl: TtlOption = -1.0,
+    max_models: MaxModelsOption = None,
 ) -> None:
     """Run the runtime host in the foreground (Ctrl-C stops it) and advertise it to other commands.
 
@@ -275,6 +286,7 @@ def serve_command(
         models_dir=models_dir,
         presets=presets,
         ttl_s=ttl,
+        max_models=max_models,
     )
     from skippyctl.daemon.serve import serve
 
@@ -304,6 +316,7 @@ def start_command(
     models_dir: ModelsDirOption = None,
     presets: PresetsOption = None,
     ttl: TtlOption = -1.0,
+    max_models: MaxModelsOption = None,
     json_output: Annotated[
         bool, typer.Option("--json", help="Print the runtime's status as one JSON object.")
     ] = False,
@@ -352,6 +365,7 @@ def start_command(
             models_dir=None if models_dir is None else models_dir.expanduser().resolve(),
             presets=None if presets is None else presets.expanduser().resolve(),
             ttl_s=ttl,
+            max_models=max_models,
         )
         try:
             existing = launch(options, settings)

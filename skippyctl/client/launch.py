@@ -78,6 +78,8 @@ class ServeOptions:
     (config/model_presets.py)."""
     ttl_s: float = -1.0
     """Idle seconds before a model without its own ttl unloads; -1: never."""
+    max_models: int | None = None
+    """At most this many models loaded at once; None: no limit."""
 
 
 def _remove_stale(problem: DiscoveryProblem, settings: RuntimeSettings) -> None:
@@ -179,6 +181,8 @@ def start_background(options: ServeOptions, settings: RuntimeSettings) -> Discov
         args += ["--presets", str(options.presets)]
     if options.ttl_s != -1.0:
         args += ["--ttl", repr(options.ttl_s)]
+    if options.max_models is not None:
+        args += ["--max-models", str(options.max_models)]
     env = inherited_environment()
     if options.api_key:
         env["SKIPPY_API_KEY"] = options.api_key

@@ -249,6 +249,14 @@ class RuntimeSettings:
         "off: benchmark baseline only, no serving events (requests, generation, sessions,"
         " KV); model lifecycle still reported. Not for normal operation.",
     )
+    compute_turns: bool = _setting(
+        True,
+        "SKIPPY_COMPUTE_TURNS",
+        _flag,
+        "on/off",
+        "off: the runtime's engines compute at the same time (two models decoding together"
+        " then slow each other down many times over; for measurement only).",
+    )
     capture_native_log: bool = _setting(
         False,
         "SKIPPY_CAPTURE_NATIVE_LOG",

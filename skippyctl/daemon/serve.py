@@ -20,6 +20,7 @@ engines, pipeline).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import os
 import secrets
@@ -47,6 +48,8 @@ from skippyctl.config.runtime_settings import RuntimeSettings
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event, InvalidLogicalId, LogicalId, make_event
 from skippyctl.events.reasons import Outcome, Producer, ReasonCode
+
+COMPUTE_TURNS_FILE = "compute-turns.lock"
 
 if TYPE_CHECKING:
     import uvicorn
@@ -168,6 +171,7 @@ def build_runtime(
         session_state=_session_state_store(settings),
         catalog=catalog,
         default_ttl_s=options.ttl_s,
+        max_models=options.max_models,
     ).start()
     metrics = MetricsCollector()
     metrics.attach(host.pipeline.dispatcher)
@@ -196,6 +200,7 @@ def _model_catalog(options: ServeOptions) -> ModelCatalog:
 def _start_host(
     options: ServeOptions, settings: RuntimeSettings, crashed: str | None
 ) -> RuntimeHost:
+    from skippyctl.engine.compute_turns import TURN_SPIN_COUNT
     from skippyctl.engine.options import EngineOptions
     from skippyctl.ingress.host import HostIngressConfig
     from skippyctl.pipeline.pipeline import Pipeline
@@ -205,6 +210,12 @@ def _start_host(
     engine_options = EngineOptions.from_settings(
         settings, debug_token_events=options.debug_token_events
     )
+    if settings.compute_turns:
+        # One file for the runtime's engines to take turns at computing (engine/compute_turns.py).
+        turns = runtime_dir(settings) / COMPUTE_TURNS_FILE
+        engine_options = dataclasses.replace(
+            engine_options, compute_turns=str(turns), omp_spin_count=TURN_SPIN_COUNT
+        )
     ingress = HostIngressConfig(debug_enabled=options.debug_token_events)
     host = RuntimeHost(
         Pipeline(ingress_config=ingress, max_replay_records=options.replay_records),

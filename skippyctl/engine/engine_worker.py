@@ -101,12 +101,16 @@ class Worker:
         self.protocol_errors = 0
         import llama_cpp
 
-        self.llama = llama_cpp
         llama_cpp.llama_backend_init()
+        self.llama: Any = llama_cpp
+        if self.options.compute_turns is not None:
+            from skippyctl.engine.compute_turns import ComputeTurns, TakingTurns
+
+            self.llama = TakingTurns(llama_cpp, ComputeTurns(self.options.compute_turns))
         if ring_fd is not None:
             self._setup_native(ring_fd, capture_debug_log, native_library)
         self._loader = ModelLoader(
-            llama_cpp,
+            self.llama,
             self.options,
             adapter=self.adapter,
             load_events=self._load_events,
@@ -422,6 +426,10 @@ def main(argv: list[str] | None = None) -> int:
     engine_options.add_arguments(parser)
     args = parser.parse_args(argv)
     options = engine_options.from_arguments(args)
+    if options.omp_spin_count is not None and "OMP_WAIT_POLICY" not in os.environ:
+        # libgomp's only input, read once when llama.cpp is mapped (in Worker, below); an
+        # operator's own GOMP_SPINCOUNT or OMP_WAIT_POLICY wins.
+        os.environ.setdefault("GOMP_SPINCOUNT", str(options.omp_spin_count))
     channel = engine_side(socket.socket(fileno=args.control_fd))
     streams = None if args.stream_fd is None else StreamSocket(socket.socket(fileno=args.stream_fd))
     worker = Worker(

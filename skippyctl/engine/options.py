@@ -40,6 +40,14 @@ class EngineOptions:
     capture_debug_log: bool = False
     """llama.cpp's raw log lines go to the engine's opt-in debug ring (with a native ring only;
     SKIPPY_CAPTURE_NATIVE_LOG)."""
+    compute_turns: str | None = None
+    """A file every engine of the runtime opens to compute one at a time
+    (engine/compute_turns.py); None: this engine computes whenever it likes."""
+    omp_spin_count: int | None = None
+    """How long the engine's OpenMP threads spin before they sleep (libgomp's spin count, which
+    it reads once, from GOMP_SPINCOUNT; an operator's own setting wins); None: libgomp's
+    default. With compute turns, short: an engine's idle team must not spin through another's
+    turn (engine/compute_turns.py)."""
     test_progress_delay_us: int = 0
     """Test fault injection: the native load-progress callback waits this long each call."""
     test_decode_delay_ms: float = 0.0
@@ -74,6 +82,10 @@ class EngineOptions:
         ]
         if self.capture_debug_log:
             args.append("--capture-debug-log")
+        if self.compute_turns is not None:
+            args += ["--compute-turns", self.compute_turns]
+        if self.omp_spin_count is not None:
+            args += ["--omp-spin-count", str(self.omp_spin_count)]
         if self.test_progress_delay_us:
             args += ["--test-progress-delay-us", str(self.test_progress_delay_us)]
         if self.test_decode_delay_ms:
@@ -98,6 +110,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--link-probe-interval-ms", type=float, default=defaults.link_probe_interval_ms
     )
     parser.add_argument("--capture-debug-log", action="store_true")
+    parser.add_argument("--compute-turns", default=None)
+    parser.add_argument("--omp-spin-count", type=int, default=None)
     parser.add_argument("--test-progress-delay-us", type=int, default=0)
     parser.add_argument("--test-decode-delay-ms", type=float, default=0.0)
     parser.add_argument("--test-address-space-limit-mib", type=int, default=None)
@@ -109,6 +123,8 @@ def from_arguments(args: argparse.Namespace) -> EngineOptions:
         debug_token_events=args.debug_token_events == _ON,
         link_probe_interval_ms=max(MIN_LINK_PROBE_INTERVAL_MS, args.link_probe_interval_ms),
         capture_debug_log=args.capture_debug_log,
+        compute_turns=args.compute_turns,
+        omp_spin_count=None if args.omp_spin_count is None else max(0, args.omp_spin_count),
         test_progress_delay_us=max(0, args.test_progress_delay_us),
         test_decode_delay_ms=max(0.0, args.test_decode_delay_ms),
         test_address_space_limit_mib=args.test_address_space_limit_mib,

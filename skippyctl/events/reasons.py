@@ -116,6 +116,9 @@ class ReasonCode(StrEnum):
     RESERVATION_EXHAUSTED = "reservation_exhausted"
     IDLE = "idle"
     """An unload the runtime started because the model stayed idle past its TTL."""
+    MAX_MODELS = "max_models"
+    """An unload that made room for another model under ``--max-models`` (the least recently
+    used idle, unpinned model), or a load refused because none could make room."""
 
 
 class ProgressUnit(StrEnum):

@@ -65,6 +65,8 @@ applies it within milliseconds; a stalled pipeline must not hold the answer long
 SAVE_STOP_TIMEOUT_S: Final = 90.0
 """How long an unload that saves session state waits for its engine to exit (the engine gives
 the save 60 s, engine/engine_worker.py)."""
+Admission = Callable[[LogicalId], tuple[str, ReasonCode] | None]
+"""Model id → None (the load may start), or why not: a message for people and the reason."""
 RestorePlan = Callable[[LogicalId], tuple[tuple[SessionFile, ...], int]]
 """Model id → the session state files its load restores and the largest file size to read."""
 
@@ -223,10 +225,13 @@ class RuntimeHost:
         options: LoadOptions,
         listener: EngineListener | None = None,
         restore: RestorePlan | None = None,
+        admit: Admission | None = None,
     ) -> LoadHandle:
         """Start loading; the outcome arrives as events ending in one terminal for the
         returned operation. `listener` receives the engine's serving messages from the start;
-        `restore` names the session state files the engine restores once it serves."""
+        `restore` names the session state files the engine restores once it serves; `admit`
+        is asked, once the model's id is known and before anything starts, whether the load
+        may go ahead (it may make room first): its refusal fails the load with its reason."""
         operation_id, native_operation = self._ids.next("load")
         topology_id = LogicalId(f"topology-{native_operation}") if options.split else None
         model_id: LogicalId | None = None
@@ -249,6 +254,12 @@ class RuntimeHost:
                 )
             if current is not None and current.state not in SETTLED_MODEL_STATES:
                 problem = f"model {model_id} is already {current.state.value}; wait or unload it"
+        refused = ReasonCode.INVALID_CONFIGURATION
+        if problem is None and admit is not None:
+            assert model_id is not None
+            refusal = admit(model_id)
+            if refusal is not None:
+                problem, refused = refusal
         self.pipeline.submit(
             make_event(
                 EventId.MODEL_LOAD_REQUESTED,
@@ -259,7 +270,7 @@ class RuntimeHost:
             )
         )
         if problem is not None:
-            self._reject(operation_id, native_operation, model_id, ReasonCode.INVALID_CONFIGURATION)
+            self._reject(operation_id, native_operation, model_id, refused)
             return LoadHandle(operation_id, model_id, problem)
         assert model_id is not None
         started: list[EngineProcess] = []

@@ -426,12 +426,21 @@ class ModelServer:
         admission), and the caller unloads the model."""
         with self._lock:
             expiry = self.idle_expiry_ns()
-            if expiry is None or now_ns < expiry or not self.accepting:
+            if expiry is None or now_ns < expiry:
                 return False
-            if self._running or self._queued:
-                return False
-            self.accepting = False
-            return True
+            return self._claim_idle_locked()
+
+    def claim_for_eviction(self) -> bool:
+        """True when the model serves, is idle and not pinned: admission stops at once and
+        the caller unloads it to make room for another model."""
+        with self._lock:
+            return not self.pinned and self._claim_idle_locked()
+
+    def _claim_idle_locked(self) -> bool:
+        if not self.accepting or not self.ready.done() or self._running or self._queued:
+            return False
+        self.accepting = False
+        return True
 
     def cancel(self, request_id: str, reason: ReasonCode = ReasonCode.CANCELLATION) -> None:
         """Cancel a queued or running request (the client went away, or an unload forces it)."""

@@ -31,6 +31,7 @@ default) an unload forgets its sessions' KV.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -110,8 +111,12 @@ class Scheduler:
         session_state: SessionStateStore | None = None,
         catalog: ModelCatalog | None = None,
         default_ttl_s: float = -1.0,
+        max_models: int | None = None,
     ) -> None:
         self.host = host
+        self.max_models = max_models
+        """At most this many models loaded or loading; a load beyond it first unloads the least
+        recently used idle, unpinned model (None: no limit)."""
         self.catalog = catalog or ModelCatalog()
         """The models it may load on demand (runtime serve --presets / --models-dir)."""
         self.default_ttl_s = default_ttl_s
@@ -181,19 +186,56 @@ class Scheduler:
             options,
             listener=server,
             restore=None if self.session_state is None else self._restore_plan,
+            admit=None if self.max_models is None else self._make_room,
         )
         if handle.model_id is None or handle.problem is not None or handle.already_available:
             return handle
         server.model_id = handle.model_id
         server.engine = self.host.engine_for(handle.model_id)
-        if server.engine is None and not server.ready.done():
-            server.ready.set_exception(ModelNotServing())  # the load ended before an engine
+        if server.engine is None:  # the load ended before an engine started
+            server.accepting = False
+            if not server.ready.done():
+                server.ready.set_exception(ModelNotServing())
         with self._lock:
             previous = self._servers.get(handle.model_id)
             self._servers[handle.model_id] = server
         if previous is not None and previous is not server:
             previous.accepting = False
         return handle
+
+    def _make_room(self, model_id: LogicalId) -> tuple[str, ReasonCode] | None:
+        """Before a load of ``model_id`` starts under ``--max-models``: unload the least
+        recently used idle, unpinned models until fewer than the limit are loaded or loading
+        (an unload in progress is waited for: its memory is not free until its engine is
+        gone). The refusal when no model can make room."""
+        limit = self.max_models
+        assert limit is not None
+        deadline = time.monotonic() + UNLOAD_WAIT_S
+        while time.monotonic() < deadline:
+            with self._lock:
+                held = [
+                    server
+                    for server in self._servers.values()
+                    if server.model_id != model_id
+                    and not server.gone.is_set()
+                    and (server.accepting or server.unloading)
+                ]
+            if len(held) < limit:
+                return None
+            leaving = [server for server in held if server.unloading]
+            if leaving:
+                leaving[0].gone.wait(max(0.0, deadline - time.monotonic()))
+                continue
+            by_last_use = sorted(held, key=lambda server: server.last_used_ns)
+            victim = next((s for s in by_last_use if s.claim_for_eviction()), None)
+            if victim is None:
+                return (
+                    f"{len(held)} models are loaded or loading (--max-models {limit}) and none "
+                    "is idle and unpinned to make room",
+                    ReasonCode.MAX_MODELS,
+                )
+            self._start_unload(victim, cause=ReasonCode.MAX_MODELS)
+        return "the models making room did not unload in time", ReasonCode.TIMEOUT
 
     def _restore_plan(self, model_id: LogicalId) -> tuple[tuple[SessionFile, ...], int]:
         assert self.session_state is not None
@@ -335,11 +377,11 @@ class Scheduler:
             options = options.replace(model=self._prepare_from_hub(options.model))
         handle = self.load(options)
         if handle.problem is not None or handle.model_id is None:
+            why = handle.problem or "refused"
+            failure = self._load_failure(model_id)
             raise DemandRefused(
-                Rejection(
-                    503,
-                    ReasonCode.MODEL_FORMAT_OR_LOAD_FAILURE,
-                    f"model '{model_id}' could not be loaded: {handle.problem or 'refused'}",
+                dataclasses.replace(
+                    failure, message=f"model '{model_id}' could not be loaded: {why}"
                 )
             )
         server = self.server(handle.model_id)

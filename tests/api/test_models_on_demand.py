@@ -221,3 +221,61 @@ def test_too_many_waiting_requests_are_told_to_retry(tmp_path: Path, fixture_dir
         assert assert_openai_error(refused, 503)["reason_code"] == "reservation_exhausted"
     finally:
         stop_server(running)
+
+
+def _serving(server: Server) -> set[str]:
+    with server.http() as http:
+        return {c["id"] for c in http.get("/v1/models").json()["data"] if c["state"] == "loaded"}
+
+
+def test_max_models_unloads_the_least_recently_used_idle_model(
+    tmp_path: Path, fixture_dir: Path
+) -> None:
+    models = tmp_path / "models"
+    models.mkdir()
+    for name in ("one", "two", "three"):
+        os.symlink(fixture_dir / "tiny.gguf", models / f"{name}.gguf")
+    presets = tmp_path / "presets.toml"
+    presets.write_text(f'[models.kept]\nmodel = "{fixture_dir / "tiny.gguf"}"\npinned = true\n')
+    running = start_server(
+        tmp_path / "runtime",
+        "--models-dir",
+        str(models),
+        "--presets",
+        str(presets),
+        "--max-models",
+        "2",
+        # 20 ms a decode: the long request below is still running when the next one comes.
+        env={"SKIPPY_TEST_DECODE_DELAY_MS": "20"},
+    )
+    try:
+        for name in ("one", "two"):
+            assert _complete(running, name).status_code == 200
+        assert _complete(running, "one").status_code == 200  # "two" is now the least recent
+        assert _complete(running, "three").status_code == 200
+        assert _serving(running) == {"one", "three"}
+        evicted = _events_of(running, "two", "unload_completed")
+        assert [e["reason_code"] for e in evicted] == ["max_models"]
+        # A pinned model is never the one that makes room: "one" and then "three" go.
+        assert _complete(running, "kept").status_code == 200
+        assert _complete(running, "two").status_code == 200
+        assert _serving(running) == {"kept", "two"}
+        # With the pinned model and a model serving a request, nothing can make room: the
+        # load fails before it starts, and the request says why.
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            busy = pool.submit(_complete, running, "two", max_tokens=200)
+            _wait_for(lambda: _in_flight(running, "two"))
+            refused = _complete(running, "one")
+            assert busy.result().status_code == 200
+        error = assert_openai_error(refused, 503)
+        assert error["reason_code"] == "max_models", error
+        failed = _events_of(running, "one", "model_load_failed")
+        assert failed[-1]["reason_code"] == "max_models"
+    finally:
+        stop_server(running)
+
+
+def _in_flight(server: Server, model: str) -> bool:
+    with server.http() as http:
+        state = http.get("/api/runtime/state").json()
+    return any(m["model_id"] == model and m.get("lanes_in_use", 0) > 0 for m in state["models"])

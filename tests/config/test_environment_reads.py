@@ -20,7 +20,13 @@ ENVIRONMENT_NAMES: Final = frozenset(
     {"environ", "environb", "getenv", "getenvb", "putenv", "unsetenv"}
 )
 SETTINGS_MODULE: Final = "skippyctl/config/runtime_settings.py"
-ALLOWED: Final[dict[tuple[str, str], str]] = {}
+ALLOWED: Final[dict[tuple[str, str], str]] = {
+    ("skippyctl/engine/engine_worker.py", "main"): (
+        "libgomp takes its spin count only from GOMP_SPINCOUNT, read once when llama.cpp is "
+        "mapped: the engine turns its --omp-spin-count option into it (an operator's own "
+        "GOMP_SPINCOUNT or OMP_WAIT_POLICY wins)"
+    ),
+}
 """(module, enclosing function or ``<module>``) → why it may read the environment. The
 settings module reads it by definition and is not listed."""
 

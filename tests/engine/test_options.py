@@ -26,6 +26,7 @@ def parse(argv: list[str]) -> EngineOptions:
         EngineOptions(debug_token_events=True),
         EngineOptions(serving_events=False, debug_token_events=True),
         EngineOptions(link_probe_interval_ms=50.0, capture_debug_log=True),
+        EngineOptions(compute_turns="/run/skippy/compute-turns.lock", omp_spin_count=10_000),
         EngineOptions(
             test_progress_delay_us=150_000,
             test_decode_delay_ms=2.5,
