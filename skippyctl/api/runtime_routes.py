@@ -18,6 +18,7 @@ from skippyctl.api.schemas import (
     CancelAccepted,
     LoadAccepted,
     LoadBody,
+    LoadEstimate,
     ReceiptDocument,
     RecentEvents,
     SessionSaveAccepted,
@@ -31,10 +32,12 @@ from skippyctl.api.schemas import (
 )
 from skippyctl.config.load_options import LoadOptions
 from skippyctl.events.envelope import InvalidLogicalId, LogicalId
+from skippyctl.events.identity import model_id_for
 from skippyctl.events.reasons import ReasonCode
 from skippyctl.output.codec import event_record
 from skippyctl.output.redact import redact
 from skippyctl.output.state import state_document
+from skippyctl.runtime.memory_estimate import estimate_load
 
 LOGICAL_ID_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9._:+=-]{0,63}$"
 """What `LogicalId` accepts (declared so the OpenAPI document says it)."""
@@ -154,6 +157,51 @@ def register_runtime_routes(app: FastAPI, ctx: ApiContext) -> None:
                 "already_available": handle.already_available,
             },
             status_code=200 if handle.already_available else 202,
+        )
+
+    @app.post(
+        "/api/runtime/models/estimate",
+        response_model=LoadEstimate,
+        response_class=JsonResponse,
+        responses=errors(400, 401, 404, 413),
+        openapi_extra=json_body(LoadBody),
+    )
+    async def estimate(request: Request) -> Response:
+        """What a load with these options would take in memory (weights, KV cache, compute
+        buffers), read from the file's header without loading it, beside the runtime's memory
+        budget."""
+        body = await read_body(request, LoadBody)
+        if isinstance(body, Response):
+            return body
+        options = LoadOptions.from_json(body.model_dump())
+        try:
+            artifact = resolve_model_path(ctx.model_root, options.model)
+        except ModelPathRefused as refused:
+            return error_response(
+                str(refused),
+                400,
+                param="model",
+                code="invalid_value",
+                reason=ReasonCode.INVALID_CONFIGURATION,
+            )
+        options = options.replace(model=artifact)
+        try:
+            found = await asyncio.to_thread(estimate_load, options)
+        except OSError:
+            return error_response(
+                "the model file cannot be read",
+                404,
+                param="model",
+                code="model_not_found",
+                reason=ReasonCode.MISSING_ARTIFACT,
+            )
+        return JsonResponse(
+            {
+                "model_id": str(model_id_for(options.model, options.alias)),
+                **found.document(),
+                "memory_budget_bytes": ctx.scheduler.memory_budget_bytes,
+                "memory_budget_used_bytes": ctx.scheduler.memory_in_use_bytes(),
+            }
         )
 
     @app.post(

@@ -215,6 +215,19 @@ class LoadAccepted(BaseModel):
     already_available: bool
 
 
+class LoadEstimate(BaseModel):
+    model_id: str
+    weights_bytes: int = Field(description="The GGUF's size (every part of a split set).")
+    kv_bytes: int = Field(description="The KV cache of the context the load would get.")
+    kv_bytes_per_lane: int | None
+    compute_bytes: int = Field(description="One micro-batch's logits and activations.")
+    total_bytes: int
+    context_tokens: int | None
+    lanes: int | None
+    memory_budget_bytes: int | None = Field(description="The runtime's budget (null: none).")
+    memory_budget_used_bytes: int = Field(description="What the loaded models' loads took.")
+
+
 class UnloadAccepted(BaseModel):
     operation_id: str
     model_id: str

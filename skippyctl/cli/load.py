@@ -69,6 +69,15 @@ def load_command(
     embedded: Annotated[
         bool, typer.Option("--embedded", help="Run a one-shot host inside this process.")
     ] = False,
+    estimate: Annotated[
+        bool,
+        typer.Option(
+            "--estimate",
+            help="Say what the load would take in memory (weights, KV cache per lane, compute"
+            " buffers) beside the runtime's memory budget, read from the file's header; load"
+            " nothing.",
+        ),
+    ] = False,
 ) -> None:
     """Load MODEL and stream its load events until it is available or has failed.
 
@@ -95,6 +104,16 @@ def load_command(
         fail("load", ExitCode.INVALID_CONFIGURATION, problem, json_output, reason)
     settings = runtime_settings("load", json_output)
     shown = model
+    if estimate:
+        if is_remote_ref(model):
+            fail(
+                "load",
+                ExitCode.INVALID_CONFIGURATION,
+                "--estimate reads a local file: pull the reference first (skippyctl pull)",
+                json_output,
+                ReasonCode.INVALID_CONFIGURATION.value,
+            )
+        raise typer.Exit(int(_estimate(options, settings, json_output)))
     if is_remote_ref(model):
         # Resolve and download first (this process, as `pull`), then load the local file by
         # the id of the file's name (its cache path is a hash).
@@ -170,6 +189,51 @@ def _embedded(
     finally:
         presenter.close()
         host.shutdown()
+
+
+def _estimate(options: LoadOptions, settings: RuntimeSettings, json_output: bool) -> ExitCode:
+    """``load --estimate``: the runtime reads the file's header and says what the load would
+    take; one ``load_estimate`` record with --json."""
+    from skippyctl.cli.output import RECORD_SCHEMA_VERSION, emit_json, stderr_console
+    from skippyctl.client.http import ApiError, RuntimeUnreachable
+    from skippyctl.client.launch import connect
+
+    if Path(options.model).expanduser().exists():
+        options = options.replace(model=str(Path(options.model).expanduser().resolve()))
+    try:
+        client = connect(settings)
+        try:
+            found = client.estimate(options)
+        finally:
+            client.close()
+    except ApiError as error:
+        code = exit_code_for_text(error.reason_code)
+        fail("load", code, str(error), json_output, error.reason_code)
+    except RuntimeUnreachable as error:
+        fail("load", ExitCode.RUNTIME_UNREACHABLE, str(error), json_output)
+    if json_output:
+        emit_json({"schema_version": RECORD_SCHEMA_VERSION, "record": "load_estimate", **found})
+        return ExitCode.SUCCESS
+    lanes, per_lane = found.get("lanes"), found.get("kv_bytes_per_lane")
+    kv = _size(found["kv_bytes"])
+    if lanes and per_lane is not None:
+        kv += f" ({_size(per_lane)} per lane × {lanes}, {found['context_tokens']} tokens)"
+    budget = found.get("memory_budget_bytes")
+    lines = [
+        f"{found['model_id']}: about {_size(found['total_bytes'])} once loaded",
+        f"  weights  {_size(found['weights_bytes'])}",
+        f"  KV cache {kv}",
+        f"  compute  {_size(found['compute_bytes'])}",
+        "  budget   none"
+        if budget is None
+        else f"  budget   {_size(found['memory_budget_used_bytes'])} of {_size(budget)} in use",
+    ]
+    stderr_console().print("\n".join(lines), highlight=False, markup=False)
+    return ExitCode.SUCCESS
+
+
+def _size(size: int) -> str:
+    return f"{size / (1024 * 1024):.1f} MiB"
 
 
 def _attached(

@@ -100,6 +100,17 @@ MaxModelsOption = Annotated[
         min=1,
     ),
 ]
+MemoryBudgetOption = Annotated[
+    str,
+    typer.Option(
+        "--memory-budget",
+        help="What the loaded models may take in memory together (their load estimates:"
+        " weights, KV cache, compute buffers): a size such as 8G, 'auto' (80% of the memory"
+        " available at start) or 'off'. A load beyond it first unloads the least recently used"
+        " idle, unpinned models (reason 'memory_budget'); with none to unload it fails before"
+        " any weight moves (insufficient_memory).",
+    ),
+]
 TtlOption = Annotated[
     float,
     typer.Option(
@@ -180,21 +191,12 @@ def _check_on_demand(
     ttl: float,
     command: str,
     json_output: bool = False,
+    memory_budget: str = "auto",
 ) -> None:
     """Exit 10 (invalid_configuration) for a models directory that is not one, a presets file
-    that cannot be used (its problem named), or a TTL that is neither -1 nor ≥ 0."""
-    problem = None
-    if not (ttl == -1 or 0 <= ttl <= 86_400):
-        problem = "--ttl must be -1 (never) or 0-86400 seconds"
-    elif models_dir is not None and not models_dir.expanduser().is_dir():
-        problem = f"--models-dir {models_dir.name}: not a directory"
-    elif presets is not None:
-        from skippyctl.config.model_presets import PresetsError, read_presets
-
-        try:
-            read_presets(presets.expanduser())
-        except PresetsError as error:
-            problem = f"--presets {presets.name}: {error}"
+    that cannot be used (its problem named), a TTL that is neither -1 nor ≥ 0, or a memory
+    budget that is not a size, auto or off."""
+    problem = _on_demand_problem(models_dir, presets, ttl, memory_budget)
     if problem is not None:
         fail(
             command,
@@ -203,6 +205,30 @@ def _check_on_demand(
             json_output,
             reason="invalid_configuration",
         )
+
+
+def _on_demand_problem(
+    models_dir: Path | None, presets: Path | None, ttl: float, memory_budget: str
+) -> str | None:
+    from skippyctl.config.sizes import SizeError, parse_size_bytes
+
+    if memory_budget.strip().lower() not in ("auto", "off"):
+        try:
+            parse_size_bytes(memory_budget)
+        except SizeError as error:
+            return f"--memory-budget: {error}"
+    if not (ttl == -1 or 0 <= ttl <= 86_400):
+        return "--ttl must be -1 (never) or 0-86400 seconds"
+    if models_dir is not None and not models_dir.expanduser().is_dir():
+        return f"--models-dir {models_dir.name}: not a directory"
+    if presets is not None:
+        from skippyctl.config.model_presets import PresetsError, read_presets
+
+        try:
+            read_presets(presets.expanduser())
+        except PresetsError as error:
+            return f"--presets {presets.name}: {error}"
+    return None
 
 
 def _echo_json(record: dict[str, Any]) -> None:
@@ -248,6 +274,7 @@ def serve_command(
     presets: PresetsOption = None,
     ttl: TtlOption = -1.0,
     max_models: MaxModelsOption = None,
+    memory_budget: MemoryBudgetOption = "auto",
 ) -> None:
     """Run the runtime host in the foreground (Ctrl-C stops it) and advertise it to other commands.
 
@@ -258,7 +285,7 @@ def serve_command(
     if max_queue < 0 or session_ttl <= 0 or replay_records < 16:
         _err.print("[red]✗[/] --max-queue must be ≥ 0, --session-ttl > 0, --replay-records ≥ 16")
         raise typer.Exit(int(ExitCode.INVALID_CONFIGURATION))
-    _check_on_demand(models_dir, presets, ttl, "runtime serve")
+    _check_on_demand(models_dir, presets, ttl, "runtime serve", memory_budget=memory_budget)
     settings = runtime_settings("runtime serve")
     listen_port = _port(port, settings, "runtime serve")
     plugins = _plugins(plugin, "runtime serve")
@@ -287,6 +314,7 @@ def serve_command(
         presets=presets,
         ttl_s=ttl,
         max_models=max_models,
+        memory_budget=memory_budget,
     )
     from skippyctl.daemon.serve import serve
 
@@ -317,6 +345,7 @@ def start_command(
     presets: PresetsOption = None,
     ttl: TtlOption = -1.0,
     max_models: MaxModelsOption = None,
+    memory_budget: MemoryBudgetOption = "auto",
     json_output: Annotated[
         bool, typer.Option("--json", help="Print the runtime's status as one JSON object.")
     ] = False,
@@ -339,7 +368,7 @@ def start_command(
     listen_port = _port(port, settings, "runtime start", json_output)
     _check_otlp(settings, "runtime start", json_output)
     plugins = _plugins(plugin, "runtime start", json_output)
-    _check_on_demand(models_dir, presets, ttl, "runtime start", json_output)
+    _check_on_demand(models_dir, presets, ttl, "runtime start", json_output, memory_budget)
     try:
         existing = read_discovery(settings)
     except DiscoveryProblem as problem:
@@ -366,6 +395,7 @@ def start_command(
             presets=None if presets is None else presets.expanduser().resolve(),
             ttl_s=ttl,
             max_models=max_models,
+            memory_budget=memory_budget,
         )
         try:
             existing = launch(options, settings)

@@ -149,6 +149,13 @@ class RuntimeClient:
         result: dict[str, Any] = self._call("POST", "/api/runtime/models/load", options.to_json())
         return result
 
+    def estimate(self, options: LoadOptions) -> dict[str, Any]:
+        """What a load of ``options`` would take in memory (its estimate endpoint)."""
+        result: dict[str, Any] = self._call(
+            "POST", "/api/runtime/models/estimate", options.to_json()
+        )
+        return result
+
     def unload(self, model_id: str, force: bool, drain_timeout_s: float | None) -> dict[str, Any]:
         body: dict[str, Any] = {"force": force}
         if drain_timeout_s is not None:

@@ -80,6 +80,9 @@ class ServeOptions:
     """Idle seconds before a model without its own ttl unloads; -1: never."""
     max_models: int | None = None
     """At most this many models loaded at once; None: no limit."""
+    memory_budget: str = "auto"
+    """What the loaded models may take in memory together: a size (``8G``), ``auto`` (a share
+    of the memory available when the runtime starts) or ``off``."""
 
 
 def _remove_stale(problem: DiscoveryProblem, settings: RuntimeSettings) -> None:
@@ -183,6 +186,8 @@ def start_background(options: ServeOptions, settings: RuntimeSettings) -> Discov
         args += ["--ttl", repr(options.ttl_s)]
     if options.max_models is not None:
         args += ["--max-models", str(options.max_models)]
+    if options.memory_budget != "auto":
+        args += ["--memory-budget", options.memory_budget]
     env = inherited_environment()
     if options.api_key:
         env["SKIPPY_API_KEY"] = options.api_key

@@ -172,11 +172,34 @@ def build_runtime(
         catalog=catalog,
         default_ttl_s=options.ttl_s,
         max_models=options.max_models,
+        memory_budget_bytes=host.memory_budget_bytes,
     ).start()
     metrics = MetricsCollector()
     metrics.attach(host.pipeline.dispatcher)
     otlp = None if otlp_config is None else _start_otlp(host, metrics, otlp_config)
     return Runtime(host, scheduler, metrics, otlp)
+
+
+DEFAULT_MEMORY_SHARE = 0.8
+"""The default memory budget: this share of the memory available when the runtime starts."""
+
+
+def memory_budget_bytes(budget: str) -> int | None:
+    """``--memory-budget``: a size, ``auto`` (:data:`DEFAULT_MEMORY_SHARE` of MemAvailable now;
+    no budget where that cannot be read) or ``off`` (ServeError for anything else)."""
+    from skippyctl.config.sizes import SizeError, parse_size_bytes
+    from skippyctl.engine.geometry import available_memory_bytes
+
+    word = budget.strip().lower()
+    if word == "off":
+        return None
+    if word == "auto":
+        available = available_memory_bytes()
+        return None if available is None else int(available * DEFAULT_MEMORY_SHARE)
+    try:
+        return parse_size_bytes(budget)
+    except SizeError as error:
+        raise ServeError("invalid_configuration", f"--memory-budget: {error}") from error
 
 
 def _model_catalog(options: ServeOptions) -> ModelCatalog:
@@ -223,6 +246,7 @@ def _start_host(
         settings,
     )
     host.default_plugins = options.plugins
+    host.memory_budget_bytes = memory_budget_bytes(options.memory_budget)
     host.start()
     if crashed is not None:
         report_crashed_host(host.pipeline.submit, crashed)

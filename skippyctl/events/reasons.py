@@ -119,6 +119,12 @@ class ReasonCode(StrEnum):
     MAX_MODELS = "max_models"
     """An unload that made room for another model under ``--max-models`` (the least recently
     used idle, unpinned model), or a load refused because none could make room."""
+    MEMORY_BUDGET = "memory_budget"
+    """An unload that made room in the runtime's memory budget for another model (the least
+    recently used idle, unpinned model)."""
+    INSUFFICIENT_MEMORY = "insufficient_memory"
+    """A load refused before any weight moved: its estimate does not fit the memory budget,
+    and no idle, unpinned model could make room."""
 
 
 class ProgressUnit(StrEnum):

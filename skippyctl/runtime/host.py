@@ -139,6 +139,9 @@ class RuntimeHost:
         )
         """What every engine this host starts is told (spawn arguments, decided once)."""
         self.default_plugins: tuple[str, ...] = ()
+        self.memory_budget_bytes: int | None = None
+        """The runtime's memory budget for its models (the scheduler keeps it), stated in
+        ``runtime_initialized``."""
         """Serving plugins every model gets before its own (``runtime serve --plugin``)."""
         self.native = NativeStatus(None, None, None)
         self._ids = OperationIds()
@@ -216,7 +219,13 @@ class RuntimeHost:
             )
             # Engines run without a shared-memory ring for this process's life: say so once.
             self.pipeline.submit(degraded_operation(True, DegradedMode.LEGACY_INGRESS, reason))
-        self.pipeline.submit(make_event(EventId.RUNTIME_INITIALIZED, outcome=Outcome.SUCCESS))
+        self.pipeline.submit(
+            make_event(
+                EventId.RUNTIME_INITIALIZED,
+                outcome=Outcome.SUCCESS,
+                summaries=summaries(memory_limit_bytes=self.memory_budget_bytes),
+            )
+        )
         return self
 
     # -- loading --------------------------------------------------------------------------------

@@ -217,6 +217,8 @@ class ModelServer:
         self._engine_ask_ids = itertools.count(1)
         self.unloading = False
         """An unload of this model started (it never serves again)."""
+        self.memory_bytes = 0
+        """What its load was estimated to take (the runtime's memory budget counts it)."""
         self.gone = threading.Event()
         """Set once an unload of this model has ended (its engine stopped, or the unload
         failed): an on-demand load of the same id waits for it."""

@@ -112,8 +112,13 @@ class Scheduler:
         catalog: ModelCatalog | None = None,
         default_ttl_s: float = -1.0,
         max_models: int | None = None,
+        memory_budget_bytes: int | None = None,
     ) -> None:
         self.host = host
+        self.memory_budget_bytes = memory_budget_bytes
+        """What the loaded models may take in memory all together (their load estimates,
+        runtime/memory_estimate.py); a load beyond it first unloads the least recently used
+        idle, unpinned models (None: no budget)."""
         self.max_models = max_models
         """At most this many models loaded or loading; a load beyond it first unloads the least
         recently used idle, unpinned model (None: no limit)."""
@@ -182,11 +187,14 @@ class Scheduler:
         server.on_state = self._on_state
         server.ttl_s = self.default_ttl_s if options.ttl is None else options.ttl
         server.pinned = options.pinned
+        need = self._estimate(options)
+        server.memory_bytes = need
+        limited = self.max_models is not None or self.memory_budget_bytes is not None
         handle = self.host.load_model(
             options,
             listener=server,
             restore=None if self.session_state is None else self._restore_plan,
-            admit=None if self.max_models is None else self._make_room,
+            admit=(lambda model_id: self._make_room(model_id, need)) if limited else None,
         )
         if handle.model_id is None or handle.problem is not None or handle.already_available:
             return handle
@@ -203,13 +211,39 @@ class Scheduler:
             previous.accepting = False
         return handle
 
-    def _make_room(self, model_id: LogicalId) -> tuple[str, ReasonCode] | None:
-        """Before a load of ``model_id`` starts under ``--max-models``: unload the least
-        recently used idle, unpinned models until fewer than the limit are loaded or loading
-        (an unload in progress is waited for: its memory is not free until its engine is
-        gone). The refusal when no model can make room."""
-        limit = self.max_models
-        assert limit is not None
+    def memory_in_use_bytes(self) -> int:
+        """What the models loaded or loading were estimated to take (the budget's use)."""
+        with self._lock:
+            return sum(
+                server.memory_bytes
+                for server in self._servers.values()
+                if not server.gone.is_set() and (server.accepting or server.unloading)
+            )
+
+    def _estimate(self, options: LoadOptions) -> int:
+        """The memory a load will take (0 without a budget, or for a file that cannot be read:
+        its load fails on its own)."""
+        if self.memory_budget_bytes is None or options.split:
+            return 0
+        from skippyctl.runtime.memory_estimate import estimate_load
+
+        try:
+            return estimate_load(options).total_bytes
+        except (OSError, ValueError):
+            return 0
+
+    def _make_room(self, model_id: LogicalId, need: int) -> tuple[str, ReasonCode] | None:
+        """Before a load of ``model_id`` (estimated at ``need`` bytes) starts: unload the least
+        recently used idle, unpinned models until fewer than ``--max-models`` are loaded or
+        loading and the budget holds ``need`` beside them (an unload in progress is waited
+        for: its memory is not free until its engine is gone). The refusal when no model can
+        make room, or when ``need`` alone is over the budget."""
+        budget = self.memory_budget_bytes
+        if budget is not None and need > budget:
+            return (
+                f"the load needs about {_mib(need)} and the memory budget is {_mib(budget)}",
+                ReasonCode.INSUFFICIENT_MEMORY,
+            )
         deadline = time.monotonic() + UNLOAD_WAIT_S
         while time.monotonic() < deadline:
             with self._lock:
@@ -220,7 +254,10 @@ class Scheduler:
                     and not server.gone.is_set()
                     and (server.accepting or server.unloading)
                 ]
-            if len(held) < limit:
+            over_count = self.max_models is not None and len(held) >= self.max_models
+            used = sum(server.memory_bytes for server in held)
+            over_budget = budget is not None and used + need > budget
+            if not over_count and not over_budget:
                 return None
             leaving = [server for server in held if server.unloading]
             if leaving:
@@ -229,12 +266,20 @@ class Scheduler:
             by_last_use = sorted(held, key=lambda server: server.last_used_ns)
             victim = next((s for s in by_last_use if s.claim_for_eviction()), None)
             if victim is None:
+                if over_count:
+                    return (
+                        f"{len(held)} models are loaded or loading (--max-models "
+                        f"{self.max_models}) and none is idle and unpinned to make room",
+                        ReasonCode.MAX_MODELS,
+                    )
                 return (
-                    f"{len(held)} models are loaded or loading (--max-models {limit}) and none "
-                    "is idle and unpinned to make room",
-                    ReasonCode.MAX_MODELS,
+                    f"the load needs about {_mib(need)}, {_mib(used)} of the "
+                    f"{_mib(budget or 0)} memory budget is taken, and no idle, unpinned model "
+                    "can make room",
+                    ReasonCode.INSUFFICIENT_MEMORY,
                 )
-            self._start_unload(victim, cause=ReasonCode.MAX_MODELS)
+            cause = ReasonCode.MAX_MODELS if over_count else ReasonCode.MEMORY_BUDGET
+            self._start_unload(victim, cause=cause)
         return "the models making room did not unload in time", ReasonCode.TIMEOUT
 
     def _restore_plan(self, model_id: LogicalId) -> tuple[tuple[SessionFile, ...], int]:
@@ -744,6 +789,10 @@ class Scheduler:
             server.drain(force=True, drain_timeout_s=0.5)
         if self._thread.is_alive():
             self._thread.join(2)
+
+
+def _mib(size: int) -> str:
+    return f"{size / (1024 * 1024):.0f} MiB"
 
 
 def _valid(model_id: str) -> bool:

@@ -279,3 +279,74 @@ def _in_flight(server: Server, model: str) -> bool:
     with server.http() as http:
         state = http.get("/api/runtime/state").json()
     return any(m["model_id"] == model and m.get("lanes_in_use", 0) > 0 for m in state["models"])
+
+
+def test_the_memory_budget_makes_room_or_refuses_before_weights_move(
+    tmp_path: Path, fixture_dir: Path
+) -> None:
+    from skippyctl.config.load_options import LoadOptions
+    from skippyctl.runtime.memory_estimate import estimate_load
+
+    tiny = fixture_dir / "tiny.gguf"
+    one_model = estimate_load(LoadOptions(str(tiny), lanes=1, ctx=512)).total_bytes
+    models = tmp_path / "models"
+    models.mkdir()
+    presets = tmp_path / "presets.toml"
+    presets.write_text(
+        "".join(
+            f'[models.{name}]\nmodel = "{tiny}"\nlanes = 1\nctx = {ctx}\n\n'
+            for name, ctx in (("small1", 512), ("small2", 512), ("huge", 65536))
+        )
+    )
+    running = start_server(
+        tmp_path / "runtime",
+        "--presets",
+        str(presets),
+        "--memory-budget",
+        str(int(one_model * 1.5)),  # room for one small model, not two
+    )
+    try:
+        initialized = [e for e in running.events() if e["kind"] == "runtime_initialized"]
+        limit = {s["key"]: s["value"] for s in initialized[0]["numeric_summaries"]}
+        assert limit["memory_limit_bytes"] == int(one_model * 1.5)
+        assert _complete(running, "small1").status_code == 200
+        assert _complete(running, "small2").status_code == 200
+        assert _serving(running) == {"small2"}
+        evicted = _events_of(running, "small1", "unload_completed")
+        assert [e["reason_code"] for e in evicted] == ["memory_budget"]
+        # A load that cannot fit even alone fails before any engine starts.
+        error = assert_openai_error(_complete(running, "huge"), 503)
+        assert error["reason_code"] == "insufficient_memory", error
+        assert _events_of(running, "huge", "model_load_failed")[-1]["reason_code"] == (
+            "insufficient_memory"
+        )
+        assert _events_of(running, "huge", "engine_process_started") == []
+        assert _serving(running) == {"small2"}  # nothing was unloaded for it
+    finally:
+        stop_server(running)
+
+
+def test_an_estimate_says_what_a_load_would_take_without_loading(
+    on_demand: Server, fixture_dir: Path
+) -> None:
+    from tests.api.conftest import REAL_MODEL
+
+    with on_demand.http() as http:
+        answer = http.post(
+            "/api/runtime/models/estimate",
+            json={"model": str(REAL_MODEL), "lanes": 2, "ctx": 8192, "alias": "sized"},
+        )
+        missing = http.post("/api/runtime/models/estimate", json={"model": "/no/such.gguf"})
+        models = http.get("/api/runtime/state").json()["models"]
+    assert answer.status_code == 200, answer.text
+    found = answer.json()
+    # llama.cpp allocates exactly this KV cache for this load (model_memory_allocation_summary)
+    assert found["kv_bytes"] == 188_743_680 and found["kv_bytes_per_lane"] == 94_371_840
+    assert found["weights_bytes"] == REAL_MODEL.stat().st_size
+    assert found["total_bytes"] == (
+        found["weights_bytes"] + found["kv_bytes"] + found["compute_bytes"]
+    )
+    assert (found["model_id"], found["lanes"], found["context_tokens"]) == ("sized", 2, 8192)
+    assert all(m["model_id"] != "sized" for m in models)  # nothing was loaded
+    error = assert_openai_error(missing, 404)
+    assert error["reason_code"] == "missing_artifact"

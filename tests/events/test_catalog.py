@@ -95,5 +95,10 @@ def test_reason_codes_are_the_reference_set_and_our_additions() -> None:
         "incompatible_abi_or_feature_set", "internal_runtime_failure", "unknown_failure",
         "terminal_not_delivered", "reservation_exhausted",
     }  # fmt: skip
-    added = {"idle", "max_models"}  # ours, each in CHANGELOG.md: add, never rename
+    added = {
+        "idle",
+        "max_models",
+        "memory_budget",
+        "insufficient_memory",
+    }  # ours, each in CHANGELOG.md: add, never rename
     assert {r.value for r in ReasonCode} == reference | added
