@@ -134,21 +134,10 @@ def register_runtime_routes(app: FastAPI, ctx: ApiContext) -> None:
         openapi_extra=json_body(LoadBody),
     )
     async def load(request: Request) -> Response:
-        body = await read_body(request, LoadBody)
-        if isinstance(body, Response):
-            return body
-        options = LoadOptions.from_json(body.model_dump())
-        try:
-            artifact = resolve_model_path(ctx.model_root, options.model)
-        except ModelPathRefused as refused:
-            return error_response(
-                str(refused),
-                400,
-                param="model",
-                code="invalid_value",
-                reason=ReasonCode.INVALID_CONFIGURATION,
-            )
-        handle = await asyncio.to_thread(ctx.scheduler.load, options.replace(model=artifact))
+        options = await _load_options(ctx, request)
+        if isinstance(options, Response):
+            return options
+        handle = await asyncio.to_thread(ctx.scheduler.load, options)
         return JsonResponse(
             {
                 "operation_id": str(handle.operation_id),
@@ -170,21 +159,9 @@ def register_runtime_routes(app: FastAPI, ctx: ApiContext) -> None:
         """What a load with these options would take in memory (weights, KV cache, compute
         buffers), read from the file's header without loading it, beside the runtime's memory
         budget."""
-        body = await read_body(request, LoadBody)
-        if isinstance(body, Response):
-            return body
-        options = LoadOptions.from_json(body.model_dump())
-        try:
-            artifact = resolve_model_path(ctx.model_root, options.model)
-        except ModelPathRefused as refused:
-            return error_response(
-                str(refused),
-                400,
-                param="model",
-                code="invalid_value",
-                reason=ReasonCode.INVALID_CONFIGURATION,
-            )
-        options = options.replace(model=artifact)
+        options = await _load_options(ctx, request)
+        if isinstance(options, Response):
+            return options
         try:
             found = await asyncio.to_thread(estimate_load, options)
         except OSError:
@@ -284,6 +261,26 @@ def register_runtime_routes(app: FastAPI, ctx: ApiContext) -> None:
     async def shutdown() -> Response:
         ctx.request_shutdown()
         return JsonResponse({"stopping": True}, status_code=202)
+
+
+async def _load_options(ctx: ApiContext, request: Request) -> LoadOptions | Response:
+    """A load's options from its body, the model's path resolved against the model root; or
+    the 400 to answer with."""
+    body = await read_body(request, LoadBody)
+    if isinstance(body, Response):
+        return body
+    options = LoadOptions.from_json(body.model_dump())
+    try:
+        artifact = resolve_model_path(ctx.model_root, options.model)
+    except ModelPathRefused as refused:
+        return error_response(
+            str(refused),
+            400,
+            param="model",
+            code="invalid_value",
+            reason=ReasonCode.INVALID_CONFIGURATION,
+        )
+    return options.replace(model=artifact)
 
 
 class ModelPathRefused(ValueError):

@@ -175,13 +175,7 @@ def _plugins(values: list[str] | None, command: str, json_output: bool = False) 
     for plugin in plugins:
         problem = plugin_problem(plugin)
         if problem is not None:
-            fail(
-                command,
-                ExitCode.INVALID_CONFIGURATION,
-                problem,
-                json_output,
-                reason="invalid_configuration",
-            )
+            _refuse(command, problem, json_output)
     return plugins
 
 
@@ -198,13 +192,12 @@ def _check_on_demand(
     budget that is not a size, auto or off."""
     problem = _on_demand_problem(models_dir, presets, ttl, memory_budget)
     if problem is not None:
-        fail(
-            command,
-            ExitCode.INVALID_CONFIGURATION,
-            problem,
-            json_output,
-            reason="invalid_configuration",
-        )
+        _refuse(command, problem, json_output)
+
+
+def _refuse(command: str, problem: str, json_output: bool) -> None:
+    """Exit 10 (invalid_configuration) saying ``problem``."""
+    fail(command, ExitCode.INVALID_CONFIGURATION, problem, json_output, "invalid_configuration")
 
 
 def _on_demand_problem(

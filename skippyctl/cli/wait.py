@@ -124,13 +124,23 @@ def parse_condition(text: str, option: str) -> Condition:
 
 def wait_command(
     for_: Annotated[
-        list[str],
+        list[str] | None,
         typer.Option(
             "--for",
             metavar="CONDITION",
             help="Return 0 as soon as this holds (repeatable: any of them).",
         ),
-    ],
+    ] = None,
+    model: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--model",
+            metavar="MODEL",
+            help="Wait for MODEL to serve — a load someone asked for, or one a request started"
+            " on demand — and fail with its reason if its load fails: --for"
+            " model_available=MODEL --fail-on model_load_failed=MODEL (repeatable).",
+        ),
+    ] = None,
     fail_on: Annotated[
         list[str] | None,
         typer.Option(
@@ -158,13 +168,20 @@ def wait_command(
     reason (12 missing_artifact, 14 model_format_or_load_failure, …; 1 when it has none);
     124 on --timeout; 3 when no runtime answers or it goes away; 130 on Ctrl-C.
 
-    Example:
+    Examples:
 
         skippyctl load model.gguf --no-wait && skippyctl wait --for model_available=model \\
             --fail-on model_load_failed=model --timeout 120
+
+        skippyctl wait --model qwen --timeout 300   # a load a request started on demand
     """
-    wanted = [parse_condition(text, "--for") for text in for_]
+    if not for_ and not model:
+        raise typer.BadParameter("give a condition (--for) or a model (--model)")
+    wanted = [parse_condition(text, "--for") for text in for_ or ()]
     failing = [parse_condition(text, "--fail-on") for text in fail_on or ()]
+    for name in model or ():
+        wanted.append(parse_condition(f"model_available={name}", "--model"))
+        failing.append(parse_condition(f"model_load_failed={name}", "--model"))
     if timeout is not None and timeout < 0:
         raise typer.BadParameter("must not be negative", param_hint="--timeout")
     err = Console(stderr=True, highlight=False, soft_wrap=True)

@@ -11,10 +11,19 @@ import threading
 from pathlib import PurePath
 from typing import Final
 
-from skippyctl.events.envelope import LogicalId
+from skippyctl.events.envelope import InvalidLogicalId, LogicalId
 
 _SPLIT_SUFFIX: Final = re.compile(r"-\d{5}-of-\d{5}$")
 _UNSAFE: Final = re.compile(r"[^A-Za-z0-9._:+=-]+")
+
+
+def is_logical_id(text: str) -> bool:
+    """Whether ``text`` can be an id (a name a client sent, before it is looked up)."""
+    try:
+        LogicalId(text)
+    except InvalidLogicalId:
+        return False
+    return True
 
 
 def model_id_for(artifact: str, alias: str | None = None) -> LogicalId:

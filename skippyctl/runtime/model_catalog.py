@@ -22,7 +22,7 @@ from typing import Final
 from skippyctl.config.load_options import LoadOptions
 from skippyctl.config.model_presets import Preset
 from skippyctl.events.envelope import LogicalId
-from skippyctl.events.identity import model_id_for
+from skippyctl.events.identity import is_logical_id, model_id_for
 
 MAX_DIRECTORY_ENTRIES: Final = 4096
 """A models directory is read up to this many entries (a huge directory must not stall a
@@ -61,7 +61,7 @@ class ModelCatalog:
 
     def find(self, name: str) -> Loadable | None:
         """The load that serves ``name``, or None when the catalog does not know it."""
-        preset = self.presets.get(LogicalId(name)) if _is_id(name) else None
+        preset = self.presets.get(LogicalId(name)) if is_logical_id(name) else None
         if preset is not None:
             return _from_preset(preset)
         return self._directory().get(name)
@@ -113,13 +113,3 @@ def _from_preset(preset: Preset) -> Loadable:
     return Loadable(
         preset.model_id, preset.options, LoadableSource.PRESET, pinned=preset.options.pinned
     )
-
-
-def _is_id(name: str) -> bool:
-    from skippyctl.events.envelope import InvalidLogicalId
-
-    try:
-        LogicalId(name)
-    except InvalidLogicalId:
-        return False
-    return True

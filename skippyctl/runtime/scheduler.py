@@ -46,7 +46,7 @@ from skippyctl.engine.protocol_commands import DropSession, SaveSessions, Sessio
 from skippyctl.engine.protocol_messages import StateExported, StateImported
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event, LogicalId, Scope, make_event, summaries
-from skippyctl.events.identity import OperationIds
+from skippyctl.events.identity import OperationIds, is_logical_id
 from skippyctl.events.reasons import Outcome, ReasonCode
 from skippyctl.runtime.host import LoadHandle, RuntimeHost
 from skippyctl.runtime.memory_pressure import (
@@ -308,7 +308,7 @@ class Scheduler:
 
     def server(self, model_id: str) -> ModelServer | None:
         with self._lock:
-            return self._servers.get(LogicalId(model_id)) if _valid(model_id) else None
+            return self._servers.get(LogicalId(model_id)) if is_logical_id(model_id) else None
 
     def servers(self) -> list[ModelServer]:
         with self._lock:
@@ -343,7 +343,7 @@ class Scheduler:
         in progress, or a new one of the catalog's entry. The caller counts itself in
         ``waiting`` (done here) and calls :meth:`stop_waiting` when it stops. None: the model
         neither loads nor is known (a 404). Raises :class:`DemandRefused` when too many wait."""
-        if not _valid(name):
+        if not is_logical_id(name):
             return None
         model_id = LogicalId(name)
         watch: ModelServer | None = None
@@ -793,13 +793,3 @@ class Scheduler:
 
 def _mib(size: int) -> str:
     return f"{size / (1024 * 1024):.0f} MiB"
-
-
-def _valid(model_id: str) -> bool:
-    from skippyctl.events.envelope import InvalidLogicalId
-
-    try:
-        LogicalId(model_id)
-    except InvalidLogicalId:
-        return False
-    return True

@@ -52,8 +52,24 @@ def test_for_matches_current_state_and_timeout_is_124(fixture_dir: Path) -> None
     assert gone.code == 0, gone.stderr
 
 
+def test_model_waits_for_it_to_serve_or_fails_with_its_loads_reason(fixture_dir: Path) -> None:
+    assert run_cli("load", str(fixture_dir / "tiny.gguf")).code == 0
+    served = run_cli("wait", "--model", "tiny", "--json")
+    assert served.code == 0, served.stderr
+    assert served.records()[0]["condition"] == "model_available=tiny"
+    assert run_cli("load", "/absent.gguf", "--no-wait").code == 0
+    failed = run_cli("wait", "--model", "absent", "--timeout", "60", "--json")
+    assert failed.code == 12, failed.stderr  # missing_artifact
+    assert failed.records()[0]["condition"] == "model_load_failed=absent"
+
+
 def test_bad_conditions_are_usage_errors() -> None:
-    for args in (["--for", "bogus"], ["--for", "event=not_an_event"], ["--for", "model_available"]):
+    for args in (
+        ["--for", "bogus"],
+        ["--for", "event=not_an_event"],
+        ["--for", "model_available"],
+        [],
+    ):
         result = run_cli("wait", *args)
         assert result.code == 2, (args, result.stderr)
         assert result.stdout == ""
