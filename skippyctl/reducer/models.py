@@ -454,7 +454,15 @@ def on_unload_requested(state: RuntimeView, event: Event) -> Step:
 
 
 def on_unload_completed(state: RuntimeView, event: Event) -> Step:
-    step = _move(state, event, lambda view: evolve(view, backend_ready=False, progress=None))
+    # The reason stays with the unloaded model when the runtime unloaded it on its own account
+    # (idle, max_models, memory_budget): `ps` and the dashboard say why it is gone.
+    step = _move(
+        state,
+        event,
+        lambda view: evolve(
+            view, backend_ready=False, progress=None, reason_code=event.reason_code
+        ),
+    )
     if step is None:
         return reject(state, duplicate=_is_duplicate(state, event))
     return step[0], NO_TRANSITIONS

@@ -301,6 +301,39 @@ def test_unload_and_forced_cleanup() -> None:
     assert again.models[TINY].state is ModelState.REQUESTED
 
 
+def test_an_idle_timer_says_when_the_model_unloads_and_the_unload_says_why() -> None:
+    state, _ = _run(RUNNING + _load(TINY, "load-1"))
+    scope = Scope(model_id=TINY)
+    started = make_event(
+        EventId.MODEL_IDLE_TIMER_STARTED,
+        scope=scope,
+        summaries=summaries(idle_ttl_ms=30_000),
+        wall_ns=1_000_000_000,
+    )
+    state, _ = _run([started], state)
+    assert state.models[TINY].idle_ttl_ms == 30_000
+    assert state.models[TINY].idle_expires_wall_ns == 31_000_000_000
+    state, _ = _run([make_event(EventId.MODEL_IDLE_TIMER_CLEARED, scope=scope)], state)
+    assert state.models[TINY].idle_expires_wall_ns is None
+    state, _ = _run([started], state)
+    unload = LogicalId("unload-1")
+    idle = ReasonCode.IDLE
+    events = [
+        make_event(EventId.UNLOAD_REQUESTED, operation_id=unload, scope=scope, reason_code=idle),
+        make_event(EventId.UNLOAD_COMPLETED, operation_id=unload, scope=scope, reason_code=idle),
+    ]
+    state, _ = _run(events, state)
+    model = state.models[TINY]
+    assert model.state is ModelState.UNLOADED and model.reason_code is ReasonCode.IDLE
+    assert model.idle_expires_wall_ns is None
+    # A timer for a model that does not serve is out of place.
+    after, _ = reduce(state, started)
+    assert after.counters.rejected_transitions == state.counters.rejected_transitions + 1
+    # A new load starts afresh: no reason, no timer.
+    again, _ = reduce(state, _load(TINY, "load-2")[0])
+    assert again.models[TINY].reason_code is None
+
+
 def test_unknown_and_out_of_place_events_leave_state_unchanged_but_counted() -> None:
     state, _ = _run(RUNNING)
     stray = make_event(EventId.SERVING_BACKEND_INITIALIZATION_COMPLETED, scope=Scope(model_id=TINY))
