@@ -42,7 +42,8 @@ Invariants:
   `pinned`) it says so with `model_idle_timer_started`, and `model_idle_timer_cleared` when a
   request comes first. The scheduler unloads it once the TTL has passed
   (:meth:`claim_idle_expired`, which stops admission in the same lock, so no request is
-  admitted into an expiring model).
+  admitted into an expiring model). Neither that nor an eviction (:meth:`claim_for_eviction`)
+  takes a model whose waiting requests have not arrived yet (:meth:`expect_arrivals`).
 - An engine that sends nothing (not even a `Pong`) for `unresponsive_after_s` while its model
   serves is reported once with `model_degraded` (reason `timeout`) and `model_recovery_started`
   (the heartbeat goes on), then with `model_recovery_completed` when it is heard again, or
@@ -167,6 +168,11 @@ class Rejection:
     retry_after_s: int | None = None
 
 
+ARRIVAL_GRACE_S: Final = 2.0
+"""How long a model that has just begun to serve waits for the requests that waited for its
+load before it may be unloaded as idle or evicted (:meth:`ModelServer.expect_arrivals`)."""
+
+
 class ModelNotServing(Exception):
     """The model's engine exited before it served (its load failed, was cancelled, or it
     crashed); ``reason`` is the exit's reason when the host knows one."""
@@ -233,6 +239,10 @@ class ModelServer:
         """When it last became idle (serving, nothing queued or running); None: busy."""
         self.last_used_ns = time.monotonic_ns()
         """When a request last came or ended (least-recently-used order)."""
+        self._expected = 0
+        self._expected_until_ns = 0
+        """Requests that waited for its load, not yet arrived, and until when they may
+        (:meth:`expect_arrivals`)."""
         self._keep_alive_s: float | None = None
         self._idle_timer_ms: float | None = None
         """The idle TTL `model_idle_timer_started` announced, until it is cleared."""
@@ -294,6 +304,8 @@ class ModelServer:
         self._emit(handle, Emission(EventId.REQUEST_RECEIVED))
         unframable = _unframable(handle)
         with self._lock:
+            if self._expected:
+                self._expected -= 1
             if unframable is not None:
                 rejection = unframable
             elif not self.accepting or self.engine is None:
@@ -441,8 +453,18 @@ class ModelServer:
     def _claim_idle_locked(self) -> bool:
         if not self.accepting or not self.ready.done() or self._running or self._queued:
             return False
+        if self._expected and time.monotonic_ns() < self._expected_until_ns:
+            return False  # the requests that waited for its load are on their way in
         self.accepting = False
         return True
+
+    def expect_arrivals(self, count: int) -> None:
+        """``count`` requests that waited for this model's load are on their way to admission:
+        until they arrive (or :data:`ARRIVAL_GRACE_S` passes) it is neither unloaded as idle
+        nor evicted, so a TTL of 0 or a full --max-models cannot take it from under them."""
+        with self._lock:
+            self._expected = max(0, count)
+            self._expected_until_ns = time.monotonic_ns() + int(ARRIVAL_GRACE_S * 1e9)
 
     def cancel(self, request_id: str, reason: ReasonCode = ReasonCode.CANCELLATION) -> None:
         """Cancel a queued or running request (the client went away, or an unload forces it)."""
@@ -606,8 +628,10 @@ class ModelServer:
             self.tool_call_format = tool_call_format
             self.pooling = pooling
             self.lanes = lanes
-            if not self.ready.done():
-                self.ready.set_result(None)
+        if not self.ready.done():
+            # Unlocked: its callbacks (the scheduler's demands) call back into this server.
+            self.ready.set_result(None)
+        with self._lock:
             self._next_locked()
 
     def on_engine_message(self, engine: object, message: ServingMessage) -> None:

@@ -456,6 +456,8 @@ class Scheduler:
             with self._lock:
                 if self._demands.get(demand.model_id) is demand:
                     del self._demands[demand.model_id]
+                waiting = demand.waiting
+            server.expect_arrivals(waiting)
             demand.future.set_result(server)
             return
         # Off the thread that failed the load (an engine's exit report): the reason may take

@@ -42,6 +42,10 @@ pinned = true
 
 [models.broken]
 model = "{fixture_dir / "bad-magic.gguf"}"
+
+[models.flash]
+model = "{fixture_dir / "tiny.gguf"}"
+ttl = 0
 """
     )
     return presets
@@ -126,6 +130,14 @@ def test_keep_alive_zero_unloads_after_the_request(on_demand: Server) -> None:
     assert answer.status_code == 200, answer.text
     completed = _wait_for(lambda: _events_of(on_demand, "dirshort", "unload_completed"))
     assert completed[-1]["reason_code"] == "idle"
+
+
+def test_a_model_with_ttl_zero_serves_every_request_that_waited_for_it(on_demand: Server) -> None:
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda _: _complete(on_demand, "flash"), range(4)))
+    assert [a.status_code for a in answers] == [200] * 4, [a.text for a in answers]
+    completed = _wait_for(lambda: _events_of(on_demand, "flash", "unload_completed"))
+    assert completed[0]["reason_code"] == "idle"
 
 
 def test_a_pinned_model_never_unloads_on_its_own(on_demand: Server) -> None:

@@ -24,7 +24,7 @@ from skippyctl.engine.protocol_messages import (
     SessionChanged,
 )
 from skippyctl.events.catalog import EventId
-from skippyctl.events.envelope import BatchingMode, Event, LogicalId, StopReason
+from skippyctl.events.envelope import BatchingMode, Event, LogicalId, StopReason, SummaryKey
 from skippyctl.events.figures import GenerationFigures
 from skippyctl.events.reasons import CacheResult, GenerationOutcome, Outcome, ReasonCode
 from skippyctl.runtime.model_server import HOST_DEADLINE_GRACE_S, Liveness, ModelServer
@@ -400,3 +400,72 @@ def test_a_forced_drain_cancels_queued_here_and_running_in_the_engine() -> None:
     assert isinstance(ended, Finished) and ended.outcome == GenerationOutcome.CANCELLED
     assert h.server.counts() == (0, 0) and not h.server.accepting
     assert h.engine.generated() == ["req-1"]  # nothing started while draining
+
+
+def _idle_events(h: Harness) -> list[EventId]:
+    kinds = {EventId.MODEL_IDLE_TIMER_STARTED, EventId.MODEL_IDLE_TIMER_CLEARED}
+    return [e.id for e in h.events if e.id in kinds]
+
+
+def test_an_idle_model_announces_its_ttl_and_is_claimed_once_it_runs_out() -> None:
+    h = harness()
+    h.server.ttl_s = 5.0
+    h.server.on_engine_serving(h.engine, 1)
+    started = next(e for e in h.events if e.id is EventId.MODEL_IDLE_TIMER_STARTED)
+    assert started.summary_value(SummaryKey.IDLE_TTL_MS) == 5000
+    expiry = h.server.idle_expiry_ns()
+    assert expiry is not None
+    assert not h.server.claim_idle_expired(expiry - 1)
+    # A request stops the timer; while it runs nothing is claimed.
+    running = h.request()
+    assert h.server.submit(running) is None
+    assert h.server.idle_expiry_ns() is None
+    assert not h.server.claim_idle_expired(expiry + 10**12)
+    h.server.on_engine_message(h.engine, done("req-1"))
+    assert _idle_events(h) == [
+        EventId.MODEL_IDLE_TIMER_STARTED,
+        EventId.MODEL_IDLE_TIMER_CLEARED,
+        EventId.MODEL_IDLE_TIMER_STARTED,
+    ]
+    later = h.server.idle_expiry_ns()
+    assert later is not None and h.server.claim_idle_expired(later)
+    # Claimed: admission stopped in the same step; the next request is refused.
+    assert not h.server.accepting
+    refused = h.server.submit(h.request())
+    assert refused is not None and refused.status == 503
+
+
+def test_a_requests_keep_alive_sets_the_idle_time_after_it() -> None:
+    h = harness()
+    h.server.on_engine_serving(h.engine, 1)
+    assert h.server.idle_expiry_ns() is None and _idle_events(h) == []  # no TTL: never
+    h.server.submit(h.request(keep_alive_s=0.0))
+    h.server.on_engine_message(h.engine, done("req-1"))
+    since = h.server.idle_since_ns
+    assert since is not None and h.server.idle_expiry_ns() == since
+    h.server.submit(h.request())  # without keep_alive: the model's TTL again (never)
+    h.server.on_engine_message(h.engine, done("req-2"))
+    assert h.server.idle_expiry_ns() is None
+
+
+def test_a_pinned_model_is_never_claimed() -> None:
+    h = harness()
+    h.server.ttl_s = 0.0
+    h.server.pinned = True
+    h.server.on_engine_serving(h.engine, 1)
+    assert _idle_events(h) == []
+    assert not h.server.claim_idle_expired(time.monotonic_ns() + 10**12)
+    assert not h.server.claim_for_eviction()
+    assert h.server.accepting
+
+
+def test_requests_that_waited_for_the_load_arrive_before_it_can_be_claimed() -> None:
+    h = harness()
+    h.server.ttl_s = 0.0
+    h.server.on_engine_serving(h.engine, 1)
+    h.server.expect_arrivals(1)
+    assert not h.server.claim_for_eviction()
+    assert not h.server.claim_idle_expired(time.monotonic_ns())
+    h.server.submit(h.request())  # the one that waited
+    h.server.on_engine_message(h.engine, done("req-1"))
+    assert h.server.claim_for_eviction()
