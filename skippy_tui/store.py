@@ -47,6 +47,8 @@ from skippyctl.reducer.reduce import reduce
 from skippyctl.reducer.state import LOADING_MODEL_STATES, ModelState, RuntimeState, RuntimeView
 
 DEFAULT_MAX_RECENT_EVENTS: Final = 2000
+MAX_DOWNLOADS_SHOWN: Final = 8
+"""Downloads the store follows at once (the runtime runs at most 4 pulls)."""
 DEFAULT_RATE_WINDOW_S: Final = 60
 
 PROJECTION_IDS: Final = frozenset(
@@ -153,6 +155,30 @@ def _empty_phases() -> Mapping[LogicalId, str]:
 
 
 @dataclass(frozen=True, slots=True)
+class Download:
+    """A download in the runtime (a pull's ``model_download_*`` events), while it runs."""
+
+    model_id: LogicalId | None
+    bytes_done: int = 0
+    bytes_total: int | None = None
+    bytes_per_s: float | None = None
+    started_wall_ns: int = 0
+
+
+def _empty_downloads() -> Mapping[str, Download]:
+    return MappingProxyType({})
+
+
+_DOWNLOAD_ENDS: Final = frozenset(
+    {
+        EventId.MODEL_DOWNLOAD_COMPLETED,
+        EventId.MODEL_DOWNLOAD_FAILED,
+        EventId.MODEL_DOWNLOAD_CANCELLED,
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
 class DashboardSnapshot:
     """Everything the panes draw, at one instant. Immutable; cheap to compare by `version`."""
 
@@ -168,6 +194,8 @@ class DashboardSnapshot:
     rates: tuple[RateSample, ...] = ()
     skipped: Mapping[SkipReason, int] = field(default_factory=_empty_skips)
     ingress: IngressPressure = field(default_factory=IngressPressure)
+    downloads: Mapping[str, Download] = field(default_factory=_empty_downloads)
+    """Downloads running in the runtime, by their operation id (``pull-N.download``)."""
 
 
 class _RateWindow:
@@ -212,6 +240,7 @@ class SnapshotStore:
         self._recent: deque[Event] = deque(maxlen=max_recent_events)
         self._rates = _RateWindow(rate_window_s)
         self._phases: dict[LogicalId, str] = {}
+        self._downloads: dict[str, Download] = {}
         self._skipped: dict[SkipReason, int] = {}
         self._ingress = IngressPressure()
         self._connection = Connection.CONNECTING
@@ -267,6 +296,29 @@ class SnapshotStore:
             event.category is Category.KV_RUNTIME_STATE
         ):
             self._track_phase(event)
+        elif event.category is Category.MODEL_PREPARATION:
+            self._track_download(event)
+
+    def _track_download(self, event: Event) -> None:
+        key = str(event.operation_id)
+        if event.id in _DOWNLOAD_ENDS:
+            self._downloads.pop(key, None)
+            return
+        if event.id is EventId.MODEL_DOWNLOAD_STARTED:
+            if len(self._downloads) < MAX_DOWNLOADS_SHOWN:
+                self._downloads[key] = Download(event.scope.model_id, started_wall_ns=event.wall_ns)
+            return
+        known = self._downloads.get(key)
+        progress = event.progress
+        if event.id is not EventId.MODEL_DOWNLOAD_PROGRESS or known is None or progress is None:
+            return
+        elapsed_s = (event.wall_ns - known.started_wall_ns) / 1e9
+        self._downloads[key] = dataclasses.replace(
+            known,
+            bytes_done=progress.current,
+            bytes_total=progress.total,
+            bytes_per_s=progress.current / elapsed_s if elapsed_s > 0 else None,
+        )
 
     def _track_phase(self, event: Event) -> None:
         model_id = event.scope.model_id
@@ -303,6 +355,7 @@ class SnapshotStore:
                 rates=self._rates.samples(),
                 skipped=MappingProxyType(dict(self._skipped)),
                 ingress=self._ingress,
+                downloads=MappingProxyType(dict(self._downloads)),
             )
             return self._cached
 

@@ -1,10 +1,12 @@
 """Pane 1, Models: one row per model the reducer knows.
 
 Columns: model, state, detail, device, weights, device free memory, context, lanes in use/lanes,
-queue depth, decode rate. The state reads `loading` for every pre-available state (requested,
-loading, initializing) with the load phase and a progress bar in the detail column: a loading model
-is never shown as down. A failed, cancelled or unavailable model shows its reason code; an idle
-model with an idle TTL, when it unloads unless a request comes.
+queue depth, decode rate (a download's rate in MiB/s). The state reads `loading` for every
+pre-available state (requested, loading, initializing) with the load phase and a progress bar
+in the detail column: a loading model is never shown as down. A failed, cancelled or
+unavailable model shows its reason code; an idle model with an idle TTL, when it unloads unless
+a request comes. A download the runtime is making (a pull, or an hf:// preset being fetched)
+is a row of its own with its bytes and rate while it runs.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from textual.app import ComposeResult
 from textual.widgets import DataTable
 
 from skippy_tui import format as fmt
-from skippy_tui.store import DashboardSnapshot, model_phase
+from skippy_tui.store import DashboardSnapshot, Download, model_phase
 from skippy_tui.tables import Cells, KeyedRows, SizedTable
 from skippy_tui.widgets.pane import Pane
 from skippyctl.events.envelope import LogicalId
@@ -108,6 +110,27 @@ def model_row(snapshot: DashboardSnapshot, model: ModelView) -> Cells:
     )
 
 
+def download_row(download: Download) -> Cells:
+    """A download the runtime is making (a pull), until it ends."""
+    detail = Text(f"{'downloading':<{PHASE_WIDTH}.{PHASE_WIDTH}} ")
+    detail.append_text(fmt.bar(download.bytes_done, download.bytes_total))
+    detail.append(f" {fmt.size(download.bytes_done)} of {fmt.size(download.bytes_total)}")
+    return (
+        Text(str(download.model_id or "model"), style="bold"),
+        Text("pulling", style="cyan"),
+        detail,
+        fmt.DASH,
+        fmt.size(download.bytes_total),
+        fmt.DASH,
+        fmt.DASH,
+        fmt.DASH,
+        fmt.DASH,
+        fmt.rate(download.bytes_per_s / (1024 * 1024), "MiB/s")
+        if download.bytes_per_s is not None
+        else fmt.DASH,
+    )
+
+
 class ModelsPane(Pane):
     """Models, their availability, load progress and serving capacity."""
 
@@ -132,15 +155,20 @@ class ModelsPane(Pane):
 
     def show(self, snapshot: DashboardSnapshot) -> None:
         view: RuntimeView = snapshot.view
-        inputs = (view.models, view.requests, snapshot.phases)
+        inputs = (view.models, view.requests, snapshot.phases, snapshot.downloads)
         if len(inputs) == len(self._inputs) and all(
             a is b for a, b in zip(inputs, self._inputs, strict=True)
         ):
             return
         self._inputs = inputs
         models: Mapping[LogicalId, ModelView] = view.models
-        self._rows.show(
-            [(str(model_id), model_row(snapshot, models[model_id])) for model_id in sorted(models)]
-        )
+        rows = [
+            (str(model_id), model_row(snapshot, models[model_id])) for model_id in sorted(models)
+        ]
+        rows += [
+            (f"download:{key}", download_row(download))
+            for key, download in sorted(snapshot.downloads.items())
+        ]
+        self._rows.show(rows)
         serving = sum(1 for m in models.values() if m.state in SERVING_MODEL_STATES)
         self.border_subtitle = f"{serving}/{len(models)} serving" if models else "no models"

@@ -150,10 +150,11 @@ class Acquisition:
         return round((self.clock() - start) * 1000.0, 3)
 
     # -- the operation ---------------------------------------------------------------------------
-    def prepare(self, text: str) -> Prepared:
+    def prepare(self, text: str, operation_id: LogicalId | None = None) -> Prepared:
         """Resolve, download when needed, and check `text`; raises PreparationError (or
-        PreparationCancelled) after the pull's terminal event was emitted."""
-        pull, _ = self._ids.next("pull")
+        PreparationCancelled) after the pull's terminal event was emitted. `operation_id`: the
+        pull's id when the caller made it (a runtime answers with it before the pull runs)."""
+        pull = operation_id if operation_id is not None else self._ids.next("pull")[0]
         started = self.clock()
         try:
             ref: ModelRef | None = parse_ref(text)

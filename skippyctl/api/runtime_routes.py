@@ -19,6 +19,8 @@ from skippyctl.api.schemas import (
     LoadAccepted,
     LoadBody,
     LoadEstimate,
+    PullAccepted,
+    PullBody,
     ReceiptDocument,
     RecentEvents,
     SessionSaveAccepted,
@@ -38,6 +40,7 @@ from skippyctl.output.codec import event_record
 from skippyctl.output.redact import redact
 from skippyctl.output.state import state_document
 from skippyctl.runtime.memory_estimate import estimate_load
+from skippyctl.runtime.pulls import TooManyPulls
 
 LOGICAL_ID_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9._:+=-]{0,63}$"
 """What `LogicalId` accepts (declared so the OpenAPI document says it)."""
@@ -149,6 +152,34 @@ def register_runtime_routes(app: FastAPI, ctx: ApiContext) -> None:
         )
 
     @app.post(
+        "/api/runtime/models/pull",
+        status_code=202,
+        response_model=PullAccepted,
+        response_class=JsonResponse,
+        responses=errors(400, 401, 413, 503),
+        openapi_extra=json_body(PullBody),
+    )
+    async def pull(request: Request) -> Response:
+        """Fetch a model into the local cache and check it, in the runtime: the pull's
+        events (``model_queued`` … ``model_preparation_completed``, download progress) go to
+        the runtime's event stream under the operation id answered here; cancel it with
+        ``POST /api/runtime/operations/{id}/cancel``."""
+        body = await read_body(request, PullBody)
+        if isinstance(body, Response):
+            return body
+        try:
+            operation = ctx.scheduler.pulls.start(body.ref, body.revision)
+        except TooManyPulls as error:
+            return error_response(
+                str(error),
+                503,
+                code="too_many_pulls",
+                reason=ReasonCode.RESERVATION_EXHAUSTED,
+                headers={"Retry-After": "5"},
+            )
+        return JsonResponse({"operation_id": str(operation)}, status_code=202)
+
+    @app.post(
         "/api/runtime/models/estimate",
         response_model=LoadEstimate,
         response_class=JsonResponse,
@@ -224,7 +255,8 @@ def register_runtime_routes(app: FastAPI, ctx: ApiContext) -> None:
                 code="invalid_value",
                 reason=ReasonCode.INVALID_CONFIGURATION,
             )
-        ctx.host.cancel(operation, ReasonCode.CANCELLATION)
+        if not ctx.scheduler.pulls.cancel(operation):
+            ctx.host.cancel(operation, ReasonCode.CANCELLATION)
         return JsonResponse(
             {"operation_id": operation_id, "cancel_requested": True}, status_code=202
         )

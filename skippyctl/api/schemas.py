@@ -50,6 +50,7 @@ from skippyctl.config.durations import MAX_TEXT as DURATION_MAX_TEXT
 from skippyctl.config.durations import DurationError, parse_duration_s
 from skippyctl.config.load_options import (
     MAX_DURATION_S,
+    MAX_PATH_CHARS,
     OPTIONS,
     REQUIRED,
     OptionField,
@@ -206,6 +207,28 @@ class UnloadBody(_Body):
 
     force: bool = Field(default=False, description="Cancel running requests instead of draining.")
     drain_timeout_s: float | None = Field(default=None, ge=0, le=MAX_DURATION_S)
+
+
+class PullBody(_Body):
+    """`POST /api/runtime/models/pull`."""
+
+    ref: str = Field(
+        min_length=1,
+        max_length=MAX_PATH_CHARS,
+        pattern=NO_NUL,
+        description="hf://ORG/REPO/FILE.gguf, ORG/REPO:QUANT, or a local GGUF path to check.",
+    )
+    revision: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        pattern=NO_NUL,
+        description="Branch, tag or commit of a Hugging Face repo (default main).",
+    )
+
+
+class PullAccepted(BaseModel):
+    operation_id: str = Field(description="The pull's operation: its events carry it.")
 
 
 class LoadAccepted(BaseModel):
@@ -813,6 +836,7 @@ class Detokenized(BaseModel):
 
 REQUEST_MODELS: Final[tuple[type[BaseModel], ...]] = (
     LoadBody,
+    PullBody,
     UnloadBody,
     CompletionBody,
     ChatCompletionBody,

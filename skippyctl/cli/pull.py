@@ -1,10 +1,12 @@
 """`skippyctl pull REF`: fetch a model into the local cache and check it, told as events.
 
-The pull runs in this process (acquisition/acquire.py, a core module that only emits events):
-a download needs no llama.cpp and no runtime, and a runtime route would need an operation API,
-cancellation over HTTP and a second progress path for the same bytes. Its events go through
-the same presenters and wire codec as `load`'s. They are not from a runtime's stream, so their
-records carry no `seq`/`cursor`.
+With a runtime running, the pull runs in it (`POST /api/runtime/models/pull`,
+runtime/pulls.py): its events are the runtime's, so `events --follow`, the dashboard and
+telemetry see the download, and this command follows them on the live stream (records with
+the stream's `seq`); Ctrl-C cancels it over HTTP. Without one, or with `--embedded`, the pull
+runs in this process (acquisition/acquire.py, a core module that only emits events; a download
+needs no llama.cpp) and its records carry no `seq`. Either way the same events go through
+the same presenters and wire codec as `load`'s.
 
 Ctrl-C: the first one stops the transfer at once (a KeyboardInterrupt in the download's socket
 read, or at the next chunk when it lands while a record is being written — a record is never
@@ -17,7 +19,7 @@ from __future__ import annotations
 import logging
 import signal
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -25,12 +27,18 @@ from rich.console import Console
 from skippyctl.acquisition.acquire import Acquisition, Prepared
 from skippyctl.acquisition.errors import PreparationCancelled, PreparationError
 from skippyctl.acquisition.hub import HubSettings
-from skippyctl.cli.exit_codes import ExitCode, exit_code_for
+from skippyctl.cli.exit_codes import ExitCode, exit_code_for, exit_code_for_text
 from skippyctl.cli.presenters import NdjsonPresenter, Presenter, PullProgressPresenter
 from skippyctl.cli.settings import runtime_settings
 from skippyctl.config.runtime_settings import RuntimeSettings
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event
+
+if TYPE_CHECKING:
+    from skippyctl.client.http import RuntimeClient
+
+FORCE_QUIT_AFTER_S = 10.0
+"""After a Ctrl-C, how long to wait for the runtime's cancellation before giving up."""
 
 _PULL_ENDS = frozenset(
     {
@@ -132,6 +140,71 @@ def pull_ref(
     return PullResult(ExitCode.SUCCESS, f"{prepared.model_id}: {what}", prepared)
 
 
+def pull_through(
+    client: RuntimeClient, ref: str, revision: str, presenter: Presenter
+) -> PullResult:
+    """Run one pull in the runtime behind ``client``, showing its events as the live stream
+    brings them; Ctrl-C asks the runtime to cancel it (a second one stops following)."""
+    from skippyctl.cli.feeds import LiveStream, StreamItem
+    from skippyctl.cli.follow import CancelThenForce, InterruptRequests, follow
+    from skippyctl.client.http import ApiError
+
+    feed = LiveStream(client)  # subscribed before the pull is asked for: no event missed
+    feed.wait_connected()
+    try:
+        operation = client.pull(ref, revision)
+    except ApiError as error:
+        return PullResult(exit_code_for_text(error.reason_code), str(error))
+
+    def mine(item: StreamItem) -> bool:
+        event = item.event
+        return event.operation_id == operation or event.parent_operation_id == operation
+
+    def ends(item: StreamItem) -> PullResult | None:
+        event = item.event
+        if event.operation_id != operation or event.id not in _PULL_ENDS:
+            return None
+        if event.id is EventId.MODEL_PREPARATION_CANCELLED:
+            return PullResult(ExitCode.CANCELLED, "cancelled")
+        if event.id is EventId.MODEL_PREPARATION_FAILED:
+            reason = event.reason_code.value if event.reason_code else "unknown_failure"
+            return PullResult(exit_code_for(event.reason_code), f"{reason}: the pull failed")
+        what = (
+            "reused from the cache"
+            if event.id is EventId.MODEL_PREPARATION_CACHE_REUSED
+            else "ready in the runtime's cache"
+        )
+        return PullResult(ExitCode.SUCCESS, f"{event.scope.model_id}: {what}")
+
+    with InterruptRequests() as interrupts:
+        return follow(
+            feed,
+            relevant=mine,
+            show=lambda item: presenter.show(item.event, item.sequence),
+            ends=ends,
+            stream_ended=lambda closed: PullResult(
+                ExitCode.RUNTIME_UNREACHABLE, f"{closed} before the pull ended"
+            ),
+            interrupts=interrupts,
+            on_interrupt=CancelThenForce(
+                lambda: client.cancel(operation),
+                PullResult(ExitCode.CANCELLED, "cancelled (forced)"),
+                FORCE_QUIT_AFTER_S,
+            ),
+        )
+
+
+def _running_runtime(settings: RuntimeSettings) -> RuntimeClient | None:
+    """The running runtime's client, or None (a pull never starts one)."""
+    from skippyctl.client.http import RuntimeUnreachable
+    from skippyctl.client.launch import connect
+
+    try:
+        return connect(settings, autostart=False)
+    except RuntimeUnreachable:
+        return None
+
+
 def pull_command(
     ref: Annotated[str, typer.Argument(help=REF_HELP, show_default=False)],
     json_output: Annotated[
@@ -140,6 +213,14 @@ def pull_command(
     revision: Annotated[
         str, typer.Option("--revision", help="Branch, tag or commit of a Hugging Face repo.")
     ] = "main",
+    embedded: Annotated[
+        bool,
+        typer.Option(
+            "--embedded",
+            help="Pull in this process even when a runtime runs (its event stream and the"
+            " dashboard do not see it). Without a runtime the pull runs here anyway.",
+        ),
+    ] = False,
 ) -> None:
     """Fetch REF into the local model cache and check it, streaming model_preparation events.
 
@@ -161,14 +242,19 @@ def pull_command(
     stderr = Console(stderr=True)
     settings = runtime_settings("pull", json_output)
     presenter: Presenter = NdjsonPresenter() if json_output else PullProgressPresenter(ref)
+    client = None if embedded else _running_runtime(settings)
     try:
-        result = pull_ref(ref, presenter, settings, HubSettings(revision=revision))
+        if client is not None:
+            result = pull_through(client, ref, revision, presenter)
+        else:
+            result = pull_ref(ref, presenter, settings, HubSettings(revision=revision))
     finally:
         presenter.close()
+        if client is not None:
+            client.close()
     if result.code is ExitCode.SUCCESS:
-        assert result.prepared is not None
         stderr.print(f"[green]✓[/] {result.message}", soft_wrap=True, highlight=False)
-        if not json_output:
+        if not json_output and result.prepared is not None:
             # For people only (never in an event): where the file is, to load or inspect it.
             stderr.print(f"  {result.prepared.path}", soft_wrap=True, highlight=False)
     else:

@@ -149,6 +149,14 @@ class RuntimeClient:
         result: dict[str, Any] = self._call("POST", "/api/runtime/models/load", options.to_json())
         return result
 
+    def pull(self, ref: str, revision: str | None = None) -> str:
+        """Start a pull in the runtime (``POST /api/runtime/models/pull``); its operation id."""
+        body: dict[str, Any] = {"ref": ref}
+        if revision is not None:
+            body["revision"] = revision
+        result: dict[str, Any] = self._call("POST", "/api/runtime/models/pull", body)
+        return str(result["operation_id"])
+
     def estimate(self, options: LoadOptions) -> dict[str, Any]:
         """What a load of ``options`` would take in memory (its estimate endpoint)."""
         result: dict[str, Any] = self._call(

@@ -173,6 +173,7 @@ def build_runtime(
         default_ttl_s=options.ttl_s,
         max_models=options.max_models,
         memory_budget_bytes=host.memory_budget_bytes,
+        quiet_hub=not settings.hub_verbosity_set,
     ).start()
     metrics = MetricsCollector()
     metrics.attach(host.pipeline.dispatcher)

@@ -45,7 +45,7 @@ from skippyctl.config.runtime_settings import DEFAULT_ENGINE_UNRESPONSIVE_S
 from skippyctl.engine.protocol_commands import DropSession, SaveSessions, SessionFile
 from skippyctl.engine.protocol_messages import StateExported, StateImported
 from skippyctl.events.catalog import EventId
-from skippyctl.events.envelope import Event, LogicalId, Scope, make_event, summaries
+from skippyctl.events.envelope import LogicalId, Scope, make_event, summaries
 from skippyctl.events.identity import OperationIds, is_logical_id
 from skippyctl.events.reasons import Outcome, ReasonCode
 from skippyctl.runtime.host import LoadHandle, RuntimeHost
@@ -58,6 +58,7 @@ from skippyctl.runtime.memory_pressure import (
 from skippyctl.runtime.model_catalog import ModelCatalog
 from skippyctl.runtime.model_server import Liveness, ModelNotServing, ModelServer, Rejection
 from skippyctl.runtime.observations import ServingEvents
+from skippyctl.runtime.pulls import Pulls, TooManyPulls
 from skippyctl.runtime.receipts import ReceiptBook, receipt_of
 from skippyctl.runtime.requests import Finished, GenerationParams, RequestHandle, StreamOffer
 from skippyctl.runtime.session_state import SessionStateStore
@@ -113,6 +114,7 @@ class Scheduler:
         default_ttl_s: float = -1.0,
         max_models: int | None = None,
         memory_budget_bytes: int | None = None,
+        quiet_hub: bool = True,
     ) -> None:
         self.host = host
         self.memory_budget_bytes = memory_budget_bytes
@@ -127,6 +129,8 @@ class Scheduler:
         self.default_ttl_s = default_ttl_s
         """Idle seconds before a model without its own ``ttl`` unloads; -1: never."""
         self._demands: dict[LogicalId, Demand] = {}
+        self.pulls = Pulls(host.pipeline.submit, quiet_hub=quiet_hub)
+        """Downloads into the model cache, told in the runtime's stream (runtime/pulls.py)."""
         self.session_state = session_state
         """Where unloads save sessions' KV state for the next load (None: they do not)."""
         self.max_queue = max_queue
@@ -437,19 +441,19 @@ class Scheduler:
     def _prepare_from_hub(self, reference: str) -> str:
         """The local file of an hf:// preset: from the hub's cache, or downloaded into it, with
         the pull's events in the runtime's stream."""
-        from skippyctl.acquisition.acquire import Acquisition
         from skippyctl.acquisition.errors import PreparationError
 
         try:
-            prepared = Acquisition(self._submit_pull_event).prepare(reference)
+            prepared = self.pulls.prepare(reference)
+        except TooManyPulls as error:
+            raise DemandRefused(
+                Rejection(503, ReasonCode.RESERVATION_EXHAUSTED, str(error), retry_after_s=5)
+            ) from error
         except PreparationError as error:
             raise DemandRefused(
                 Rejection(503, error.reason, f"the model could not be prepared: {error}")
             ) from error
         return str(prepared.path)
-
-    def _submit_pull_event(self, event: Event) -> None:
-        self.host.pipeline.submit(event)
 
     def _settle_demand(self, demand: Demand, server: ModelServer) -> None:
         if server.ready.exception() is None:

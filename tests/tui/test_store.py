@@ -131,3 +131,34 @@ def test_a_stream_joined_mid_way_is_taken_to_come_from_a_running_runtime() -> No
 def test_a_stream_from_the_start_waits_for_runtime_initialized() -> None:
     snapshot = _store(demo.available()[:1]).snapshot()
     assert snapshot.view.node is NodeState.STARTING
+
+
+def test_a_download_is_followed_with_its_bytes_and_rate_until_it_ends() -> None:
+    from skippyctl.events.envelope import LogicalId, Progress, Scope, make_event
+    from skippyctl.events.reasons import ProgressUnit
+
+    store = SnapshotStore()
+    op = LogicalId("pull-1.download")
+    scope = Scope(model_id=LogicalId("tiny-Q4_K_M"))
+
+    def event(kind: EventId, wall_s: float, done: int | None = None) -> None:
+        progress = None if done is None else Progress(done, 4_000_000, ProgressUnit.BYTES)
+        store.deliver(
+            make_event(
+                kind,
+                operation_id=op,
+                parent_operation_id=LogicalId("pull-1"),
+                scope=scope,
+                progress=progress,
+                wall_ns=int(wall_s * 1e9),
+            )
+        )
+
+    event(EventId.MODEL_DOWNLOAD_STARTED, 100.0)
+    event(EventId.MODEL_DOWNLOAD_PROGRESS, 102.0, 1_000_000)
+    download = store.snapshot().downloads["pull-1.download"]
+    assert download.model_id == "tiny-Q4_K_M"
+    assert (download.bytes_done, download.bytes_total) == (1_000_000, 4_000_000)
+    assert download.bytes_per_s == 500_000
+    event(EventId.MODEL_DOWNLOAD_COMPLETED, 105.0)
+    assert dict(store.snapshot().downloads) == {}
