@@ -40,9 +40,9 @@ async def serving_model(ctx: ApiContext, name: str) -> ModelServer | JsonRespons
         ctx.scheduler.stop_waiting(demand)
 
 
-def rejection_response(rejection: Rejection, headers: dict[str, str] | None = None) -> JsonResponse:
+def rejection_response(rejection: Rejection) -> JsonResponse:
     """A refused request in OpenAI's error shape, with Retry-After when waiting would help."""
-    sent = dict(headers or {})
+    sent: dict[str, str] = {}
     if rejection.retry_after_s is not None:
         sent["Retry-After"] = str(rejection.retry_after_s)
     code = {

@@ -224,6 +224,10 @@ def pull_command(
 ) -> None:
     """Fetch REF into the local model cache and check it, streaming model_preparation events.
 
+    With a runtime running, the pull runs in it: the runtime's event stream, `events --follow`
+    and the dashboard show the download, and Ctrl-C cancels it there. Without one (or with
+    --embedded) it runs in this process.
+
     Hugging Face files go through huggingface_hub and its cache (HF_HUB_CACHE, or HF_HOME/hub;
     default ~/.cache/huggingface/hub). HF_ENDPOINT picks the hub (a mirror, or a local one);
     the token, for private or gated repos, comes from HF_TOKEN or `hf auth login` and is never

@@ -48,6 +48,7 @@ from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import LogicalId, Scope, make_event, summaries
 from skippyctl.events.identity import OperationIds, is_logical_id
 from skippyctl.events.reasons import Outcome, ReasonCode
+from skippyctl.reducer.state import ModelState
 from skippyctl.runtime.host import LoadHandle, RuntimeHost
 from skippyctl.runtime.memory_pressure import (
     HostMemory,
@@ -71,6 +72,9 @@ HOUSEKEEPING_INTERVAL_S: Final = 0.2
 DEFAULT_DRAIN_TIMEOUT_S: Final = 30.0
 MEMORY_OBSERVATION_INTERVAL_S: Final = 10.0
 MAX_HEARTBEAT_INTERVAL_S: Final = 1.0
+_FAILED_LOAD_STATES: Final = frozenset(
+    {ModelState.FAILED, ModelState.CANCELLED, ModelState.UNAVAILABLE}
+)
 DEMAND_RETRY_AFTER_S: Final = 5
 """What a request refused because too many wait for a load is told to wait before retrying."""
 UNLOAD_WAIT_S: Final = DEFAULT_DRAIN_TIMEOUT_S + 90.0
@@ -479,7 +483,9 @@ class Scheduler:
         reason = None
         while reason is None and time.monotonic() < deadline:
             view = self.host.pipeline.state.models.get(model_id)
-            reason = None if view is None else view.reason_code
+            # Only a failed load's reason: an earlier unload's (idle, …) is not this one's.
+            failed = view is not None and view.state in _FAILED_LOAD_STATES
+            reason = view.reason_code if failed and view is not None else None
             if reason is None:
                 time.sleep(0.02)  # the pipeline applies the load's terminal within milliseconds
         reason = reason or ReasonCode.MODEL_FORMAT_OR_LOAD_FAILURE
