@@ -22,6 +22,7 @@ COMMANDS: Final = {
     "ps": CommandRef("skippyctl.cli.ps", "ps_command"),
     "status": CommandRef("skippyctl.cli.ps", "ps_command"),
     "wait": CommandRef("skippyctl.cli.wait", "wait_command"),
+    "tune": CommandRef("skippyctl.cli.tune", "tune_command"),
     "generate": CommandRef("skippyctl.cli.generate", "generate_command"),
     "doctor": CommandRef("skippyctl.cli.doctor", "doctor_command"),
     "tui": CommandRef("skippyctl.cli.tui", "tui_command"),

@@ -78,10 +78,16 @@ class RuntimeClient:
                 self._stream_http.close()
 
     def _exchange(
-        self, method: str, path: str, body: bytes | None = None, timeout_s: float | None = None
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        timeout_s: float | None = None,
+        headers_out: dict[str, str] | None = None,
     ) -> tuple[int, bytes]:
-        """One request and its whole answer on a connection of its own: (status, body).
-        Raises one of _TRANSPORT_ERRORS when the runtime cannot be reached or answers badly."""
+        """One request and its whole answer on a connection of its own: (status, body); the
+        answer's headers go into ``headers_out`` when given. Raises one of _TRANSPORT_ERRORS
+        when the runtime cannot be reached or answers badly."""
         https = self._url.scheme == "https"
         connection = (http.client.HTTPSConnection if https else http.client.HTTPConnection)(
             self._url.hostname or "",
@@ -92,6 +98,8 @@ class RuntimeClient:
             target = quote(self._url.path.rstrip("/") + path, safe=_PATH_SAFE)
             connection.request(method, target, body=body, headers=self._headers)
             response = connection.getresponse()
+            if headers_out is not None:
+                headers_out.update(response.getheaders())
             return response.status, response.read()
         finally:
             connection.close()
@@ -148,6 +156,24 @@ class RuntimeClient:
     def load(self, options: LoadOptions) -> dict[str, Any]:
         result: dict[str, Any] = self._call("POST", "/api/runtime/models/load", options.to_json())
         return result
+
+    def completion(
+        self, body: dict[str, Any], timeout_s: float = 600.0
+    ) -> tuple[dict[str, Any], str]:
+        """A non-streamed ``/v1/completions`` answer and its request id (for its receipt)."""
+        headers: dict[str, str] = {}
+        try:
+            status, content = self._exchange(
+                "POST", "/v1/completions", orjson.dumps(body), timeout_s, headers
+            )
+        except _TRANSPORT_ERRORS as error:
+            raise RuntimeUnreachable(
+                f"the runtime at {self.discovery.url} did not answer: {error}"
+            ) from error
+        payload = orjson.loads(content) if content else {}
+        if status >= 400:
+            raise ApiError(status, payload if isinstance(payload, dict) else {})
+        return payload, headers.get("X-Request-Id", headers.get("x-request-id", ""))
 
     def pull(self, ref: str, revision: str | None = None) -> str:
         """Start a pull in the runtime (``POST /api/runtime/models/pull``); its operation id."""

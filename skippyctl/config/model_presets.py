@@ -151,3 +151,52 @@ _KIND_NAMES: Final = {
     tuple: "a list of strings",
     SpecMode: "one of " + ", ".join(mode.value for mode in SpecMode),
 }
+
+
+def write_preset(path: Path, model_id: LogicalId, values: Mapping[str, Any]) -> None:
+    """Set preset ``model_id`` of the presets file at ``path`` to ``values`` (load options by
+    their JSON names, ``model`` among them), keeping the file's other presets; the file is
+    created when missing and replaced whole (atomically), so its comments are not kept.
+    PresetsError when the result would not read back."""
+    document: dict[str, Any] = {"models": {}}
+    if path.exists():
+        read_presets(path)  # refuses a file that is not a presets file
+        with path.open("rb") as handle:
+            document = tomllib.load(handle)
+        document.setdefault("models", {})
+    document["models"][str(model_id)] = dict(values)
+    text = _dump(document)
+    parse_presets(tomllib.loads(text), path.resolve().parent)  # what is written reads back
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(text, encoding="utf-8")
+    temporary.replace(path)
+
+
+def _dump(document: Mapping[str, Any]) -> str:
+    lines: list[str] = []
+    for name, table in document["models"].items():
+        lines.append(f"[models.{_key(name)}]")
+        for key, value in table.items():
+            lines.append(f"{key} = {_value(value)}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _key(name: str) -> str:
+    return name if all(c.isalnum() or c in "_-" for c in name) else _string(name)
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_value(item) for item in value) + "]"
+    return _string(str(value))
+
+
+def _string(text: str) -> str:
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"')
+    escaped = "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in escaped)
+    return f'"{escaped}"'

@@ -11,8 +11,10 @@ sorts first. Paths never leave the host: listings carry ids and where a model co
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -20,7 +22,7 @@ from pathlib import Path
 from typing import Final
 
 from skippyctl.config.load_options import LoadOptions
-from skippyctl.config.model_presets import Preset
+from skippyctl.config.model_presets import Preset, PresetsError, read_presets
 from skippyctl.events.envelope import LogicalId
 from skippyctl.events.identity import is_logical_id, model_id_for
 
@@ -50,28 +52,51 @@ class ModelCatalog:
     """Presets and a models directory, both optional (an empty catalog knows no model)."""
 
     def __init__(
-        self, presets: Mapping[LogicalId, Preset] | None = None, models_dir: Path | None = None
+        self,
+        presets: Mapping[LogicalId, Preset] | None = None,
+        models_dir: Path | None = None,
+        presets_file: Path | None = None,
     ) -> None:
         self.presets = dict(presets or {})
         self.models_dir = models_dir
+        self.presets_file = presets_file
+        """Read again when it changes (``tune --apply`` writes it), so the next on-demand load
+        uses what it says; a change that does not read keeps the presets it had."""
+        self._presets_stamp = _stamp(presets_file)
+        self._lock = threading.Lock()
 
     @property
     def empty(self) -> bool:
-        return not self.presets and self.models_dir is None
+        return not self.presets and self.models_dir is None and self.presets_file is None
 
     def find(self, name: str) -> Loadable | None:
         """The load that serves ``name``, or None when the catalog does not know it."""
-        preset = self.presets.get(LogicalId(name)) if is_logical_id(name) else None
+        presets = self._current_presets()
+        preset = presets.get(LogicalId(name)) if is_logical_id(name) else None
         if preset is not None:
             return _from_preset(preset)
         return self._directory().get(name)
 
     def loadable(self) -> list[Loadable]:
         """Every model the catalog knows, presets first, each id once."""
-        found = {model_id: _from_preset(preset) for model_id, preset in self.presets.items()}
+        presets = self._current_presets()
+        found = {model_id: _from_preset(preset) for model_id, preset in presets.items()}
         for model_id, entry in self._directory().items():
             found.setdefault(LogicalId(model_id), entry)
         return list(found.values())
+
+    def _current_presets(self) -> dict[LogicalId, Preset]:
+        path = self.presets_file
+        if path is None:
+            return self.presets
+        stamp = _stamp(path)
+        with self._lock:
+            if stamp != self._presets_stamp:
+                self._presets_stamp = stamp
+                # A file being edited, or broken: the presets it last had serve.
+                with contextlib.suppress(PresetsError):
+                    self.presets = read_presets(path)
+            return self.presets
 
     def _directory(self) -> dict[str, Loadable]:
         root = self.models_dir
@@ -95,6 +120,17 @@ class ModelCatalog:
             options = LoadOptions(model=str(root / name), alias=str(model_id))
             found[str(model_id)] = Loadable(model_id, options, LoadableSource.MODELS_DIR)
         return found
+
+
+def _stamp(path: Path | None) -> tuple[int, int] | None:
+    """What says a file changed (its modification time and size); None: none, or unreadable."""
+    if path is None:
+        return None
+    try:
+        status = path.stat()
+    except OSError:
+        return None
+    return status.st_mtime_ns, status.st_size
 
 
 def _model_file(entry: os.DirEntry[str]) -> bool:

@@ -25,6 +25,7 @@ COMMANDS = [
     ("events",),
     ("events", "catalog"),
     ("wait",),
+    ("tune",),
     ("generate",),
     ("doctor",),
     ("tui",),
