@@ -111,10 +111,17 @@ class RuntimeClient:
             return False
         return True
 
-    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    def _call(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        timeout_s: float | None = None,
+        headers_out: dict[str, str] | None = None,
+    ) -> Any:
         try:
             status, content = self._exchange(
-                method, path, None if body is None else orjson.dumps(body)
+                method, path, None if body is None else orjson.dumps(body), timeout_s, headers_out
             )
         except _TRANSPORT_ERRORS as error:
             raise RuntimeUnreachable(
@@ -162,18 +169,8 @@ class RuntimeClient:
     ) -> tuple[dict[str, Any], str]:
         """A non-streamed ``/v1/completions`` answer and its request id (for its receipt)."""
         headers: dict[str, str] = {}
-        try:
-            status, content = self._exchange(
-                "POST", "/v1/completions", orjson.dumps(body), timeout_s, headers
-            )
-        except _TRANSPORT_ERRORS as error:
-            raise RuntimeUnreachable(
-                f"the runtime at {self.discovery.url} did not answer: {error}"
-            ) from error
-        payload = orjson.loads(content) if content else {}
-        if status >= 400:
-            raise ApiError(status, payload if isinstance(payload, dict) else {})
-        return payload, headers.get("X-Request-Id", headers.get("x-request-id", ""))
+        answer: dict[str, Any] = self._call("POST", "/v1/completions", body, timeout_s, headers)
+        return answer, headers.get("X-Request-Id", headers.get("x-request-id", ""))
 
     def pull(self, ref: str, revision: str | None = None) -> str:
         """Start a pull in the runtime (``POST /api/runtime/models/pull``); its operation id."""

@@ -356,13 +356,14 @@ class Scheduler:
         model_id = LogicalId(name)
         watch: ModelServer | None = None
         start: threading.Thread | None = None
+        known = self.catalog.find(name) is not None  # outside the lock: it may read a directory
         with self._lock:
             demand = self._demands.get(model_id)
             server = self._servers.get(model_id)
             if demand is None:
                 if server is not None and server.accepting and not server.ready.done():
                     watch = server  # a load someone else started
-                elif self.catalog.find(name) is None:
+                elif not known:
                     return None
                 if self.max_queue <= 0:
                     raise DemandRefused(self._too_many(model_id, 0))
