@@ -23,6 +23,7 @@ COMMANDS: Final = {
     "status": CommandRef("skippyctl.cli.ps", "ps_command"),
     "wait": CommandRef("skippyctl.cli.wait", "wait_command"),
     "tune": CommandRef("skippyctl.cli.tune", "tune_command"),
+    "models": CommandRef("skippyctl.cli.models", "models_app"),
     "generate": CommandRef("skippyctl.cli.generate", "generate_command"),
     "doctor": CommandRef("skippyctl.cli.doctor", "doctor_command"),
     "tui": CommandRef("skippyctl.cli.tui", "tui_command"),

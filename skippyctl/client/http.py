@@ -172,6 +172,12 @@ class RuntimeClient:
         answer: dict[str, Any] = self._call("POST", "/v1/completions", body, timeout_s, headers)
         return answer, headers.get("X-Request-Id", headers.get("x-request-id", ""))
 
+    def models(self) -> list[dict[str, Any]]:
+        """``/v1/models``: the loaded, loading and loadable models."""
+        listing: dict[str, Any] = self._call("GET", "/v1/models")
+        cards: list[dict[str, Any]] = listing.get("data", [])
+        return cards
+
     def pull(self, ref: str, revision: str | None = None) -> str:
         """Start a pull in the runtime (``POST /api/runtime/models/pull``); its operation id."""
         body: dict[str, Any] = {"ref": ref}
