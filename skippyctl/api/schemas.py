@@ -642,7 +642,7 @@ class ModelCard(BaseModel):
         description="`loaded`: it serves; `loading`: its load runs (requests wait for it); "
         "`loadable`: a preset or a file of the models directory, loaded by its first request."
     )
-    source: Literal["preset", "models_dir"] | None = Field(
+    source: Literal["preset", "models_dir", "hub_cache"] | None = Field(
         default=None, description="Where a model the runtime may load on demand comes from."
     )
     pinned: bool = Field(default=False, description="Never unloaded on the runtime's account.")

@@ -218,7 +218,7 @@ def _model_catalog(options: ServeOptions) -> ModelCatalog:
     models_dir = options.models_dir
     if models_dir is not None and not models_dir.is_dir():
         raise ServeError("invalid_configuration", "--models-dir is not a directory")
-    return ModelCatalog(presets, models_dir, presets_file=options.presets)
+    return ModelCatalog(presets, models_dir, presets_file=options.presets, hub_cache=True)
 
 
 def _start_host(

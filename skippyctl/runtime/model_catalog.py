@@ -4,7 +4,8 @@ A request that names a model that is not loaded is served by loading it when thi
 the name (``Scheduler.demand``): a preset (``runtime serve --presets FILE``,
 ``config/model_presets.py``) by its table's name, else a file of ``--models-dir`` by its name
 without ``.gguf`` (a split set by its first part's name without the ``-00001-of-0000N`` suffix),
-as llama-server's router names them. The directory is read when asked (it is small), so a file
+as llama-server's router names them, else a single-file GGUF of the local hub cache (what
+`pull` fetched) by its file's name. The directory is read when asked (it is small), so a file
 copied in is loadable at once; a name that would be the same for two files goes to the one that
 sorts first. Paths never leave the host: listings carry ids and where a model comes from.
 """
@@ -30,6 +31,7 @@ MAX_DIRECTORY_ENTRIES: Final = 4096
 """A models directory is read up to this many entries (a huge directory must not stall a
 request)."""
 _LATER_SPLIT_PART: Final = re.compile(r"-(?!0*1-of-)\d+-of-\d+\.gguf$", re.IGNORECASE)
+_SPLIT_PART: Final = re.compile(r"-\d+-of-\d+\.gguf$", re.IGNORECASE)
 
 
 class LoadableSource(StrEnum):
@@ -37,6 +39,7 @@ class LoadableSource(StrEnum):
 
     PRESET = "preset"
     MODELS_DIR = "models_dir"
+    HUB_CACHE = "hub_cache"
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,9 +59,13 @@ class ModelCatalog:
         presets: Mapping[LogicalId, Preset] | None = None,
         models_dir: Path | None = None,
         presets_file: Path | None = None,
+        hub_cache: bool = False,
     ) -> None:
         self.presets = dict(presets or {})
         self.models_dir = models_dir
+        self.hub_cache = hub_cache
+        """Single-file GGUFs in the local hub cache (what `pull` fetched) are loadable by their
+        file's name, after presets and the models directory."""
         self.presets_file = presets_file
         """Read again when it changes (``tune --apply`` writes it), so the next on-demand load
         uses what it says; a change that does not read keeps the presets it had."""
@@ -75,13 +82,13 @@ class ModelCatalog:
         preset = presets.get(LogicalId(name)) if is_logical_id(name) else None
         if preset is not None:
             return _from_preset(preset)
-        return self._directory().get(name)
+        return self._directory().get(name) or self._cached().get(name)
 
     def loadable(self) -> list[Loadable]:
         """Every model the catalog knows, presets first, each id once."""
         presets = self._current_presets()
         found = {model_id: _from_preset(preset) for model_id, preset in presets.items()}
-        for model_id, entry in self._directory().items():
+        for model_id, entry in (*self._directory().items(), *self._cached().items()):
             found.setdefault(LogicalId(model_id), entry)
         return list(found.values())
 
@@ -119,6 +126,36 @@ class ModelCatalog:
                 continue
             options = LoadOptions(model=str(root / name), alias=str(model_id))
             found[str(model_id)] = Loadable(model_id, options, LoadableSource.MODELS_DIR)
+        return found
+
+    def _cached(self) -> dict[str, Loadable]:
+        """The hub cache's single-file GGUFs by their names (the newest revision first; a
+        split set's parts are not loadable from the cache: its links resolve to blobs named by
+        hash, where llama.cpp cannot find the other parts)."""
+        if not self.hub_cache:
+            return {}
+        from huggingface_hub import scan_cache_dir
+        from huggingface_hub.errors import CacheNotFound
+
+        try:
+            info = scan_cache_dir()
+        except (CacheNotFound, OSError, ValueError):
+            return {}
+        found: dict[str, Loadable] = {}
+        for repo in sorted(info.repos, key=lambda repo: repo.repo_id):
+            if repo.repo_type != "model":
+                continue
+            newest_first = sorted(repo.revisions, key=lambda r: r.last_modified, reverse=True)
+            for revision in newest_first:
+                for file in sorted(revision.files, key=lambda file: file.file_name):
+                    name = file.file_name
+                    if not name.lower().endswith(".gguf") or _SPLIT_PART.search(name):
+                        continue
+                    model_id = model_id_for(Path(name).name)
+                    if str(model_id) in found:
+                        continue
+                    options = LoadOptions(model=str(file.file_path), alias=str(model_id))
+                    found[str(model_id)] = Loadable(model_id, options, LoadableSource.HUB_CACHE)
         return found
 
 

@@ -156,3 +156,16 @@ def test_skippyctl_pull_goes_through_a_running_runtime(
     here = run_cli("pull", f"hf://{REPO}/{FILE}", "--json", "--embedded", env=env, timeout=60)
     assert here.code == 0, here.stderr
     assert all("seq" not in r for r in here.records())
+
+
+def test_a_pulled_file_is_loadable_by_its_name(runtime: Server) -> None:
+    _ended(runtime, _pull(runtime, f"hf://{REPO}/{FILE}"))
+    with runtime.http(timeout=120) as http:
+        cards = {c["id"]: c for c in http.get("/v1/models").json()["data"]}
+        assert cards["tiny-Q4_K_M"]["source"] == "hub_cache", cards
+        answer = http.post(
+            "/v1/completions",
+            json={"model": "tiny-Q4_K_M", "prompt": "hi", "max_tokens": 4, "temperature": 0},
+        )
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["model"] == "tiny-Q4_K_M"
