@@ -151,7 +151,9 @@ def _remove(model: CachedModel, every: list[CachedModel]) -> None:
         model.blob.unlink(missing_ok=True)
 
 
-def _show(models: list[CachedModel], kind: str, json_output: bool) -> None:
+def _show(models: list[CachedModel], kind: str, json_output: bool, verb: str = "") -> None:
+    """One record (--json) or one line per file; for people, a last line with the count and
+    the size (``verb``: what happened to it)."""
     err = stderr_console()
     for model in models:
         if json_output:
@@ -165,6 +167,9 @@ def _show(models: list[CachedModel], kind: str, json_output: bool) -> None:
                 f"{model.record(kind)['last_used_at']}" + (f"  ({flags})" if flags else ""),
                 markup=False,
             )
+    if not json_output:
+        total = _size(sum(model.size_bytes for model in models))
+        err.print(f"{len(models)} file(s), {verb}{total}", markup=False)
 
 
 @models_app.command("list")
@@ -177,9 +182,6 @@ def list_command(presets: PresetsOption = None, json_output: JsonOption = False)
     """
     models = cached_models(presets, json_output)
     _show(models, "cached_model", json_output)
-    if not json_output:
-        total = sum(model.size_bytes for model in models)
-        stderr_console().print(f"{len(models)} file(s), {_size(total)}", markup=False)
 
 
 @models_app.command("rm")
@@ -218,10 +220,7 @@ def rm_command(
         )
     for model in chosen:
         _remove(model, every)
-    _show(chosen, "cached_model_removed", json_output)
-    if not json_output:
-        freed = sum(model.size_bytes for model in chosen)
-        stderr_console().print(f"removed {len(chosen)} file(s), {_size(freed)}", markup=False)
+    _show(chosen, "cached_model_removed", json_output, "removed ")
 
 
 @models_app.command("prune")
@@ -255,11 +254,10 @@ def prune_command(
     if not dry_run:
         for model in chosen:
             _remove(model, every)
-    _show(chosen, "cached_model_pruned" if not dry_run else "cached_model_prunable", json_output)
-    if not json_output:
-        freed = sum(model.size_bytes for model in chosen)
-        what = "would free" if dry_run else "freed"
-        stderr_console().print(f"{len(chosen)} file(s), {what} {_size(freed)}", markup=False)
+    if dry_run:
+        _show(chosen, "cached_model_prunable", json_output, "would free ")
+    else:
+        _show(chosen, "cached_model_pruned", json_output, "freed ")
 
 
 def _cutoff(text: str, json_output: bool) -> float:
@@ -267,10 +265,9 @@ def _cutoff(text: str, json_output: bool) -> float:
 
     from skippyctl.config.durations import DurationError, parse_duration_s
 
-    days = text.strip().lower()
     try:
-        seconds = float(days[:-1]) * 86_400 if days.endswith("d") else parse_duration_s(text)
-    except (DurationError, ValueError):
+        seconds = parse_duration_s(text)
+    except DurationError:
         fail(
             "models prune",
             ExitCode.INVALID_CONFIGURATION,

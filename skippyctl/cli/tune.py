@@ -15,7 +15,7 @@ import concurrent.futures
 import itertools
 import time
 from pathlib import Path
-from typing import Annotated, Any, Final
+from typing import TYPE_CHECKING, Annotated, Any, Final
 
 import typer
 
@@ -23,6 +23,9 @@ from skippyctl.cli.attach import attach_or_exit
 from skippyctl.cli.exit_codes import ExitCode, exit_code_for_text
 from skippyctl.cli.output import RECORD_SCHEMA_VERSION, emit_json, fail, stderr_console
 from skippyctl.config.load_options import LoadOptions
+
+if TYPE_CHECKING:
+    from skippyctl.client.http import RuntimeClient
 
 CONTEXT_PER_LANE: Final = 1024
 PREFILL_WORDS: Final = 200
@@ -154,7 +157,7 @@ class _TuneFailed(Exception):
 
 
 def _measure(
-    client: Any, path: Path, index: int, threads: int, lanes: int, tokens: int
+    client: RuntimeClient, path: Path, index: int, threads: int, lanes: int, tokens: int
 ) -> dict[str, Any]:
     from skippyctl.client.http import ApiError
 
@@ -199,7 +202,7 @@ def _measure(
     }
 
 
-def _settle(client: Any, model_id: str, wanted: str) -> str:
+def _settle(client: RuntimeClient, model_id: str, wanted: str) -> str:
     """The model's state once it is ``wanted`` or settled otherwise (polled)."""
     deadline = time.monotonic() + SETTLE_TIMEOUT_S
     state = "unknown"
@@ -212,7 +215,7 @@ def _settle(client: Any, model_id: str, wanted: str) -> str:
     return state
 
 
-def _unload(client: Any, model_id: str) -> None:
+def _unload(client: RuntimeClient, model_id: str) -> None:
     from skippyctl.client.http import ApiError
 
     try:

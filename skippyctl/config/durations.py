@@ -1,5 +1,6 @@
 """Durations as operators write them: seconds as a number, or Go's form ("5m", "1h30m", "250ms")
-as Ollama's ``keep_alive`` takes it. A negative duration means "forever" (-1)."""
+as Ollama's ``keep_alive`` takes it, with ``d`` for days besides ("7d"). A negative duration
+means "forever" (-1)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import math
 import re
 from typing import Final
 
-_PART: Final = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|s|m|h)")
-_UNIT_S: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_PART: Final = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|s|m|h|d)")
+_UNIT_S: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0}
 MAX_TEXT: Final = 32
 
 

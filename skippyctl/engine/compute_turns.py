@@ -52,7 +52,10 @@ class TakingTurns:
         self._turns = turns
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._llama, name)
+        # Kept on the instance: the decode loop's next lookups of it are plain attribute reads.
+        value = getattr(self._llama, name)
+        setattr(self, name, value)
+        return value
 
     def llama_decode(self, *args: Any) -> Any:
         self._turns.take()

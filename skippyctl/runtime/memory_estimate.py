@@ -18,14 +18,13 @@ its size alone (its load fails on its own later).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from skippyctl.acquisition.artifacts import split_parts
 from skippyctl.config.load_options import LoadOptions
 from skippyctl.engine.geometry import available_memory_bytes, kv_bytes_per_token, plan_context
+from skippyctl.runtime.topology import model_bytes
 
 UBATCH_TOKENS: Final = 512
 """llama.cpp's default ``n_ubatch``, which the engine keeps."""
@@ -67,8 +66,7 @@ def estimate_load(options: LoadOptions, free_memory_bytes: int | None = None) ->
     path = Path(options.model)
     if not path.is_file():  # a directory, a FIFO (whose open would wait), a device: not a GGUF
         raise OSError(f"{path.name} is not a regular file")
-    parts = split_parts(path) or [path]
-    weights = sum(os.stat(part).st_size for part in parts)
+    weights = model_bytes(path)
     shape = _shape(path)
     if shape is None:
         return MemoryEstimate(weights, 0, 0, options.ctx, options.lanes)
@@ -99,8 +97,8 @@ def _shape(path: Path) -> dict[str, int] | None:
         import gguf
 
         reader = gguf.GGUFReader(str(path), "r")
-        arch = _text(reader, "general.architecture")
-        if arch is None:
+        arch = _value(reader, "general.architecture")
+        if not isinstance(arch, str):
             return None
         heads = _number(reader, f"{arch}.attention.head_count")
         tokens = reader.fields.get("tokenizer.ggml.tokens")
@@ -116,20 +114,15 @@ def _shape(path: Path) -> dict[str, int] | None:
         return None
 
 
-def _field(reader: Any, key: str) -> Any:
+def _value(reader: Any, key: str) -> Any:
     field = reader.fields.get(key)
-    if field is None or not field.data:
-        return None
-    return field.parts[field.data[0]]
+    return None if field is None else field.contents()
 
 
 def _number(reader: Any, key: str) -> int:
-    value = _field(reader, key)
-    if value is None or len(value) == 0:
-        return 0
-    return int(value[0])
-
-
-def _text(reader: Any, key: str) -> str | None:
-    value = _field(reader, key)
-    return None if value is None else bytes(value).decode("utf-8", "replace")
+    """A count from the header; a per-layer array (``head_count_kv`` of some models) counts by
+    its largest value; 0 when absent."""
+    value = _value(reader, key)
+    if isinstance(value, list):
+        value = max(value, default=0)
+    return int(value) if value is not None else 0

@@ -175,11 +175,7 @@ load before it may be unloaded as idle or evicted (:meth:`ModelServer.expect_arr
 
 class ModelNotServing(Exception):
     """The model's engine exited before it served (its load failed, was cancelled, or it
-    crashed); ``reason`` is the exit's reason when the host knows one."""
-
-    def __init__(self, reason: ReasonCode | None = None) -> None:
-        super().__init__("the model's engine exited before it served")
-        self.reason = reason
+    crashed); the load's events say why."""
 
 
 class ModelServer:
@@ -761,7 +757,7 @@ class ModelServer:
         self, engine: object, crashed: bool, reason: ReasonCode | None = None
     ) -> None:
         if not self.ready.done():
-            self.ready.set_exception(ModelNotServing(reason))
+            self.ready.set_exception(ModelNotServing())
         with self._lock:
             self.accepting = False
             running = list(self._running.values())

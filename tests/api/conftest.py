@@ -124,7 +124,10 @@ class Server:
 
 def start_server(directory: Path, *extra: str, env: dict[str, str] | None = None) -> Server:
     directory.mkdir(parents=True, exist_ok=True)
-    full_env = dict(os.environ, SKIPPY_RUNTIME_DIR=str(directory), **(env or {}))
+    # A hub cache of its own (the runtime loads cached hub files by name): what the machine's
+    # cache holds never changes a test's answers.
+    isolated = {"HF_HUB_CACHE": str(directory / "hub-cache"), **(env or {})}
+    full_env = dict(os.environ, SKIPPY_RUNTIME_DIR=str(directory), **isolated)
     log = open(directory / "serve.log", "wb")  # noqa: SIM115 - kept open for the server's life
     process = subprocess.Popen(
         [sys.executable, "-m", "skippyctl", "runtime", "serve", "--port", "0", *extra],

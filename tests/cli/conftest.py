@@ -57,9 +57,12 @@ def stop_runtime(directory: Path) -> None:
 
 @pytest.fixture(autouse=True)
 def isolated_runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """Each CLI test gets its own runtime directory (discovery file, log) and its own host."""
+    """Each CLI test gets its own runtime directory (discovery file, log), its own host and its
+    own hub cache."""
     directory = tmp_path / "runtime"
     monkeypatch.setenv("SKIPPY_RUNTIME_DIR", str(directory))
     monkeypatch.setenv("SKIPPY_PORT", "0")
+    # A hub cache of its own: what the machine's cache holds never changes a test's answers.
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub-cache"))
     yield directory
     stop_runtime(directory)

@@ -17,6 +17,7 @@ from skippyctl.config.durations import DurationError, parse_duration_s
         ("1h30m", 5400.0),
         ("250ms", 0.25),
         ("1.5h", 5400.0),
+        ("7d", 604_800.0),
         ("0", 0.0),
         ("0s", 0.0),
         (-1, -1.0),
