@@ -9,7 +9,7 @@ Reference forms (:func:`parse_ref`):
   (case-insensitive, e.g. ``Q4_K_M``); the parts of one split set count as one artifact. None or
   several: the resolution fails and the message lists the candidates.
 
-Hugging Face files come through ``huggingface_hub`` and live in its cache (``HF_HUB_CACHE``, or
+Hugging Face files are found through ``huggingface_hub`` and live in its cache (``HF_HUB_CACHE``, or
 ``HF_HOME``/hub); ``HF_ENDPOINT`` picks the hub and the token comes from where the hub library
 looks (``HF_TOKEN``, the saved login). No token, URL or path ever enters an event.
 
@@ -35,12 +35,13 @@ Invariants:
 - Download progress is coalesced: at most one ``model_download_progress`` per
   ``PROGRESS_MIN_INTERVAL_S`` *and* ``PROGRESS_MIN_STEP`` of the total, and always the last
   value before ``model_download_completed``; never one per chunk.
-- Nothing half-written is taken as valid: ``huggingface_hub`` writes each blob to a
-  process-unique ``*.incomplete`` file, renamed into ``blobs/`` only once the whole body
-  arrived (``file_download._download_to_tmp_and_move``) and deleted on any failure, a Ctrl-C
-  included. A blob is named by its hash (the LFS sha256, or the git blob sha1 of a small
-  file); preparation hashes every newly downloaded blob and, on a mismatch, removes the blob and
-  its snapshot link before reporting the failure.
+- Nothing half-written is taken as valid, and nothing downloaded is lost: a blob's bytes go to
+  ``blobs/<etag>.incomplete``, renamed into ``blobs/`` only once the whole body arrived; a
+  download that stops (cancelled, Ctrl-C, the connection or the disk gave out) keeps that file
+  and the next pull of the same file resumes it with a ``Range`` request
+  (``acquisition/resumable.py``). A blob is named by its hash (the LFS sha256, or the git blob
+  sha1 of a small file); preparation hashes every newly downloaded blob and, on a mismatch,
+  removes the blob and its snapshot link before reporting the failure.
 - This module is core (no CLI, UI or web framework): events go to the ``emit`` callable it is
   given (the CLI's output codec today; ``Pipeline.submit`` in a host tomorrow).
 """
@@ -56,12 +57,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, cast
+from typing import Any, Final
 
 from skippyctl.acquisition.artifacts import check_artifact
 from skippyctl.acquisition.errors import PreparationCancelled, PreparationError
 from skippyctl.acquisition.hub import Hub, HubSettings, RemotePart, Resolved, hub_error
 from skippyctl.acquisition.references import ModelRef, RefError, RefKind, parse_ref
+from skippyctl.acquisition.resumable import fetch_into_cache
 from skippyctl.acquisition.transfer import MeterFactory, Transfer, TransferCancelled
 from skippyctl.events.catalog import EventId, spec_of
 from skippyctl.events.envelope import Event, LogicalId, Progress, Scope, make_event, summaries
@@ -382,26 +384,14 @@ class Acquisition:
         )
 
     def _download(self, repo_id: str, part: RemotePart, transfer: Transfer, *, force: bool) -> Path:
-        from huggingface_hub import hf_hub_download
-
         try:
-            found = hf_hub_download(
-                repo_id,
-                part.filename,
-                revision=self.hub.revision,
-                cache_dir=self.hub.cache_dir,
-                endpoint=self.hub.endpoint,
-                token=self.hub.token,
-                force_download=force,
-                # Not a tqdm subclass: the hub calls it with a bar's keyword arguments
-                # (tqdm._create_progress_bar); its signature names a class, any callable works.
-                tqdm_class=cast(Any, MeterFactory(transfer)),
+            return fetch_into_cache(
+                self.hub, repo_id, part, MeterFactory(transfer), self.cancel_requested, force=force
             )
-        except (KeyboardInterrupt, TransferCancelled):
+        except (KeyboardInterrupt, TransferCancelled, PreparationError):
             raise
         except Exception as error:  # noqa: BLE001 - mapped to a reason code
             raise hub_error(error, f"downloading {part.filename} failed") from None
-        return Path(str(found))
 
     def _verify(self, pull: LogicalId, model_id: LogicalId, path: Path, started: float) -> str:
         """Hash a downloaded blob against its name; on a mismatch remove it (and the snapshot

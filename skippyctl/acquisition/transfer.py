@@ -97,17 +97,22 @@ class Transfer:
     def current(self) -> int:
         return self.base + self.current_part
 
-    def begin(self) -> None:
+    def begin(self, resumed: int = 0) -> None:
+        """The first part's start tells the operation's start, with the bytes a partial file
+        already had (``resumed``); a later part's resumed bytes are progress."""
         if self.started_at is not None:
+            if resumed:
+                self.add(resumed)
             return
         self.started_at = self.acquisition.clock()
-        self.throttle.offer(0)
+        self.current_part = resumed
+        self.throttle.offer(self.current)
         self.acquisition.emit_event(
             EventId.MODEL_DOWNLOAD_STARTED,
             self.operation_id,
             self.model_id,
             parent=self.parent,
-            progress=Progress(0, self.total, ProgressUnit.BYTES),
+            progress=Progress(self.current, self.total, ProgressUnit.BYTES),
             summaries=summaries(model_size_bytes=self.total),
         )
 
@@ -137,17 +142,14 @@ class Transfer:
 
 
 class Meter:
-    """What ``huggingface_hub`` takes for a tqdm bar. It counts ``update(n)``: the bytes
-    written to the file (per HTTP chunk; per flushed block of a Xet download), negative when a
-    server ignored a Range and the body restarts. ``update_transfer`` (network bytes, which
-    dedup and compression make differ from the file's) and the display calls are accepted and
-    ignored."""
+    """What ``huggingface_hub``'s ``http_get`` takes for a tqdm bar. It counts ``update(n)``:
+    the bytes written to the file (per HTTP chunk), negative when a server ignored a Range and
+    the body restarts; ``initial`` is what a partial file already had. ``update_transfer``
+    and the display calls are accepted and ignored."""
 
     def __init__(self, transfer: Transfer, initial: int = 0) -> None:
         self._transfer = transfer
-        transfer.begin()
-        if initial:
-            transfer.add(initial)
+        transfer.begin(resumed=initial)
 
     def __enter__(self) -> Meter:
         return self
@@ -180,11 +182,7 @@ class Meter:
 
 
 class MeterFactory:
-    """The ``tqdm_class`` given to the hub: called with a bar's keyword arguments.
-
-    It has ``update_transfer``, which makes a Xet download use one aggregated bar (file bytes
-    by ``update``, network bytes by ``update_transfer``) instead of two bars whose ``update``
-    calls would each count the file (``utils/_xet_progress_reporting.py``)."""
+    """The ``tqdm_class`` given to the hub: called with a bar's keyword arguments."""
 
     def __init__(self, transfer: Transfer) -> None:
         self._transfer = transfer
@@ -192,6 +190,3 @@ class MeterFactory:
     def __call__(self, **kwargs: Any) -> Meter:
         initial = kwargs.get("initial")
         return Meter(self._transfer, initial if isinstance(initial, int) else 0)
-
-    def update_transfer(self, n: float | None = 1) -> None:
-        return None

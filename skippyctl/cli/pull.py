@@ -1,10 +1,10 @@
 """`skippyctl pull REF`: fetch a model into the local cache and check it, told as events.
 
-With a runtime running, the pull runs in it (`POST /api/runtime/models/pull`,
-runtime/pulls.py): its events are the runtime's, so `events --follow`, the dashboard and
-telemetry see the download, and this command follows them on the live stream (records with
-the stream's `seq`); Ctrl-C cancels it over HTTP. Without one, or with `--embedded`, the pull
-runs in this process (acquisition/acquire.py, a core module that only emits events; a download
+The pull runs in the runtime (`POST /api/runtime/models/pull`, runtime/pulls.py), started
+first when none runs, as `load` starts one: its events are the runtime's, so `events --follow`,
+the dashboard and telemetry see the download, and this command follows them on the live stream
+(records with the stream's `seq`); Ctrl-C cancels it over HTTP. Only with `--embedded` does the
+pull run in this process (acquisition/acquire.py, a core module that only emits events; a download
 needs no llama.cpp) and its records carry no `seq`. Either way the same events go through
 the same presenters and wire codec as `load`'s.
 
@@ -27,6 +27,7 @@ from rich.console import Console
 from skippyctl.acquisition.acquire import Acquisition, Prepared
 from skippyctl.acquisition.errors import PreparationCancelled, PreparationError
 from skippyctl.acquisition.hub import HubSettings
+from skippyctl.cli.attach import attach_or_exit
 from skippyctl.cli.exit_codes import ExitCode, exit_code_for, exit_code_for_text
 from skippyctl.cli.presenters import NdjsonPresenter, Presenter, PullProgressPresenter
 from skippyctl.cli.settings import runtime_settings
@@ -194,17 +195,6 @@ def pull_through(
         )
 
 
-def _running_runtime(settings: RuntimeSettings) -> RuntimeClient | None:
-    """The running runtime's client, or None (a pull never starts one)."""
-    from skippyctl.client.http import RuntimeUnreachable
-    from skippyctl.client.launch import connect
-
-    try:
-        return connect(settings, autostart=False)
-    except RuntimeUnreachable:
-        return None
-
-
 def pull_command(
     ref: Annotated[str, typer.Argument(help=REF_HELP, show_default=False)],
     json_output: Annotated[
@@ -217,16 +207,16 @@ def pull_command(
         bool,
         typer.Option(
             "--embedded",
-            help="Pull in this process even when a runtime runs (its event stream and the"
-            " dashboard do not see it). Without a runtime the pull runs here anyway.",
+            help="Pull in this process, without a runtime (its event stream and the dashboard"
+            " do not see it).",
         ),
     ] = False,
 ) -> None:
     """Fetch REF into the local model cache and check it, streaming model_preparation events.
 
-    With a runtime running, the pull runs in it: the runtime's event stream, `events --follow`
-    and the dashboard show the download, and Ctrl-C cancels it there. Without one (or with
-    --embedded) it runs in this process.
+    The pull runs in the runtime, which is started first when none runs: the runtime's event
+    stream, `events --follow` and the dashboard show the download, and Ctrl-C cancels it there.
+    With --embedded it runs in this process instead.
 
     Hugging Face files go through huggingface_hub and its cache (HF_HUB_CACHE, or HF_HOME/hub;
     default ~/.cache/huggingface/hub). HF_ENDPOINT picks the hub (a mirror, or a local one);
@@ -236,8 +226,9 @@ def pull_command(
     split set, that every part is there.
 
     Exit code 0 once the file is ready; otherwise the code of the failure's reason (see the
-    README's exit code table). Ctrl-C cancels the download (exit 130); nothing partial is left
-    where it could be taken as complete.
+    README's exit code table); 3 when no runtime answers. Ctrl-C cancels the download (exit
+    130): its bytes stay in the cache as a partial file (never taken as complete) and the next
+    pull of the same file resumes from them.
 
     Example:
 
@@ -246,7 +237,7 @@ def pull_command(
     stderr = Console(stderr=True)
     settings = runtime_settings("pull", json_output)
     presenter: Presenter = NdjsonPresenter() if json_output else PullProgressPresenter(ref)
-    client = None if embedded else _running_runtime(settings)
+    client = None if embedded else attach_or_exit("pull", json_output)
     try:
         if client is not None:
             result = pull_through(client, ref, revision, presenter)

@@ -1,13 +1,16 @@
 """A pull that fails or is cancelled (checksum mismatch, a full disk, a cancel mid-download,
-Ctrl-C during resolution) ends every operation once and leaves nothing half-written in the
-cache."""
+Ctrl-C during resolution) ends every operation once and leaves nothing half-written that could
+be taken as valid: a full disk keeps no partial file, a cancelled download keeps its bytes in
+``*.incomplete`` and the next pull resumes them."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import shutil
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, cast
@@ -82,48 +85,59 @@ def test_a_full_disk_fails_the_download_and_leaves_nothing_half_written(
         assert "no space" in error.message
         assert recorder.ids[-2:] == [_E.MODEL_DOWNLOAD_FAILED, _E.MODEL_PREPARATION_FAILED]
         assert {e.reason_code for e in recorder.events[-2:]} == {ReasonCode.ARTIFACT_IO_FAILURE}
-        assert leftovers(cache) == ["CACHEDIR.TAG", "main"]
+        assert leftovers(cache) == []  # the partial file was removed: the disk is free again
         assert_one_terminal_each(recorder)
 
 
 def test_a_full_disk_without_a_tmpfs_is_mocked_as_enospc_mid_write(
     hub: FakeHub, cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A mock of the fault above for machines that cannot mount a tmpfs: the hub's body
-    writer writes part of the file, then the disk is "full" (ENOSPC from the write)."""
+    """A mock of the fault above for machines that cannot mount a tmpfs: the partial file
+    takes part of the body, then the disk is "full" (ENOSPC from the write)."""
     import errno
 
-    from huggingface_hub import file_download
+    from skippyctl.acquisition import resumable
 
-    real_http_get = file_download.http_get
+    real_open = resumable.open_partial
 
-    def http_get(url: str, temp_file: Any, **kwargs: Any) -> None:
-        class Full:
-            def __init__(self) -> None:
-                self.written = 0
+    class Full:
+        def __init__(self, sink: BinaryIO) -> None:
+            self.sink = sink
+            self.written = 0
 
-            def write(self, data: bytes) -> int:
-                if self.written + len(data) > 100_000:
-                    raise OSError(errno.ENOSPC, "No space left on device")
-                self.written += len(data)
-                return int(temp_file.write(data))
+        def write(self, data: bytes) -> int:
+            if self.written + len(data) > 100_000:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            self.written += len(data)
+            return self.sink.write(data)
 
-            def __getattr__(self, name: str) -> Any:
-                return getattr(temp_file, name)
+        def __enter__(self) -> Full:
+            return self
 
-        real_http_get(url, cast(BinaryIO, Full()), **kwargs)
+        def __exit__(self, *exc: object) -> None:
+            self.sink.close()
 
-    monkeypatch.setattr(file_download, "http_get", http_get)
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.sink, name)
+
+    monkeypatch.setattr(
+        resumable, "open_partial", lambda path: cast(BinaryIO, Full(real_open(path)))
+    )
     recorder, error = failed(hub, cache, f"hf://{REPO}/{FILE}")
 
     assert error.reason is ReasonCode.ARTIFACT_IO_FAILURE
     assert "no space" in error.message
     assert recorder.ids[-2:] == [_E.MODEL_DOWNLOAD_FAILED, _E.MODEL_PREPARATION_FAILED]
-    assert leftovers(cache) == ["CACHEDIR.TAG", "main"]  # the partial file was removed
+    assert leftovers(cache) == []  # the partial file was removed: the disk is free again
 
 
-def test_cancel_mid_download_ends_cancelled_and_leaves_nothing(hub: FakeHub, cache: Path) -> None:
-    hub.stall_after[FILE] = 64 * 1024
+def _partial_size(cache: Path) -> int:
+    return sum(p.stat().st_size for p in cache.rglob("*.incomplete"))
+
+
+def _cancelled_mid_file(hub: FakeHub, cache: Path, stall_at: int) -> Recorder:
+    """A pull of FILE cancelled while the hub holds its body after `stall_at` bytes."""
+    hub.stall_after[FILE] = stall_at
     recorder = Recorder()
     acq = acquisition(hub, cache, recorder)
     outcome: list[BaseException] = []
@@ -137,17 +151,77 @@ def test_cancel_mid_download_ends_cancelled_and_leaves_nothing(hub: FakeHub, cac
     worker = threading.Thread(target=run, name="test-pull")
     worker.start()
     assert hub.stalled.wait(30)
+    # The hub has sent `stall_at` bytes; cancel once the client wrote them (to its 8 KiB
+    # write buffer's flush), so the partial file's length does not depend on a race.
+    deadline = time.monotonic() + 30
+    while _partial_size(cache) < stall_at - 8192:
+        assert time.monotonic() < deadline, "the client never wrote what the hub sent"
+        time.sleep(0.01)
     acq.cancel()
     hub.release.set()  # the next chunk meets the cancellation
     worker.join(30)
-
     assert not worker.is_alive()
     assert len(outcome) == 1
     assert isinstance(outcome[0], PreparationCancelled)
+    hub.stall_after.clear()
+    hub.stalled.clear()
+    hub.release.clear()
+    return recorder
+
+
+def test_cancel_mid_download_ends_cancelled_and_keeps_only_a_partial_file(
+    hub: FakeHub, cache: Path, files: dict[str, bytes]
+) -> None:
+    recorder = _cancelled_mid_file(hub, cache, 64 * 1024)
+
     assert recorder.ids[-2:] == [_E.MODEL_DOWNLOAD_CANCELLED, _E.MODEL_PREPARATION_CANCELLED]
     assert {e.reason_code for e in recorder.events[-2:]} == {ReasonCode.CANCELLATION}
     assert_one_terminal_each(recorder)
-    assert leftovers(cache) == ["CACHEDIR.TAG", "main"]  # no blob, no *.incomplete
+    sha = hashlib.sha256(files[FILE]).hexdigest()
+    assert leftovers(cache) == [f"{sha}.incomplete"]  # no blob, no snapshot link
+    partial = next(cache.rglob(f"{sha}.incomplete"))
+    assert 56 * 1024 <= partial.stat().st_size < len(files[FILE])
+    assert partial.read_bytes() == files[FILE][: partial.stat().st_size]
+
+
+def test_a_cancelled_pull_resumes_from_its_partial_file(
+    hub: FakeHub, cache: Path, files: dict[str, bytes]
+) -> None:
+    _cancelled_mid_file(hub, cache, 200 * 1024)
+    sha = hashlib.sha256(files[FILE]).hexdigest()
+    kept = next(cache.rglob(f"{sha}.incomplete")).stat().st_size
+    assert 192 * 1024 <= kept < len(files[FILE])
+
+    recorder, prepared = pull(hub, cache, f"hf://{REPO}/{FILE}")
+
+    # The second pull asked the hub only for the bytes the first one did not keep.
+    assert hub.body_gets(FILE)[-1] == f"bytes={kept}-"
+    assert prepared.path.read_bytes() == files[FILE]
+    assert prepared.verified == ("sha256",)  # the whole file, resumed part included, hashed
+    assert prepared.downloaded_bytes == len(files[FILE])
+    started = recorder.of(_E.MODEL_DOWNLOAD_STARTED)[0]
+    assert started.progress is not None and started.progress.current == kept
+    currents = [e.progress.current for e in recorder.of(_E.MODEL_DOWNLOAD_PROGRESS) if e.progress]
+    assert currents == sorted(currents) and currents[-1] == len(files[FILE])
+    assert recorder.ids[-1] is _E.MODEL_PREPARATION_COMPLETED
+    assert sorted(leftovers(cache)) == sorted(["CACHEDIR.TAG", "main", sha, FILE])
+
+
+def test_a_partial_file_longer_than_the_file_is_not_resumed(
+    hub: FakeHub, cache: Path, files: dict[str, bytes]
+) -> None:
+    """A partial that cannot be this file's (longer than it) is dropped, not trusted."""
+    from huggingface_hub.file_download import repo_folder_name
+
+    sha = hashlib.sha256(files[FILE]).hexdigest()
+    blobs = cache / repo_folder_name(repo_id=REPO, repo_type="model") / "blobs"
+    blobs.mkdir(parents=True)
+    (blobs / f"{sha}.incomplete").write_bytes(b"x" * (len(files[FILE]) + 10))
+
+    _, prepared = pull(hub, cache, f"hf://{REPO}/{FILE}")
+
+    assert hub.body_gets(FILE) == [None]  # from the start
+    assert prepared.path.read_bytes() == files[FILE]
 
 
 def test_ctrl_c_during_resolution_ends_both_operations(

@@ -1,15 +1,14 @@
 """Download progress: throttled to steps of at least 1 % and an interval, monotonic across a
-resumed download, counted once for a Xet download, and read as bytes by people."""
+resumed download, and read as bytes by people."""
 
 from __future__ import annotations
 
 import itertools
 from pathlib import Path
-from typing import cast
 
 from skippyctl.acquisition.acquire import Acquisition
 from skippyctl.acquisition.hub import HubSettings
-from skippyctl.acquisition.transfer import MeterFactory, ProgressThrottle, Transfer
+from skippyctl.acquisition.transfer import ProgressThrottle
 from skippyctl.events.catalog import EventId as _E
 from tests.acquisition.fake_hub import FakeHub
 from tests.acquisition.helpers import CHUNK_BYTES, FILE, REPO, Recorder, failed, pull
@@ -68,46 +67,6 @@ def test_dropped_connection_resumes_with_a_range_request(
     assert currents == sorted(currents)
     assert currents[-1] == len(files[FILE])
     assert recorder.ids[-1] is _E.MODEL_PREPARATION_COMPLETED
-
-
-def test_a_xet_download_counts_the_file_bytes_once() -> None:
-    """Real hub repos download through Xet (no loopback stand-in for it): its reporter is fed
-    reports as hf_xet sends them, with our meter as its bar class — the file's bytes are
-    counted once (not once per bar), network bytes are not, and no display call fails."""
-    import logging
-    from types import SimpleNamespace
-
-    from huggingface_hub.utils._xet_progress_reporting import XetDownloadProgressReporter
-
-    from skippyctl.events.envelope import LogicalId
-
-    ticks = itertools.count()
-    recorder = Recorder()
-    acq = Acquisition(recorder, clock=lambda: next(ticks) * 1.0)
-    transfer = Transfer(
-        acq, LogicalId("pull-1.download"), LogicalId("pull-1"), LogicalId("m"), 1000
-    )
-    with XetDownloadProgressReporter(
-        reconstruction_desc="m.gguf: reconstructing file",
-        total=1000,
-        log_level=logging.WARNING,
-        tqdm_class=cast(type, MeterFactory(transfer)),  # any callable, as in acquire.py
-    ) as progress:
-        for done, sent in ((100, 80), (400, 300), (1000, 700)):
-            report = SimpleNamespace(
-                total_bytes_completed=done,
-                total_transfer_bytes_completed=sent,
-                total_bytes_completion_rate=1e6,
-                total_transfer_bytes_completion_rate=1e6,
-                total_bytes=1000,
-            )
-            progress.update_progress(report, {})
-    transfer.finish()
-
-    assert transfer.current == 1000
-    currents = [e.progress.current for e in recorder.of(_E.MODEL_DOWNLOAD_PROGRESS) if e.progress]
-    assert currents == [100, 400, 1000]
-    assert recorder.ids[0] is _E.MODEL_DOWNLOAD_STARTED
 
 
 def test_download_events_read_as_bytes_for_people(hub: FakeHub, cache: Path) -> None:

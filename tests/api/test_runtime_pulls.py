@@ -1,6 +1,7 @@
 """Downloads inside the runtime, against a real runtime and the loopback hub stand-in: a pull
 asked over HTTP tells its events to the runtime's stream, a second one reuses the cache, a
-cancelled one ends cancelled, and an hf:// preset is pulled by the request that wants it."""
+cancelled one ends cancelled and the next pull resumes its partial file, and an hf:// preset is
+pulled by the request that wants it."""
 
 from __future__ import annotations
 
@@ -98,9 +99,19 @@ def test_a_pull_tells_its_events_to_the_runtimes_stream(runtime: Server) -> None
     assert "model_preparation_cache_reused" in [e["kind"] for e in _ended(runtime, again)]
 
 
-def test_a_pull_is_cancelled_over_http(runtime: Server, hub: FakeHub) -> None:
+def _partial_bytes(hub_env: dict[str, str]) -> int:
+    return sum(p.stat().st_size for p in Path(hub_env["HF_HUB_CACHE"]).rglob("*.incomplete"))
+
+
+def test_a_pull_is_cancelled_over_http_and_the_next_one_resumes(
+    runtime: Server, hub: FakeHub, hub_env: dict[str, str]
+) -> None:
     operation = _pull(runtime, f"hf://{REPO}/{SLOW}")
     assert hub.stalled.wait(30), "the download never started"
+    deadline = time.monotonic() + 30  # cancel once the runtime wrote what the hub sent
+    while _partial_bytes(hub_env) < 56 * 1024:
+        assert time.monotonic() < deadline, "the runtime never wrote what the hub sent"
+        time.sleep(0.01)
     with runtime.http() as http:
         cancel = http.post(f"/api/runtime/operations/{operation}/cancel")
     assert cancel.status_code == 202
@@ -108,6 +119,15 @@ def test_a_pull_is_cancelled_over_http(runtime: Server, hub: FakeHub) -> None:
     kinds = [e["kind"] for e in _ended(runtime, operation)]
     assert "model_preparation_cancelled" in kinds, kinds
     assert "model_preparation_completed" not in kinds
+    kept = _partial_bytes(hub_env)
+    assert kept >= 56 * 1024
+
+    hub.stall_after.pop(SLOW)
+    again = _ended(runtime, _pull(runtime, f"hf://{REPO}/{SLOW}"))
+    assert hub.body_gets(SLOW)[-1] == f"bytes={kept}-"  # only the rest was asked for
+    assert "model_preparation_completed" in [e["kind"] for e in again]
+    started = next(e for e in again if e["kind"] == "model_download_started")
+    assert started["progress"]["current"] == kept, started
 
 
 def test_an_hf_preset_is_pulled_by_the_request_that_wants_it(runtime: Server) -> None:

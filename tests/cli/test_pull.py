@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -42,7 +43,20 @@ def hub_env(hub: FakeHub, tmp_path: Path) -> dict[str, str]:
 
 
 def pull(env: dict[str, str], *args: str) -> CliResult:
-    return run_cli("pull", *args, env=env, timeout=60)
+    """A pull in the CLI's own process (`--embedded`): no runtime is started."""
+    return run_cli("pull", *args, "--embedded", env=env, timeout=60)
+
+
+def test_pull_without_a_runtime_starts_one_and_pulls_in_it(hub_env: dict[str, str]) -> None:
+    result = run_cli("pull", f"hf://{REPO}/{FILE}", "--json", env=hub_env, timeout=120)
+
+    assert result.code == 0, result.stderr
+    records = result.records()
+    assert records and all("seq" in r for r in records)  # the runtime's stream numbers them
+    assert records[-1]["event"] == "model_preparation_completed"
+    assert "ready in the runtime's cache" in result.stderr
+    ps = run_cli("ps", "--json", env=hub_env)
+    assert ps.code == 0, ps.stderr  # the runtime the pull started still runs
 
 
 def test_pull_json_prints_one_record_per_event_and_exits_0(hub_env: dict[str, str]) -> None:
@@ -97,7 +111,7 @@ def test_pull_human_mode_keeps_stdout_empty(hub_env: dict[str, str]) -> None:
 def test_ctrl_c_cancels_the_download_with_exit_130(hub: FakeHub, hub_env: dict[str, str]) -> None:
     hub.stall_after[FILE] = 64 * 1024  # the body stops there until the server is stopped
     proc = subprocess.Popen(
-        [sys.executable, "-m", "skippyctl", "pull", f"hf://{REPO}/{FILE}", "--json"],
+        [sys.executable, "-m", "skippyctl", "pull", f"hf://{REPO}/{FILE}", "--json", "--embedded"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
@@ -111,6 +125,12 @@ def test_ctrl_c_cancels_the_download_with_exit_130(hub: FakeHub, hub_env: dict[s
             if started[-1] == "model_download_started":
                 break
         assert hub.stalled.wait(30)
+        # Interrupt once the CLI wrote what the hub sent (up to its 8 KiB write buffer).
+        cache = Path(hub_env["HF_HUB_CACHE"])
+        deadline = time.monotonic() + 30
+        while sum(p.stat().st_size for p in cache.rglob("*.incomplete")) < 56 * 1024:
+            assert time.monotonic() < deadline, "the CLI never wrote what the hub sent"
+            time.sleep(0.01)
         proc.send_signal(signal.SIGINT)
         rest, stderr = proc.communicate(timeout=20)
     finally:
@@ -121,9 +141,17 @@ def test_ctrl_c_cancels_the_download_with_exit_130(hub: FakeHub, hub_env: dict[s
     assert proc.returncode == 130, stderr
     assert events[-2:] == ["model_download_cancelled", "model_preparation_cancelled"]
     assert ndjson_objects(rest)[-1]["reason_code"] == "cancellation"
-    cache = Path(hub_env["HF_HUB_CACHE"])
-    blobs = [p.name for p in cache.rglob("blobs/*")]
-    assert blobs == []  # no blob and no *.incomplete left behind
+    partials = [p for p in cache.rglob("blobs/*")]
+    assert [p.suffix for p in partials] == [".incomplete"]  # no blob: only the bytes so far
+    kept = partials[0].stat().st_size
+    assert kept >= 56 * 1024
+
+    hub.stall_after.clear()
+    hub.release.set()
+    resumed = pull(hub_env, f"hf://{REPO}/{FILE}", "--json")
+    assert resumed.code == 0, resumed.stderr
+    assert hub.body_gets(FILE)[-1] == f"bytes={kept}-"  # asked only for the rest
+    assert resumed.records()[-1]["event"] == "model_preparation_completed"
 
 
 def test_load_of_a_hub_reference_pulls_first_then_loads_the_file(
