@@ -9,6 +9,11 @@ from: paths and references stay on its side); "presets" lists those presets. `rm
 never remove a loaded file (``rm --force`` does), and `prune` keeps what a preset names. A file
 is removed as the hub cache holds it: its snapshot links, then its blob when no other link
 points at it. Paths are never printed.
+
+A download that stopped keeps its bytes (``blobs/<etag>.incomplete``) until a pull of the same
+file resumes it: `list` shows each such partial download by its repo, `prune` removes them
+(``--older-than`` by when they were last written) and `rm ORG/REPO` removes the repo's, except
+one a pull is writing now (it holds the blob's lock).
 """
 
 from __future__ import annotations
@@ -62,6 +67,63 @@ class CachedModel:
             "loaded": self.loaded,
             "presets": list(self.presets),
         }
+
+
+@dataclass(frozen=True, slots=True)
+class PartialDownload:
+    repo_id: str
+    size_bytes: int
+    last_written: float
+    path: Path
+    lock: Path
+
+    def record(self, kind: str) -> dict[str, Any]:
+        return {
+            "schema_version": RECORD_SCHEMA_VERSION,
+            "record": kind,
+            "repo": self.repo_id,
+            "size_bytes": self.size_bytes,
+            "last_written_at": dt.datetime.fromtimestamp(self.last_written, dt.UTC).isoformat(
+                timespec="seconds"
+            ),
+        }
+
+    def remove_unless_in_use(self) -> bool:
+        """Removed, unless a pull holds the blob's lock (it is writing the file now)."""
+        from filelock import FileLock, Timeout
+
+        if not self.lock.parent.is_dir():
+            self.path.unlink(missing_ok=True)
+            return True
+        lock = FileLock(str(self.lock))
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            return False
+        try:
+            self.path.unlink(missing_ok=True)
+        finally:
+            lock.release()
+        return True
+
+
+def partial_downloads() -> list[PartialDownload]:
+    """The unfinished downloads of the hub cache's model repos, oldest first."""
+    from huggingface_hub import constants
+
+    root = Path(constants.HF_HUB_CACHE)
+    found: list[PartialDownload] = []
+    for storage in root.glob("models--*"):
+        repo_id = storage.name.removeprefix("models--").replace("--", "/")
+        for path in (storage / "blobs").glob("*.incomplete"):
+            try:
+                stat = path.stat()
+            except OSError:
+                continue  # finished or removed meanwhile
+            etag = path.name.split(".", 1)[0]
+            lock = root / ".locks" / storage.name / f"{etag}.lock"
+            found.append(PartialDownload(repo_id, stat.st_size, stat.st_mtime, path, lock))
+    return sorted(found, key=lambda partial: partial.last_written)
 
 
 def cached_models(presets_file: Path | None, json_output: bool) -> list[CachedModel]:
@@ -151,9 +213,16 @@ def _remove(model: CachedModel, every: list[CachedModel]) -> None:
         model.blob.unlink(missing_ok=True)
 
 
-def _show(models: list[CachedModel], kind: str, json_output: bool, verb: str = "") -> None:
-    """One record (--json) or one line per file; for people, a last line with the count and
-    the size (``verb``: what happened to it)."""
+def _show(
+    models: list[CachedModel],
+    kind: str,
+    json_output: bool,
+    verb: str = "",
+    partials: tuple[list[PartialDownload], str] = ([], ""),
+) -> None:
+    """One record (--json) or one line per file and per partial download (``partials``: them
+    and their record kind); for people, a last line with the count and the size (``verb``:
+    what happened to it)."""
     err = stderr_console()
     for model in models:
         if json_output:
@@ -167,21 +236,40 @@ def _show(models: list[CachedModel], kind: str, json_output: bool, verb: str = "
                 f"{model.record(kind)['last_used_at']}" + (f"  ({flags})" if flags else ""),
                 markup=False,
             )
+    unfinished, partial_kind = partials
+    for partial in unfinished:
+        if json_output:
+            emit_json(partial.record(partial_kind))
+        else:
+            err.print(
+                f"hf://{partial.repo_id}  {_size(partial.size_bytes)}  partial download, last "
+                f"written {partial.record(partial_kind)['last_written_at']}",
+                markup=False,
+            )
     if not json_output:
-        total = _size(sum(model.size_bytes for model in models))
-        err.print(f"{len(models)} file(s), {verb}{total}", markup=False)
+        total = _size(
+            sum(model.size_bytes for model in models)
+            + sum(partial.size_bytes for partial in unfinished)
+        )
+        counted = f"{len(models)} file(s)" + (
+            f" and {len(unfinished)} partial download(s)" if unfinished else ""
+        )
+        err.print(f"{counted}, {verb}{total}", markup=False)
 
 
 @models_app.command("list")
 def list_command(presets: PresetsOption = None, json_output: JsonOption = False) -> None:
     """List the GGUFs in the local model cache: size, last use, loaded, named by a preset.
 
+    Then the partial downloads (a pull that stopped; the next pull of the same file resumes
+    it): their repo, size and when last written (--json: records "partial_download").
+
     Example:
 
-        skippyctl models list --json | jq -r 'select(.loaded | not) | .ref'
+        skippyctl models list --json | jq -r 'select(.record == "cached_model") | .ref'
     """
     models = cached_models(presets, json_output)
-    _show(models, "cached_model", json_output)
+    _show(models, "cached_model", json_output, partials=(partial_downloads(), "partial_download"))
 
 
 @models_app.command("rm")
@@ -199,7 +287,8 @@ def rm_command(
     """Remove a cached model from the local cache (exit 12 when the cache has none such).
 
     A file the runtime has loaded is refused (exit 10) unless --force: loaded under its own
-    name, or under a preset's id when --presets names the runtime's presets file.
+    name, or under a preset's id when --presets names the runtime's presets file. ORG/REPO
+    also removes the repo's partial downloads (not one a pull is writing now).
 
     Example:
 
@@ -208,7 +297,8 @@ def rm_command(
     every = cached_models(presets, json_output)
     prefix = ref.removeprefix("hf://").rstrip("/")
     chosen = [m for m in every if m.ref == f"hf://{prefix}" or m.ref.startswith(f"hf://{prefix}/")]
-    if not chosen:
+    unfinished = [p for p in partial_downloads() if p.repo_id == prefix]
+    if not chosen and not unfinished:
         fail("models rm", ExitCode.MISSING_ARTIFACT, f"{ref}: not in the cache", json_output)
     busy = [m for m in chosen if m.loaded]
     if busy and not force:
@@ -220,7 +310,14 @@ def rm_command(
         )
     for model in chosen:
         _remove(model, every)
-    _show(chosen, "cached_model_removed", json_output, "removed ")
+    removed = [p for p in unfinished if p.remove_unless_in_use()]
+    _show(
+        chosen,
+        "cached_model_removed",
+        json_output,
+        "removed ",
+        partials=(removed, "partial_download_removed"),
+    )
 
 
 @models_app.command("prune")
@@ -238,7 +335,9 @@ def prune_command(
     ] = False,
     json_output: JsonOption = False,
 ) -> None:
-    """Remove the cached models that are not loaded and that no preset names.
+    """Remove the cached models that are not loaded and that no preset names, and the partial
+    downloads (not one a pull is writing now). --older-than: only what was last used (a
+    partial download: last written) longer ago.
 
     Example:
 
@@ -251,13 +350,26 @@ def prune_command(
         for model in every
         if not model.loaded and not model.presets and (cutoff is None or model.last_used < cutoff)
     ]
-    if not dry_run:
-        for model in chosen:
-            _remove(model, every)
+    unfinished = [p for p in partial_downloads() if cutoff is None or p.last_written < cutoff]
     if dry_run:
-        _show(chosen, "cached_model_prunable", json_output, "would free ")
-    else:
-        _show(chosen, "cached_model_pruned", json_output, "freed ")
+        _show(
+            chosen,
+            "cached_model_prunable",
+            json_output,
+            "would free ",
+            partials=(unfinished, "partial_download_prunable"),
+        )
+        return
+    for model in chosen:
+        _remove(model, every)
+    removed = [p for p in unfinished if p.remove_unless_in_use()]
+    _show(
+        chosen,
+        "cached_model_pruned",
+        json_output,
+        "freed ",
+        partials=(removed, "partial_download_pruned"),
+    )
 
 
 def _cutoff(text: str, json_output: bool) -> float:

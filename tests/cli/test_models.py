@@ -3,6 +3,11 @@ hub stand-in, with a real runtime for what is loaded."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -102,3 +107,65 @@ def test_a_loaded_model_is_shown_and_kept(
     assert "loaded" in refused.stderr
     pruned = run_cli("models", "prune", "--presets", str(presets), "--json", env=hub_env)
     assert f"hf://{REPO}/tiny-Q4_K_M.gguf" not in [r["ref"] for r in pruned.records()]
+
+
+def _interrupted_pull(hub: FakeHub, env: dict[str, str], name: str) -> Path:
+    """A pull of `name` stopped by Ctrl-C mid-file: its partial download stays in the cache."""
+    hub.stall_after[name] = 64 * 1024
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "skippyctl", "pull", f"hf://{REPO}/{name}", "--embedded"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+        env=dict(os.environ, **env),
+    )
+    try:
+        assert hub.stalled.wait(30)
+        cache = Path(env["HF_HUB_CACHE"])
+        deadline = time.monotonic() + 30
+        while not [p for p in cache.rglob("*.incomplete") if p.stat().st_size >= 56 * 1024]:
+            assert time.monotonic() < deadline, "the pull never wrote what the hub sent"
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(20) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    hub.stall_after.pop(name)
+    hub.stalled.clear()
+    (partial,) = Path(env["HF_HUB_CACHE"]).rglob("*.incomplete")
+    return partial
+
+
+def test_partial_downloads_are_listed_pruned_and_removed(
+    hub: FakeHub, hub_env: dict[str, str], tmp_path: Path
+) -> None:
+    from filelock import FileLock
+
+    run_cli("models", "rm", f"hf://{REPO}/other-F16.gguf", env=hub_env)
+    partial = _interrupted_pull(hub, hub_env, "other-F16.gguf")
+
+    listed = run_cli("models", "list", "--json", env=hub_env)
+    records = [r for r in listed.records() if r["record"] == "partial_download"]
+    assert [(r["repo"], r["size_bytes"]) for r in records] == [(REPO, partial.stat().st_size)]
+    assert str(tmp_path) not in listed.stdout  # no path is printed
+    human = run_cli("models", "list", env=hub_env)
+    assert f"hf://{REPO}  " in human.stderr and "partial download" in human.stderr
+    assert "2 file(s) and 1 partial download(s)" in human.stderr
+
+    # Not one a pull is writing now: that pull holds the blob's lock (the hub library's).
+    etag = partial.name.split(".", 1)[0]
+    lock_path = Path(hub_env["HF_HUB_CACHE"]) / ".locks" / partial.parent.parent.name
+    with FileLock(str(lock_path / f"{etag}.lock")):
+        busy = run_cli("models", "prune", "--json", env=hub_env)
+        assert busy.code == 0, busy.stderr
+        assert "partial_download_pruned" not in [r["record"] for r in busy.records()]
+        assert partial.exists()
+    young = run_cli("models", "prune", "--older-than", "1d", "--json", env=hub_env)
+    assert [r["record"] for r in young.records()] == []  # written just now: kept
+    assert partial.exists()
+    removed = run_cli("models", "rm", REPO, "--json", env=hub_env)
+    assert removed.code == 0, removed.stderr
+    assert "partial_download_removed" in [r["record"] for r in removed.records()]
+    assert not partial.exists()
