@@ -4,7 +4,8 @@ Public API:
 
 - `SkippyDashboard(source, control=None, title=...)` (`skippy_tui.app`): the app.
 - `EventSource`, `ScriptedSource`, `ReplaySource`, `PushSource` and the connection facts
-  `RuntimeDown`, `RuntimeBack`, `DecodeSkipped`, `SourceEnded` (`skippy_tui.sources`).
+  `RuntimeDown`, `RuntimeBack`, `DecodeSkipped`, `SourceEnded`, and `LoadableModels`
+  (`skippy_tui.sources`).
 - `RuntimeControl` (`skippy_tui.control`): load/unload seam for the command palette.
 - `event_from_record`, `decode_record`, `decode_line`: `--json` record → `Event` (the wire
   codec's, `skippyctl.output.codec`, re-exported: one decoder for every client).
@@ -22,6 +23,7 @@ from skippy_tui.control import RuntimeControl
 from skippy_tui.sources import (
     DecodeSkipped,
     EventSource,
+    LoadableModels,
     PushSource,
     ReplaySource,
     RuntimeBack,
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DecodeSkipped",
     "EventSource",
+    "LoadableModels",
     "PushSource",
     "ReplaySource",
     "RuntimeBack",

@@ -11,6 +11,13 @@ discovery file, so a restarted runtime is found — resuming from the last curso
 start of a new runtime instance's retained events), and delivers `RuntimeBack()` once frames
 flow again. The state document is not decoded into a `RuntimeView`: the replayed events rebuild
 the state (a replay gap means the oldest history is missing).
+
+What the runtime may load on demand is in no event, so a second thread (`skippy-tui-loadable`)
+reads it from the state document (`loadable_models`) and delivers `LoadableModels`: at start,
+within `LOADABLE_MIN_INTERVAL_S` of an event that can change it (a model loaded, failed or
+unloaded, a download ended) and at least every `LOADABLE_MAX_AGE_S` (a file copied into the
+models directory, presets edited), never more often than every `LOADABLE_MIN_INTERVAL_S`. A read
+that fails (the runtime is down) delivers nothing: the last list stays.
 """
 
 from __future__ import annotations
@@ -18,7 +25,16 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Final
 
-from skippy_tui.sources import DecodeSkipped, RuntimeBack, RuntimeDown, Sink, SourceItem
+from skippy_tui.sources import (
+    DecodeSkipped,
+    LoadableModels,
+    RuntimeBack,
+    RuntimeDown,
+    Sink,
+    SourceItem,
+)
+from skippyctl.events.envelope import Event
+from skippyctl.events.reasons import Category, DeliveryClass
 from skippyctl.output.codec import decode_frame_event
 
 if TYPE_CHECKING:
@@ -27,6 +43,26 @@ if TYPE_CHECKING:
 
 BACKOFF_S: Final = (0.5, 1.0, 2.0, 5.0)
 POLL_S: Final = 0.1
+LOADABLE_MIN_INTERVAL_S: Final = 2.0
+"""The loadable list is read at most this often (each read lists the models directory and the
+hub cache in the runtime)."""
+LOADABLE_MAX_AGE_S: Final = 15.0
+"""…and at least this often, for changes no event announces (files, presets)."""
+_LOADABLE_CATEGORIES: Final = frozenset(
+    {
+        Category.MODEL_PREPARATION,
+        Category.MODEL_LOADING,
+        Category.MODEL_AVAILABILITY,
+        Category.MODEL_UNLOADING,
+    }
+)
+_LOADABLE_DELIVERY: Final = frozenset({DeliveryClass.TERMINAL, DeliveryClass.STATE_TRANSITION})
+
+
+def changes_loadable(event: Event) -> bool:
+    """Whether ``event`` can change what the runtime lists as loadable (a model's load, its
+    availability or unload, a download: their terminals and state transitions)."""
+    return event.category in _LOADABLE_CATEGORIES and event.delivery in _LOADABLE_DELIVERY
 
 
 def _cursor_for(client: RuntimeClient, cursor: str | None) -> str:
@@ -49,9 +85,13 @@ class LiveSource:
         self._lock = threading.Lock()
         self._sink: Sink | None = None
         self._thread: threading.Thread | None = None
+        self._loadable_thread: threading.Thread | None = None
+        self._loadable_due = threading.Event()
         self.cursor: str | None = None
         self.delivered = 0
         self.reconnects = 0
+        self.loadable_reads = 0
+        """State documents read for the loadable list (tests wait on it)."""
 
     @property
     def description(self) -> str:
@@ -67,20 +107,43 @@ class LiveSource:
             raise RuntimeError("source already started")
         self._sink = sink
         self._thread = threading.Thread(target=self._run, name="skippy-tui-live", daemon=True)
+        self._loadable_thread = threading.Thread(
+            target=self._refresh_loadable, name="skippy-tui-loadable", daemon=True
+        )
         self._thread.start()
+        self._loadable_thread.start()
 
     def stop(self, timeout_s: float = 2.0) -> None:
         self._stop.set()
+        self._loadable_due.set()  # wakes the loadable thread to see the stop
         with self._lock:
             self._sink = None
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout_s)
+        for thread in (self._thread, self._loadable_thread):
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(timeout_s)
 
     def _deliver(self, item: SourceItem) -> None:
         with self._lock:  # serialised with stop(): nothing is delivered after it returns
             if self._sink is not None:
                 self._sink(item)
+
+    def _refresh_loadable(self) -> None:
+        """Read the loadable list when due (see the module's docstring), until stopped."""
+        from skippyctl.client.http import ApiError, RuntimeUnreachable
+        from skippyctl.output.state_reader import read_state_document
+
+        while not self._stop.is_set():
+            self._loadable_due.clear()
+            try:
+                document = self._client.state()
+            except (RuntimeUnreachable, ApiError):
+                pass  # down or refusing: the last list stays until a read succeeds
+            else:
+                self.loadable_reads += 1
+                self._deliver(LoadableModels(read_state_document(document).loadable))
+            if self._stop.wait(LOADABLE_MIN_INTERVAL_S):
+                return
+            self._loadable_due.wait(LOADABLE_MAX_AGE_S - LOADABLE_MIN_INTERVAL_S)
 
     def _run(self) -> None:
         from skippyctl.client.http import FrameReader
@@ -133,6 +196,7 @@ class LiveSource:
                 flowing = True
                 if announce_back:
                     self._deliver(RuntimeBack())
+                    self._loadable_due.set()  # a restarted runtime may know other models
             if frame.name != "runtime_event":
                 continue
             self.cursor = frame.cursor or self.cursor
@@ -143,6 +207,8 @@ class LiveSource:
                 continue
             self._deliver(event)
             self.delivered += 1
+            if changes_loadable(event):
+                self._loadable_due.set()
         return flowing
 
 

@@ -6,7 +6,9 @@ Contract of an `EventSource`:
   UI thread), one item at a time, in order. An item is an `Event` or a connection fact:
   `RuntimeDown` (the stream broke; the source is reconnecting), `RuntimeBack` (the stream is back,
   optionally with a freshly fetched reduced state to resynchronise from), `DecodeSkipped` (input it
-  could not take, counted by reason) or `SourceEnded` (a finite source ran out).
+  could not take, counted by reason), `SourceEnded` (a finite source ran out) or
+  `LoadableModels` (what the runtime may load on demand, read from its state document: no
+  event says it).
 - The sink is the dashboard's `SnapshotStore.deliver`: it reduces under a short lock and returns;
   it never blocks on the UI. A source must not call it again after `stop()` returns.
 - `stop(timeout_s)` is idempotent and bounded.
@@ -41,6 +43,7 @@ from typing import Final, Protocol
 
 from skippyctl.events.envelope import Event
 from skippyctl.output.codec import SkipReason, decode_line
+from skippyctl.output.state_reader import LoadableEntry
 from skippyctl.reducer.state import RuntimeView
 
 
@@ -71,7 +74,15 @@ class SourceEnded:
     """A finite source (script, replay) delivered its last item."""
 
 
-SourceItem = Event | RuntimeDown | RuntimeBack | DecodeSkipped | SourceEnded
+@dataclass(frozen=True, slots=True)
+class LoadableModels:
+    """The models the runtime may load on demand that were neither loaded nor loading when
+    the source last read its state document (``loadable_models``); replaces the last list."""
+
+    models: tuple[LoadableEntry, ...] = ()
+
+
+SourceItem = Event | RuntimeDown | RuntimeBack | DecodeSkipped | SourceEnded | LoadableModels
 Sink = Callable[[SourceItem], None]
 
 

@@ -21,6 +21,10 @@ the client reducer starts from `runtime=running` instead of waiting for a `runti
 it will never see, so its node state is derived as the runtime's is. A live source that can fetch
 the runtime's reduced state sends it with `RuntimeBack(state=...)`, which replaces the guess.
 
+What the runtime may load on demand is in no event: a live source reads it from the state
+document and delivers `LoadableModels`, which replaces the snapshot's `loadable` (the same list
+again changes nothing, so the panes are not redrawn for it).
+
 Rates are bucketed by the events' own wall-clock second, not by when they arrived, so a replay
 shows the recorded rates at any speed and a scripted test renders deterministically; seconds with
 no events between two that have some count as zero.
@@ -37,12 +41,20 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Final
 
-from skippy_tui.sources import DecodeSkipped, RuntimeBack, RuntimeDown, SourceEnded, SourceItem
+from skippy_tui.sources import (
+    DecodeSkipped,
+    LoadableModels,
+    RuntimeBack,
+    RuntimeDown,
+    SourceEnded,
+    SourceItem,
+)
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event, LogicalId, SummaryKey
 from skippyctl.events.native_kinds import load_phase
 from skippyctl.events.reasons import Category
 from skippyctl.output.codec import SkipReason
+from skippyctl.output.state_reader import LoadableEntry
 from skippyctl.reducer.reduce import reduce
 from skippyctl.reducer.state import LOADING_MODEL_STATES, ModelState, RuntimeState, RuntimeView
 
@@ -196,6 +208,9 @@ class DashboardSnapshot:
     ingress: IngressPressure = field(default_factory=IngressPressure)
     downloads: Mapping[str, Download] = field(default_factory=_empty_downloads)
     """Downloads running in the runtime, by their operation id (``pull-N.download``)."""
+    loadable: tuple[LoadableEntry, ...] = ()
+    """The models the runtime may load on demand that were neither loaded nor loading when the
+    source last read them (a live source only)."""
 
 
 class _RateWindow:
@@ -241,6 +256,7 @@ class SnapshotStore:
         self._rates = _RateWindow(rate_window_s)
         self._phases: dict[LogicalId, str] = {}
         self._downloads: dict[str, Download] = {}
+        self._loadable: tuple[LoadableEntry, ...] = ()
         self._skipped: dict[SkipReason, int] = {}
         self._ingress = IngressPressure()
         self._connection = Connection.CONNECTING
@@ -253,8 +269,12 @@ class SnapshotStore:
     def deliver(self, item: SourceItem) -> None:
         """Source thread: take one item. Bounded work, never blocks on the UI."""
         with self._lock:
+            if isinstance(item, LoadableModels) and item.models == self._loadable:
+                return  # nothing changed: the snapshot stays the same object
             self._version += 1
             match item:
+                case LoadableModels(models=models):
+                    self._loadable = models
                 case Event():
                     self._take_event(item)
                 case RuntimeDown(attempt=attempt):
@@ -356,6 +376,7 @@ class SnapshotStore:
                 skipped=MappingProxyType(dict(self._skipped)),
                 ingress=self._ingress,
                 downloads=MappingProxyType(dict(self._downloads)),
+                loadable=self._loadable,
             )
             return self._cached
 

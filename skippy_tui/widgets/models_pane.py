@@ -6,7 +6,10 @@ pre-available state (requested, loading, initializing) with the load phase and a
 in the detail column: a loading model is never shown as down. A failed, cancelled or
 unavailable model shows its reason code; an idle model with an idle TTL, when it unloads unless
 a request comes. A download the runtime is making (a pull, or an hf:// preset being fetched)
-is a row of its own with its bytes and rate while it runs.
+is a row of its own with its bytes and rate while it runs. Last, a row per model the runtime
+may load on demand (`loadable`: where it comes from, pinned, its idle TTL once loaded), up to
+`MAX_LOADABLE_ROWS`; one that the client's state already shows loading or serving is not
+repeated (the list comes from the state document, read less often than events arrive).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from skippy_tui.store import DashboardSnapshot, Download, model_phase
 from skippy_tui.tables import Cells, KeyedRows, SizedTable
 from skippy_tui.widgets.pane import Pane
 from skippyctl.events.envelope import LogicalId
+from skippyctl.output.state_reader import LoadableEntry
 from skippyctl.reducer.state import (
     LOADING_MODEL_STATES,
     SERVING_MODEL_STATES,
@@ -47,6 +51,12 @@ COLUMNS: Final = (
     "Decode",
 )
 PHASE_WIDTH: Final = 15
+MAX_LOADABLE_ROWS: Final = 64
+"""Loadable models shown as rows (a models directory may hold thousands); the rest are one
+`+N more` row."""
+LOADABLE_KEY: Final = "loadable/"
+"""A loadable row's key is this and its model id: no model id holds a `/`, so no model's own
+row (keyed by its id) can take it."""
 
 
 def detail(snapshot: DashboardSnapshot, model: ModelView) -> Text:
@@ -131,6 +141,41 @@ def download_row(download: Download) -> Cells:
     )
 
 
+def loadable_row(entry: LoadableEntry) -> Cells:
+    """A model the runtime may load on demand: where it comes from, pinned or its idle TTL."""
+    detail = Text(entry.source)
+    if entry.pinned:
+        detail.append(" · pinned", style="dim")
+    elif entry.idle_ttl_s is not None:
+        detail.append(f" · idle {fmt.seconds(entry.idle_ttl_s)}", style="dim")
+    return (
+        Text(entry.model_id),
+        Text("loadable", style="blue"),
+        detail,
+        *(fmt.DASH,) * (len(COLUMNS) - 3),
+    )
+
+
+def _more_row(count: int) -> Cells:
+    """The loadable models past `MAX_LOADABLE_ROWS`, counted."""
+    return (
+        Text(f"+{count} more", style="dim"),
+        Text("loadable", style="blue"),
+        *(fmt.DASH,) * (len(COLUMNS) - 2),
+    )
+
+
+def _unloaded(snapshot: DashboardSnapshot) -> list[LoadableEntry]:
+    """The loadable models the client's own state does not show loading or serving."""
+    models = snapshot.view.models
+    present = {
+        str(model_id)
+        for model_id, model in models.items()
+        if model.state in SERVING_MODEL_STATES or model.state in LOADING_MODEL_STATES
+    }
+    return [entry for entry in snapshot.loadable if entry.model_id not in present]
+
+
 class ModelsPane(Pane):
     """Models, their availability, load progress and serving capacity."""
 
@@ -155,7 +200,13 @@ class ModelsPane(Pane):
 
     def show(self, snapshot: DashboardSnapshot) -> None:
         view: RuntimeView = snapshot.view
-        inputs = (view.models, view.requests, snapshot.phases, snapshot.downloads)
+        inputs = (
+            view.models,
+            view.requests,
+            snapshot.phases,
+            snapshot.downloads,
+            snapshot.loadable,
+        )
         if len(inputs) == len(self._inputs) and all(
             a is b for a, b in zip(inputs, self._inputs, strict=True)
         ):
@@ -169,6 +220,16 @@ class ModelsPane(Pane):
             (f"download:{key}", download_row(download))
             for key, download in sorted(snapshot.downloads.items())
         ]
+        loadable = _unloaded(snapshot)
+        rows += [
+            (f"{LOADABLE_KEY}{entry.model_id}", loadable_row(entry))
+            for entry in loadable[:MAX_LOADABLE_ROWS]
+        ]
+        if len(loadable) > MAX_LOADABLE_ROWS:
+            rows.append((f"{LOADABLE_KEY}+more", _more_row(len(loadable) - MAX_LOADABLE_ROWS)))
         self._rows.show(rows)
         serving = sum(1 for m in models.values() if m.state in SERVING_MODEL_STATES)
-        self.border_subtitle = f"{serving}/{len(models)} serving" if models else "no models"
+        parts = [f"{serving}/{len(models)} serving"] if models else []
+        if loadable:
+            parts.append(f"{len(loadable)} loadable")
+        self.border_subtitle = " · ".join(parts) or "no models"

@@ -5,14 +5,20 @@ catalog knows but has not loaded (``runtime serve --presets`` / ``--models-dir``
 for (``Scheduler.demand``: concurrent requests share one load); the wait is bounded by the
 runtime's queue (503 with Retry-After beyond it) and a load that fails answers 503 with its
 reason. A name nobody knows is the caller's to refuse (None).
+
+``loadable_models`` is what ``/v1/models`` and the state document list as loadable: the
+catalog's models that are neither serving nor loading.
 """
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from skippyctl.api.context import ApiContext
 from skippyctl.api.errors import JsonResponse, error_response
+from skippyctl.reducer.state import LOADING_MODEL_STATES, SERVING_MODEL_STATES, RuntimeView
+from skippyctl.runtime.model_catalog import Loadable
 from skippyctl.runtime.model_server import ModelServer, Rejection
 from skippyctl.runtime.scheduler import DemandRefused
 
@@ -53,3 +59,30 @@ def rejection_response(rejection: Rejection) -> JsonResponse:
     return error_response(
         rejection.message, rejection.status, code=code, reason=rejection.reason, headers=sent
     )
+
+
+async def loadable_models(ctx: ApiContext, state: RuntimeView) -> list[Loadable]:
+    """The models the catalog knows that ``state`` has neither serving nor loading, in the
+    catalog's order (a failed or unloaded model is loadable again). Reading the catalog may
+    touch the disk (the models directory, the hub cache), so it runs off the event loop."""
+    present = {
+        str(view.model_id)
+        for view in state.models.values()
+        if view.state in SERVING_MODEL_STATES or view.state in LOADING_MODEL_STATES
+    }
+    known = await asyncio.to_thread(ctx.scheduler.catalog.loadable)
+    return [entry for entry in known if str(entry.model_id) not in present]
+
+
+def loadable_document(entry: Loadable, default_ttl_s: float) -> dict[str, Any]:
+    """One entry of the state document's ``loadable_models``: its id and where it comes from,
+    never a path; ``idle_ttl_s`` only when it would unload on its own once loaded."""
+    document: dict[str, Any] = {
+        "model_id": str(entry.model_id),
+        "source": entry.source.value,
+        "pinned": entry.pinned,
+    }
+    ttl = entry.idle_ttl_s(default_ttl_s)
+    if ttl is not None:
+        document["idle_ttl_s"] = ttl
+    return document

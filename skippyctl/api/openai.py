@@ -34,7 +34,7 @@ from skippyctl.api.direct_stream import SseSocketSink, sse_template, stream_offe
 from skippyctl.api.errors import JsonResponse, error_body, error_response
 from skippyctl.api.forced_tool_calls import forced_tool_call
 from skippyctl.api.logprobs import chat_logprobs, completion_logprobs
-from skippyctl.api.model_demand import serving_model
+from skippyctl.api.model_demand import loadable_document, loadable_models, serving_model
 from skippyctl.api.schemas import (
     SSE,
     ChatCompletion,
@@ -253,7 +253,6 @@ def register_openai_routes(app: FastAPI, ctx: ApiContext) -> None:
         state = ctx.host.pipeline.state
         created = int(ctx.started_wall)
         data: list[dict[str, Any]] = []
-        listed: set[str] = set()
         for view in state.models.values():
             if view.state in SERVING_MODEL_STATES:
                 shown = "loaded"
@@ -262,23 +261,15 @@ def register_openai_routes(app: FastAPI, ctx: ApiContext) -> None:
             else:
                 continue
             model_id = str(view.model_id)
-            listed.add(model_id)
             card = _model_card(model_id, created, shown, ctx.scheduler.server(model_id))
             if view.idle_expires_wall_ns is not None:
                 card["idle_expires_at"] = rfc3339(view.idle_expires_wall_ns)
             data.append(card)
-        for entry in await asyncio.to_thread(ctx.scheduler.catalog.loadable):
-            model_id = str(entry.model_id)
-            if model_id not in listed:
-                card = _model_card(model_id, created, "loadable", None)
-                card["pinned"] = entry.pinned
-                ttl = (
-                    ctx.scheduler.default_ttl_s if entry.options.ttl is None else entry.options.ttl
-                )
-                if ttl >= 0 and not entry.pinned:
-                    card["idle_ttl_s"] = ttl
-                card["source"] = entry.source.value
-                data.append(card)
+        for entry in await loadable_models(ctx, state):
+            card = _model_card(str(entry.model_id), created, "loadable", None)
+            listed = loadable_document(entry, ctx.scheduler.default_ttl_s)
+            card.update((k, v) for k, v in listed.items() if k != "model_id")
+            data.append(card)
         return JsonResponse({"object": "list", "data": data})
 
     @app.post(

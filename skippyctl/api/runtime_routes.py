@@ -14,6 +14,7 @@ from starlette.responses import Response
 from skippyctl.api.context import ApiContext
 from skippyctl.api.errors import JsonResponse, error_response
 from skippyctl.api.health_routes import health_counters
+from skippyctl.api.model_demand import loadable_document, loadable_models
 from skippyctl.api.schemas import (
     CancelAccepted,
     LoadAccepted,
@@ -61,6 +62,10 @@ def register_runtime_routes(app: FastAPI, ctx: ApiContext) -> None:
         document = state_document(state, health=health_counters(ctx), recent=events)
         document["engines"] = [
             {"model_id": model_id, "pid": pid} for model_id, pid in ctx.host.engine_pids().items()
+        ]
+        default_ttl_s = ctx.scheduler.default_ttl_s
+        document["loadable_models"] = [
+            loadable_document(entry, default_ttl_s) for entry in await loadable_models(ctx, state)
         ]
         return JsonResponse(document)
 

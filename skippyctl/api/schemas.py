@@ -328,6 +328,18 @@ class HealthDocument(BaseModel):
     process_instance_id: str
 
 
+class LoadableModel(BaseModel):
+    model_id: str
+    source: Literal["preset", "models_dir", "hub_cache"] = Field(
+        description="Where it comes from: a preset (`--presets`), a file of `--models-dir`, or "
+        "a single-file GGUF of the local hub cache."
+    )
+    pinned: bool = Field(description="Never unloaded on the runtime's account once loaded.")
+    idle_ttl_s: float | None = Field(
+        default=None, description="Idle seconds before it unloads once loaded (absent: never)."
+    )
+
+
 class StateDocument(BaseModel):
     """The reduced state document (schema version 1; fields are only ever added)."""
 
@@ -338,6 +350,11 @@ class StateDocument(BaseModel):
     node: str
     models: list[dict[str, Any]]
     engines: list[dict[str, Any]]
+    loadable_models: list[LoadableModel] = Field(
+        description="The models the runtime may load on demand (`--presets`, `--models-dir`, "
+        "the local hub cache) that are neither loaded nor loading (a failed or unloaded model "
+        "is listed again), in the order the runtime looks a name up: ids, never paths."
+    )
 
 
 class RecentEvents(BaseModel):

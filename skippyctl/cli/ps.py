@@ -27,7 +27,9 @@ def ps_command(
     decode rate, then a line with the options its load asked for beyond the defaults. A model
     split across stages (`load --stage`/`--local-stages`) also gets its topology: per stage its
     id, layer range, memory (the plan's share / what the stage offered), state (with its
-    reason) and link RTT/jitter when measured.
+    reason) and link RTT/jitter when measured. Then the models the runtime may load on demand
+    (`--presets`, `--models-dir`, the hub cache) that are not loaded: where each comes from,
+    pinned, and its idle TTL once loaded (`loadable_models` in `--json`).
 
     `--json` prints the state document (GET /api/runtime/state, schema_version 1) as one line.
     Starts a runtime when none runs. Exit 0; 3 when no runtime answers.

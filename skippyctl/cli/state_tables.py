@@ -16,6 +16,7 @@ from rich.table import Table
 from skippyctl.events.reasons import ReasonCode
 from skippyctl.output.state_reader import (
     EnumValue,
+    LoadableEntry,
     ModelEntry,
     StageEntry,
     StateDocumentView,
@@ -156,6 +157,24 @@ def models_table(state: StateDocumentView) -> Table:
     return table
 
 
+def _idle_ttl_cell(entry: LoadableEntry) -> str:
+    return "never" if entry.idle_ttl_s is None else _duration(entry.idle_ttl_s)
+
+
+def loadable_table(state: StateDocumentView) -> Table:
+    """The models the runtime may load on demand that are neither loaded nor loading: where
+    each comes from, whether it is pinned, how long it stays idle once loaded."""
+    table = Table("loadable", "source", "pinned", "idle ttl", box=None, header_style="bold")
+    for entry in state.loadable:
+        table.add_row(
+            escape(entry.model_id),
+            escape(entry.source),
+            "yes" if entry.pinned else "-",
+            _idle_ttl_cell(entry),
+        )
+    return table
+
+
 def _stage_state_cell(
     state: EnumValue[StageState] | EnumValue[TopologyState],
     reason: EnumValue[ReasonCode] | None,
@@ -257,7 +276,8 @@ def warnings_line(state: StateDocumentView) -> str:
 
 def print_state(state: StateDocumentView, url: str, out: Console) -> None:
     """The whole `ps` view: the runtime line, the models (the options their loads asked for,
-    any split model's topology), the event system's health and the active warnings."""
+    any split model's topology), the models it may load on demand, the event system's health
+    and the active warnings."""
     out.print(
         f"[bold]runtime[/] {state.runtime.text} · node [bold]{state.node.text}[/] · "
         f"native {state.native_mode.text} · {url}"
@@ -276,6 +296,8 @@ def print_state(state: StateDocumentView, url: str, out: Console) -> None:
                 out.print(stages_table(topology))
     else:
         out.print("[dim]no models loaded (skippyctl load FILE.gguf)[/]")
+    if state.loadable:
+        out.print(loadable_table(state))
     out.print(health_line(state))
     if state.warnings or state.degraded_modes:
         out.print(warnings_line(state))

@@ -111,6 +111,18 @@ class ModelEntry:
 
 
 @dataclass(frozen=True, slots=True)
+class LoadableEntry:
+    """A model the runtime may load on demand and has not loaded (``loadable_models``)."""
+
+    model_id: str
+    source: str = ABSENT
+    """``preset``, ``models_dir`` or ``hub_cache`` (a newer runtime's word as it came)."""
+    pinned: bool = False
+    idle_ttl_s: float | None = None
+    """Idle seconds before it unloads once loaded (None: never)."""
+
+
+@dataclass(frozen=True, slots=True)
 class SessionEntry:
     session_id: str
     state: EnumValue[SessionState]
@@ -197,6 +209,9 @@ class StateDocumentView:
     warnings: tuple[WarningEntry, ...] = ()
     """The active structured warnings (`warnings`; absent in older documents)."""
     degraded_modes: tuple[str, ...] = ()
+    loadable: tuple[LoadableEntry, ...] = ()
+    """The models the runtime may load on demand that are neither loaded nor loading
+    (``loadable_models``; absent in older documents and in the stream's ``runtime_state``)."""
 
     def model(self, model_id: str) -> ModelEntry | None:
         return next((m for m in self.models if m.model_id == model_id), None)
@@ -258,6 +273,19 @@ def _settings(value: object) -> tuple[tuple[str, int | float | bool | str], ...]
         return ()
     return tuple(
         (str(key), item) for key, item in value.items() if isinstance(item, int | float | str)
+    )
+
+
+def _loadable(entry: Mapping[str, Any]) -> LoadableEntry | None:
+    model_id = _text(entry.get("model_id"))
+    if model_id is None:
+        return None
+    pinned = entry.get("pinned")
+    return LoadableEntry(
+        model_id=model_id,
+        source=_text(entry.get("source")) or ABSENT,
+        pinned=pinned if isinstance(pinned, bool) else False,
+        idle_ttl_s=_float(entry.get("idle_ttl_s")),
     )
 
 
@@ -347,4 +375,9 @@ def read_state_document(document: Mapping[str, Any]) -> StateDocumentView:
         degraded_modes=tuple(m for m in document.get("degraded_modes") or () if isinstance(m, str))
         if isinstance(document.get("degraded_modes"), list)
         else (),
+        loadable=tuple(
+            entry
+            for e in _entries(document, "loadable_models")
+            if (entry := _loadable(e)) is not None
+        ),
     )

@@ -50,6 +50,12 @@ class Loadable:
     source: LoadableSource
     pinned: bool = False
 
+    def idle_ttl_s(self, default_ttl_s: float) -> float | None:
+        """Idle seconds before it unloads once loaded (its load's ``ttl``, else the runtime's
+        ``default_ttl_s``, as ``Scheduler.load`` sets them); None: never (pinned, or -1)."""
+        ttl = default_ttl_s if self.options.ttl is None else self.options.ttl
+        return ttl if ttl >= 0 and not self.pinned else None
+
 
 class ModelCatalog:
     """Presets and a models directory, both optional (an empty catalog knows no model)."""

@@ -46,6 +46,15 @@ model = "{fixture_dir / "bad-magic.gguf"}"
 [models.flash]
 model = "{fixture_dir / "tiny.gguf"}"
 ttl = 0
+
+[models.shelf]
+model = "{fixture_dir / "tiny.gguf"}"
+ttl = 30
+
+[models.held]
+model = "{fixture_dir / "tiny.gguf"}"
+ttl = 30
+pinned = true
 """
     )
     return presets
@@ -56,7 +65,8 @@ def on_demand(tmp_path_factory: pytest.TempPathFactory, fixture_dir: Path) -> It
     directory = tmp_path_factory.mktemp("on-demand")
     models = directory / "models"
     models.mkdir()
-    for name in ("dirmodel", "dirshort", "dirlong"):  # one per test: tests run in any order
+    # one per test: tests run in any order
+    for name in ("dirmodel", "dirshort", "dirlong", "dirstate"):
         os.symlink(fixture_dir / "tiny.gguf", models / f"{name}.gguf")
     os.symlink(fixture_dir / "tiny-embedding.gguf", models / "dirembed.gguf")
     (models / "notes.txt").write_text("not a model")
@@ -160,6 +170,60 @@ def test_v1_models_lists_loadable_and_loaded_models(on_demand: Server) -> None:
     # The official client reads the list.
     listed = {model.id for model in openai_client(on_demand).models.list()}
     assert "dirembed" in listed
+
+
+def test_the_state_document_lists_a_loadable_model_until_it_loads(on_demand: Server) -> None:
+    """``loadable_models``: the catalog's models neither loaded nor loading, by id and source
+    (never a path); a model leaves it when it loads and comes back when it unloads."""
+
+    def state() -> dict[str, Any]:
+        with on_demand.http() as http:
+            document: dict[str, Any] = http.get("/api/runtime/state").json()
+        return document
+
+    def loadable(document: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        return {entry["model_id"]: entry for entry in document["loadable_models"]}
+
+    before = state()
+    listed = loadable(before)
+    assert listed["dirstate"] == {"model_id": "dirstate", "source": "models_dir", "pinned": False}
+    assert listed["shelf"] == {
+        "model_id": "shelf",
+        "source": "preset",
+        "pinned": False,
+        "idle_ttl_s": 30,
+    }
+    assert listed["held"] == {"model_id": "held", "source": "preset", "pinned": True}
+    assert "notes" not in listed
+    assert "dirstate" not in {m["model_id"] for m in before["models"]}
+    # The presets come first, in the order the runtime looks a name up.
+    sources = [entry["source"] for entry in before["loadable_models"]]
+    assert sources == sorted(sources, key=lambda source: source != "preset")
+    text = str(before["loadable_models"])
+    assert "/" not in text and ".gguf" not in text  # ids and sources, never a path
+    with on_demand.http() as http:
+        cards = {card["id"]: card for card in http.get("/v1/models").json()["data"]}
+    for model_id in ("dirstate", "shelf", "held"):  # one rule for both listings
+        card = cards[model_id]
+        assert card["state"] == "loadable"
+        assert listed[model_id] == {
+            "model_id": model_id,
+            **{key: card[key] for key in ("source", "pinned", "idle_ttl_s") if key in card},
+        }
+
+    assert _complete(on_demand, "dirstate").status_code == 200
+    loaded = state()
+    (model,) = [m for m in loaded["models"] if m["model_id"] == "dirstate"]
+    assert model["state"] == "available"
+    assert "dirstate" not in loadable(loaded)
+    assert "shelf" in loadable(loaded)
+
+    with on_demand.http() as http:
+        answer = http.post("/api/runtime/models/dirstate/unload", json={})
+    assert answer.status_code in (200, 202), answer.text
+    _wait_for(lambda: _events_of(on_demand, "dirstate", "unload_completed"))
+    again = _wait_for(lambda: loadable(state()).get("dirstate"))
+    assert again == {"model_id": "dirstate", "source": "models_dir", "pinned": False}
 
 
 def test_an_idle_model_shows_when_it_unloads(on_demand: Server) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from tests.cli.helpers import run_cli
@@ -43,6 +44,9 @@ def test_ps_json_is_one_state_document_and_status_is_the_same(fixture_dir: Path)
     assert table.code == 0, table.stderr
     assert "tiny" in table.stdout and "available" in table.stdout
     assert "node" in table.stdout and "dropped" in table.stdout
+    # A runtime with nothing to load on demand: no loadable section.
+    assert document["loadable_models"] == []
+    assert "loadable" not in table.stdout
 
 
 def test_ps_shows_a_split_models_topology_in_its_table_and_its_json(fixture_dir: Path) -> None:
@@ -102,3 +106,38 @@ def test_a_loads_options_reach_the_engine_the_state_and_ps(fixture_dir: Path) ->
     assert model["settings"] == {"lanes": 2, "threads": 1}
     table = run_cli("ps")
     assert "tiny options: lanes=2 threads=1" in table.stdout, table.stdout
+
+
+def test_ps_lists_the_models_the_runtime_may_load_on_demand(
+    tmp_path: Path, fixture_dir: Path
+) -> None:
+    models = tmp_path / "models"
+    models.mkdir()
+    os.symlink(fixture_dir / "tiny.gguf", models / "shelved.gguf")
+    presets = tmp_path / "presets.toml"
+    tiny = fixture_dir / "tiny.gguf"
+    presets.write_text(
+        f'[models.held]\nmodel = "{tiny}"\npinned = true\n\n'
+        f'[models.brief]\nmodel = "{tiny}"\nttl = 90\n'
+    )
+    started = run_cli(
+        "runtime", "start", "--models-dir", str(models), "--presets", str(presets), "--json"
+    )
+    assert started.code == 0, started.stderr
+    (document,) = run_cli("ps", "--json").records()
+    assert document["models"] == []
+    assert document["loadable_models"] == [
+        {"model_id": "held", "source": "preset", "pinned": True},
+        {"model_id": "brief", "source": "preset", "pinned": False, "idle_ttl_s": 90},
+        {"model_id": "shelved", "source": "models_dir", "pinned": False},
+    ]
+    table = run_cli("ps")
+    assert table.code == 0, table.stderr
+    rows = [line.split() for line in table.stdout.splitlines()]
+    start = rows.index(["loadable", "source", "pinned", "idle", "ttl"])
+    assert rows[start + 1 : start + 4] == [
+        ["held", "preset", "yes", "never"],
+        ["brief", "preset", "-", "1m30s"],
+        ["shelved", "models_dir", "-", "never"],
+    ]
+    assert str(models) not in table.stdout and str(tiny) not in table.stdout

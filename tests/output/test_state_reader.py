@@ -12,7 +12,7 @@ from skippy_tui import demo
 from skippyctl.events.envelope import Event, LogicalId
 from skippyctl.events.reasons import ProgressUnit
 from skippyctl.output.state import state_document
-from skippyctl.output.state_reader import ABSENT, EnumValue, read_state_document
+from skippyctl.output.state_reader import ABSENT, EnumValue, LoadableEntry, read_state_document
 from skippyctl.reducer.reduce import reduce
 from skippyctl.reducer.state import (
     EventSystemView,
@@ -139,8 +139,29 @@ def test_progress_without_a_unit_reads_as_no_unit() -> None:
     )
 
 
+def test_loadable_models_are_read_and_what_does_not_fit_is_left_out() -> None:
+    reading = read_state_document(
+        {
+            "loadable_models": [
+                {"model_id": "held", "source": "preset", "pinned": True},
+                {"model_id": "shelf", "source": "models_dir", "pinned": False, "idle_ttl_s": 90},
+                {"model_id": "odd", "source": 3, "pinned": "yes", "idle_ttl_s": "soon"},
+                {"source": "preset"},
+                "not an entry",
+            ]
+        }
+    )
+    assert reading.loadable == (
+        LoadableEntry("held", "preset", pinned=True),
+        LoadableEntry("shelf", "models_dir", idle_ttl_s=90.0),
+        LoadableEntry("odd", ABSENT),
+    )
+    assert read_state_document({"loadable_models": {"held": {}}}).loadable == ()
+
+
 def test_an_empty_document_reads_as_nothing_known() -> None:
     reading = read_state_document({})
+    assert reading.loadable == ()  # a runtime older than `loadable_models`
     assert reading.models == () and reading.sessions == ()
     assert reading.node.member is None and reading.runtime.member is None
     assert reading.event_system == EventSystemView()

@@ -16,6 +16,7 @@ from skippy_tui.screens.help import HelpScreen
 from skippy_tui.screens.load_model import LoadModelScreen
 from skippy_tui.screens.unload_model import UnloadModelScreen
 from skippy_tui.sources import (
+    LoadableModels,
     PushSource,
     ReplaySource,
     RuntimeBack,
@@ -24,6 +25,8 @@ from skippy_tui.sources import (
 )
 from skippy_tui.store import DEFAULT_MAX_RECENT_EVENTS
 from skippy_tui.widgets.events_log import MAX_LOG_ROWS
+from skippy_tui.widgets.models_pane import MAX_LOADABLE_ROWS
+from skippyctl.output.state_reader import LoadableEntry
 
 from .conftest import cell_text, column_texts, dashboard, plain, scripted, settle
 
@@ -346,3 +349,45 @@ async def test_replay_of_a_real_load_shows_the_model_available() -> None:
         assert cell_text(_models(app), "tiny", "State") == "available"
         assert "node accepting" in _header(app)
         assert "ended" in _header(app)
+
+
+async def test_loadable_models_are_rows_after_the_loaded_ones_until_they_load() -> None:
+    listed = (
+        LoadableEntry("tiny", "models_dir"),  # the client already sees it serving
+        LoadableEntry("held", "preset", pinned=True),
+        LoadableEntry("brief", "preset", idle_ttl_s=90),
+        LoadableEntry("shelved", "hub_cache"),
+    )
+    app = scripted([*demo.script(demo.available()), (0.0, LoadableModels(listed))])
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        table = _models(app)
+        assert column_texts(table, "Model") == ["tiny", "held", "brief", "shelved"]
+        assert cell_text(table, "tiny", "State") == "available"
+        assert cell_text(table, "loadable/held", "State") == "loadable"
+        assert cell_text(table, "loadable/held", "Detail") == "preset · pinned"
+        assert cell_text(table, "loadable/brief", "Detail") == "preset · idle 1m30s"
+        assert cell_text(table, "loadable/shelved", "Detail") == "hub_cache"
+        assert cell_text(table, "loadable/shelved", "Device") == "–"
+        assert app.dashboard.models.border_subtitle == "1/1 serving · 3 loadable"
+        # The next reading: "held" loaded (the runtime no longer lists it).
+        app.store.deliver(LoadableModels(listed[2:]))
+        app.poll()
+        await pilot.pause()
+        assert column_texts(table, "Model") == ["tiny", "brief", "shelved"]
+        app.store.deliver(LoadableModels(()))
+        app.poll()
+        await pilot.pause()
+        assert column_texts(table, "Model") == ["tiny"]
+        assert app.dashboard.models.border_subtitle == "1/1 serving"
+
+
+async def test_a_long_loadable_list_is_cut_to_a_bounded_number_of_rows() -> None:
+    many = tuple(LoadableEntry(f"m{i:03d}", "models_dir") for i in range(MAX_LOADABLE_ROWS + 6))
+    app = scripted([(0.0, LoadableModels(many))])
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        models = column_texts(_models(app), "Model")
+        assert len(models) == MAX_LOADABLE_ROWS + 1
+        assert models[-1] == "+6 more"
+        assert app.dashboard.models.border_subtitle == f"{MAX_LOADABLE_ROWS + 6} loadable"

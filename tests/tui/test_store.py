@@ -162,3 +162,23 @@ def test_a_download_is_followed_with_its_bytes_and_rate_until_it_ends() -> None:
     assert download.bytes_per_s == 500_000
     event(EventId.MODEL_DOWNLOAD_COMPLETED, 105.0)
     assert dict(store.snapshot().downloads) == {}
+
+
+def test_the_loadable_list_replaces_the_last_and_the_same_list_changes_nothing() -> None:
+    from skippy_tui.sources import LoadableModels
+    from skippyctl.output.state_reader import LoadableEntry
+
+    store = _store(demo.available())
+    assert store.snapshot().loadable == ()
+    listed = (LoadableEntry("held", "preset", pinned=True), LoadableEntry("shelf", "models_dir"))
+    store.deliver(LoadableModels(listed))
+    first = store.snapshot()
+    assert first.loadable == listed
+    assert first.view.models[demo.TINY].state is ModelState.AVAILABLE  # the state is kept
+    same = (LoadableEntry("held", "preset", pinned=True), LoadableEntry("shelf", "models_dir"))
+    store.deliver(LoadableModels(same))
+    assert store.snapshot() is first  # an equal list: nothing to redraw
+    store.deliver(RuntimeDown(attempt=1))  # a runtime that went away keeps its last list
+    assert store.snapshot().loadable == listed
+    store.deliver(LoadableModels(listed[1:]))
+    assert store.snapshot().loadable == listed[1:]
