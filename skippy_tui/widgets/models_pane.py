@@ -5,7 +5,7 @@ queue depth, decode rate (a download's rate in MiB/s). The state reads `loading`
 pre-available state (requested, loading, initializing) with the load phase and a progress bar
 in the detail column: a loading model is never shown as down. A failed, cancelled or
 unavailable model shows its reason code; an idle model with an idle TTL, when it unloads unless
-a request comes. A download the runtime is making (a pull, or an hf:// preset being fetched)
+a request comes; a pinned one (`load --pin`, a preset's `pinned`) says so. A download the runtime is making (a pull, or an hf:// preset being fetched)
 is a row of its own with its bytes and rate while it runs. Last, a row per model the runtime
 may load on demand (`loadable`: where it comes from, pinned, its idle TTL once loaded), up to
 `MAX_LOADABLE_ROWS`; one that the client's state already shows loading or serving is not
@@ -86,6 +86,8 @@ def detail(snapshot: DashboardSnapshot, model: ModelView) -> Text:
         text = Text(f"ready in {fmt.millis(model.load_duration_ms)}", style="green")
         if model.kv.pressure:
             text.append(" · KV pressure", style="yellow")
+        if any(s.key == "pinned" and s.value is True for s in model.settings):
+            text.append(" · pinned", style="dim")
         if model.idle_expires_wall_ns is not None:
             # A clock time, not a countdown: the pane redraws only when the state changes.
             at = time.strftime("%H:%M:%S", time.localtime(model.idle_expires_wall_ns / 1e9))

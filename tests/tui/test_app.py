@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import threading
 from pathlib import Path
@@ -391,3 +392,19 @@ async def test_a_long_loadable_list_is_cut_to_a_bounded_number_of_rows() -> None
         assert len(models) == MAX_LOADABLE_ROWS + 1
         assert models[-1] == "+6 more"
         assert app.dashboard.models.border_subtitle == f"{MAX_LOADABLE_ROWS + 6} loadable"
+
+
+async def test_a_pinned_model_says_so_in_its_detail() -> None:
+    from skippyctl.events.catalog import EventId
+    from skippyctl.events.envelope import settings
+
+    events = demo.available()
+    requested = next(e for e in events if e.id is EventId.MODEL_LOAD_REQUESTED)
+    events[events.index(requested)] = dataclasses.replace(
+        requested, settings=settings((("pinned", True),))
+    )
+    app = scripted(demo.script(events))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        detail = cell_text(_models(app), "tiny", "Detail")
+        assert detail.startswith("ready in ") and detail.endswith(" · pinned"), detail
