@@ -5,8 +5,9 @@ queue depth, decode rate (a download's rate in MiB/s). The state reads `loading`
 pre-available state (requested, loading, initializing) with the load phase and a progress bar
 in the detail column: a loading model is never shown as down. A failed, cancelled or
 unavailable model shows its reason code; an idle model with an idle TTL, when it unloads unless
-a request comes; a pinned one (`load --pin`, a preset's `pinned`) says so. A download the runtime is making (a pull, or an hf:// preset being fetched)
-is a row of its own with its bytes and rate while it runs. Last, a row per model the runtime
+a request comes; a pinned one (`load --pin`, a preset's `pinned`) says so. A download the
+runtime is making (a pull, or an hf:// preset being fetched) is a row of its own with its bytes
+and rate while it runs. Last, a row per model the runtime
 may load on demand (`loadable`: where it comes from, pinned, its idle TTL once loaded), up to
 `MAX_LOADABLE_ROWS`; one that the client's state already shows loading or serving is not
 repeated (the list comes from the state document, read less often than events arrive).
