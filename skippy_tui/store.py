@@ -175,6 +175,8 @@ class Download:
     bytes_total: int | None = None
     bytes_per_s: float | None = None
     started_wall_ns: int = 0
+    bytes_at_start: int = 0
+    """What a resumed download's partial file already had (not counted in its rate)."""
 
 
 def _empty_downloads() -> Mapping[str, Download]:
@@ -326,7 +328,14 @@ class SnapshotStore:
             return
         if event.id is EventId.MODEL_DOWNLOAD_STARTED:
             if len(self._downloads) < MAX_DOWNLOADS_SHOWN:
-                self._downloads[key] = Download(event.scope.model_id, started_wall_ns=event.wall_ns)
+                at = event.progress
+                self._downloads[key] = Download(
+                    event.scope.model_id,
+                    bytes_done=at.current if at is not None else 0,
+                    bytes_total=at.total if at is not None else None,
+                    started_wall_ns=event.wall_ns,
+                    bytes_at_start=at.current if at is not None else 0,
+                )
             return
         known = self._downloads.get(key)
         progress = event.progress
@@ -337,7 +346,9 @@ class SnapshotStore:
             known,
             bytes_done=progress.current,
             bytes_total=progress.total,
-            bytes_per_s=progress.current / elapsed_s if elapsed_s > 0 else None,
+            bytes_per_s=(progress.current - known.bytes_at_start) / elapsed_s
+            if elapsed_s > 0
+            else None,
         )
 
     def _track_phase(self, event: Event) -> None:

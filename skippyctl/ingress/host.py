@@ -8,7 +8,8 @@ Lanes mirror the native rings' delivery classes:
   `terminal_not_delivered` for its operation: never silently lost.
 - progress: the latest value per operation (and per topology and stage, for link figures); a
   value not greater than the last one accepted or delivered for that operation is suppressed;
-  replacing an undelivered value coalesces it.
+  replacing an undelivered value coalesces it. An operation's undelivered progress is delivered
+  just before its terminal (the lanes drain state first, which would otherwise put it after).
 - diagnostic: a FIFO that samples (keeps one in `diagnostic_sample_every`) above half full and
   drops when full.
 - debug: accepted only when enabled.
@@ -221,6 +222,7 @@ class HostIngress:
                 event = self._state.popleft()
                 self._counters[event.delivery].delivered += 1
                 if event.delivery is DeliveryClass.TERMINAL and event.operation_id is not None:
+                    out += self._progress_before_terminal(event.operation_id)
                     self._forget_progress(event.operation_id)
                 out.append(event)
             while self._progress and len(out) < max_events:
@@ -235,6 +237,13 @@ class HostIngress:
             if self._pending_locked():
                 self.doorbell.set()
         return out
+
+    def _progress_before_terminal(self, operation_id: LogicalId) -> list[Event]:
+        """The operation's undelivered progress, taken now: it was submitted before its
+        terminal, so it is delivered before it (per-operation order), never after."""
+        keys = [key for key in self._progress if key[0] == operation_id]
+        self._counters[DeliveryClass.PROGRESS].delivered += len(keys)
+        return [self._progress.pop(key) for key in keys]
 
     def _forget_progress(self, operation_id: LogicalId) -> None:
         for key in [k for k in self._last_progress if k[0] == operation_id]:

@@ -155,3 +155,22 @@ def test_link_figures_coalesce_per_stage_and_per_topology_not_across_them() -> N
     # The same stage in the next load's topology counts afresh.
     assert ingress.submit(_link_observed("stage-a", 1, "topology-2")) is SubmitOutcome.ACCEPTED
     _assert_conserved(ingress.stats())
+
+
+def test_an_operations_last_progress_is_delivered_before_its_terminal() -> None:
+    """The lanes drain state first; an operation's pending progress still comes before its own
+    terminal (per-operation order), while another operation's waits its turn."""
+    ingress = HostIngress()
+    assert ingress.submit(_progress("op-2", 10)) is SubmitOutcome.ACCEPTED
+    assert ingress.submit(_progress("op-1", 999)) is SubmitOutcome.ACCEPTED
+    ended = make_event(EventId.MODEL_LOAD_CANCELLED, operation_id=LogicalId("op-1"))
+    assert ingress.submit(ended) is SubmitOutcome.ACCEPTED
+
+    drained = [(e.id, str(e.operation_id)) for e in ingress.drain()]
+
+    assert drained == [
+        (EventId.MODEL_LOAD_PROGRESS, "op-1"),
+        (EventId.MODEL_LOAD_CANCELLED, "op-1"),
+        (EventId.MODEL_LOAD_PROGRESS, "op-2"),
+    ]
+    _assert_conserved(ingress.stats())

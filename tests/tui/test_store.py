@@ -163,6 +163,13 @@ def test_a_download_is_followed_with_its_bytes_and_rate_until_it_ends() -> None:
     event(EventId.MODEL_DOWNLOAD_COMPLETED, 105.0)
     assert dict(store.snapshot().downloads) == {}
 
+    # A resumed download starts at what its partial file had: shown, not counted in the rate.
+    event(EventId.MODEL_DOWNLOAD_STARTED, 200.0, 3_000_000)
+    resumed = store.snapshot().downloads["pull-1.download"]
+    assert (resumed.bytes_done, resumed.bytes_total) == (3_000_000, 4_000_000)
+    event(EventId.MODEL_DOWNLOAD_PROGRESS, 202.0, 3_500_000)
+    assert store.snapshot().downloads["pull-1.download"].bytes_per_s == 250_000
+
 
 def test_the_loadable_list_replaces_the_last_and_the_same_list_changes_nothing() -> None:
     from skippy_tui.sources import LoadableModels
