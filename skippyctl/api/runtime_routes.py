@@ -164,11 +164,20 @@ def register_runtime_routes(app: FastAPI, ctx: ApiContext) -> None:
         responses=errors(400, 401, 413, 503),
         openapi_extra=json_body(PullBody),
     )
+    @app.post(
+        "/api/models/pull",
+        status_code=202,
+        response_model=PullAccepted,
+        response_class=JsonResponse,
+        responses=errors(400, 401, 413, 503),
+        openapi_extra=json_body(PullBody),
+    )
     async def pull(request: Request) -> Response:
         """Fetch a model into the local cache and check it, in the runtime: the pull's
         events (``model_queued`` … ``model_preparation_completed``, download progress) go to
         the runtime's event stream under the operation id answered here; cancel it with
-        ``POST /api/runtime/operations/{id}/cancel``."""
+        ``POST /api/runtime/operations/{id}/cancel``. ``/api/models/pull`` is the same call
+        under the name operators of other runtimes look for."""
         body = await read_body(request, PullBody)
         if isinstance(body, Response):
             return body

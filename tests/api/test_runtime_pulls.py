@@ -148,6 +148,15 @@ def test_an_hf_preset_is_pulled_by_the_request_that_wants_it(runtime: Server) ->
     assert len(loads) == 1
 
 
+def test_api_models_pull_is_the_same_call(runtime: Server) -> None:
+    with runtime.http() as http:
+        answer = http.post("/api/models/pull", json={"ref": f"hf://{REPO}/{FILE}"})
+    assert answer.status_code == 202, answer.text
+    kinds = [e["kind"] for e in _ended(runtime, answer.json()["operation_id"])]
+    assert kinds[0] == "model_queued"
+    assert {"model_preparation_completed", "model_preparation_cache_reused"} & set(kinds)
+
+
 def test_a_bad_pull_body_is_refused_naming_the_field(runtime: Server) -> None:
     with runtime.http() as http:
         for body, field in (
