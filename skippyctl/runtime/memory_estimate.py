@@ -1,8 +1,8 @@
 """What a load will take in memory, said before any weight moves (``load --estimate``, the
 runtime's memory budget).
 
-Read from the GGUF's header (``gguf``: no llama.cpp in the host) and the load's options, with
-the engine's own context rule (``engine/geometry.py``):
+Read from the GGUF's header (``acquisition/gguf_metadata.py``: no llama.cpp in the host) and
+the load's options, with the engine's own context rule (``engine/geometry.py``):
 
 - weights: the file's size (every part of a split set);
 - KV cache: the context the load will get × the model's KV bytes per token (f16 keys and
@@ -20,8 +20,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
+from skippyctl.acquisition.gguf_metadata import (
+    GgufArray,
+    GgufMetadataError,
+    Scalar,
+    read_metadata,
+)
 from skippyctl.config.load_options import LoadOptions
 from skippyctl.engine.geometry import available_memory_bytes, kv_bytes_per_token, plan_context
 from skippyctl.runtime.topology import model_bytes
@@ -94,35 +100,28 @@ def estimate_load(options: LoadOptions, free_memory_bytes: int | None = None) ->
 def _shape(path: Path) -> dict[str, int] | None:
     """The model's numbers the estimate needs, from its header; None when it cannot be read."""
     try:
-        import gguf
-
-        reader = gguf.GGUFReader(str(path), "r")
-        arch = _value(reader, "general.architecture")
-        if not isinstance(arch, str):
-            return None
-        heads = _number(reader, f"{arch}.attention.head_count")
-        tokens = reader.fields.get("tokenizer.ggml.tokens")
-        return {
-            "layers": _number(reader, f"{arch}.block_count"),
-            "embedding": _number(reader, f"{arch}.embedding_length"),
-            "heads": heads,
-            "kv_heads": _number(reader, f"{arch}.attention.head_count_kv") or heads,
-            "train_tokens": _number(reader, f"{arch}.context_length"),
-            "vocab": 0 if tokens is None else len(tokens.data),
-        }
-    except Exception:  # noqa: BLE001 - a header gguf cannot parse: estimated by size alone
+        header = read_metadata(path)
+    except (OSError, GgufMetadataError):  # estimated by size alone
         return None
+    arch = header.get("general.architecture")
+    if not isinstance(arch, str):
+        return None
+    heads = _number(header, f"{arch}.attention.head_count")
+    tokens = header.get("tokenizer.ggml.tokens")
+    return {
+        "layers": _number(header, f"{arch}.block_count"),
+        "embedding": _number(header, f"{arch}.embedding_length"),
+        "heads": heads,
+        "kv_heads": _number(header, f"{arch}.attention.head_count_kv") or heads,
+        "train_tokens": _number(header, f"{arch}.context_length"),
+        "vocab": tokens.length if isinstance(tokens, GgufArray) else 0,
+    }
 
 
-def _value(reader: Any, key: str) -> Any:
-    field = reader.fields.get(key)
-    return None if field is None else field.contents()
-
-
-def _number(reader: Any, key: str) -> int:
+def _number(header: dict[str, Scalar | GgufArray], key: str) -> int:
     """A count from the header; a per-layer array (``head_count_kv`` of some models) counts by
-    its largest value; 0 when absent."""
-    value = _value(reader, key)
-    if isinstance(value, list):
-        value = max(value, default=0)
-    return int(value) if value is not None else 0
+    its largest value; 0 when absent or not a number."""
+    value = header.get(key)
+    if isinstance(value, GgufArray):
+        return int(max(value.values or (0,)))
+    return int(value) if isinstance(value, int | float) else 0

@@ -120,17 +120,16 @@ class Assembled:
 
 def model_layers(path: Path) -> int:
     """``<arch>.block_count`` from the GGUF metadata (of the first part of a split set)."""
-    from gguf import GGUFReader
+    from skippyctl.acquisition.gguf_metadata import read_metadata
 
-    reader = GGUFReader(str(path))
-    arch_field = reader.fields.get("general.architecture")
-    if arch_field is None:
+    header = read_metadata(path)  # GgufMetadataError is a ValueError
+    arch = header.get("general.architecture")
+    if not isinstance(arch, str):
         raise ValueError("the model has no general.architecture")
-    arch = str(arch_field.contents())
-    count = reader.fields.get(f"{arch}.block_count")
-    if count is None:
+    count = header.get(f"{arch}.block_count")
+    if not isinstance(count, int):
         raise ValueError("the model has no block_count")
-    return int(count.contents())
+    return count
 
 
 def model_bytes(path: Path) -> int:
