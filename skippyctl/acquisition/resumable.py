@@ -26,8 +26,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import threading
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import BinaryIO, Final
 
 from skippyctl.acquisition.errors import PreparationError
@@ -41,6 +42,8 @@ LOCK_POLL_S: Final = 0.25
 RETRIES: Final = 5
 """Lost connections in a row (no byte between them) a download survives, as the hub library's."""
 RETRY_PAUSE_S: Final = 1.0
+_CACHE_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+"""An ETag or a commit as a file name in the cache (a sha256, a git sha1, a mirror's token)."""
 CACHEDIR_TAG: Final = (
     "Signature: 8a477f597d28d172789f06886806bc55\n"
     "# This file is a cache directory tag created by skippyctl.\n"
@@ -68,6 +71,12 @@ def fetch_into_cache(
         raise PreparationError(
             ReasonCode.ARTIFACT_IO_FAILURE,
             f"{part.filename}: the hub named no version of the file (ETag or commit missing)",
+        )
+    if not _stays_inside(part):
+        # What the hub answers becomes paths in the cache: none may lead out of it.
+        raise PreparationError(
+            ReasonCode.ARTIFACT_IO_FAILURE,
+            "the hub answered a file name, ETag or commit that cannot be a cache path",
         )
     root = Path(settings.cache_dir or constants.HF_HUB_CACHE)
     folder = repo_folder_name(repo_id=repo_id, repo_type="model")
@@ -101,6 +110,16 @@ def fetch_into_cache(
     finally:
         lock.release()
     return pointer
+
+
+def _stays_inside(part: RemotePart) -> bool:
+    names = PurePosixPath(part.filename).parts
+    return (
+        bool(names)
+        and not PurePosixPath(part.filename).is_absolute()
+        and all(name not in (".", "..") and "\\" not in name and "\0" not in name for name in names)
+        and all(_CACHE_NAME.fullmatch(value or "") for value in (part.etag, part.commit))
+    )
 
 
 def _download(

@@ -240,3 +240,42 @@ def test_ctrl_c_during_resolution_ends_both_operations(
     assert {e.reason_code for e in recorder.events[-2:]} == {ReasonCode.CANCELLATION}
     assert recorder.events[-2].outcome is Outcome.CANCELLED
     assert_one_terminal_each(recorder)
+
+
+@pytest.mark.parametrize(
+    ("filename", "etag", "commit"),
+    [
+        ("../../../escape.gguf", "a" * 64, "b" * 40),
+        ("/abs/escape.gguf", "a" * 64, "b" * 40),
+        ("sub/..\\escape.gguf", "a" * 64, "b" * 40),
+        ("ok.gguf", "../../escape", "b" * 40),
+        ("ok.gguf", "a" * 64, "../escape"),
+        ("ok.gguf", "", "b" * 40),
+    ],
+)
+def test_a_hub_answer_that_would_lead_out_of_the_cache_is_refused(
+    cache: Path, tmp_path: Path, filename: str, etag: str, commit: str
+) -> None:
+    """File names (from a hub's listing), ETags and commits (from its headers) become cache
+    paths: one that is not a plain name under the cache is refused before anything is written."""
+    from skippyctl.acquisition.hub import HubSettings, RemotePart
+    from skippyctl.acquisition.resumable import fetch_into_cache
+    from skippyctl.acquisition.transfer import MeterFactory, Transfer
+    from skippyctl.events.envelope import LogicalId
+
+    recorder = Recorder()
+    acq = acquisition(FakeHub({}), cache, recorder)
+    transfer = Transfer(acq, LogicalId("pull-1.download"), LogicalId("pull-1"), LogicalId("m"), 1)
+    part = RemotePart(filename, 1, etag, commit)
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    with pytest.raises(PreparationError) as refused:
+        fetch_into_cache(
+            HubSettings(cache_dir=str(cache)),
+            REPO,
+            part,
+            MeterFactory(transfer),
+            threading.Event(),
+            force=False,
+        )
+    assert refused.value.reason is ReasonCode.ARTIFACT_IO_FAILURE
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before

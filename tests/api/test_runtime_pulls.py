@@ -5,11 +5,13 @@ pulled by the request that wants it."""
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from tests.acquisition.fake_hub import FakeHub, FakeRepo, serve
@@ -18,6 +20,7 @@ from tests.api.conftest import Server, assert_openai_error, start_server, stop_s
 REPO = "acme/tiny-GGUF"
 FILE = "tiny-Q4_K_M.gguf"
 SLOW = "tiny-slow-Q8_0.gguf"
+WATCHED = "tiny-watched-F32.gguf"
 TERMINALS = {
     "model_preparation_completed",
     "model_preparation_cache_reused",
@@ -30,7 +33,9 @@ TERMINALS = {
 def hub(fixture_dir: Path) -> Iterator[FakeHub]:
     tiny = (fixture_dir / "tiny.gguf").read_bytes()
     other = (fixture_dir / "tiny-successor.gguf").read_bytes()  # another blob: not in the cache
-    with serve(FakeHub({REPO: FakeRepo({FILE: tiny, SLOW: other})})) as running:
+    watched = (fixture_dir / "tiny-embedding.gguf").read_bytes()
+    files = {FILE: tiny, SLOW: other, WATCHED: watched}
+    with serve(FakeHub({REPO: FakeRepo(files)})) as running:
         running.stall_after[SLOW] = 64 * 1024
         yield running
         running.release.set()
@@ -198,3 +203,74 @@ def test_a_pulled_file_is_loadable_by_its_name(runtime: Server) -> None:
         )
     assert answer.status_code == 200, answer.text
     assert answer.json()["model"] == "tiny-Q4_K_M"
+
+
+def test_a_pull_is_seen_by_events_follow_and_the_dashboard(
+    runtime: Server, hub: FakeHub, hub_env: dict[str, str]
+) -> None:
+    """As an operator watches: `skippyctl events --follow --json` prints the download's records,
+    and the dashboard's live source shows a download row while the bytes flow, gone once done."""
+    import subprocess
+    import sys
+
+    from skippy_tui.live import LiveSource
+    from skippy_tui.store import SnapshotStore
+    from skippyctl.config.runtime_settings import RuntimeSettings
+
+    hub.stalled.clear()
+    hub.release.clear()
+    hub.stall_after[WATCHED] = 64 * 1024
+    log = Path(hub_env["HF_HUB_CACHE"]).parent / "follow.ndjson"
+    env = dict(os.environ, SKIPPY_RUNTIME_DIR=str(runtime.directory))
+    with log.open("wb") as out:
+        follower = subprocess.Popen(
+            [sys.executable, "-m", "skippyctl", "events", "--follow", "--json"],
+            stdout=out,
+            stderr=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
+    store = SnapshotStore()
+    source = LiveSource(runtime.client(), RuntimeSettings(runtime_dir=runtime.directory))
+    try:
+        source.start(store.deliver)
+        operation = _pull(runtime, f"hf://{REPO}/{WATCHED}")
+        assert hub.stalled.wait(30), "the download never started"
+        row = _wait_for(lambda: store.snapshot().downloads.get(f"{operation}.download"))
+        assert row.model_id == "tiny-watched-F32" and row.bytes_total == len(_watched_bytes(hub))
+        hub.release.set()
+        kinds = [e["kind"] for e in _ended(runtime, operation)]
+        assert "model_preparation_completed" in kinds, kinds
+        _wait_for(lambda: f"{operation}.download" not in store.snapshot().downloads or None)
+
+        def followed() -> list[dict[str, Any]] | None:
+            records = [orjson.loads(line) for line in log.read_bytes().splitlines() if line]
+            mine = [r for r in records if str(r.get("operation_id", "")).startswith(operation)]
+            done = any(r["event"] == "model_preparation_completed" for r in mine)
+            return mine if done else None
+
+        mine = _wait_for(followed)
+        events = [r["event"] for r in mine]
+        assert events[0] == "model_queued"
+        assert events.index("model_download_started") < events.index("model_download_completed")
+        assert all("seq" in r for r in mine)
+    finally:
+        hub.stall_after.pop(WATCHED, None)
+        source.stop()
+        source.client.close()
+        follower.terminate()
+        follower.wait(10)
+
+
+def _watched_bytes(hub: FakeHub) -> bytes:
+    return hub.repos[REPO].files[WATCHED]
+
+
+def _wait_for(check: Callable[[], Any], timeout_s: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.05)
+    raise AssertionError("never happened")
