@@ -48,18 +48,6 @@ def millis(value: float | None) -> str:
     return f"{value / 1000:.1f} s"
 
 
-def seconds(value: float) -> str:
-    """A duration in whole seconds for people: `45s`, `5m`, `2m30s`, `1h05m`."""
-    whole = round(value)
-    hours, rest = divmod(whole, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours}h{minutes:02d}m"
-    if minutes:
-        return f"{minutes}m{secs:02d}s" if secs else f"{minutes}m"
-    return f"{secs}s"
-
-
 def count(value: int | None) -> str:
     return DASH if value is None else f"{value:,}"
 

@@ -27,6 +27,7 @@ from skippy_tui import format as fmt
 from skippy_tui.store import DashboardSnapshot, Download, model_phase
 from skippy_tui.tables import Cells, KeyedRows, SizedTable
 from skippy_tui.widgets.pane import Pane
+from skippyctl.config.durations import format_duration_s
 from skippyctl.events.envelope import LogicalId
 from skippyctl.output.state_reader import LoadableEntry
 from skippyctl.reducer.state import (
@@ -150,7 +151,7 @@ def loadable_row(entry: LoadableEntry) -> Cells:
     if entry.pinned:
         detail.append(" · pinned", style="dim")
     elif entry.idle_ttl_s is not None:
-        detail.append(f" · idle {fmt.seconds(entry.idle_ttl_s)}", style="dim")
+        detail.append(f" · idle {format_duration_s(entry.idle_ttl_s)}", style="dim")
     return (
         Text(entry.model_id),
         Text("loadable", style="blue"),

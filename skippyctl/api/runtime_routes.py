@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Annotated, Final
+from typing import Annotated, Any, Final
 
 from fastapi import FastAPI, Query, Request
 from fastapi import Path as PathParam
@@ -156,22 +156,16 @@ def register_runtime_routes(app: FastAPI, ctx: ApiContext) -> None:
             status_code=200 if handle.already_available else 202,
         )
 
-    @app.post(
-        "/api/runtime/models/pull",
-        status_code=202,
-        response_model=PullAccepted,
-        response_class=JsonResponse,
-        responses=errors(400, 401, 413, 503),
-        openapi_extra=json_body(PullBody),
-    )
-    @app.post(
-        "/api/models/pull",
-        status_code=202,
-        response_model=PullAccepted,
-        response_class=JsonResponse,
-        responses=errors(400, 401, 413, 503),
-        openapi_extra=json_body(PullBody),
-    )
+    pull_route: dict[str, Any] = {
+        "status_code": 202,
+        "response_model": PullAccepted,
+        "response_class": JsonResponse,
+        "responses": errors(400, 401, 413, 503),
+        "openapi_extra": json_body(PullBody),
+    }
+
+    @app.post("/api/runtime/models/pull", **pull_route)
+    @app.post("/api/models/pull", **pull_route)
     async def pull(request: Request) -> Response:
         """Fetch a model into the local cache and check it, in the runtime: the pull's
         events (``model_queued`` … ``model_preparation_completed``, download progress) go to

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from skippyctl.config.durations import format_duration_s
 from skippyctl.events.reasons import ReasonCode
 from skippyctl.output.state_reader import (
     EnumValue,
@@ -80,16 +81,7 @@ def _state_cell(model: ModelEntry) -> str:
 def idle_line(model_id: str, expires_at: datetime) -> str:
     """When an idle model unloads unless a request comes (a line of its own, as its options)."""
     left = max(0.0, (expires_at - datetime.now(UTC)).total_seconds())
-    return f"  [dim]{escape(model_id)} idle:[/] unloads in {_duration(left)}"
-
-
-def _duration(seconds: float) -> str:
-    whole = round(seconds)
-    hours, rest = divmod(whole, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours}h{minutes:02d}m"
-    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+    return f"  [dim]{escape(model_id)} idle:[/] unloads in {format_duration_s(left)}"
 
 
 def _memory_cell(model: ModelEntry) -> str:
@@ -158,7 +150,7 @@ def models_table(state: StateDocumentView) -> Table:
 
 
 def _idle_ttl_cell(entry: LoadableEntry) -> str:
-    return "never" if entry.idle_ttl_s is None else _duration(entry.idle_ttl_s)
+    return "never" if entry.idle_ttl_s is None else format_duration_s(entry.idle_ttl_s)
 
 
 def loadable_table(state: StateDocumentView) -> Table:

@@ -49,3 +49,16 @@ def _parse_text(text: str) -> float:
             "a duration is a number of seconds or text such as '5m', '1h30m' or '250ms'"
         )
     return sign * total
+
+
+def format_duration_s(seconds: float) -> str:
+    """A duration in whole seconds for people, in the form this module reads: `45s`, `5m`,
+    `2m30s`, `1h05m`."""
+    whole = round(seconds)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{secs:02d}s" if secs else f"{minutes}m"
+    return f"{secs}s"

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,17 @@ from skippyctl.client.http import ApiError, Frame, RuntimeClient
 from tests.cli.conftest import stop_runtime
 
 ERROR_FIELDS = frozenset({"message", "type", "param", "code", "reason_code"})
+
+
+def wait_for(check: Callable[[], Any], timeout_s: float = 30.0) -> Any:
+    """What `check` returns once it is truthy; an AssertionError after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.05)
+    raise AssertionError("timed out")
 
 
 def assert_openai_error(response: httpx.Response, status: int) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from tests.api.conftest import (
     openai_client,
     start_server,
     stop_server,
+    wait_for,
 )
 
 PROMPT = {"prompt": "hello", "max_tokens": 4, "temperature": 0}
@@ -99,16 +100,6 @@ def _events_of(server: Server, model: str, kind: str) -> list[dict[str, Any]]:
     ]
 
 
-def _wait_for(check: Any, timeout_s: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.1)
-    raise AssertionError("timed out")
-
-
 def test_concurrent_requests_for_an_unloaded_model_share_one_load(on_demand: Server) -> None:
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
         answers = list(pool.map(lambda _: _complete(on_demand, "dirmodel"), range(3)))
@@ -123,10 +114,10 @@ def test_concurrent_requests_for_an_unloaded_model_share_one_load(on_demand: Ser
 
 def test_a_model_unloads_after_its_ttl_and_loads_again(on_demand: Server) -> None:
     assert _complete(on_demand, "brief").status_code == 200
-    started = _wait_for(lambda: _events_of(on_demand, "brief", "model_idle_timer_started"))
+    started = wait_for(lambda: _events_of(on_demand, "brief", "model_idle_timer_started"))
     ttl = {s["key"]: s["value"] for s in started[-1]["numeric_summaries"]}["idle_ttl_ms"]
     assert ttl == 1000
-    completed = _wait_for(lambda: _events_of(on_demand, "brief", "unload_completed"))
+    completed = wait_for(lambda: _events_of(on_demand, "brief", "unload_completed"))
     assert completed[0]["reason_code"] == "idle"
     requested = _events_of(on_demand, "brief", "unload_requested")
     assert [e["reason_code"] for e in requested] == ["idle"]
@@ -138,7 +129,7 @@ def test_a_model_unloads_after_its_ttl_and_loads_again(on_demand: Server) -> Non
 def test_keep_alive_zero_unloads_after_the_request(on_demand: Server) -> None:
     answer = _complete(on_demand, "dirshort", keep_alive="0s")
     assert answer.status_code == 200, answer.text
-    completed = _wait_for(lambda: _events_of(on_demand, "dirshort", "unload_completed"))
+    completed = wait_for(lambda: _events_of(on_demand, "dirshort", "unload_completed"))
     assert completed[-1]["reason_code"] == "idle"
 
 
@@ -146,7 +137,7 @@ def test_a_model_with_ttl_zero_serves_every_request_that_waited_for_it(on_demand
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         answers = list(pool.map(lambda _: _complete(on_demand, "flash"), range(4)))
     assert [a.status_code for a in answers] == [200] * 4, [a.text for a in answers]
-    completed = _wait_for(lambda: _events_of(on_demand, "flash", "unload_completed"))
+    completed = wait_for(lambda: _events_of(on_demand, "flash", "unload_completed"))
     assert completed[0]["reason_code"] == "idle"
 
 
@@ -221,8 +212,8 @@ def test_the_state_document_lists_a_loadable_model_until_it_loads(on_demand: Ser
     with on_demand.http() as http:
         answer = http.post("/api/runtime/models/dirstate/unload", json={})
     assert answer.status_code in (200, 202), answer.text
-    _wait_for(lambda: _events_of(on_demand, "dirstate", "unload_completed"))
-    again = _wait_for(lambda: loadable(state()).get("dirstate"))
+    wait_for(lambda: _events_of(on_demand, "dirstate", "unload_completed"))
+    again = wait_for(lambda: loadable(state()).get("dirstate"))
     assert again == {"model_id": "dirstate", "source": "models_dir", "pinned": False}
 
 
@@ -231,7 +222,7 @@ def test_an_idle_model_shows_when_it_unloads(on_demand: Server) -> None:
     answer = _complete(on_demand, "dirlong", keep_alive="1m")
     assert answer.status_code == 200
     with on_demand.http() as http:
-        card = _wait_for(lambda: _expiring_card(http, "dirlong"))
+        card = wait_for(lambda: _expiring_card(http, "dirlong"))
         state = http.get("/api/runtime/state").json()
     assert card["state"] == "loaded" and card["idle_ttl_s"] == 60
     assert card["idle_expires_at"].endswith("Z")
@@ -340,7 +331,7 @@ def test_max_models_unloads_the_least_recently_used_idle_model(
         # load fails before it starts, and the request says why.
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             busy = pool.submit(_complete, running, "two", max_tokens=200)
-            _wait_for(lambda: _in_flight(running, "two"))
+            wait_for(lambda: _in_flight(running, "two"))
             refused = _complete(running, "one")
             assert busy.result().status_code == 200
         error = assert_openai_error(refused, 503)

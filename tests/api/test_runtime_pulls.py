@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from tests.acquisition.fake_hub import FakeHub, FakeRepo, serve
-from tests.api.conftest import Server, assert_openai_error, start_server, stop_server
+from tests.api.conftest import Server, assert_openai_error, start_server, stop_server, wait_for
 
 REPO = "acme/tiny-GGUF"
 FILE = "tiny-Q4_K_M.gguf"
@@ -236,12 +236,12 @@ def test_a_pull_is_seen_by_events_follow_and_the_dashboard(
         source.start(store.deliver)
         operation = _pull(runtime, f"hf://{REPO}/{WATCHED}")
         assert hub.stalled.wait(30), "the download never started"
-        row = _wait_for(lambda: store.snapshot().downloads.get(f"{operation}.download"))
+        row = wait_for(lambda: store.snapshot().downloads.get(f"{operation}.download"))
         assert row.model_id == "tiny-watched-F32" and row.bytes_total == len(_watched_bytes(hub))
         hub.release.set()
         kinds = [e["kind"] for e in _ended(runtime, operation)]
         assert "model_preparation_completed" in kinds, kinds
-        _wait_for(lambda: f"{operation}.download" not in store.snapshot().downloads or None)
+        wait_for(lambda: f"{operation}.download" not in store.snapshot().downloads or None)
 
         def followed() -> list[dict[str, Any]] | None:
             records = [orjson.loads(line) for line in log.read_bytes().splitlines() if line]
@@ -249,7 +249,7 @@ def test_a_pull_is_seen_by_events_follow_and_the_dashboard(
             done = any(r["event"] == "model_preparation_completed" for r in mine)
             return mine if done else None
 
-        mine = _wait_for(followed)
+        mine = wait_for(followed)
         events = [r["event"] for r in mine]
         assert events[0] == "model_queued"
         assert events.index("model_download_started") < events.index("model_download_completed")
@@ -264,13 +264,3 @@ def test_a_pull_is_seen_by_events_follow_and_the_dashboard(
 
 def _watched_bytes(hub: FakeHub) -> bytes:
     return hub.repos[REPO].files[WATCHED]
-
-
-def _wait_for(check: Callable[[], Any], timeout_s: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.05)
-    raise AssertionError("never happened")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from skippyctl.config.durations import DurationError, parse_duration_s
+from skippyctl.config.durations import DurationError, format_duration_s, parse_duration_s
 
 
 @pytest.mark.parametrize(
@@ -38,3 +38,15 @@ def test_other_text_is_refused(value: str) -> None:
 def test_a_flag_is_not_a_duration() -> None:
     with pytest.raises(DurationError):
         parse_duration_s(True)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0, "0s"), (45, "45s"), (90, "1m30s"), (300, "5m"), (3900, "1h05m"), (59.6, "1m")],
+)
+def test_a_duration_reads_for_people_in_the_form_it_is_parsed_from(
+    seconds: float, text: str
+) -> None:
+    assert format_duration_s(seconds) == text
+    if "h" not in text:  # hours are shown to the minute
+        assert parse_duration_s(text) == round(seconds)
