@@ -18,7 +18,6 @@ This module starts a process; it imports nothing of the runtime itself.
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -36,7 +35,12 @@ from skippyctl.client.discovery import (
     runtime_dir,
 )
 from skippyctl.client.http import RuntimeClient, RuntimeUnreachable
-from skippyctl.config.runtime_settings import DEFAULT_PORT, RuntimeSettings, inherited_environment
+from skippyctl.config.runtime_settings import (
+    DEFAULT_PORT,
+    RuntimeSettings,
+    inherited_environment,
+    python_module_command,
+)
 
 LOOPBACK_HOSTS: Final = frozenset({"127.0.0.1", "localhost", "::1"})
 START_TIMEOUT_S: Final = 60.0
@@ -158,9 +162,7 @@ def start_background(options: ServeOptions, settings: RuntimeSettings) -> Discov
     directory = runtime_dir(settings)
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     args = [
-        sys.executable,
-        "-m",
-        "skippyctl",
+        *python_module_command("skippyctl"),
         "runtime",
         "serve",
         "--host",

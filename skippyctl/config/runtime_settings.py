@@ -34,6 +34,7 @@ import dataclasses
 import math
 import os
 import re
+import sys
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -367,6 +368,14 @@ def inherited_environment(
     environment = {k: v for k, v in os.environ.items() if k not in drop}
     environment.update(overrides or {})
     return environment
+
+
+def python_module_command(module: str, python: str = sys.executable) -> list[str]:
+    """The command that runs ``module`` of this install in a child Python. ``-P``: the child's
+    working directory is not put first on its module path, so a directory that holds another
+    ``skippyctl/`` (a checkout, a download) never supplies the runtime's, an engine's or a
+    stage's code."""
+    return [python, "-P", "-m", module]
 
 
 def _shown_default(value: Any) -> str:

@@ -202,7 +202,16 @@ class SidecarSupervisor:
         ours, theirs = socket.socketpair()
         try:
             proc = subprocess.Popen(
-                [self._python, "-m", "skippyctl.plugins.sidecar", "--fd", str(theirs.fileno())]
+                # -P: the working directory never supplies the sidecar's code (as
+                # config.runtime_settings.python_module_command; plugins import no config).
+                [
+                    self._python,
+                    "-P",
+                    "-m",
+                    "skippyctl.plugins.sidecar",
+                    "--fd",
+                    str(theirs.fileno()),
+                ]
                 + ["--", p.spec],
                 pass_fds=[theirs.fileno()],
                 env=self._env,

@@ -48,14 +48,13 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, assert_never
 
-from skippyctl.config.runtime_settings import inherited_environment
+from skippyctl.config.runtime_settings import inherited_environment, python_module_command
 from skippyctl.engine.channel import MalformedMessage, host_side
 from skippyctl.engine.options import EngineOptions
 from skippyctl.engine.protocol_commands import AttachStream, Command, Load, Ping, Shutdown
@@ -200,7 +199,7 @@ class EngineProcess:
         host_sock, child_sock = socket.socketpair()
         host_streams, child_streams = stream_socket_pair()
         pass_fds = [child_sock.fileno(), child_streams.fileno()]
-        args = [sys.executable, "-m", "skippyctl.engine.engine_worker"]
+        args = python_module_command("skippyctl.engine.engine_worker")
         args += ["--control-fd", str(child_sock.fileno())]
         args += ["--stream-fd", str(child_streams.fileno())]
         args += (options or EngineOptions()).argv()

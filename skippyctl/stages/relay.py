@@ -57,6 +57,11 @@ class RelayRefused(ValueError):
     """The options were refused before anything was bound."""
 
 
+MAX_WIRE_MS: Final = 600_000.0
+"""The longest delay, mean jitter or stall a wire model takes: no network this relay models
+waits longer, and an unbounded one (inf, 1e30) would overflow the writer's wait."""
+
+
 @dataclass(frozen=True, slots=True)
 class RelayOptions:
     listen_host: str = "127.0.0.1"
@@ -105,6 +110,8 @@ def validate(options: RelayOptions) -> tuple[str, str]:
     ):
         if not value >= 0:  # also refuses NaN
             raise RelayRefused(f"{name} must not be negative")
+        if not value <= MAX_WIRE_MS:  # also refuses inf
+            raise RelayRefused(f"{name} is at most {MAX_WIRE_MS:.0f} (10 minutes)")
     if not 0.0 <= options.stall_p <= 1.0:
         raise RelayRefused("--stall-p must be 0-1")
     return listen, target
@@ -161,6 +168,20 @@ class _Direction:
         )
 
     def _read(self) -> None:
+        self._guarded(self._read_until_end)
+
+    def _write(self) -> None:
+        self._guarded(self._write_until_end)
+
+    def _guarded(self, pump: Callable[[], None]) -> None:
+        """Run one thread of the pair; whatever ends it unexpectedly ends the pair too, so no
+        connection is left open with one direction gone."""
+        try:
+            pump()
+        except Exception:  # noqa: BLE001 - the pair is torn down instead
+            self._abort()
+
+    def _read_until_end(self) -> None:
         while not self._closed.is_set():
             try:
                 chunk = self._source.recv(CHUNK_BYTES)
@@ -183,7 +204,7 @@ class _Direction:
                 if self._closed.is_set():
                     return
 
-    def _write(self) -> None:
+    def _write_until_end(self) -> None:
         while True:
             deliver_at, chunk = self._queue.get()
             # Waits on the pair's closed flag, so a stop never waits out a long stall.

@@ -46,6 +46,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
+from skippyctl.config.runtime_settings import python_module_command
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import (
     Event,
@@ -266,9 +267,7 @@ class StageSupervisor:
 
     def _command(self, status_fd: int) -> list[str]:
         command = [
-            self._python,
-            "-m",
-            "skippyctl.stages.stage_worker",
+            *python_module_command("skippyctl.stages.stage_worker", self._python),
             "--host",
             self.address,
             "--port",

@@ -102,3 +102,36 @@ def test_the_runtime_is_reached_directly_whatever_proxy_the_environment_names() 
     assert len(streamed.records()) == 1
     status = run_cli("runtime", "status", "--json", env=proxy)
     assert status.code == 0 and orjson.loads(status.stdout)["running"] is True
+
+
+def test_a_foreign_skippyctl_in_the_working_directory_supplies_no_code(
+    tmp_path: Path, fixture_dir: Path
+) -> None:
+    """Started from a directory that holds another `skippyctl/` package (a checkout, a
+    download), the runtime and its engine still run this install's code, native library
+    included."""
+    import shutil
+    import subprocess
+    import sys
+
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "skippyctl").mkdir(parents=True)
+    (elsewhere / "skippyctl" / "__init__.py").write_text('raise SystemExit("foreign code")\n')
+    command = shutil.which("skippyctl", path=str(Path(sys.executable).parent))
+    assert command is not None, "the venv's console script"
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [command, *args],
+            cwd=elsewhere,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+        )
+
+    loaded = run("load", str(fixture_dir / "tiny.gguf"), "--json")
+    assert loaded.returncode == 0, loaded.stderr
+    state = orjson.loads(run("ps", "--json").stdout)
+    assert state["native_mode"] == "native"
+    assert [(m["model_id"], m["state"]) for m in state["models"]] == [("tiny", "available")]

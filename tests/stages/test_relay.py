@@ -147,6 +147,9 @@ def test_a_sink_that_does_not_read_backpressures_the_sender() -> None:
     [
         ({"listen_host": "8.8.8.8"}, "allow-remote"),
         ({"delay_ms": -1.0}, "--delay-ms"),
+        ({"delay_ms": 1e30}, "--delay-ms"),
+        ({"jitter_ms": float("inf")}, "--jitter-ms"),
+        ({"stall_ms": float("nan")}, "--stall-ms"),
         ({"stall_p": 1.5}, "--stall-p"),
         ({"target_port": 0}, "--to"),
         ({"listen_host": "not an address at all"}, "IPv4"),
@@ -223,3 +226,39 @@ def test_the_cli_refuses_a_remote_listen_address_without_allow_remote() -> None:
     assert result.returncode == 10
     record = orjson.loads(result.stdout.splitlines()[0])
     assert record["record"] == "error" and record["reason_code"] == "invalid_configuration"
+
+
+def test_a_direction_that_fails_unexpectedly_ends_its_pair() -> None:
+    """A fault inside a relay thread (here a wire model whose delivery time overflows the
+    writer's wait — validate refuses such options, so this is the one way to produce it) tears
+    the connection down instead of leaving it open with one direction gone."""
+    from skippyctl.stages.relay import _Direction
+
+    class Unbounded:
+        def deliver_at(self, read_at_s: float) -> float:
+            return float("inf")
+
+    source, peer = socket.socketpair()
+    sink, reader = socket.socketpair()
+    closed = threading.Event()
+    aborted = threading.Event()
+
+    def abort() -> None:
+        aborted.set()
+        closed.set()
+        for sock in (source, sink):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    direction = _Direction(source, sink, Unbounded(), closed, abort, "test-relay")  # type: ignore[arg-type]
+    for thread in direction.threads:
+        thread.start()
+    try:
+        peer.sendall(b"chunk")
+        assert aborted.wait(10), "the failed writer left the pair open"
+        for thread in direction.threads:
+            thread.join(10)
+            assert not thread.is_alive()
+    finally:
+        for sock in (source, peer, sink, reader):
+            sock.close()
