@@ -108,6 +108,7 @@ from skippyctl.runtime.observations import (
     host_ended_emissions,
     host_stop_reason,
     observation_emissions,
+    prefill_ended,
     unstarted_emission,
 )
 from skippyctl.runtime.requests import Finished, RequestHandle, StreamOffer, TextChunk
@@ -562,7 +563,9 @@ class ModelServer:
             engine.send(Cancel(request_id))
         duration = round((time.monotonic_ns() - handle.received_mono_ns) / 1e6, 3)
         has_session = handle.session_id is not None
-        self._emit(handle, host_ended_emissions(outcome, reason, has_session, duration))
+        self._emit(
+            handle, host_ended_emissions(outcome, reason, has_session, duration, handle.prefilling)
+        )
         with self._lock:
             self._next_locked()
         self.owner.session_released(handle)
@@ -676,6 +679,8 @@ class ModelServer:
                 with self._lock:
                     handle = self._running.get(message.request_id)
                     if handle is not None:
+                        if isinstance(message, GenStarted | GenPrefillDone):
+                            handle.prefilling = isinstance(message, GenStarted)
                         has_session = handle.session_id is not None
                         self._emit(handle, observation_emissions(message, has_session))
             case _:
@@ -685,7 +690,7 @@ class ModelServer:
         """The engine's terminal for a request this thread claimed (popped from `_running`)."""
         duration = round((time.monotonic_ns() - handle.received_mono_ns) / 1e6, 3)
         has_session = handle.session_id is not None
-        self._emit(handle, done_emissions(message, has_session, duration))
+        self._emit(handle, done_emissions(message, has_session, duration, handle.prefilling))
         with self._lock:
             self._next_locked()
         self.owner.session_released(handle)
@@ -788,6 +793,8 @@ class ModelServer:
             )
         failed = GenerationOutcome.FAILED
         for handle in running:
+            if handle.prefilling:
+                self._emit(handle, prefill_ended(failed, reason))
             self._emit(
                 handle,
                 Emission(EventId.GENERATION_FAILED, outcome=Outcome.FAILURE, reason=reason),

@@ -188,13 +188,27 @@ def observation_emissions(message: Observation, has_session: bool) -> tuple[Emis
     return OBSERVATION_EVENTS[type(message)](message, has_session)
 
 
-def done_emissions(message: GenDone, has_session: bool, duration_ms: float) -> tuple[Emission, ...]:
-    """The events of the engine's terminal for a request; ``duration_ms`` since it was received.
-    Its figures become the generation terminal's numbers (``events/figures.py``: one table),
-    and, when the request speculated, ``speculation_summarized``'s."""
+def prefill_ended(outcome: GenerationOutcome, reason: ReasonCode | None) -> Emission:
+    """The prefill's own terminal, for a request that ended before its prefill completed:
+    ``prefill_cancelled`` when it was cancelled, else ``prefill_failed`` (a deadline, a crash,
+    an engine error), with the request's reason."""
+    if outcome is GenerationOutcome.CANCELLED:
+        return Emission(EventId.PREFILL_CANCELLED, outcome=Outcome.CANCELLED, reason=reason)
+    return Emission(EventId.PREFILL_FAILED, outcome=Outcome.FAILURE, reason=reason)
+
+
+def done_emissions(
+    message: GenDone, has_session: bool, duration_ms: float, prefilling: bool = False
+) -> tuple[Emission, ...]:
+    """The events of the engine's terminal for a request; ``duration_ms`` since it was received;
+    ``prefilling``: its prefill had not completed (it gets its terminal first). Its figures
+    become the generation terminal's numbers (``events/figures.py``: one table), and, when the
+    request speculated, ``speculation_summarized``'s."""
     generation_event, request_event, outcome = OUTCOME_EVENTS[message.outcome]
     reason, stop, figures = message.reason, message.stop_reason, message.figures
     found: list[Emission] = []
+    if prefilling and message.outcome is not GenerationOutcome.COMPLETED:
+        found.append(prefill_ended(message.outcome, reason))
     if reason is ReasonCode.CONTEXT_EXHAUSTED:
         numbers = summaries(prompt_tokens=figures.prompt_tokens)
         found.append(Emission(EventId.CONTEXT_EXHAUSTED, numbers, reason=reason))
@@ -220,11 +234,17 @@ def done_emissions(message: GenDone, has_session: bool, duration_ms: float) -> t
 
 
 def host_ended_emissions(
-    outcome: GenerationOutcome, reason: ReasonCode, has_session: bool, duration_ms: float
+    outcome: GenerationOutcome,
+    reason: ReasonCode,
+    has_session: bool,
+    duration_ms: float,
+    prefilling: bool = False,
 ) -> tuple[Emission, ...]:
     """The events of a running request the host ended itself (its engine had not)."""
     generation_event, request_event, event_outcome = OUTCOME_EVENTS[outcome]
     found: list[Emission] = []
+    if prefilling:
+        found.append(prefill_ended(outcome, reason))
     if reason is ReasonCode.CONTEXT_EXHAUSTED:
         found.append(Emission(EventId.CONTEXT_EXHAUSTED, reason=reason))
     stop = host_stop_reason(reason)

@@ -273,6 +273,9 @@ class RequestHandle:
     _resolved: bool = False
     _resolution_taken: bool = False
     _offer: StreamOffer | None = None
+    prefilling: bool = False
+    """Between its ``prefill_started`` and ``prefill_completed``: a request that ends meanwhile
+    gives its prefill a terminal too (``observations.prefill_ended``)."""
     engine_stream: bool = False
     """The engine may be writing this request's text to the client's connection: set when the
     offer was handed to it, cleared when the engine has let go of it (its ``GenDone``, or its

@@ -270,3 +270,71 @@ def _idle_engine_stays_healthy(runtime: Runtime) -> None:
     assert engine.pongs >= answered + 8
     events = runtime.drain_events()
     assert not any(e.id is EventId.MODEL_DEGRADED for e in events)
+
+
+LONG_PROMPT = "tick tock " * 300
+"""Long enough that its prefill takes several of the engine's chunks."""
+
+
+def _prefill_events(runtime: Runtime, handle: RequestHandle) -> list[Event]:
+    prefill = {
+        EventId.PREFILL_STARTED,
+        EventId.PREFILL_COMPLETED,
+        EventId.PREFILL_CANCELLED,
+        EventId.PREFILL_FAILED,
+    }
+    return [
+        e
+        for e in runtime.drain_events()
+        if e.scope.request_id == handle.request_id and e.id in prefill
+    ]
+
+
+@pytest.fixture
+def slow_runtime(fixture_dir: Path) -> Iterator[Runtime]:
+    """Every llama_decode of its engine takes 300 ms more: a prefill is seen in progress."""
+    running = Runtime(fixture_dir, lanes=1, settings=RuntimeSettings(test_decode_delay_ms=300))
+    try:
+        yield running
+    finally:
+        for pid in running.host.engine_pids().values():
+            os.kill(pid, signal.SIGCONT)
+        running.close()
+
+
+def test_a_request_cancelled_during_its_prefill_ends_the_prefill_cancelled(
+    slow_runtime: Runtime,
+) -> None:
+    handle = slow_runtime.submit(prompt=LONG_PROMPT, max_tokens=4, timeout_s=60.0)
+    slow_runtime.wait_event(EventId.PREFILL_STARTED)
+    slow_runtime.scheduler.cancel(handle)
+    assert finished(handle).outcome == "cancelled"
+    ended = _prefill_events(slow_runtime, handle)
+    assert [e.id for e in ended] == [EventId.PREFILL_STARTED, EventId.PREFILL_CANCELLED]
+    assert ended[-1].reason_code is ReasonCode.CANCELLATION
+
+
+def test_a_request_past_its_deadline_in_prefill_ends_the_prefill_failed(
+    slow_runtime: Runtime,
+) -> None:
+    pid = slow_runtime.engine_pid()
+    handle = slow_runtime.submit(prompt=LONG_PROMPT, max_tokens=4, timeout_s=2.0)
+    slow_runtime.wait_event(EventId.PREFILL_STARTED)
+    stop(pid)  # the engine cannot end it: the host does, at the deadline
+    try:
+        assert finished(handle).outcome == "timed_out"
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    ended = _prefill_events(slow_runtime, handle)
+    assert [e.id for e in ended] == [EventId.PREFILL_STARTED, EventId.PREFILL_FAILED]
+    assert ended[-1].reason_code is ReasonCode.TIMEOUT
+
+
+def test_an_engine_crash_during_a_prefill_ends_the_prefill_failed(slow_runtime: Runtime) -> None:
+    handle = slow_runtime.submit(prompt=LONG_PROMPT, max_tokens=4, timeout_s=60.0)
+    slow_runtime.wait_event(EventId.PREFILL_STARTED)
+    os.kill(slow_runtime.engine_pid(), signal.SIGKILL)
+    assert finished(handle).outcome == "failed"
+    ended = _prefill_events(slow_runtime, handle)
+    assert [e.id for e in ended] == [EventId.PREFILL_STARTED, EventId.PREFILL_FAILED]
+    assert ended[-1].reason_code is ReasonCode.PROCESS_CRASH
