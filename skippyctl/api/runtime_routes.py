@@ -14,7 +14,7 @@ from starlette.responses import Response
 from skippyctl.api.context import ApiContext
 from skippyctl.api.errors import JsonResponse, error_response
 from skippyctl.api.health_routes import health_counters
-from skippyctl.api.model_demand import loadable_document, loadable_models
+from skippyctl.api.model_demand import loadable_document, loadable_models, rejection_response
 from skippyctl.api.schemas import (
     CancelAccepted,
     LoadAccepted,
@@ -41,7 +41,9 @@ from skippyctl.output.codec import event_record
 from skippyctl.output.redact import redact
 from skippyctl.output.state import state_document
 from skippyctl.runtime.memory_estimate import estimate_load
+from skippyctl.runtime.model_server import Rejection
 from skippyctl.runtime.pulls import TooManyPulls
+from skippyctl.runtime.scheduler import DemandRefused
 
 LOGICAL_ID_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9._:+=-]{0,63}$"
 """What `LogicalId` accepts (declared so the OpenAPI document says it)."""
@@ -310,6 +312,12 @@ async def _load_options(ctx: ApiContext, request: Request) -> LoadOptions | Resp
     if isinstance(body, Response):
         return body
     options = LoadOptions.from_json(body.model_dump())
+    given = body.model_dump(exclude_unset=True)
+    known = await asyncio.to_thread(_known_load, ctx, options.model, given)
+    if isinstance(known, Rejection):
+        return rejection_response(known)
+    if known is not None:
+        return known
     try:
         artifact = resolve_model_path(ctx.model_root, options.model)
     except ModelPathRefused as refused:
@@ -321,6 +329,29 @@ async def _load_options(ctx: ApiContext, request: Request) -> LoadOptions | Resp
             reason=ReasonCode.INVALID_CONFIGURATION,
         )
     return options.replace(model=artifact)
+
+
+def _known_load(
+    ctx: ApiContext, name: str, given: dict[str, Any]
+) -> LoadOptions | Rejection | None:
+    """The load of a model the runtime may load on demand (a preset, a file of its models
+    directory, a cached hub file) named by its id where no file of that name is: the catalog's
+    options (an hf:// preset's file prepared from the hub cache, or downloaded into it), with
+    what the request set (``given``) on top. None: ``name`` is a path as usual."""
+    if "/" in name or name.lower().endswith(".gguf") or Path(name).expanduser().exists():
+        return None
+    entry = ctx.scheduler.catalog.find(name)
+    if entry is None:
+        return None
+    options = LoadOptions.from_json(
+        {**entry.options.to_json(), **{k: v for k, v in given.items() if k != "model"}}
+    )
+    if options.model.startswith("hf://"):
+        try:
+            options = options.replace(model=ctx.scheduler.prepare_from_hub(options.model))
+        except DemandRefused as refused:
+            return refused.rejection
+    return options
 
 
 class ModelPathRefused(ValueError):

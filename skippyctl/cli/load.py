@@ -52,7 +52,9 @@ def load_command(
         str,
         typer.Argument(
             help="Path to a GGUF file (first part of a split set), hf://ORG/REPO/FILE.gguf or "
-            "ORG/REPO:QUANT (pulled first, as `skippyctl pull` does).",
+            "ORG/REPO:QUANT (pulled first, as `skippyctl pull` does), or the id of a model the "
+            "runtime may load on demand (a preset, a --models-dir file, a cached hub file: "
+            "its options, with the flags given here on top).",
             show_default=False,
         ),
     ],

@@ -428,7 +428,7 @@ class Scheduler:
             )
         options = entry.options
         if options.model.startswith("hf://"):
-            options = options.replace(model=self._prepare_from_hub(options.model))
+            options = options.replace(model=self.prepare_from_hub(options.model))
         handle = self.load(options)
         if handle.problem is not None or handle.model_id is None:
             why = handle.problem or "refused"
@@ -443,7 +443,7 @@ class Scheduler:
             raise DemandRefused(self._load_failure(model_id))
         return server
 
-    def _prepare_from_hub(self, reference: str) -> str:
+    def prepare_from_hub(self, reference: str) -> str:
         """The local file of an hf:// preset: from the hub's cache, or downloaded into it, with
         the pull's events in the runtime's stream."""
         from skippyctl.acquisition.errors import PreparationError

@@ -56,6 +56,13 @@ ttl = 30
 model = "{fixture_dir / "tiny.gguf"}"
 ttl = 30
 pinned = true
+
+[models.named]
+model = "{fixture_dir / "tiny.gguf"}"
+ttl = 45
+
+[models.typed]
+model = "{fixture_dir / "tiny.gguf"}"
 """
     )
     return presets
@@ -417,3 +424,21 @@ def test_an_estimate_says_what_a_load_would_take_without_loading(
     assert all(m["model_id"] != "sized" for m in models)  # nothing was loaded
     error = assert_openai_error(missing, 404)
     assert error["reason_code"] == "missing_artifact"
+
+
+def test_a_load_naming_a_preset_loads_it_with_the_requests_options_on_top(
+    on_demand: Server,
+) -> None:
+    loaded = on_demand.load(Path("named"), lanes=2)  # the preset's id, not a file
+    assert (loaded["model_id"], loaded["state"]) == ("named", "available")
+    with on_demand.http() as http:
+        models = {m["model_id"]: m for m in http.get("/api/runtime/state").json()["models"]}
+    settings = models["named"]["settings"]
+    assert (settings["lanes"], settings["ttl"]) == (2, 45)  # the request's, then the preset's
+    # And as an operator types it.
+    from tests.cli.helpers import run_cli
+
+    typed = run_cli("load", "typed", "--json", env={"SKIPPY_RUNTIME_DIR": str(on_demand.directory)})
+    assert typed.code == 0, typed.stderr
+    assert typed.records()[-1]["event"] == "model_available"
+    assert typed.records()[-1]["model_id"] == "typed"
