@@ -35,7 +35,7 @@ from skippyctl.api.schemas import (
 )
 from skippyctl.config.load_options import LoadOptions
 from skippyctl.events.envelope import InvalidLogicalId, LogicalId
-from skippyctl.events.identity import model_id_for
+from skippyctl.events.identity import is_logical_id, model_id_for
 from skippyctl.events.reasons import ReasonCode
 from skippyctl.output.codec import event_record
 from skippyctl.output.redact import redact
@@ -338,7 +338,8 @@ def _known_load(
     directory, a cached hub file) named by its id where no file of that name is: the catalog's
     options (an hf:// preset's file prepared from the hub cache, or downloaded into it), with
     what the request set (``given``) on top. None: ``name`` is a path as usual."""
-    if "/" in name or name.lower().endswith(".gguf") or Path(name).expanduser().exists():
+    # An id is a short token without `/`, `~` or NUL: safe to look for as a file name.
+    if not is_logical_id(name) or name.lower().endswith(".gguf") or Path(name).exists():
         return None
     entry = ctx.scheduler.catalog.find(name)
     if entry is None:
