@@ -256,6 +256,9 @@ def test_a_pull_is_seen_by_events_follow_and_the_dashboard(
         assert all("seq" in r for r in mine)
     finally:
         hub.stall_after.pop(WATCHED, None)
+        hub.release.set()  # no body stays held ...
+        hub.stalled.clear()
+        hub.release.clear()  # ... and the next test's stall holds again
         source.stop()
         source.client.close()
         follower.terminate()
