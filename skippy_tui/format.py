@@ -13,6 +13,7 @@ from typing import Final
 from rich.text import Text
 
 from skippyctl.events.reasons import Severity
+from skippyctl.output.summary import format_bytes
 from skippyctl.reducer.state import (
     LOADING_MODEL_STATES,
     ModelState,
@@ -29,14 +30,7 @@ BAR_WIDTH: Final = 10
 
 def size(value: int | float | None) -> str:
     """Bytes for people: `401.2 KiB`, `23.5 GiB`; a dash when unknown."""
-    if value is None:
-        return DASH
-    amount = float(value)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if amount < 1024 or unit == "TiB":
-            return f"{amount:.0f} {unit}" if unit == "B" else f"{amount:.1f} {unit}"
-        amount /= 1024
-    return f"{amount:.1f} TiB"  # pragma: no cover - the loop always returns
+    return DASH if value is None else format_bytes(value)
 
 
 def millis(value: float | None) -> str:

@@ -35,7 +35,7 @@ from skippyctl.config.runtime_settings import RuntimeSettings
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event
 from skippyctl.events.reasons import Category, ReasonCode
-from skippyctl.output.summary import reason_message, render_summary
+from skippyctl.output.summary import format_bytes, reason_message, render_summary
 
 TERMINALS = frozenset(
     {EventId.MODEL_AVAILABLE, EventId.MODEL_LOAD_FAILED, EventId.MODEL_LOAD_CANCELLED}
@@ -217,25 +217,22 @@ def _estimate(options: LoadOptions, settings: RuntimeSettings, json_output: bool
         emit_json({"schema_version": RECORD_SCHEMA_VERSION, "record": "load_estimate", **found})
         return ExitCode.SUCCESS
     lanes, per_lane = found.get("lanes"), found.get("kv_bytes_per_lane")
-    kv = _size(found["kv_bytes"])
+    kv = format_bytes(found["kv_bytes"])
     if lanes and per_lane is not None:
-        kv += f" ({_size(per_lane)} per lane × {lanes}, {found['context_tokens']} tokens)"
+        kv += f" ({format_bytes(per_lane)} per lane × {lanes}, {found['context_tokens']} tokens)"
     budget = found.get("memory_budget_bytes")
     lines = [
-        f"{found['model_id']}: about {_size(found['total_bytes'])} once loaded",
-        f"  weights  {_size(found['weights_bytes'])}",
+        f"{found['model_id']}: about {format_bytes(found['total_bytes'])} once loaded",
+        f"  weights  {format_bytes(found['weights_bytes'])}",
         f"  KV cache {kv}",
-        f"  compute  {_size(found['compute_bytes'])}",
+        f"  compute  {format_bytes(found['compute_bytes'])}",
         "  budget   none"
         if budget is None
-        else f"  budget   {_size(found['memory_budget_used_bytes'])} of {_size(budget)} in use",
+        else f"  budget   {format_bytes(found['memory_budget_used_bytes'])} of "
+        f"{format_bytes(budget)} in use",
     ]
     stderr_console().print("\n".join(lines), highlight=False, markup=False)
     return ExitCode.SUCCESS
-
-
-def _size(size: int) -> str:
-    return f"{size / (1024 * 1024):.1f} MiB"
 
 
 def _attached(

@@ -27,6 +27,7 @@ import typer
 
 from skippyctl.cli.exit_codes import ExitCode
 from skippyctl.cli.output import RECORD_SCHEMA_VERSION, emit_json, fail, stderr_console
+from skippyctl.output.summary import format_bytes
 
 models_app = typer.Typer(
     help="The local model cache: what `pull` fetched, its size, what is loaded; remove and prune.",
@@ -200,10 +201,6 @@ def _loaded_ids(json_output: bool) -> set[str]:
     return {str(card.get("id")) for card in cards if card.get("state") in ("loaded", "loading")}
 
 
-def _size(size: int) -> str:
-    return f"{size / (1024 * 1024):.1f} MiB"
-
-
 def _remove(model: CachedModel, every: list[CachedModel]) -> None:
     """Its snapshot links, then its blob unless another cached file points at it."""
     for link in model.links:
@@ -232,7 +229,7 @@ def _show(
                 [*(["loaded"] if model.loaded else []), *(f"preset {p}" for p in model.presets)]
             )
             err.print(
-                f"{model.ref}  {_size(model.size_bytes)}  last used "
+                f"{model.ref}  {format_bytes(model.size_bytes)}  last used "
                 f"{model.record(kind)['last_used_at']}" + (f"  ({flags})" if flags else ""),
                 markup=False,
             )
@@ -242,12 +239,12 @@ def _show(
             emit_json(partial.record(partial_kind))
         else:
             err.print(
-                f"hf://{partial.repo_id}  {_size(partial.size_bytes)}  partial download, last "
-                f"written {partial.record(partial_kind)['last_written_at']}",
+                f"hf://{partial.repo_id}  {format_bytes(partial.size_bytes)}  partial download, "
+                f"last written {partial.record(partial_kind)['last_written_at']}",
                 markup=False,
             )
     if not json_output:
-        total = _size(
+        total = format_bytes(
             sum(model.size_bytes for model in models)
             + sum(partial.size_bytes for partial in unfinished)
         )

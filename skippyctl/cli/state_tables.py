@@ -23,6 +23,7 @@ from skippyctl.output.state_reader import (
     StateDocumentView,
     TopologyEntry,
 )
+from skippyctl.output.summary import format_bytes
 from skippyctl.reducer.state import LOADING_MODEL_STATES, ModelState, StageState, TopologyState
 
 _STATE_STYLES: Final[dict[ModelState, str]] = {
@@ -56,14 +57,7 @@ _STAGE_STYLES: Final[dict[StageState | TopologyState, str]] = {
 
 
 def _bytes(value: int | None) -> str:
-    if value is None:
-        return "-"
-    size = float(value)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024:
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} TiB"
+    return "-" if value is None else format_bytes(value)
 
 
 def _state_cell(model: ModelEntry) -> str:

@@ -10,15 +10,19 @@ from skippyctl.events.envelope import Event, SummaryKey
 from skippyctl.events.reasons import DegradedMode, WarningCode
 
 
-def _bytes(value: float | None) -> str:
-    if value is None:
-        return "?"
+def format_bytes(value: float) -> str:
+    """Bytes for people, in powers of 1024: `512 B`, `401.2 KiB`, `23.5 GiB` (every surface
+    that shows a size: summaries, `ps`, `load --estimate`, `models`, the dashboard)."""
     size = float(value)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     return f"{size:.1f} TiB"
+
+
+def _bytes(value: float | None) -> str:
+    return "?" if value is None else format_bytes(value)
 
 
 def _progress(event: Event) -> str:
