@@ -106,7 +106,7 @@ class Acquisition:
 
     def __init__(
         self,
-        emit: Callable[[Event], None],
+        emit: Callable[[Event], object],
         hub: HubSettings | None = None,
         *,
         ids: OperationIds | None = None,

@@ -166,6 +166,17 @@ class Hub:
         return found if isinstance(found, str) else None
 
 
+def quiet_hub_library() -> None:
+    """Silence the hub library's own warnings: they quote URLs, signed CDN ones among them, and
+    a pull's events say what happened without them. (Imported first: its import sets its
+    logger's level from HF_HUB_VERBOSITY; callers skip this when the operator set that.)"""
+    import logging
+
+    import huggingface_hub.utils.logging  # noqa: F401 - sets the level overridden here
+
+    logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
+
+
 class Unreachable(Exception):
     """The hub could not be reached (connection refused, DNS, offline mode, timeout)."""
 

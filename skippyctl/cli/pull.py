@@ -16,7 +16,6 @@ cut in half) and the pull ends `model_download_cancelled` + `model_preparation_c
 
 from __future__ import annotations
 
-import logging
 import signal
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any
@@ -26,7 +25,7 @@ from rich.console import Console
 
 from skippyctl.acquisition.acquire import Acquisition, Prepared
 from skippyctl.acquisition.errors import PreparationCancelled, PreparationError
-from skippyctl.acquisition.hub import HubSettings
+from skippyctl.acquisition.hub import HubSettings, quiet_hub_library
 from skippyctl.cli.attach import attach_or_exit
 from skippyctl.cli.exit_codes import ExitCode, exit_code_for, exit_code_for_text
 from skippyctl.cli.presenters import NdjsonPresenter, Presenter, PullProgressPresenter
@@ -111,13 +110,8 @@ def pull_ref(
     ref: str, presenter: Presenter, settings: RuntimeSettings, hub: HubSettings | None = None
 ) -> PullResult:
     """Run one pull, showing its events on `presenter`; never raises for a failed pull."""
-    # The hub library's own warnings (a retried transfer) quote URLs, signed CDN ones among
-    # them; the events and the closing message say what happened without them. (Importing it
-    # first: its import sets its logger's level from HF_HUB_VERBOSITY, which still wins.)
     if not settings.hub_verbosity_set:
-        import huggingface_hub.utils.logging  # noqa: F401 - sets the level we then override
-
-        logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
+        quiet_hub_library()
     gate = _InterruptGate(presenter)
     acquisition = Acquisition(gate.show, hub)
     gate.acquisition = acquisition

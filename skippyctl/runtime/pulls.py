@@ -17,7 +17,7 @@ from typing import Final
 
 from skippyctl.acquisition.acquire import Acquisition, Prepared
 from skippyctl.acquisition.errors import PreparationError
-from skippyctl.acquisition.hub import HubSettings
+from skippyctl.acquisition.hub import HubSettings, quiet_hub_library
 from skippyctl.events.envelope import Event, LogicalId
 from skippyctl.events.identity import OperationIds
 
@@ -77,9 +77,9 @@ class Pulls:
 
     def _begin(self, revision: str | None) -> tuple[Acquisition, LogicalId]:
         if self._quiet_hub:
-            _quiet_hub_library()
+            quiet_hub_library()
         hub = HubSettings() if revision is None else HubSettings(revision=revision)
-        acquisition = Acquisition(self._submit, hub, ids=self._ids)
+        acquisition = Acquisition(self._emit, hub, ids=self._ids)
         with self._lock:
             if len(self._running) >= MAX_RUNNING_PULLS:
                 raise TooManyPulls(f"{MAX_RUNNING_PULLS} pulls are running; retry when one ends")
@@ -98,17 +98,3 @@ class Pulls:
     def _end(self, pull: LogicalId) -> None:
         with self._lock:
             self._running.pop(pull, None)
-
-    def _submit(self, event: Event) -> None:
-        self._emit(event)
-
-
-def _quiet_hub_library() -> None:
-    """The hub library's own warnings (a retried transfer) quote URLs, signed CDN ones among
-    them; a pull's events say what happened without them. (Imported first: its import sets its
-    logger's level from HF_HUB_VERBOSITY.)"""
-    import logging
-
-    import huggingface_hub.utils.logging  # noqa: F401 - sets the level overridden here
-
-    logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
