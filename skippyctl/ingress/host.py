@@ -21,7 +21,7 @@ counters conserve exactly: submitted = delivered + coalesced + dropped + rejecte
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Final
@@ -104,6 +104,9 @@ class HostIngress:
         self._closed = False
         self._state: deque[Event] = deque()
         self._progress: OrderedDict[_ProgressKey, Event] = OrderedDict()
+        self._pending_ops: Counter[LogicalId | None] = Counter()
+        """Undelivered progress values per operation: a terminal looks through ``_progress``
+        only when its operation has some (the drain path stays O(1) per terminal)."""
         self._last_progress: OrderedDict[_ProgressKey, int] = OrderedDict()
         self._diagnostic: deque[Event] = deque()
         self._debug: deque[Event] = deque()
@@ -190,6 +193,7 @@ class HostIngress:
             return SubmitOutcome.DROPPED_QUEUE_FULL
         else:
             self._progress[key] = event
+            self._pending_ops[event.operation_id] += 1
         self._last_progress[key] = value
         self._last_progress.move_to_end(key)
         while len(self._last_progress) > 4 * self.config.max_progress_operations:
@@ -227,6 +231,7 @@ class HostIngress:
                 out.append(event)
             while self._progress and len(out) < max_events:
                 _, event = self._progress.popitem(last=False)
+                self._taken_progress(event.operation_id, 1)
                 self._counters[DeliveryClass.PROGRESS].delivered += 1
                 out.append(event)
             for lane in (self._diagnostic, self._debug):
@@ -241,9 +246,19 @@ class HostIngress:
     def _progress_before_terminal(self, operation_id: LogicalId) -> list[Event]:
         """The operation's undelivered progress, taken now: it was submitted before its
         terminal, so it is delivered before it (per-operation order), never after."""
+        if not self._pending_ops[operation_id]:
+            return []
         keys = [key for key in self._progress if key[0] == operation_id]
         self._counters[DeliveryClass.PROGRESS].delivered += len(keys)
+        self._taken_progress(operation_id, len(keys))
         return [self._progress.pop(key) for key in keys]
+
+    def _taken_progress(self, operation_id: LogicalId | None, count: int) -> None:
+        left = self._pending_ops[operation_id] - count
+        if left > 0:
+            self._pending_ops[operation_id] = left
+        else:
+            del self._pending_ops[operation_id]
 
     def _forget_progress(self, operation_id: LogicalId) -> None:
         for key in [k for k in self._last_progress if k[0] == operation_id]:
