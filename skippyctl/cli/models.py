@@ -62,9 +62,7 @@ class CachedModel:
             "ref": self.ref,
             "model_id": self.model_id,
             "size_bytes": self.size_bytes,
-            "last_used_at": dt.datetime.fromtimestamp(self.last_used, dt.UTC).isoformat(
-                timespec="seconds"
-            ),
+            "last_used_at": _utc(self.last_used),
             "loaded": self.loaded,
             "presets": list(self.presets),
         }
@@ -84,9 +82,7 @@ class PartialDownload:
             "record": kind,
             "repo": self.repo_id,
             "size_bytes": self.size_bytes,
-            "last_written_at": dt.datetime.fromtimestamp(self.last_written, dt.UTC).isoformat(
-                timespec="seconds"
-            ),
+            "last_written_at": _utc(self.last_written),
         }
 
     def remove_unless_in_use(self) -> bool:
@@ -106,6 +102,10 @@ class PartialDownload:
         finally:
             lock.release()
         return True
+
+
+def _utc(timestamp: float) -> str:
+    return dt.datetime.fromtimestamp(timestamp, dt.UTC).isoformat(timespec="seconds")
 
 
 def partial_downloads() -> list[PartialDownload]:

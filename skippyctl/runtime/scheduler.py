@@ -222,11 +222,7 @@ class Scheduler:
     def memory_in_use_bytes(self) -> int:
         """What the models loaded or loading were estimated to take (the budget's use)."""
         with self._lock:
-            return sum(
-                server.memory_bytes
-                for server in self._servers.values()
-                if not server.gone.is_set() and (server.accepting or server.unloading)
-            )
+            return sum(server.memory_bytes for server in self._servers.values() if _holds(server))
 
     def _estimate(self, options: LoadOptions) -> int:
         """The memory a load will take (0 without a budget, or for a file that cannot be read:
@@ -258,9 +254,7 @@ class Scheduler:
                 held = [
                     server
                     for server in self._servers.values()
-                    if server.model_id != model_id
-                    and not server.gone.is_set()
-                    and (server.accepting or server.unloading)
+                    if server.model_id != model_id and _holds(server)
                 ]
             over_count = self.max_models is not None and len(held) >= self.max_models
             used = sum(server.memory_bytes for server in held)
@@ -802,6 +796,12 @@ class Scheduler:
             server.drain(force=True, drain_timeout_s=0.5)
         if self._thread.is_alive():
             self._thread.join(2)
+
+
+def _holds(server: ModelServer) -> bool:
+    """Whether a model takes its memory (and a place among ``--max-models``): loading,
+    serving or unloading, until its engine is gone."""
+    return not server.gone.is_set() and (server.accepting or server.unloading)
 
 
 def _mib(size: int) -> str:

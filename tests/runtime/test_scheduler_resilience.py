@@ -6,6 +6,7 @@ The only processes signalled here are the engines of the host this test started.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -88,9 +89,8 @@ class Runtime:
         self.host.shutdown()
 
 
-@pytest.fixture
-def runtime(fixture_dir: Path) -> Iterator[Runtime]:
-    running = Runtime(fixture_dir, lanes=1)
+@contextlib.contextmanager
+def _running(running: Runtime) -> Iterator[Runtime]:
     try:
         yield running
     finally:
@@ -98,6 +98,12 @@ def runtime(fixture_dir: Path) -> Iterator[Runtime]:
         for pid in running.host.engine_pids().values():
             os.kill(pid, signal.SIGCONT)
         running.close()
+
+
+@pytest.fixture
+def runtime(fixture_dir: Path) -> Iterator[Runtime]:
+    with _running(Runtime(fixture_dir, lanes=1)) as running:
+        yield running
 
 
 def finished(handle: RequestHandle, timeout_s: float = WAIT_S) -> Finished:
@@ -293,13 +299,9 @@ def _prefill_events(runtime: Runtime, handle: RequestHandle) -> list[Event]:
 @pytest.fixture
 def slow_runtime(fixture_dir: Path) -> Iterator[Runtime]:
     """Every llama_decode of its engine takes 300 ms more: a prefill is seen in progress."""
-    running = Runtime(fixture_dir, lanes=1, settings=RuntimeSettings(test_decode_delay_ms=300))
-    try:
+    slow = RuntimeSettings(test_decode_delay_ms=300)
+    with _running(Runtime(fixture_dir, lanes=1, settings=slow)) as running:
         yield running
-    finally:
-        for pid in running.host.engine_pids().values():
-            os.kill(pid, signal.SIGCONT)
-        running.close()
 
 
 def test_a_request_cancelled_during_its_prefill_ends_the_prefill_cancelled(
