@@ -344,15 +344,10 @@ def _known_load(
     entry = ctx.scheduler.catalog.find(name)
     if entry is None:
         return None
-    options = LoadOptions.from_json(
-        {**entry.options.to_json(), **{k: v for k, v in given.items() if k != "model"}}
-    )
-    if options.model.startswith("hf://"):
-        try:
-            options = options.replace(model=ctx.scheduler.prepare_from_hub(options.model))
-        except DemandRefused as refused:
-            return refused.rejection
-    return options
+    try:
+        return ctx.scheduler.entry_options(entry, {k: v for k, v in given.items() if k != "model"})
+    except DemandRefused as refused:
+        return refused.rejection
 
 
 class ModelPathRefused(ValueError):

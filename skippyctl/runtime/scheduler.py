@@ -35,10 +35,10 @@ import dataclasses
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 from skippyctl.config.load_options import LoadOptions
 from skippyctl.config.runtime_settings import DEFAULT_ENGINE_UNRESPONSIVE_S
@@ -56,7 +56,7 @@ from skippyctl.runtime.memory_pressure import (
     PressureChange,
     host_memory,
 )
-from skippyctl.runtime.model_catalog import ModelCatalog
+from skippyctl.runtime.model_catalog import Loadable, ModelCatalog
 from skippyctl.runtime.model_server import Liveness, ModelNotServing, ModelServer, Rejection
 from skippyctl.runtime.observations import ServingEvents
 from skippyctl.runtime.pulls import Pulls, TooManyPulls
@@ -420,10 +420,7 @@ class Scheduler:
             raise DemandRefused(
                 Rejection(404, ReasonCode.MISSING_ARTIFACT, f"model '{model_id}' is not known")
             )
-        options = entry.options
-        if options.model.startswith("hf://"):
-            options = options.replace(model=self.prepare_from_hub(options.model))
-        handle = self.load(options)
+        handle = self.load(self.entry_options(entry))
         if handle.problem is not None or handle.model_id is None:
             why = handle.problem or "refused"
             failure = self._load_failure(model_id)
@@ -437,7 +434,17 @@ class Scheduler:
             raise DemandRefused(self._load_failure(model_id))
         return server
 
-    def prepare_from_hub(self, reference: str) -> str:
+    def entry_options(self, entry: Loadable, given: Mapping[str, Any] | None = None) -> LoadOptions:
+        """The load of a catalog entry, with the options of ``given`` (JSON names) on top; an
+        ``hf://`` file prepared first (:class:`DemandRefused` when it cannot be)."""
+        options = entry.options
+        if given:
+            options = LoadOptions.from_json({**options.to_json(), **given})
+        if options.model.startswith("hf://"):
+            options = options.replace(model=self._prepare_from_hub(options.model))
+        return options
+
+    def _prepare_from_hub(self, reference: str) -> str:
         """The local file of an hf:// preset: from the hub's cache, or downloaded into it, with
         the pull's events in the runtime's stream."""
         from skippyctl.acquisition.errors import PreparationError
