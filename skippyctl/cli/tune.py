@@ -23,6 +23,7 @@ from skippyctl.cli.attach import attach_or_exit
 from skippyctl.cli.exit_codes import ExitCode, exit_code_for_text
 from skippyctl.cli.output import RECORD_SCHEMA_VERSION, emit_json, fail, stderr_console
 from skippyctl.config.load_options import LoadOptions
+from skippyctl.reducer.state import SETTLED_MODEL_STATES
 
 if TYPE_CHECKING:
     from skippyctl.client.http import RuntimeClient
@@ -30,7 +31,8 @@ if TYPE_CHECKING:
 CONTEXT_PER_LANE: Final = 1024
 PREFILL_WORDS: Final = 200
 SETTLE_TIMEOUT_S: Final = 300.0
-SETTLED: Final = frozenset({"available", "failed", "cancelled", "unloaded", "unavailable"})
+SETTLED: Final = frozenset({"available", *(state.value for state in SETTLED_MODEL_STATES)})
+"""A candidate's load or unload is over: it serves, or the reducer's settled states."""
 
 
 def _numbers(text: str, flag: str) -> list[int]:
