@@ -62,7 +62,15 @@ row (keyed by its id) can take it."""
 
 
 def detail(snapshot: DashboardSnapshot, model: ModelView) -> Text:
-    """Phase and progress while loading; the reason when it failed; readiness otherwise."""
+    """Phase and progress while loading; the reason when it failed; readiness otherwise; a
+    restart of its crashed engine first while one is under way."""
+    text = _detail(snapshot, model)
+    if model.recovery_attempt is not None:
+        return Text(f"restart {model.recovery_attempt} · ", style="yellow").append_text(text)
+    return text
+
+
+def _detail(snapshot: DashboardSnapshot, model: ModelView) -> Text:
     state = model.state
     if state in LOADING_MODEL_STATES:
         phase = model_phase(snapshot, model.model_id, state)

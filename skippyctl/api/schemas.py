@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Annotated, Any, Final, Literal, TypeVar
 
 import orjson
@@ -54,7 +55,6 @@ from skippyctl.config.load_options import (
     OPTIONS,
     REQUIRED,
     OptionField,
-    SpecMode,
 )
 from skippyctl.events.figures import FIGURES
 from skippyctl.events.reasons import ReasonCode
@@ -176,15 +176,14 @@ def _load_option(spec: OptionField) -> tuple[Any, Any]:
             Field(max_length=option.max_items, json_schema_extra={"uniqueItems": True}),
             AfterValidator(_unique),
         ],
-        SpecMode: Literal[tuple(mode.value for mode in SpecMode)],
     }
-    kind = kinds[spec.kind]
+    kind = Literal[spec.choices] if spec.choices else kinds[spec.kind]
     if option.check is not None:
         kind = Annotated[kind, AfterValidator(_checked(option.check))]
     default = spec.default
     if isinstance(default, tuple):
         default = list(default)
-    elif isinstance(default, SpecMode):
+    elif isinstance(default, StrEnum):
         default = default.value
     if default is REQUIRED:
         return kind, Field(description=option.help)

@@ -13,11 +13,12 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
+from enum import StrEnum
 from typing import Annotated, Any, TypeVar
 
 import typer
 
-from skippyctl.config.load_options import OPTIONS, LoadOptions, OptionField, SpecMode
+from skippyctl.config.load_options import OPTIONS, LoadOptions, OptionField
 
 R = TypeVar("R")
 
@@ -27,21 +28,21 @@ _FLAG_TYPES: dict[type, Any] = {
     bool: bool,
     str: str,
     tuple: list[str],
-    # A mode is taken as text and checked with the other options (exit 10), not by click.
-    SpecMode: str,
 }
+"""Each kind's type as a flag; a choice (a mode, a policy) is taken as text and checked with
+the other options (exit 10), not by click."""
 
 
 def _parameter(spec: OptionField) -> inspect.Parameter:
     option = spec.option
-    kind = _FLAG_TYPES[spec.kind]
+    kind = str if spec.choices else _FLAG_TYPES[spec.kind]
     constant = spec.default is not None and spec.kind not in (tuple, bool)
     metavar = option.metavar
-    if spec.kind is SpecMode:
-        metavar = "[" + "|".join(mode.value for mode in SpecMode) + "]"
+    if spec.choices:
+        metavar = "[" + "|".join(spec.choices) + "]"
     info = typer.Option(spec.flag, help=option.help, metavar=metavar, show_default=constant)
     default = None if spec.kind is tuple else spec.default
-    if isinstance(default, SpecMode):
+    if isinstance(default, StrEnum):
         default = default.value
     annotation = kind if constant or spec.kind is bool else kind | None
     return inspect.Parameter(

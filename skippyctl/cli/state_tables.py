@@ -69,6 +69,8 @@ def _state_cell(model: ModelEntry) -> str:
         text += f" {100.0 * progress.current / progress.total:.0f}%"
     if model.reason_code is not None and model.reason_code.text:
         text += f" [dim]({model.reason_code.text})[/]"
+    if model.recovery_attempt is not None:
+        text += f" [yellow]restart {model.recovery_attempt}[/]"
     return text
 
 

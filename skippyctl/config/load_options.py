@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Final, get_type_hints
+from typing import Any, Final, TypeGuard, get_type_hints
 
 from skippyctl.config.endpoints import (
     ENDPOINT_PATTERN,
@@ -67,7 +67,19 @@ class SpecMode(StrEnum):
     DRAFT = "draft"
 
 
-_SPEC_VALUES: Final = frozenset(mode.value for mode in SpecMode)
+class RestartPolicy(StrEnum):
+    """What the runtime does when a model's engine dies while serving (``load --restart``)."""
+
+    NEVER = "never"
+    ON_FAILURE = "on-failure"
+
+
+def is_choice(kind: object) -> TypeGuard[type[StrEnum]]:
+    """Whether an option's kind is a set of named values (an enum of this module): taken as
+    its text everywhere, its member once read."""
+    return isinstance(kind, type) and issubclass(kind, StrEnum)
+
+
 RUNAHEAD_MODES: Final = (SpecMode.PLUGIN, SpecMode.NGRAM)
 """The modes whose proposals may run ahead (``spec_runahead_tokens``): a draft model would pay a
 decode for every token drafted past the window."""
@@ -291,6 +303,13 @@ class LoadOptions:
         check=_ttl_problem,
         metavar="SECONDS",
     )
+    restart: RestartPolicy = _option(
+        RestartPolicy.ON_FAILURE,
+        help="When the model's engine dies while serving: 'on-failure' starts it again with "
+        "the same options (after 0.5 s, then 1 s, 2 s; requests waiting for it wait; more "
+        "than 3 restarts within 60 s and the model is failed); 'never' leaves it unavailable "
+        "until it is loaded again.",
+    )
     pinned: bool = _option(
         False,
         help="Never unload the model on the runtime's own account: no idle TTL, never evicted "
@@ -299,11 +318,12 @@ class LoadOptions:
     )
 
     def __post_init__(self) -> None:
-        # A mode given as its text (the CLI's flag, a test) becomes its member, so every reader
-        # can compare members; a text that names none stays for problem() to refuse.
-        spec = self.spec
-        if not isinstance(spec, SpecMode) and spec in _SPEC_VALUES:
-            object.__setattr__(self, "spec", SpecMode(spec))
+        # A choice given as its text (the CLI's flag, a test) becomes its member, so every
+        # reader can compare members; a text that names none stays for problem() to refuse.
+        for spec in _CHOICES:
+            value = getattr(self, spec.name)
+            if not isinstance(value, spec.kind) and value in spec.choices:
+                object.__setattr__(self, spec.name, spec.kind(value))
 
     @property
     def split(self) -> bool:
@@ -374,8 +394,8 @@ class LoadOptions:
                 continue
             if spec.kind is tuple:
                 value = tuple(value)
-            elif spec.kind is SpecMode:
-                value = SpecMode(value)
+            elif is_choice(spec.kind):
+                value = spec.kind(value)
             elif spec.kind is float:
                 value = float(value)
             values[spec.name] = value
@@ -392,7 +412,7 @@ class OptionField:
     name: str
     kind: type
     """The value's type without ``None``: ``int``, ``float``, ``bool``, ``str``, ``tuple`` (of
-    ``str``) or ``SpecMode``."""
+    ``str``) or a choice (:func:`is_choice`: ``SpecMode``, ``RestartPolicy``)."""
     optional: bool
     """None is a value (the runtime decides)."""
     default: Any
@@ -403,13 +423,18 @@ class OptionField:
     def flag(self) -> str:
         return self.option.flag or "--" + self.name.replace("_", "-")
 
+    @property
+    def choices(self) -> tuple[str, ...]:
+        """A choice option's values as text, in order (empty for any other kind)."""
+        return tuple(member.value for member in self.kind) if is_choice(self.kind) else ()
+
     def problem(self, value: Any) -> str | None:
         """Why ``value`` is outside this option's bounds (the flag named), or None."""
         option, flag = self.option, self.flag
         if value is None:
             return None if self.optional else f"{flag} is required"
-        if self.kind is SpecMode and not isinstance(value, SpecMode):
-            return f"{flag} must be one of: " + ", ".join(mode.value for mode in SpecMode)
+        if is_choice(self.kind) and not isinstance(value, self.kind):
+            return f"{flag} must be one of: " + ", ".join(self.choices)
         if self.kind is float and not math.isfinite(value):
             return f"{flag} must be a finite number"
         if self.kind in (int, float):
@@ -460,6 +485,7 @@ def _fields() -> tuple[OptionField, ...]:
 
 OPTIONS: Final[tuple[OptionField, ...]] = _fields()
 """Every field of :class:`LoadOptions`, in order, with its option."""
+_CHOICES: Final = tuple(spec for spec in OPTIONS if is_choice(spec.kind))
 
 
 def plugin_problem(spec: str) -> str | None:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from skippyctl.config.load_options import OPTIONS, LoadOptions, SpecMode
+from skippyctl.config.load_options import OPTIONS, LoadOptions, is_choice
 from skippyctl.events.envelope import InvalidLogicalId, LogicalId
 
 MAX_PRESETS_BYTES: Final = 1024 * 1024
@@ -118,7 +118,12 @@ def _options(model_id: LogicalId, table: Mapping[str, Any], base: Path) -> LoadO
 def _typed(model_id: LogicalId, key: str, kind: type, value: Any) -> Any:
     """``value`` as the option's type (TOML's types are close: an int may stand for a float, a
     list of strings is a tuple)."""
-    wrong = PresetsError(f"preset '{model_id}': '{key}' must be {_KIND_NAMES.get(kind, 'text')}")
+    kind_name = (
+        "one of " + ", ".join(member.value for member in kind)
+        if is_choice(kind)
+        else _KIND_NAMES.get(kind, "text")
+    )
+    wrong = PresetsError(f"preset '{model_id}': '{key}' must be {kind_name}")
     if kind is bool:
         if not isinstance(value, bool):
             raise wrong
@@ -135,10 +140,10 @@ def _typed(model_id: LogicalId, key: str, kind: type, value: Any) -> Any:
         if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
             raise wrong
         return tuple(value)
-    if kind is SpecMode:
-        if not isinstance(value, str) or value not in {mode.value for mode in SpecMode}:
+    if is_choice(kind):
+        if not isinstance(value, str) or value not in {member.value for member in kind}:
             raise wrong
-        return SpecMode(value)
+        return kind(value)
     if not isinstance(value, str):
         raise wrong
     return value
@@ -149,7 +154,6 @@ _KIND_NAMES: Final = {
     int: "a whole number",
     float: "a number",
     tuple: "a list of strings",
-    SpecMode: "one of " + ", ".join(mode.value for mode in SpecMode),
 }
 
 

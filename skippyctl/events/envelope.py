@@ -150,6 +150,9 @@ class SummaryKey(StrEnum):
     """The engine's wait for a lane (events/figures.py); not ``queue_wait_ms``, the host's."""
     IDLE_TTL_MS = "idle_ttl_ms"
     """How long an idle model stays loaded before it unloads (model_idle_timer_started)."""
+    RETRY_DELAY_MS = "retry_delay_ms"
+    """How long the runtime waits before its next attempt (model_recovery_started: the
+    engine's restart after its backoff)."""
 
 
 class StopReason(StrEnum):

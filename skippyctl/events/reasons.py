@@ -125,6 +125,10 @@ class ReasonCode(StrEnum):
     INSUFFICIENT_MEMORY = "insufficient_memory"
     """A load refused before any weight moved: its estimate does not fit the memory budget,
     and no idle, unpinned model could make room."""
+    CRASH_LOOP = "crash_loop"
+    """A model whose engine kept dying: the runtime restarted it as often as its restart
+    policy allows within the policy's window and then stopped (``model_recovery_failed``;
+    the model is failed until it is loaded again)."""
 
 
 class ProgressUnit(StrEnum):

@@ -58,6 +58,8 @@ def model_document(state: RuntimeView, view: ModelView) -> dict[str, Any]:
             "queue_depth": queue_depth(state, view.model_id),
             "reason_code": None if view.reason_code is None else view.reason_code.value,
             "load_duration_ms": view.load_duration_ms,
+            "recovery_attempt": view.recovery_attempt,
+            "restarts": view.restarts or None,
             "kv": _clean(
                 {
                     "cells_total": view.kv.cells_total,

@@ -108,6 +108,8 @@ class ModelEntry:
     not a number, a flag or a text are left out)."""
     idle_expires_at: datetime | None = None
     """When the idle model unloads unless a request comes (None: in use, or no idle TTL)."""
+    recovery_attempt: int | None = None
+    """The runtime's restart of its crashed engine under way (None: none)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,6 +257,7 @@ def _model(entry: Mapping[str, Any]) -> ModelEntry | None:
         decode_tokens_per_s=_number(entry.get("decode_tokens_per_s")),
         settings=_settings(entry.get("settings")),
         idle_expires_at=_timestamp(entry.get("idle_expires_at")),
+        recovery_attempt=_int(entry.get("recovery_attempt")),
     )
 
 

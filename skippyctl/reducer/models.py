@@ -22,6 +22,12 @@ refused, except a crash or an unload (they concern the model whatever loaded it)
     model_load_cancelled                      in load → cancelled
     engine_process_crashed                    serving | unloading → unavailable, announces
                                                 model_unavailable — otherwise ignored (**)
+    model_recovery_failed                     unavailable → failed — the runtime stopped restarting
+                                                its engine (crash_loop)
+    model_recovery_failed                     failed → same — its last restart's load failed: the
+                                                reason becomes crash_loop
+    model_recovery_failed                     serving → same — a silent engine that then exited: its
+                                                crash follows
     topology_ready                            initializing | degraded | unavailable → available,
                                                 announces model_available — once its backend is
                                                 ready (*)
@@ -38,6 +44,10 @@ topology are ready; a backend that completes first is recorded as ready and the 
 topology already degraded when the backend completes (a slow stage link found at once) serves
 too: the model becomes available and at once degraded (model_available, model_degraded).
 (**) a crash during a load is not a rejection: that load is settled by model_load_failed.
+A restart of a crashed engine (``load --restart on-failure``) is a new load of the model:
+model_recovery_started marks the view's ``recovery_attempt``, the restart's model_load_requested
+keeps it, and model_recovery_completed or _failed ends it (a failed restart's load has the
+model failed already: model_recovery_failed then gives it its reason).
 The topology_* rows project a topology's new state (topology.py) onto the models it serves: a
 model no row fits stays as it is, which is not a rejection.
 """
@@ -124,6 +134,27 @@ MOVES: Final[MoveTable[ModelState]] = MoveTable(
             _M.UNAVAILABLE,
             _E.MODEL_UNAVAILABLE,
             "otherwise ignored (**)",
+        ),
+        Move(
+            frozenset({_M.UNAVAILABLE}),
+            _E.MODEL_RECOVERY_FAILED,
+            _M.FAILED,
+            None,
+            "the runtime stopped restarting its engine (crash_loop)",
+        ),
+        Move(
+            frozenset({_M.FAILED}),
+            _E.MODEL_RECOVERY_FAILED,
+            SAME,
+            None,
+            "its last restart's load failed: the reason becomes crash_loop",
+        ),
+        Move(
+            SERVING_MODEL_STATES,
+            _E.MODEL_RECOVERY_FAILED,
+            SAME,
+            None,
+            "a silent engine that then exited: its crash follows",
         ),
         Move(
             frozenset({_M.INITIALIZING, _M.DEGRADED, _M.UNAVAILABLE}),
@@ -251,6 +282,9 @@ def on_load_requested(state: RuntimeView, event: Event) -> Step:
         updated_mono_ns=event.mono_ns,
         settings=event.settings,
     )
+    if current is not None and current.recovery_attempt is not None:
+        # The runtime's restart of a crashed engine: the recovery goes on through this load.
+        view = evolve(view, recovery_attempt=current.recovery_attempt, restarts=current.restarts)
     placed = bounded_put(
         state.models,
         model_id,
@@ -410,6 +444,46 @@ def on_engine_crashed(state: RuntimeView, event: Event) -> Step:
     return new, _announced(row, moved, previous, event, outcome=Outcome.FAILURE)
 
 
+def on_recovery_started(state: RuntimeView, event: Event) -> Step:
+    """A restart of the model's engine is under way (its number in ``attempt``); an engine
+    that went silent is waited for without one."""
+    view = _model_of(state, event)
+    attempt = event.summary_value(SummaryKey.ATTEMPT)
+    if view is None or attempt is None:
+        return state, NO_TRANSITIONS
+    restarting = evolve(view, recovery_attempt=int(attempt), restarts=view.restarts + 1)
+    return _store(state, restarting), NO_TRANSITIONS
+
+
+def on_recovery_completed(state: RuntimeView, event: Event) -> Step:
+    view = _model_of(state, event)
+    if view is None:
+        return state, NO_TRANSITIONS
+    return _store(state, evolve(view, recovery_attempt=None)), NO_TRANSITIONS
+
+
+def on_recovery_failed(state: RuntimeView, event: Event) -> Step:
+    """The runtime stopped restarting the model: it is failed, with the reason."""
+    view = _model_of(state, event)
+    row = None if view is None else MOVES.find(event.id, view.state)
+    if view is None or row is None:
+        return reject(state)
+
+    def ended(failed: ModelView) -> ModelView:
+        return evolve(failed, recovery_attempt=None, reason_code=event.reason_code)
+
+    if row.target is SAME:
+        kept = (
+            ended(view) if view.state is ModelState.FAILED else evolve(view, recovery_attempt=None)
+        )
+        return _store(state, kept), NO_TRANSITIONS
+    step = _move(state, event, ended)
+    if step is None:
+        return reject(state)
+    new, moved, previous, row = step
+    return new, _announced(row, moved, previous, event, outcome=Outcome.FAILURE)
+
+
 def on_topology_changed(state: RuntimeView, event: Event, topology: LogicalId) -> Step:
     """Project a topology's new state (the event) onto the models it serves."""
     transitions: list[Event] = []
@@ -489,6 +563,9 @@ HANDLERS: Final[dict[EventId, Handler]] = {
     EventId.SERVING_BACKEND_INITIALIZATION_FAILED: on_load_settled,
     EventId.MODEL_LOAD_CANCELLED: on_load_settled,
     EventId.ENGINE_PROCESS_CRASHED: on_engine_crashed,
+    EventId.MODEL_RECOVERY_STARTED: on_recovery_started,
+    EventId.MODEL_RECOVERY_COMPLETED: on_recovery_completed,
+    EventId.MODEL_RECOVERY_FAILED: on_recovery_failed,
     EventId.UNLOAD_REQUESTED: on_unload_requested,
     EventId.MODEL_IDLE_TIMER_STARTED: on_idle_timer,
     EventId.MODEL_IDLE_TIMER_CLEARED: on_idle_timer,

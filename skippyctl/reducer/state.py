@@ -159,6 +159,11 @@ class ModelView:
     chat_template: tuple[Setting, ...] = ()
     """Which chat template serves its chats (``source``, ``sha256``, ``tool_use``: the settings
     of its ``native_model_load_completed``)."""
+    recovery_attempt: int | None = None
+    """The engine restart under way (its number within the restart policy's window, from
+    ``model_recovery_started``); None: no restart is under way."""
+    restarts: int = 0
+    """Engine restarts the runtime made of this model since it was last loaded by hand."""
     idle_ttl_ms: float | None = None
     idle_expires_wall_ns: int | None = None
     """When an idle model unloads unless a request comes (``model_idle_timer_started``'s time

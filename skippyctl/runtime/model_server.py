@@ -62,6 +62,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Final, Protocol, assert_never
 
+from skippyctl.config.load_options import LoadOptions
 from skippyctl.config.tool_call_format import ToolCallFormat
 from skippyctl.engine.channel import (
     MAX_MESSAGE_BYTES,
@@ -148,7 +149,11 @@ class ServerOwner(Protocol):
     """What a model server tells its owner (the scheduler)."""
 
     def session_released(self, handle: RequestHandle) -> None: ...
-    def server_exited(self, server: ModelServer) -> None: ...
+    def server_exited(self, server: ModelServer, crashed: bool) -> bool:
+        """The server's engine is gone (``crashed``: not stopped by the host). True when a
+        restart follows: the server keeps its queued requests for it instead of failing them
+        (:meth:`ModelServer.take_queued`, :meth:`ModelServer.fail_queued`)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +233,8 @@ class ModelServer:
         self.ready: Future[None] = Future()
         """Resolved when the engine serves; failed (:class:`ModelNotServing`) if it exits
         first."""
+        self.options: LoadOptions | None = None
+        """The load that made it (a restart after its engine dies loads the same)."""
         self.ttl_s = -1.0
         """Idle seconds before the scheduler unloads the model; -1: never."""
         self.pinned = False
@@ -781,16 +788,19 @@ class ModelServer:
         # reason; an unattributed one with process_crash.
         if reason is None:
             reason = ReasonCode.PROCESS_CRASH if crashed else ReasonCode.STAGE_UNAVAILABLE
-        if self.unresponsive:  # it went silent and never came back: the recovery failed
+        # Asked before anything is failed: a restart that follows keeps the queue waiting.
+        restarting = self.owner.server_exited(self, crashed)
+        if self.unresponsive:
             self.unresponsive = False
-            self.events.always(
-                make_event(
-                    EventId.MODEL_RECOVERY_FAILED,
-                    scope=Scope(model_id=self.model_id),
-                    outcome=Outcome.FAILURE,
-                    reason_code=reason,
+            if not restarting:  # it went silent and never came back: the recovery failed
+                self.events.always(
+                    make_event(
+                        EventId.MODEL_RECOVERY_FAILED,
+                        scope=Scope(model_id=self.model_id),
+                        outcome=Outcome.FAILURE,
+                        reason_code=reason,
+                    )
                 )
-            )
         failed = GenerationOutcome.FAILED
         for handle in running:
             if handle.prefilling:
@@ -801,12 +811,35 @@ class ModelServer:
                 Emission(EventId.REQUEST_FAILED, outcome=Outcome.FAILURE, reason=reason),
             )
             handle.deliver(Finished(failed, reason, StopReason.ERROR.value))
-        for handle in queued:
+        if restarting:
+            with self._lock:
+                self._queued.extend(queued)
+        else:
+            self._fail_unstarted(queued, reason)
+
+    def take_queued(self) -> list[RequestHandle]:
+        """The requests still waiting here, handed to the server of the model's restart."""
+        with self._lock:
+            queued = list(self._queued)
+            self._queued.clear()
+        return queued
+
+    def adopt_queued(self, handles: Iterable[RequestHandle]) -> None:
+        """Take over requests that waited for the previous engine of this model (a restart):
+        they wait here, first in line, until this engine serves (``on_engine_serving``)."""
+        with self._lock:
+            self._queued.extendleft(reversed(list(handles)))
+
+    def fail_queued(self, reason: ReasonCode) -> None:
+        """End every waiting request with ``reason`` (the model will not serve again)."""
+        self._fail_unstarted(self.take_queued(), reason)
+
+    def _fail_unstarted(self, handles: Iterable[RequestHandle], reason: ReasonCode) -> None:
+        for handle in handles:
             self._emit(
                 handle, Emission(EventId.REQUEST_FAILED, outcome=Outcome.FAILURE, reason=reason)
             )
-            handle.deliver(Finished(failed, reason, None))
-        self.owner.server_exited(self)
+            handle.deliver(Finished(GenerationOutcome.FAILED, reason, None))
 
     # -- unload ---------------------------------------------------------------------------------
     def drain(self, force: bool, drain_timeout_s: float) -> int:

@@ -40,15 +40,15 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from skippyctl.config.load_options import LoadOptions
+from skippyctl.config.load_options import LoadOptions, RestartPolicy
 from skippyctl.config.runtime_settings import DEFAULT_ENGINE_UNRESPONSIVE_S
 from skippyctl.engine.protocol_commands import DropSession, SaveSessions, SessionFile
 from skippyctl.engine.protocol_messages import StateExported, StateImported
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import LogicalId, Scope, make_event, summaries
-from skippyctl.events.identity import OperationIds, is_logical_id
+from skippyctl.events.identity import OperationIds, is_logical_id, model_id_for
 from skippyctl.events.reasons import Outcome, ReasonCode
-from skippyctl.reducer.state import ModelState
+from skippyctl.reducer.state import LOADING_MODEL_STATES, SERVING_MODEL_STATES, ModelState
 from skippyctl.runtime.host import LoadHandle, RuntimeHost
 from skippyctl.runtime.memory_pressure import (
     HostMemory,
@@ -61,6 +61,7 @@ from skippyctl.runtime.model_server import Liveness, ModelNotServing, ModelServe
 from skippyctl.runtime.observations import ServingEvents
 from skippyctl.runtime.pulls import Pulls, TooManyPulls
 from skippyctl.runtime.receipts import ReceiptBook, receipt_of
+from skippyctl.runtime.recovery import RESTART_LIMIT, RestartBook
 from skippyctl.runtime.requests import Finished, GenerationParams, RequestHandle, StreamOffer
 from skippyctl.runtime.session_state import SessionStateStore
 from skippyctl.runtime.sessions import SessionRegistry
@@ -80,6 +81,9 @@ DEMAND_RETRY_AFTER_S: Final = 5
 UNLOAD_WAIT_S: Final = DEFAULT_DRAIN_TIMEOUT_S + 90.0
 """How long an on-demand load waits for the same model's unload to end first (its drain, then
 its engine's exit, which may save session state)."""
+CRASH_SETTLE_WAIT_S: Final = 5.0
+"""How long a restart waits for the runtime's state to show the crash (the pipeline applies it
+within milliseconds) before it loads again."""
 
 
 class DemandRefused(Exception):
@@ -98,6 +102,20 @@ class Demand:
     future: Future[ModelServer] = field(default_factory=Future)
     """The serving model, or :class:`DemandRefused`."""
     waiting: int = 0
+
+
+@dataclass(slots=True)
+class _Recovery:
+    """A model whose engine died while serving, being restarted (``load --restart``)."""
+
+    model_id: LogicalId
+    options: LoadOptions
+    """The load to repeat: the options the crashed engine was loaded with."""
+    crashed_ns: int
+    demand: Demand
+    """What requests for the model wait on meanwhile (``Scheduler.demand`` finds it)."""
+    stop: threading.Event = field(default_factory=threading.Event)
+    """Set when it must end without serving: an unload, the operator's own load, shutdown."""
 
 
 class Scheduler:
@@ -148,6 +166,9 @@ class Scheduler:
         self.receipts = ReceiptBook()
         """Every request's receipt, recorded as its terminal is delivered (runtime/receipts.py)."""
         self._servers: dict[LogicalId, ModelServer] = {}
+        self.restarts = RestartBook()
+        """Each model's engine restarts within the restart policy's window."""
+        self._recoveries: dict[LogicalId, _Recovery] = {}
         self._lock = threading.Lock()
         self._ids = OperationIds()
         self._stop = threading.Event()
@@ -183,6 +204,18 @@ class Scheduler:
 
     # -- models ---------------------------------------------------------------------------------
     def load(self, options: LoadOptions) -> LoadHandle:
+        """Start loading a model for the operator (``load``, a preset, a demand): a restart of
+        the same model under way gives way to it, and its restart count starts afresh."""
+        try:
+            model_id: LogicalId | None = model_id_for(options.model, options.alias)
+        except Exception:  # noqa: BLE001 - an id the load refuses with its own terminal
+            model_id = None
+        if model_id is not None:
+            self._cancel_recovery(model_id)
+            self.restarts.forget(model_id)
+        return self._load(options)
+
+    def _load(self, options: LoadOptions) -> LoadHandle:
         server = ModelServer(
             LogicalId("pending"),
             options.lanes or 1,  # until the engine says how many it made (on_engine_serving)
@@ -192,6 +225,7 @@ class Scheduler:
             self,
         )
         server.speculation = options.spec.value
+        server.options = options
         server.on_state = self._on_state
         server.ttl_s = self.default_ttl_s if options.ttl is None else options.ttl
         server.pinned = options.pinned
@@ -217,6 +251,8 @@ class Scheduler:
             self._servers[handle.model_id] = server
         if previous is not None and previous is not server:
             previous.accepting = False
+            # Requests that waited for a restart of this model wait for this engine now.
+            server.adopt_queued(previous.take_queued())
         return handle
 
     def memory_in_use_bytes(self) -> int:
@@ -316,9 +352,11 @@ class Scheduler:
         with self._lock:
             return list(self._servers.values())
 
-    def server_exited(self, server: ModelServer) -> None:
+    def server_exited(self, server: ModelServer, crashed: bool) -> bool:
         """The engine is gone (and its KV): sessions start afresh next time — except those with
-        a state file saved on request, which stay parked for the next load to restore."""
+        a state file saved on request, which stay parked for the next load to restore. An
+        engine that crashed while serving is restarted under its load's restart policy (True:
+        a restart follows, and the server keeps its queued requests for it)."""
         stored = (
             set()
             if self.session_state is None
@@ -327,6 +365,140 @@ class Scheduler:
         for entry in self.sessions.drop_model(server.model_id, park=bool(stored)):
             if str(entry.session_id) not in stored:
                 self.sessions.unpark(server.model_id, entry.session_id)
+        with self._lock:
+            if server.model_id in self._recoveries:
+                return True  # an attempt of a restart under way: the restart decides
+        options = server.options
+        served = server.ready.done() and server.ready.exception() is None
+        if (
+            not crashed
+            or not served
+            or server.unloading
+            or self._stop.is_set()
+            or options is None
+            or options.restart is not RestartPolicy.ON_FAILURE
+        ):
+            return False
+        return self._recover(server.model_id, options)
+
+    # -- recovery -------------------------------------------------------------------------------
+    def _recover(self, model_id: LogicalId, options: LoadOptions) -> bool:
+        """Start restarting a model whose engine crashed while serving (engine reader thread:
+        the restart itself runs on its own thread). False when the restart policy's limit is
+        reached: the model fails (``model_recovery_failed``, reason ``crash_loop``)."""
+        delay_s = self.restarts.next_delay_s(model_id, time.monotonic())
+        if delay_s is None:
+            threading.Thread(
+                target=self._recovery_failed,
+                args=(model_id, RESTART_LIMIT),
+                name=f"skippy-recovery-{model_id}",
+                daemon=True,
+            ).start()
+            return False
+        with self._lock:
+            demand = self._demands.setdefault(model_id, Demand(model_id))
+            recovery = _Recovery(model_id, options, time.monotonic_ns(), demand)
+            self._recoveries[model_id] = recovery
+        threading.Thread(
+            target=self._run_recovery,
+            args=(recovery, delay_s),
+            name=f"skippy-recovery-{model_id}",
+            daemon=True,
+        ).start()
+        return True
+
+    def _run_recovery(self, recovery: _Recovery, delay_s: float | None) -> None:
+        """Restart after each backoff until the model serves, the policy's limit is reached,
+        or the recovery is stopped; requests waiting for the model get its outcome."""
+        model_id, scope = recovery.model_id, Scope(model_id=recovery.model_id)
+        attempt = 0
+        while delay_s is not None:
+            # The crash (or the failed attempt) first, in the state and in the stream.
+            self._await_crash_settled(model_id)
+            attempt = self.restarts.restarted(model_id, time.monotonic())
+            self.events.always(
+                make_event(
+                    EventId.MODEL_RECOVERY_STARTED,
+                    scope=scope,
+                    summaries=summaries(attempt=attempt, retry_delay_ms=round(delay_s * 1000)),
+                )
+            )
+            if recovery.stop.wait(delay_s):
+                break
+            server = self._restart(recovery.options)
+            if server is not None and _serves(server, recovery.stop):
+                with self._lock:
+                    self._recoveries.pop(model_id, None)
+                self.events.always(
+                    make_event(
+                        EventId.MODEL_RECOVERY_COMPLETED,
+                        scope=scope,
+                        outcome=Outcome.SUCCESS,
+                        duration_ms=round((time.monotonic_ns() - recovery.crashed_ns) / 1e6, 3),
+                        summaries=summaries(attempt=attempt),
+                    )
+                )
+                self._settle_demand(recovery.demand, server)
+                return
+            if recovery.stop.is_set():
+                break
+            delay_s = self.restarts.next_delay_s(model_id, time.monotonic())
+        with self._lock:
+            self._recoveries.pop(model_id, None)
+        stopped = recovery.stop.is_set()
+        current = self.server(model_id)
+        if stopped and current is not None and current.accepting:
+            # The operator's own load took over (or this restart's, still loading): whoever
+            # waited for the model waits for that load.
+            current.ready.add_done_callback(lambda _: self._settle_demand(recovery.demand, current))
+            return
+        if not stopped:
+            self._recovery_failed(model_id, attempt)
+        reason = ReasonCode.CANCELLATION if stopped else ReasonCode.CRASH_LOOP
+        self._refuse_demand(
+            recovery.demand,
+            Rejection(503, reason, f"model '{model_id}' could not be restarted ({reason})"),
+        )
+        if current is not None and not current.accepting:
+            current.fail_queued(reason)
+
+    def _recovery_failed(self, model_id: LogicalId, attempts: int) -> None:
+        self._await_crash_settled(model_id)  # the crash first: this ends what it began
+        self.events.always(
+            make_event(
+                EventId.MODEL_RECOVERY_FAILED,
+                scope=Scope(model_id=model_id),
+                outcome=Outcome.FAILURE,
+                reason_code=ReasonCode.CRASH_LOOP,
+                summaries=summaries(attempt=attempts),
+            )
+        )
+
+    def _await_crash_settled(self, model_id: LogicalId) -> None:
+        """Until the runtime's state has the model neither serving nor loading (its crash, or
+        the failed attempt before, applied), so the restart is a new load of it."""
+        deadline = time.monotonic() + CRASH_SETTLE_WAIT_S
+        while time.monotonic() < deadline:
+            view = self.host.pipeline.state.models.get(model_id)
+            if view is None or (
+                view.state not in SERVING_MODEL_STATES and view.state not in LOADING_MODEL_STATES
+            ):
+                return
+            time.sleep(0.02)
+
+    def _restart(self, options: LoadOptions) -> ModelServer | None:
+        """One restart: the crashed engine's load again. The model's server, or None when the
+        load was refused before it started."""
+        handle = self._load(options)
+        if handle.problem is not None or handle.model_id is None:
+            return None
+        return self.server(handle.model_id)
+
+    def _cancel_recovery(self, model_id: LogicalId) -> None:
+        with self._lock:
+            recovery = self._recoveries.get(model_id)
+        if recovery is not None:
+            recovery.stop.set()
 
     def save_session(self, session_id: str) -> bool:
         """Ask the engine of a live session to save its KV state now (on request); the outcome
@@ -600,6 +772,7 @@ class Scheduler:
         server = self.server(model_id)
         if server is None:
             return None
+        self._cancel_recovery(server.model_id)
         return self._start_unload(server, force, drain_timeout_s, cause)
 
     def _start_unload(
@@ -799,10 +972,27 @@ class Scheduler:
 
     def shutdown(self) -> None:
         self._stop.set()
+        with self._lock:
+            recoveries = list(self._recoveries.values())
+        for recovery in recoveries:
+            recovery.stop.set()
         for server in self.servers():
             server.drain(force=True, drain_timeout_s=0.5)
         if self._thread.is_alive():
             self._thread.join(2)
+
+
+def _serves(server: ModelServer, stop: threading.Event) -> bool:
+    """Wait until ``server`` serves (True) or its load fails or ``stop`` is set (False)."""
+    while not stop.is_set():
+        try:
+            server.ready.result(timeout=0.2)
+        except TimeoutError:
+            continue
+        except Exception:  # noqa: BLE001 - ModelNotServing: its load failed
+            return False
+        return True
+    return False
 
 
 def _holds(server: ModelServer) -> bool:

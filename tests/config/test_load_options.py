@@ -21,7 +21,9 @@ from skippyctl.config.load_options import (
     OPTIONS,
     LoadOptions,
     OptionField,
+    RestartPolicy,
     SpecMode,
+    is_choice,
     shown_settings,
 )
 from skippyctl.engine.protocol import decode_command, encode
@@ -102,8 +104,15 @@ def test_usable_options_pass(tmp_path: Path) -> None:
     assert [options.problem() for options in usable] == [None] * len(usable)
 
 
-def test_a_mode_given_as_text_becomes_its_member() -> None:
+def test_a_choice_given_as_text_becomes_its_member() -> None:
     assert LoadOptions("m.gguf", spec="ngram").spec is SpecMode.NGRAM  # type: ignore[arg-type]
+    never = LoadOptions("m.gguf", restart="never")  # type: ignore[arg-type]
+    assert never.restart is RestartPolicy.NEVER
+
+
+def test_a_choice_that_names_no_value_is_refused_with_the_values() -> None:
+    problem = LoadOptions("m.gguf", restart="always").problem()  # type: ignore[arg-type]
+    assert problem == "--restart must be one of: never, on-failure"
 
 
 def _sample(spec: OptionField) -> Any:
@@ -122,8 +131,8 @@ def _sample(spec: OptionField) -> Any:
             return "value.gguf"
         case _ if spec.kind is tuple:
             return ("127.0.0.1:5",)
-        case _ if spec.kind is SpecMode:
-            return SpecMode.NGRAM
+        case _ if is_choice(spec.kind):
+            return next(member for member in spec.kind if member != spec.default)
     raise AssertionError(f"no sample for {spec.kind}")
 
 

@@ -100,5 +100,6 @@ def test_reason_codes_are_the_reference_set_and_our_additions() -> None:
         "max_models",
         "memory_budget",
         "insufficient_memory",
+        "crash_loop",
     }  # ours, each in CHANGELOG.md: add, never rename
     assert {r.value for r in ReasonCode} == reference | added

@@ -50,8 +50,8 @@ class _Owner:
     def session_released(self, handle: RequestHandle) -> None:
         pass
 
-    def server_exited(self, server: ModelServer) -> None:
-        pass
+    def server_exited(self, server: ModelServer, crashed: bool) -> bool:
+        return False
 
 
 def _serve(done: GenDone) -> tuple[Receipt, list[Event]]:

@@ -90,8 +90,9 @@ class Owner:
     def session_released(self, handle: RequestHandle) -> None:
         self.released.append(handle.request_id)
 
-    def server_exited(self, server: ModelServer) -> None:
+    def server_exited(self, server: ModelServer, crashed: bool) -> bool:
         self.exited.append(server)
+        return False  # no restart: the recovery's tests run real engines
 
 
 @dataclass

@@ -327,7 +327,7 @@ def test_an_unload_parks_client_keys_and_a_restore_revives_them_under_their_ids(
     assert not registry.revive(model, LogicalId("s-3"))
 
 
-def test_a_session_saved_on_request_survives_an_engine_crash(
+def test_a_session_saved_on_request_continues_after_the_runtime_restarts_its_crashed_engine(
     fixture_dir: Path, tmp_path: Path, make_runtime: list[Runtime], control: dict[str, object]
 ) -> None:
     runtime = start(make_runtime, tmp_path / "sessions")
@@ -343,8 +343,10 @@ def test_a_session_saved_on_request_survives_an_engine_crash(
 
     os.kill(runtime.host.engine_pids()["tiny"], signal.SIGKILL)  # this test's own engine
     runtime.wait(EventId.MODEL_UNAVAILABLE)
-    runtime.load(fixture_dir / "tiny.gguf")
+    # No one loads it again: the restart policy (on-failure by default) does.
+    runtime.wait(EventId.MODEL_RECOVERY_STARTED)
     assert runtime.wait(EventId.SESSION_RESTORED).scope.session_id == session
+    runtime.wait(EventId.MODEL_RECOVERY_COMPLETED)
 
     second, request_id = runtime.generate(second_turn(first), SECOND_TOKENS)
     runtime.drain()
