@@ -1,5 +1,5 @@
-"""Pane 3, Sessions: sessions (state, lane, context, trims, speculative acceptance) and in-flight
-requests.
+"""Pane 3, Sessions: sessions (state, lane, the tokens each holds in KV and its last request
+reused, trims, speculative acceptance) and in-flight requests.
 
 A request shows its lane (its session's lane), state (queued, admitted, prefill, decode), prompt and
 generated token counts, time to first token and queue wait. At most `MAX_ROWS` of each are drawn
@@ -22,7 +22,16 @@ from skippy_tui.widgets.pane import Pane
 from skippyctl.reducer.state import RequestView, RuntimeView, SessionView
 
 MAX_ROWS: Final = 200
-SESSION_COLUMNS: Final = ("Session", "Model", "State", "Lane", "Context", "Trims", "Spec acc")
+SESSION_COLUMNS: Final = (
+    "Session",
+    "Model",
+    "State",
+    "Lane",
+    "KV tokens",
+    "Reused",
+    "Trims",
+    "Spec acc",
+)
 REQUEST_COLUMNS: Final = (
     "Request",
     "Model",
@@ -56,6 +65,7 @@ def session_row(session: SessionView) -> Cells:
         fmt.session_state(session.state),
         _lane(session.lane),
         fmt.count(session.context_tokens),
+        fmt.count(session.reused_tokens),
         str(session.trimmed) if session.trimmed else "",
         _acceptance(session),
     )

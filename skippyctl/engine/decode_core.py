@@ -726,10 +726,13 @@ class DecodeCore:
         board.unlist(r, phase)
         if r.sampler is not None:
             r.sampler.close()
+        session_tokens = None
         if r.lane is not None:
+            if r.lane.session is not None:  # what its session's next request may reuse
+                session_tokens = len(r.lane.tokens)
             self._kv.release(r.lane)
         board.untrack(r)
-        message = r.done_message(outcome, stop_reason, reason)
+        message = r.done_message(outcome, stop_reason, reason, session_tokens)
         if detail is not None:
             message = dataclasses.replace(message, detail=detail)
         self._proposals.end(r, message)

@@ -245,6 +245,10 @@ class GenDone:
     wrote_stream: bool | None = None
     """True when the engine wrote the request's text to the client's connection itself
     (``AttachStream``); None (omitted on the wire) otherwise."""
+    session_tokens: int | None = None
+    """A session's request: the tokens its session holds in KV once it ended (its lane's
+    sequence); None (omitted on the wire) for a request without a session, or one whose
+    session was dropped while it ran."""
 
     @classmethod
     def refused(cls, request_id: str, reason: ReasonCode) -> GenDone:

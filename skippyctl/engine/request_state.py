@@ -243,14 +243,24 @@ class RequestState:
         outcome: GenerationOutcome,
         stop_reason: StopReason,
         reason: ReasonCode | None = None,
+        session_tokens: int | None = None,
     ) -> GenDone:
-        """This request's terminal with its figures (see :class:`GenerationFigures`)."""
+        """This request's terminal with its figures (see :class:`GenerationFigures`) and, for
+        a session's request, the tokens its session holds in KV now."""
         if reason is None and outcome is GenerationOutcome.CANCELLED:
             reason = ReasonCode.CANCELLATION
         elif reason is None and outcome is GenerationOutcome.TIMED_OUT:
             reason = ReasonCode.TIMEOUT
         wrote = True if self.wrote_stream else None
-        return GenDone(self.id, outcome, reason, stop_reason, self.figures(), wrote_stream=wrote)
+        return GenDone(
+            self.id,
+            outcome,
+            reason,
+            stop_reason,
+            self.figures(),
+            wrote_stream=wrote,
+            session_tokens=session_tokens,
+        )
 
     def figures(self) -> GenerationFigures:
         """What this request measured so far (its terminal's, when it has ended)."""

@@ -161,6 +161,8 @@ def state_document(
                     "state": s.state.value,
                     "model_id": None if s.model_id is None else str(s.model_id),
                     "lane": s.lane,
+                    "context_tokens": s.context_tokens,
+                    "reused_tokens": s.reused_tokens,
                     "trimmed": s.trimmed,
                     "spec_proposed_tokens": s.spec_proposed_tokens,
                     "spec_accepted_tokens": s.spec_accepted_tokens,

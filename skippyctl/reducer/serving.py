@@ -8,7 +8,7 @@ handlers look each event up there and make the field updates. A request only mov
     session_requested  absent | any other → requested
     session_created    absent | any → idle — lane, context tokens recorded; a repeat records them
                          again
-    session_idle       absent | any other → idle — lane, context tokens
+    session_idle       absent | any other → idle — lane, context tokens, reused tokens
     session_active     absent | any other → active
     session_draining   absent | any other → draining
     session_restored   absent | any → idle — lane, context tokens recorded (its KV read back from a
@@ -82,7 +82,12 @@ SESSION_MOVES: Final[MoveTable[SessionState]] = MoveTable(
             _SS.IDLE,
             note="lane, context tokens recorded; a repeat records them again",
         ),
-        Move(entering(_SS.IDLE), _E.SESSION_IDLE, _SS.IDLE, note="lane, context tokens"),
+        Move(
+            entering(_SS.IDLE),
+            _E.SESSION_IDLE,
+            _SS.IDLE,
+            note="lane, context tokens, reused tokens",
+        ),
         Move(entering(_SS.ACTIVE), _E.SESSION_ACTIVE, _SS.ACTIVE),
         Move(entering(_SS.DRAINING), _E.SESSION_DRAINING, _SS.DRAINING),
         Move(
@@ -196,6 +201,7 @@ def _place_session(
 ) -> Step:
     lane = _int(event, SummaryKey.LANES)
     ctx = _int(event, SummaryKey.CONTEXT_TOKENS)
+    reused = _int(event, SummaryKey.REUSED_TOKENS)
     base = current or SessionView(session_id=session_id, state=target)
     view = revise(
         base,
@@ -203,6 +209,7 @@ def _place_session(
         model_id=event.scope.model_id or base.model_id,
         lane=lane if lane is not None else base.lane,
         context_tokens=ctx if ctx is not None else base.context_tokens,
+        reused_tokens=reused if reused is not None else base.reused_tokens,
         updated_mono_ns=event.mono_ns,
     )
     placed = bounded_put(

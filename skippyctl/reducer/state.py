@@ -218,6 +218,10 @@ class SessionView:
     model_id: LogicalId | None = None
     lane: int | None = None
     context_tokens: int | None = None
+    """Tokens the session holds in its lane's KV (as of its last request's end, or its
+    restore)."""
+    reused_tokens: int | None = None
+    """Prompt tokens its last request found in that KV (not prefilled again)."""
     trimmed: int = 0
     updated_mono_ns: int = 0
     spec_proposed_tokens: int = 0

@@ -23,6 +23,7 @@ from skippyctl.engine.kv_state import HEADER_BYTES
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event, LogicalId, SummaryKey
 from skippyctl.events.reasons import Outcome, ReasonCode
+from skippyctl.output.state import state_document
 from skippyctl.runtime.host import RuntimeHost
 from skippyctl.runtime.requests import Finished, GenerationParams, TextChunk
 from skippyctl.runtime.scheduler import Scheduler
@@ -372,3 +373,34 @@ def test_saving_a_session_without_kv_on_request_says_so(
     assert failed.scope.session_id == session
     assert failed.reason_code is ReasonCode.INVALID_CONFIGURATION
     assert not Path(runtime.store.path_for(session)).exists()
+
+
+def test_the_state_shows_what_each_session_holds_in_kv_and_what_it_reused(
+    fixture_dir: Path, tmp_path: Path, make_runtime: list[Runtime], control: dict[str, object]
+) -> None:
+    runtime = start(make_runtime, tmp_path / "sessions")
+    runtime.load(fixture_dir / "tiny.gguf")
+    first, first_id = runtime.generate(PROMPT, FIRST_TOKENS)
+    _, second_id = runtime.generate(second_turn(first), SECOND_TOKENS)
+    runtime.drain()
+    done = runtime.of(second_id, EventId.GENERATION_COMPLETED)
+    session = done.scope.session_id
+    assert session is not None
+    idle = [e for e in runtime.seen if e.id is EventId.SESSION_IDLE]
+    assert len(idle) == 2 and {e.scope.session_id for e in idle} == {session}
+    prompt = value(done, SummaryKey.PROMPT_TOKENS)
+    generated = value(done, SummaryKey.GENERATED_TOKENS)
+    assert isinstance(prompt, int) and isinstance(generated, int)
+    # The lane holds the prompt and what was decoded after it: every generated token but the
+    # last, which was sampled and never fed back.
+    assert value(idle[-1], SummaryKey.CONTEXT_TOKENS) == prompt + generated - 1
+    assert value(idle[-1], SummaryKey.REUSED_TOKENS) == control["reused"]
+    assert value(idle[0], SummaryKey.REUSED_TOKENS) == 0  # a new session's first request
+
+    document = state_document(runtime.host.pipeline.state)
+    (entry,) = [s for s in document["sessions"] if s["session_id"] == str(session)]
+    assert entry["context_tokens"] == prompt + generated - 1
+    assert entry["reused_tokens"] == control["reused"]
+    # The second prompt re-tokenizes the first turn's end differently: its KV was trimmed.
+    trims = [e for e in runtime.seen if e.id is EventId.SESSION_TRIMMED]
+    assert entry["trimmed"] == len(trims) == 1
