@@ -47,6 +47,7 @@ typedef struct ggml_api {
     fn_reg_count reg_count;
     fn_reg_get reg_get;
     fn_reg_name reg_name;
+    skippy_ggml_set_abort_fn set_abort_callback; /* optional: older ggml has none */
 } ggml_api;
 
 static ggml_api g_api;
@@ -85,6 +86,9 @@ SKIPPY_API int32_t skippy_ggml_resolve(const char *const *library_paths, size_t 
     api.reg_count = (fn_reg_count)lookup(handles, count, "ggml_backend_reg_count");
     api.reg_get = (fn_reg_get)lookup(handles, count, "ggml_backend_reg_get");
     api.reg_name = (fn_reg_name)lookup(handles, count, "ggml_backend_reg_name");
+    /* ggml_abort_callback_t ggml_set_abort_callback(ggml_abort_callback_t callback); */
+    api.set_abort_callback =
+        (skippy_ggml_set_abort_fn)lookup(handles, count, "ggml_set_abort_callback");
     bool complete = api.dev_count && api.dev_get && api.dev_name && api.dev_description &&
                     api.dev_type && api.dev_memory && api.reg_count && api.reg_get && api.reg_name;
     if (!complete) {
@@ -109,6 +113,11 @@ SKIPPY_API int32_t skippy_ggml_resolve(const char *const *library_paths, size_t 
 
 static const ggml_api *api_or_null(void) {
     return atomic_load_explicit(&g_resolved, memory_order_acquire) ? &g_api : NULL;
+}
+
+skippy_ggml_set_abort_fn skippy_ggml_abort_setter(void) {
+    const ggml_api *api = api_or_null();
+    return api != NULL ? api->set_abort_callback : NULL;
 }
 
 static void copy_name(char *dst, size_t cap, const char *src) {

@@ -12,6 +12,7 @@
  * pushed, and the llama.cpp hooks (which need a scope) push nothing.
  */
 #include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -112,6 +113,7 @@ SKIPPY_API void skippy_operation_end(skippy_adapter_t *a) {
 }
 
 typedef struct emit_args {
+    uint32_t category; /* 0: MODEL_OPEN */
     uint32_t kind;
     uint64_t progress_current;
     uint64_t progress_total;
@@ -123,13 +125,14 @@ typedef struct emit_args {
     uint64_t summary[4];
 } emit_args;
 
-/* Builds a full-size MODEL_OPEN event and ingests it. Call inside an in-flight section. */
+/* Builds a full-size event (MODEL_OPEN unless args say) and ingests it. Call inside an in-flight
+ * section. */
 static void emit(skippy_adapter_t *a, uint64_t operation_id, const emit_args *args) {
     skippy_runtime_event_v1 ev;
     memset(&ev, 0, sizeof(ev));
     ev.abi_version = SKIPPY_RUNTIME_EVENT_ABI_VERSION;
     ev.struct_size = SKIPPY_RUNTIME_EVENT_V1_FULL_SIZE;
-    ev.category = SKIPPY_CATEGORY_MODEL_OPEN;
+    ev.category = args->category != 0 ? args->category : SKIPPY_CATEGORY_MODEL_OPEN;
     ev.kind = args->kind;
     ev.emitter = SKIPPY_EMITTER_OPEN_THREAD;
     ev.sequence = atomic_fetch_add_explicit(&a->sequence, 1, RELAXED) + 1;
@@ -261,4 +264,42 @@ SKIPPY_API bool skippy_llama_abort_callback(void *user_data) {
     bool abort_now = op != 0 && skippy_ingress_cancel_word(a->ingress) == op;
     skippy_adapter_leave(a, token);
     return abort_now;
+}
+
+/* ggml's abort hook carries no user data and is process-wide: the one adapter it reports to. */
+static _Atomic(skippy_adapter_t *) fatal_adapter;
+
+/* Runs once, on the thread that failed, just before ggml calls abort(): the fact goes into the
+ * shared ring (which outlives the process) with no allocation or lock, so the host learns why
+ * its engine is about to end. */
+static void on_ggml_abort(const char *message) {
+    skippy_adapter_t *a = atomic_load_explicit(&fatal_adapter, SEQ_CST);
+    if (a != NULL) {
+        uint32_t token;
+        uint64_t op = skippy_adapter_enter(a, &token);
+        emit_args args = {.category = SKIPPY_CATEGORY_DIAGNOSTIC,
+                          .kind = SKIPPY_KIND_DIAGNOSTIC_FATAL_FAILURE,
+                          .status = SKIPPY_STATUS_ERROR,
+                          .failure_code = op != 0 ? SKIPPY_FAILURE_MODEL_ERROR
+                                                  : SKIPPY_FAILURE_INTERNAL_ERROR};
+        emit(a, op, &args);
+        skippy_adapter_leave(a, token);
+    }
+    /* What ggml prints without a hook, for whoever reads the engine's stderr. */
+    if (message != NULL) fprintf(stderr, "%s\n", message);
+}
+
+SKIPPY_API int32_t skippy_adapter_install_fatal_hook(skippy_adapter_t *a) {
+    if (a == NULL) return SKIPPY_STATUS_INVALID_ARGUMENT;
+    skippy_ggml_set_abort_fn set = skippy_ggml_abort_setter();
+    if (set == NULL) return SKIPPY_STATUS_UNSUPPORTED;
+    atomic_store_explicit(&fatal_adapter, a, SEQ_CST);
+    (void)set(on_ggml_abort);
+    return SKIPPY_STATUS_OK;
+}
+
+SKIPPY_API void skippy_adapter_remove_fatal_hook(void) {
+    skippy_ggml_set_abort_fn set = skippy_ggml_abort_setter();
+    if (set != NULL) (void)set(NULL);
+    atomic_store_explicit(&fatal_adapter, NULL, SEQ_CST);
 }

@@ -186,5 +186,9 @@ typedef struct skippy_selected_device {
 } skippy_selected_device;
 /* OK, UNSUPPORTED when ggml is unresolved, ERROR when no device matched. */
 int32_t skippy_ggml_select_device(int32_t n_gpu_layers, skippy_selected_device *out);
+/* ggml_set_abort_callback of the resolved ggml (NULL when unresolved or absent). */
+typedef void (*skippy_ggml_abort_hook)(const char *error_message);
+typedef skippy_ggml_abort_hook (*skippy_ggml_set_abort_fn)(skippy_ggml_abort_hook callback);
+skippy_ggml_set_abort_fn skippy_ggml_abort_setter(void);
 
 #endif /* SKIPPY_INTERNAL_H */

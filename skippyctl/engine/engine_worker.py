@@ -142,6 +142,9 @@ class Worker:
             self._load_events = library.has(FeatureBit.RUNTIME_EVENTS)
             resolve_ggml(library)  # UNSUPPORTED, not an error, without the device family
             log_counting = library.has(FeatureBit.DIAGNOSTIC_EVENTS)
+            if log_counting:
+                # A failed GGML_ASSERT then tells the host why this process ends, before it does.
+                self.adapter.install_fatal_hook()
         except (NativeLibraryUnavailable, NativeAbiIncompatible, OSError) as error:
             self.adapter = None
             self.native_problem = type(error).__name__

@@ -149,6 +149,10 @@ _PROTOTYPES: Final[dict[str, tuple[Any, list[Any]]]] = {
     "skippy_llama_log_callback": (None, [ctypes.c_int, ctypes.c_char_p, _vp]),
     # bool skippy_llama_abort_callback(void *user_data);
     "skippy_llama_abort_callback": (ctypes.c_bool, [_vp]),
+    # int32_t skippy_adapter_install_fatal_hook(skippy_adapter_t *adapter);
+    "skippy_adapter_install_fatal_hook": (_i32, [_vp]),
+    # void skippy_adapter_remove_fatal_hook(void);
+    "skippy_adapter_remove_fatal_hook": (None, []),
     # void skippy_adapter_set_test_progress_delay_us(skippy_adapter_t *, uint32_t delay_us);
     "skippy_adapter_set_test_progress_delay_us": (None, [_vp, _u32]),
     # int32_t skippy_ggml_resolve(const char *const *library_paths, size_t count);
@@ -202,7 +206,11 @@ FAMILY_SYMBOLS: Final[dict[abi.FeatureBit, tuple[str, ...]]] = {
         "skippy_devices_list",
         "skippy_backends_list",
     ),
-    abi.FeatureBit.DIAGNOSTIC_EVENTS: ("skippy_llama_log_callback",),
+    abi.FeatureBit.DIAGNOSTIC_EVENTS: (
+        "skippy_llama_log_callback",
+        "skippy_adapter_install_fatal_hook",
+        "skippy_adapter_remove_fatal_hook",
+    ),
 }
 """The symbols each optional family needs; a symbol in no family (and not a test hook) is core."""
 

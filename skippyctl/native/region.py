@@ -212,6 +212,7 @@ class EngineAdapter:
         if not created:
             raise RuntimeError("skippy_adapter_create failed")
         self._handle: int | None = int(created)
+        self._fatal_hook = False
         ingress._register(self)
 
     @property
@@ -275,6 +276,14 @@ class EngineAdapter:
         """FINISHED (status OK) or FAILED_HANDLED with this status/failure code; ends the scope."""
         self._lib.cdll.skippy_model_load_end(self.handle, int(status), int(failure_code))
 
+    def install_fatal_hook(self) -> abi.Status:
+        """From now on a ggml abort in this process (a failed GGML_ASSERT) first pushes a fatal
+        failure fact into the ring (needs ``devices.resolve_ggml`` first; process-wide, so one
+        adapter per process). UNSUPPORTED when ggml has no abort hook."""
+        status = abi.Status(int(self._lib.cdll.skippy_adapter_install_fatal_hook(self.handle)))
+        self._fatal_hook = status is abi.Status.OK
+        return status
+
     def set_test_progress_delay_us(self, delay_us: int) -> None:
         self._lib.cdll.skippy_adapter_set_test_progress_delay_us(self.handle, delay_us)
 
@@ -299,6 +308,9 @@ class EngineAdapter:
 
     def _destroy(self) -> None:
         handle, self._handle = self._handle, None
+        if self._fatal_hook:  # ggml must not call into a freed adapter
+            self._fatal_hook = False
+            self._lib.cdll.skippy_adapter_remove_fatal_hook()
         if handle is not None:
             self._lib.cdll.skippy_adapter_destroy(handle)
 

@@ -14,6 +14,7 @@ event submitted before an engine fact is always reduced before it.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections import deque
@@ -331,6 +332,16 @@ class Pipeline:
         events = [
             e for adapted in self.adapter.adapt_batch(batch.facts) for e in on_native(adapted)
         ]
+        # A fact outside any operation (a fatal ggml abort while serving) is about the model
+        # the engine serves.
+        model_id = self.reconciler.model_of_engine(batch.engine_key)
+        if model_id is not None:
+            events = [
+                e
+                if e.scope.model_id is not None
+                else dataclasses.replace(e, scope=dataclasses.replace(e.scope, model_id=model_id))
+                for e in events
+            ]
         for event in events:
             self._process(event, notify=False)
         self._native_facts_processed += len(batch.facts)

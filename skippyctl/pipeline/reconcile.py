@@ -102,6 +102,10 @@ class Reconciler:
         return [event]
 
     # -- authoritative facts --------------------------------------------------------------------
+    def model_of_engine(self, engine_key: str) -> LogicalId | None:
+        """The model an engine serves (or loads), until its exit is reconciled."""
+        return self._engine_models.get(engine_key)
+
     def on_authority(self, item: Authoritative) -> list[Event]:
         match item:
             case OperationBound():

@@ -217,6 +217,17 @@ SKIPPY_API void skippy_model_load_end(skippy_adapter_t *adapter, int32_t status,
 SKIPPY_API void skippy_llama_log_callback(int level, const char *text, void *user_data);
 /* ggml_abort_callback: true when the shared cancel word equals the active operation id. */
 SKIPPY_API bool skippy_llama_abort_callback(void *user_data);
+/* ggml's fatal-error hook (ggml_set_abort_callback, process-wide): from now on, a ggml_abort
+ * (a failed GGML_ASSERT, GGML_ABORT) in this process first pushes DIAGNOSTIC FATAL_FAILURE into
+ * the adapter's ring — failure code MODEL_ERROR inside an operation (a load), INTERNAL_ERROR
+ * outside one (serving) — and writes ggml's message to stderr, as ggml does without a hook;
+ * then ggml aborts the process. ggml's message (source paths, asserted text) never enters the
+ * ring. One adapter per process: a later call replaces an earlier one. UNSUPPORTED when ggml is
+ * not resolved (skippy_ggml_resolve) or has no abort hook. Destroy the adapter only after
+ * skippy_adapter_remove_fatal_hook. */
+SKIPPY_API int32_t skippy_adapter_install_fatal_hook(skippy_adapter_t *adapter);
+/* Puts ggml's own fatal-error behaviour back (no hook). */
+SKIPPY_API void skippy_adapter_remove_fatal_hook(void);
 /* Test hook: sleep this long in every progress callback (0 = off, the default). */
 SKIPPY_API void skippy_adapter_set_test_progress_delay_us(skippy_adapter_t *adapter,
                                                           uint32_t delay_us);

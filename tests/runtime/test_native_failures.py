@@ -1,0 +1,69 @@
+"""What llama.cpp and ggml report about a failure reaches the event stream from the native layer,
+not from log text. In-process host, real engines.
+
+A GGUF whose vocabulary holds a token twice trips a GGML_ASSERT in llama.cpp's vocabulary load:
+ggml aborts the engine. Its abort hook (native/src/llama_adapter.c) writes the fatal failure into
+the shared ring first, so the host reports why before it reports the crash.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from skippyctl.config.load_options import LoadOptions
+from skippyctl.events.catalog import EventId
+from skippyctl.events.envelope import Event, LogicalId
+from skippyctl.events.reasons import Producer, ReasonCode, Severity
+from skippyctl.runtime.host import RuntimeHost
+from skippyctl.runtime.scheduler import Scheduler
+
+WAIT_S = 60.0
+
+
+@pytest.fixture
+def scheduler() -> Iterator[Scheduler]:
+    host = RuntimeHost().start()
+    made = Scheduler(host).start()
+    try:
+        yield made
+    finally:
+        made.shutdown()
+        host.shutdown()
+
+
+def events_until(scheduler: Scheduler, last: EventId) -> list[Event]:
+    watch = scheduler.host.pipeline.subscribe("test", max_queue_size=100_000, replay=True)
+    seen: list[Event] = []
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        item = watch.get(0.1)
+        if item is None:
+            continue
+        seen.append(item.event)
+        if item.event.id is last:
+            return seen
+    raise AssertionError(f"{last} did not come")
+
+
+def test_a_ggml_assert_in_a_load_is_a_fatal_native_failure_before_the_crash(
+    scheduler: Scheduler, fixture_dir: Path
+) -> None:
+    handle = scheduler.load(LoadOptions(str(fixture_dir / "duplicate-token.gguf")))
+    assert handle.problem is None
+    seen = events_until(scheduler, EventId.ENGINE_PROCESS_CRASHED)
+    ids = [e.id for e in seen]
+    assert ids.count(EventId.FATAL_NATIVE_FAILURE) == 1
+    fatal = seen[ids.index(EventId.FATAL_NATIVE_FAILURE)]
+    assert fatal.producer is Producer.NATIVE
+    assert fatal.severity is Severity.FATAL
+    assert fatal.reason_code is ReasonCode.MODEL_FORMAT_OR_LOAD_FAILURE  # inside the load
+    assert fatal.scope.model_id == LogicalId("duplicate-token")
+    assert fatal.operation_id == handle.operation_id
+    assert ids.index(EventId.FATAL_NATIVE_FAILURE) < ids.index(EventId.MODEL_LOAD_FAILED)
+    assert ids.index(EventId.MODEL_LOAD_FAILED) < ids.index(EventId.ENGINE_PROCESS_CRASHED)
+    # ggml's message names source files by absolute path: none of it is in the event.
+    assert "/" not in repr(fatal.summaries) and "GGML" not in repr(fatal)
