@@ -650,10 +650,14 @@ class DecodeCore:
         self, participants: list[RequestState], aborted: bool = False, result: int | None = None
     ) -> None:
         """llama_decode refused or failed: the requests in that batch fail (or, when the native
-        abort callback stopped it, are cancelled); the engine goes on. A failure (not an abort)
-        is reported first as ``ComputeFailed`` with its return value's reason."""
-        if not aborted and result is not None:
-            reason = DECODE_RETURN_REASONS.get(result, ReasonCode.UNKNOWN_FAILURE)
+        abort callback stopped it, are cancelled); the engine goes on. Its return value is
+        reported first as ``ComputeFailed`` with its reason (``cancellation`` for an abort)."""
+        if result is not None:
+            reason = (
+                ReasonCode.CANCELLATION
+                if aborted
+                else DECODE_RETURN_REASONS.get(result, ReasonCode.UNKNOWN_FAILURE)
+            )
             self.emit(ComputeFailed(result, reason, len(participants)))
         for r in list(participants):
             self.fail(r, aborted)

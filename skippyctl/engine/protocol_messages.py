@@ -418,8 +418,9 @@ class CpuFallback:
 
 @dataclass(frozen=True, slots=True)
 class ComputeFailed:
-    """``llama_decode`` returned ``return_code`` (not 0, not an abort) for a batch of
-    ``requests`` requests; ``reason`` maps the code (``engine/decode_core.py``)."""
+    """``llama_decode`` returned ``return_code`` (not 0) for a batch of ``requests``
+    requests; ``reason`` maps the code (``engine/decode_core.py``): ``cancellation`` when the
+    engine's abort callback stopped it (2), else the failure's. The engine goes on either way."""
 
     return_code: int
     reason: ReasonCode

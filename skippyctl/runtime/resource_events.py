@@ -16,7 +16,9 @@ stamped with the engine's model (and the load's operation). The supervisor queue
                            bytes asked for); out_of_memory_condition when the reason is
                            out_of_memory
     cpu_fallback         cpu_fallback_activated, fallback_applied (device_unavailable)
-    compute_failed       compute_failure (the mapped reason, the return code)
+    compute_failed       compute_failure (the mapped reason, the return code; not for an abort
+                           the engine asked for), then recoverable_native_failure (the same
+                           figures: the engine goes on)
 
 All are runtime-produced (the engine's Python reads llama.cpp's return values and getters; no
 native stamp). A non-exact ``memory_allocated`` (llama.cpp's breakdown unreadable) carries no
@@ -95,17 +97,30 @@ def _events_of(message: ResourceMessage, model_id: LogicalId) -> list[Event]:
         case CpuFallback():
             return _fallback(message, model_id)
         case ComputeFailed():
-            return [
-                make_event(
-                    EventId.COMPUTE_FAILURE,
-                    scope=Scope(model_id=model_id),
-                    outcome=Outcome.FAILURE,
-                    reason_code=message.reason,
-                    summaries=summaries(
-                        return_code=message.return_code, batch_size=message.requests
-                    ),
+            figures = summaries(return_code=message.return_code, batch_size=message.requests)
+            scope = Scope(model_id=model_id)
+            failed = Outcome.FAILURE
+            events: list[Event] = []
+            if message.reason is not ReasonCode.CANCELLATION:  # an abort asked for computed fine
+                events.append(
+                    make_event(
+                        EventId.COMPUTE_FAILURE,
+                        scope=scope,
+                        outcome=failed,
+                        reason_code=message.reason,
+                        summaries=figures,
+                    )
                 )
-            ]
+            events.append(
+                make_event(
+                    EventId.RECOVERABLE_NATIVE_FAILURE,
+                    scope=scope,
+                    outcome=failed,
+                    reason_code=message.reason,
+                    summaries=figures,
+                )
+            )
+            return events
         case _:
             assert_never(message)
 

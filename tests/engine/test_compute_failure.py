@@ -132,7 +132,7 @@ def test_each_decode_return_code_maps_to_its_reason(
     assert (failed["return_code"], failed["reason"]) == (code, reason.value)
 
 
-def test_an_aborted_decode_is_not_a_compute_failure(
+def test_an_aborted_decode_is_reported_as_a_cancellation(
     engine: tuple[BatchEngine, CorruptingLlama, Messages],
 ) -> None:
     batch, llama, messages = engine
@@ -140,4 +140,5 @@ def test_an_aborted_decode_is_not_a_compute_failure(
     llama.armed = True
     batch.submit(GenerateRequest("a", prompt="one two", sampling=GREEDY))
     assert messages.done("a")["outcome"] == "cancelled"
-    assert messages.of("compute_failed") == []
+    (aborted,) = messages.of("compute_failed")
+    assert (aborted["return_code"], aborted["reason"]) == (2, "cancellation")

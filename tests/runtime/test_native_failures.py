@@ -15,10 +15,12 @@ from pathlib import Path
 import pytest
 
 from skippyctl.config.load_options import LoadOptions
+from skippyctl.config.runtime_settings import RuntimeSettings
 from skippyctl.events.catalog import EventId
-from skippyctl.events.envelope import Event, LogicalId
+from skippyctl.events.envelope import Event, LogicalId, SummaryKey
 from skippyctl.events.reasons import Producer, ReasonCode, Severity
 from skippyctl.runtime.host import RuntimeHost
+from skippyctl.runtime.requests import GenerationParams
 from skippyctl.runtime.scheduler import Scheduler
 
 WAIT_S = 60.0
@@ -36,6 +38,7 @@ def scheduler() -> Iterator[Scheduler]:
 
 
 def events_until(scheduler: Scheduler, last: EventId) -> list[Event]:
+    """Every event from the start up to the first ``last`` (replayed, so none is missed)."""
     watch = scheduler.host.pipeline.subscribe("test", max_queue_size=100_000, replay=True)
     seen: list[Event] = []
     deadline = time.monotonic() + WAIT_S
@@ -67,3 +70,31 @@ def test_a_ggml_assert_in_a_load_is_a_fatal_native_failure_before_the_crash(
     assert ids.index(EventId.MODEL_LOAD_FAILED) < ids.index(EventId.ENGINE_PROCESS_CRASHED)
     # ggml's message names source files by absolute path: none of it is in the event.
     assert "/" not in repr(fatal.summaries) and "GGML" not in repr(fatal)
+
+
+def test_a_decode_a_forced_unload_aborts_is_a_recoverable_native_failure(
+    fixture_dir: Path,
+) -> None:
+    # Every llama_decode waits 300 ms first: the forced unload's abort flag is up when the
+    # next decode starts, and ggml's abort callback stops it (llama_decode returns 2).
+    host = RuntimeHost(settings=RuntimeSettings(test_decode_delay_ms=300)).start()
+    scheduler = Scheduler(host).start()
+    try:
+        handle = scheduler.load(LoadOptions(str(fixture_dir / "tiny.gguf"), lanes=1))
+        assert handle.problem is None
+        events_until(scheduler, EventId.MODEL_AVAILABLE)
+        request, rejection = scheduler.generate(
+            "tiny", GenerationParams(prompt="Once upon a time", max_tokens=200)
+        )
+        assert rejection is None and scheduler.enqueue(request) is None
+        events_until(scheduler, EventId.FIRST_TOKEN_PRODUCED)
+        assert scheduler.unload("tiny", force=True) is not None
+        seen = events_until(scheduler, EventId.UNLOAD_COMPLETED)
+    finally:
+        scheduler.shutdown()
+        host.shutdown()
+    (aborted,) = [e for e in seen if e.id is EventId.RECOVERABLE_NATIVE_FAILURE]
+    assert aborted.reason_code is ReasonCode.CANCELLATION
+    assert aborted.summary_value(SummaryKey.RETURN_CODE) == 2  # llama_decode: aborted
+    assert aborted.scope.model_id == LogicalId("tiny")
+    assert EventId.COMPUTE_FAILURE not in [e.id for e in seen]  # nothing failed to compute

@@ -96,11 +96,22 @@ def test_fallback_and_compute_failure_carry_their_reasons_and_figures() -> None:
     fallback = resource_events(CpuFallback("load-1", 99, "CPU"), MODEL)
     assert [e.id for e in fallback] == [EventId.CPU_FALLBACK_ACTIVATED, EventId.FALLBACK_APPLIED]
     assert render_summary(fallback[0]) == "no GPU: running on the CPU (99 GPU layers asked for)"
-    (failure,) = resource_events(ComputeFailed(-3, ReasonCode.INTERNAL_RUNTIME_FAILURE, 2), MODEL)
-    assert failure.id is EventId.COMPUTE_FAILURE
-    assert failure.summary_value(SummaryKey.RETURN_CODE) == -3
-    assert failure.summary_value(SummaryKey.BATCH_SIZE) == 2
-    assert failure.scope.model_id == MODEL
+    failed = resource_events(ComputeFailed(-3, ReasonCode.INTERNAL_RUNTIME_FAILURE, 2), MODEL)
+    assert [e.id for e in failed] == [
+        EventId.COMPUTE_FAILURE,
+        EventId.RECOVERABLE_NATIVE_FAILURE,  # the engine serves on
+    ]
+    for failure in failed:
+        assert failure.reason_code is ReasonCode.INTERNAL_RUNTIME_FAILURE
+        assert failure.summary_value(SummaryKey.RETURN_CODE) == -3
+        assert failure.summary_value(SummaryKey.BATCH_SIZE) == 2
+        assert failure.scope.model_id == MODEL
+
+
+def test_an_aborted_decode_is_recoverable_and_no_compute_failure() -> None:
+    (aborted,) = resource_events(ComputeFailed(2, ReasonCode.CANCELLATION, 1), MODEL)
+    assert aborted.id is EventId.RECOVERABLE_NATIVE_FAILURE
+    assert aborted.reason_code is ReasonCode.CANCELLATION
 
 
 @pytest.mark.parametrize("phase", list(LoadPhaseName))
