@@ -25,6 +25,7 @@ import ast
 import re
 import sys
 from collections import defaultdict
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
@@ -113,10 +114,10 @@ class _Module:
         ]
 
 
-def _local_bindings(function: ast.AST) -> dict[str, ast.AST]:
+def _local_bindings(function: ast.AST) -> dict[str, ast.expr]:
     """What a function binds its names to (the last binding of each wins; enough to follow
     ``event_id = A if x else B`` or ``event_id = TABLE.get(change)``), loops included."""
-    bound: dict[str, list[ast.AST]] = defaultdict(list)
+    bound: dict[str, list[ast.expr]] = defaultdict(list)
     for node in ast.walk(function):
         if isinstance(node, ast.Assign):
             for target in node.targets:
@@ -128,7 +129,7 @@ def _local_bindings(function: ast.AST) -> dict[str, ast.AST]:
         elif isinstance(node, ast.For):
             for name in _names_in(node.target):
                 bound[name].append(node.iter)
-    return {name: ast.Tuple(elts=list(values), ctx=ast.Load()) for name, values in bound.items()}
+    return {name: ast.Tuple(elts=values, ctx=ast.Load()) for name, values in bound.items()}
 
 
 def _passed_names(node: ast.AST) -> set[str]:
@@ -181,7 +182,7 @@ class _Scan:
                         if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
                     ]
 
-    def resolve(self, node: ast.AST, local: dict[str, ast.AST], depth: int = 0) -> set[str]:
+    def resolve(self, node: ast.AST, local: Mapping[str, ast.AST], depth: int = 0) -> set[str]:
         """The ids an expression can evaluate to, followed through its structure only: an id,
         a name (its bindings, a table), a conditional, a table lookup, a call of a function
         that returns ids. Ids merely mentioned inside (a comparison, an argument) are not."""
