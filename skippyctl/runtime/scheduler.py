@@ -31,6 +31,7 @@ default) an unload forgets its sessions' KV.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import threading
@@ -48,7 +49,12 @@ from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import LogicalId, Scope, make_event, summaries
 from skippyctl.events.identity import OperationIds, is_logical_id, model_id_for
 from skippyctl.events.reasons import Outcome, ReasonCode
-from skippyctl.reducer.state import LOADING_MODEL_STATES, SERVING_MODEL_STATES, ModelState
+from skippyctl.reducer.state import (
+    LOADING_MODEL_STATES,
+    SERVING_MODEL_STATES,
+    ModelState,
+    ModelView,
+)
 from skippyctl.runtime.host import LoadHandle, RuntimeHost
 from skippyctl.runtime.memory_pressure import (
     HostMemory,
@@ -163,6 +169,9 @@ class Scheduler:
             unresponsive_after_s=engine_unresponsive_after_s,
         )
         self.sessions = sessions or SessionRegistry()
+        for saved in () if session_state is None else session_state.persisted:
+            # The previous runtime's sessions: their keys take their ids back once restored.
+            self.sessions.adopt_parked(saved.model_id, saved.key_digest, saved.session_id)
         self.receipts = ReceiptBook()
         """Every request's receipt, recorded as its terminal is delivered (runtime/receipts.py)."""
         self._servers: dict[LogicalId, ModelServer] = {}
@@ -429,6 +438,11 @@ class Scheduler:
             if server is not None and _serves(server, recovery.stop):
                 with self._lock:
                     self._recoveries.pop(model_id, None)
+                # After the restart's model_available, which the pipeline derives from the
+                # engine's own report a moment after the engine said it serves.
+                self.host.pipeline.wait_state(
+                    lambda state: _serving(state.models.get(model_id)), CRASH_SETTLE_WAIT_S
+                )
                 self.events.always(
                     make_event(
                         EventId.MODEL_RECOVERY_COMPLETED,
@@ -970,7 +984,32 @@ class Scheduler:
                 if owner is not None:
                     self._abandon(owner, entry.session_id, "ttl")
 
+    def _save_sessions_for_next_runtime(self) -> None:
+        """Each serving model's engine writes its sessions' KV state (most recently used
+        first, within the store's cap) as it stops; then the store lists them for the next
+        runtime. A model whose engine cannot save is stopped by the host as usual."""
+        store = self.session_state
+        if store is None:
+            return
+        for server in self.servers():
+            engine = server.engine
+            if server.unloading or engine is None or not engine.serving:
+                continue
+            closed = self.sessions.drop_model(server.model_id, park=True)
+            if not closed:
+                continue
+            files, budget = store.save_plan([entry.session_id for entry in closed])
+            try:
+                self.host.stop_engine(server.model_id, files, budget)
+            except Exception:  # noqa: BLE001 - the rest still stop; host.shutdown ends this one
+                continue
+        # A directory that cannot take the manifest: the next runtime starts afresh.
+        with contextlib.suppress(OSError):
+            store.persist(self.sessions.parked())
+
     def shutdown(self) -> None:
+        """An orderly stop: requests end (cancelled), each serving model's sessions are saved
+        for the next runtime in this directory (with a session state store)."""
         self._stop.set()
         with self._lock:
             recoveries = list(self._recoveries.values())
@@ -978,8 +1017,13 @@ class Scheduler:
             recovery.stop.set()
         for server in self.servers():
             server.drain(force=True, drain_timeout_s=0.5)
+        self._save_sessions_for_next_runtime()
         if self._thread.is_alive():
             self._thread.join(2)
+
+
+def _serving(view: ModelView | None) -> bool:
+    return view is not None and view.state in SERVING_MODEL_STATES
 
 
 def _serves(server: ModelServer, stop: threading.Event) -> bool:

@@ -16,31 +16,45 @@ only names them in ``Shutdown.save`` / ``Load.restore`` and learns the outcome f
   writes its sessions most recently used first and skips one that does not fit
   (``cache_state_export_failed``, ``reservation_exhausted``): that session prefills again
   after the reload. Older files are never evicted to make room.
-- Session ids are this runtime's own: files a previous runtime left behind mean nothing now and
-  are removed when the store opens.
+- Across runtimes: an orderly stop (``Scheduler.shutdown``) has each engine write its sessions'
+  files and then :meth:`SessionStateStore.persist` writes a manifest (``index.json``, 0600):
+  per file its session id, model id, size, when it was written and the SHA-256 of the client's
+  session key (never the key). The next store opened on the directory reads it once
+  (:attr:`SessionStateStore.persisted`, for the session registry) and removes it; a file it
+  does not list, or whose size differs, is removed. The engine still checks each file's
+  version, model fingerprint, geometry and digest when it reads it, so a file changed in
+  between is refused (``cache_state_import_failed`` with its reason), never loaded.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import stat
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from skippyctl.config.runtime_settings import DEFAULT_SESSION_STATE_MAX_MIB
 from skippyctl.engine.protocol_commands import SessionFile
 from skippyctl.engine.protocol_messages import StateExported, StateImported
 from skippyctl.events.envelope import LogicalId
+from skippyctl.events.identity import is_logical_id
+from skippyctl.runtime.sessions import SESSION_ID_PATTERN
 
 DEFAULT_MAX_BYTES: Final = DEFAULT_SESSION_STATE_MAX_MIB * 1024 * 1024
 """Default cap of all stored session state files (the SKIPPY_SESSION_STATE_MAX_MIB setting's
 default, 256 MiB)."""
 FILE_SUFFIX: Final = ".kvs"
 DIRECTORY_NAME: Final = "sessions"
+MANIFEST_NAME: Final = "index.json"
+MANIFEST_VERSION: Final = 1
+MAX_MANIFEST_BYTES: Final = 4 * 1024 * 1024
+"""A manifest larger than this is not read (it lists at most the registry's sessions)."""
 
 
 class StateDirectoryUnusable(Exception):
@@ -54,6 +68,15 @@ class _Stored:
     written_mono: float
 
 
+@dataclass(frozen=True, slots=True)
+class PersistedSession:
+    """A session an orderly stop of the previous runtime saved, for the session registry."""
+
+    session_id: LogicalId
+    model_id: LogicalId
+    key_digest: str
+
+
 class SessionStateStore:
     """The index of stored session state files; thread-safe."""
 
@@ -65,10 +88,66 @@ class SessionStateStore:
         self._files: dict[str, _Stored] = {}
         self._lock = threading.Lock()
         _make_private_dir(directory)
+        self.persisted = self._adopt_previous()
+        """The sessions the previous runtime in this directory saved at its orderly stop."""
         for leftover in directory.iterdir():
-            if leftover.suffix in (FILE_SUFFIX, ".tmp") and leftover.is_file():
+            unlisted = leftover.stem not in self._files or leftover.suffix != FILE_SUFFIX
+            if leftover.suffix in (FILE_SUFFIX, ".tmp") and unlisted and leftover.is_file():
                 with contextlib.suppress(OSError):
                     leftover.unlink()
+
+    def _adopt_previous(self) -> tuple[PersistedSession, ...]:
+        """Index the files the manifest lists (present, regular, of the listed size); the
+        manifest is used up."""
+        manifest = self.directory / MANIFEST_NAME
+        entries = _read_manifest(manifest, self.max_bytes)
+        with contextlib.suppress(OSError):
+            manifest.unlink()
+        now_mono, now_ns = time.monotonic(), time.time_ns()
+        adopted: list[PersistedSession] = []
+        for entry in entries:
+            session_id, size = entry["session_id"], entry["size_bytes"]
+            try:
+                info = os.lstat(self.path_for(session_id))
+            except OSError:
+                continue
+            if not stat.S_ISREG(info.st_mode) or info.st_size != size or session_id in self._files:
+                continue
+            age_s = max(0.0, (now_ns - entry["written_unix_ns"]) / 1e9)
+            model_id = LogicalId(entry["model_id"])
+            self._files[session_id] = _Stored(model_id, size, now_mono - age_s)
+            adopted.append(PersistedSession(LogicalId(session_id), model_id, entry["key_sha256"]))
+        return tuple(adopted)
+
+    def persist(self, parked: Iterable[tuple[LogicalId, str, LogicalId]]) -> int:
+        """At an orderly stop, after the engines wrote their files: the manifest of the stored
+        files whose sessions are ``parked`` (model id, key digest, session id), for the next
+        runtime in this directory (atomically, 0600). How many it lists."""
+        now_mono, now_ns = time.monotonic(), time.time_ns()
+        with self._lock:
+            listed = [
+                {
+                    "session_id": str(session_id),
+                    "model_id": str(model_id),
+                    "size_bytes": stored.size_bytes,
+                    "written_unix_ns": now_ns - int((now_mono - stored.written_mono) * 1e9),
+                    "key_sha256": digest,
+                }
+                for model_id, digest, session_id in parked
+                if (stored := self._files.get(str(session_id))) is not None
+                and stored.model_id == model_id
+            ]
+        document = json.dumps({"version": MANIFEST_VERSION, "sessions": listed}).encode()
+        temporary = self.directory / f"{MANIFEST_NAME}.tmp"
+        with contextlib.suppress(OSError):
+            temporary.unlink()
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "wb") as out:
+            out.write(document)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, self.directory / MANIFEST_NAME)
+        return len(listed)
 
     def path_for(self, session_id: str) -> str:
         return str(self.directory / f"{session_id}{FILE_SUFFIX}")
@@ -131,3 +210,44 @@ def _make_private_dir(directory: Path) -> None:
         raise StateDirectoryUnusable("the session state directory belongs to another user")
     if stat.S_IMODE(info.st_mode) != 0o700:
         os.chmod(directory, 0o700)
+
+
+def _read_manifest(path: Path, max_file_bytes: int) -> list[dict[str, Any]]:
+    """The manifest's well-formed entries; none when it is missing, too large, not JSON or not
+    this version (a hostile or damaged manifest only loses sessions, never names a file
+    outside the directory: a session id is ``s-<n>``)."""
+    try:
+        with path.open("rb") as source:
+            raw = source.read(MAX_MANIFEST_BYTES + 1)
+        document = json.loads(raw) if len(raw) <= MAX_MANIFEST_BYTES else None
+    except (OSError, ValueError):
+        return []
+    if not isinstance(document, dict) or document.get("version") != MANIFEST_VERSION:
+        return []
+    sessions = document.get("sessions")
+    if not isinstance(sessions, list):
+        return []
+    return [entry for entry in sessions if _well_formed(entry, max_file_bytes)]
+
+
+def _well_formed(entry: object, max_file_bytes: int) -> bool:
+    if not isinstance(entry, dict):
+        return False
+    session_id, model_id = entry.get("session_id"), entry.get("model_id")
+    size, written, digest = (
+        entry.get("size_bytes"),
+        entry.get("written_unix_ns"),
+        entry.get("key_sha256"),
+    )
+    return (
+        isinstance(session_id, str)
+        and SESSION_ID_PATTERN.fullmatch(session_id) is not None
+        and isinstance(model_id, str)
+        and is_logical_id(model_id)
+        and type(size) is int
+        and 0 < size <= max_file_bytes
+        and type(written) is int
+        and isinstance(digest, str)
+        and len(digest) == 64
+        and all(c in "0123456789abcdef" for c in digest)
+    )

@@ -8,12 +8,18 @@ with an idle TTL after which a session is abandoned.
 Sessions whose KV state was saved at an unload (``runtime/session_state.py``) are *parked*: the
 client key keeps its logical id while the model is away (bounded like the live entries, least
 recently parked dropped first), and a session the next load restored is revived with that id —
-so the client's next request with the same key lands in the restored lane.
+so the client's next request with the same key lands in the restored lane. An orderly runtime
+stop hands the parked sessions to the store (:meth:`SessionRegistry.parked`) and the next
+runtime takes them back (:meth:`SessionRegistry.adopt_parked`).
+
+The registry holds a key's SHA-256 (:func:`key_digest`), never the key itself: nothing a client
+sent stays in memory or reaches the disk a stopped runtime leaves behind.
 """
 
 from __future__ import annotations
 
-import itertools
+import hashlib
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -24,6 +30,13 @@ from skippyctl.events.envelope import LogicalId
 
 DEFAULT_MAX_SESSIONS: Final = 512
 DEFAULT_SESSION_TTL_S: Final = 600.0
+SESSION_ID_PATTERN: Final = re.compile(r"s-([1-9][0-9]{0,17})")
+"""A session's logical id: ``s-`` and its number in the runtime that made it."""
+
+
+def key_digest(client_key: str) -> str:
+    """What the registry keeps of a client's session key (hex SHA-256 of its UTF-8)."""
+    return hashlib.sha256(client_key.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 @dataclass(slots=True)
@@ -42,7 +55,7 @@ class SessionRegistry:
         self.ttl_s = ttl_s
         self._entries: OrderedDict[tuple[LogicalId, str], SessionEntry] = OrderedDict()
         self._parked: OrderedDict[tuple[LogicalId, str], LogicalId] = OrderedDict()
-        self._counter = itertools.count(1)
+        self._next_id = 1
         self._lock = threading.Lock()
 
     def resolve(
@@ -50,7 +63,7 @@ class SessionRegistry:
     ) -> tuple[SessionEntry, bool, SessionEntry | None]:
         """The session for this client key (created if new), whether it is new, and an entry
         evicted to make room (the caller tells the engine and reports it)."""
-        key = (model_id, client_key)
+        key = (model_id, key_digest(client_key))
         now = time.monotonic()
         with self._lock:
             entry = self._entries.get(key)
@@ -65,7 +78,10 @@ class SessionRegistry:
                         evicted = self._entries.pop(old_key)
                         break
             # A parked key takes its id back (its restored lane may be waiting for it).
-            session_id = self._parked.pop(key, None) or LogicalId(f"s-{next(self._counter)}")
+            session_id = self._parked.pop(key, None)
+            if session_id is None:
+                session_id = LogicalId(f"s-{self._next_id}")
+                self._next_id += 1
             entry = SessionEntry(session_id, model_id, now)
             self._entries[key] = entry
             return entry, True, evicted
@@ -133,6 +149,31 @@ class SessionRegistry:
                 if entry.session_id == session_id:
                     return entry.model_id
         return None
+
+    def parked(self) -> list[tuple[LogicalId, str, LogicalId]]:
+        """Every parked session as (model id, key digest, session id), least recently parked
+        first (what an orderly stop leaves for the next runtime)."""
+        with self._lock:
+            return [(model, digest, session) for (model, digest), session in self._parked.items()]
+
+    def adopt_parked(self, model_id: LogicalId, digest: str, session_id: LogicalId) -> bool:
+        """Park a session a previous runtime saved (its key's digest, its id): the key's next
+        request takes that id once the model's next load restored it. New ids are made above
+        it. False (nothing changed) for an id that is not a session id or is taken."""
+        number = SESSION_ID_PATTERN.fullmatch(session_id)
+        if number is None or len(digest) != 64:
+            return False
+        with self._lock:
+            taken = session_id in self._parked.values() or any(
+                entry.session_id == session_id for entry in self._entries.values()
+            )
+            if taken:
+                return False
+            self._parked[(model_id, digest)] = session_id
+            self._next_id = max(self._next_id, int(number[1]) + 1)
+            while len(self._parked) > self.max_sessions:
+                self._parked.popitem(last=False)
+            return True
 
     def unpark(self, model_id: LogicalId, session_id: LogicalId) -> None:
         """Forget a parked session (its state was not saved or could not be restored)."""

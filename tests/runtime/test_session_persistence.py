@@ -20,6 +20,7 @@ import pytest
 
 from skippyctl.config.load_options import LoadOptions
 from skippyctl.engine.kv_state import HEADER_BYTES
+from skippyctl.engine.protocol_messages import StateExported
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event, LogicalId, SummaryKey
 from skippyctl.events.reasons import Outcome, ReasonCode
@@ -404,3 +405,71 @@ def test_the_state_shows_what_each_session_holds_in_kv_and_what_it_reused(
     # The second prompt re-tokenizes the first turn's end differently: its KV was trimmed.
     trims = [e for e in runtime.seen if e.id is EventId.SESSION_TRIMMED]
     assert entry["trimmed"] == len(trims) == 1
+
+
+def test_a_store_keeps_what_the_manifest_of_an_orderly_stop_lists_and_nothing_else(
+    tmp_path: Path,
+) -> None:
+    from skippyctl.runtime.sessions import SessionRegistry, key_digest
+
+    state_dir = tmp_path / "sessions"
+    model = LogicalId("tiny")
+    first = SessionStateStore(state_dir, 1024)
+    for name, size in (("s-1", 10), ("s-2", 20), ("s-3", 30)):
+        (state_dir / f"{name}.kvs").write_bytes(b"x" * size)
+        first.exported(model, StateExported(name, True, 5, size, 1.0))
+    registry = SessionRegistry()
+    for key in ("key-a", "key-b", "key-c"):
+        registry.resolve(model, key)
+    registry.drop_model(model, park=True)
+    registry.unpark(model, LogicalId("s-3"))  # its key is gone: nothing to come back to
+    assert first.persist(registry.parked()) == 2
+    manifest = state_dir / "index.json"
+    assert stat.S_IMODE(os.stat(manifest).st_mode) == 0o600
+    assert b"key-a" not in manifest.read_bytes()  # digests, never the keys
+    (state_dir / "s-2.kvs").write_bytes(b"y" * 21)  # changed size since: not taken back
+
+    second = SessionStateStore(state_dir, 1024)
+    assert [(p.session_id, p.model_id) for p in second.persisted] == [("s-1", "tiny")]
+    assert second.persisted[0].key_digest == key_digest("key-a")
+    assert sorted(p.name for p in state_dir.iterdir()) == ["s-1.kvs"]  # manifest used up
+    assert [f.session for f in second.restore_plan(model)[0]] == ["s-1"]
+
+    adopted = SessionRegistry()
+    saved = second.persisted[0]
+    assert adopted.adopt_parked(saved.model_id, saved.key_digest, saved.session_id)
+    assert not adopted.adopt_parked(model, saved.key_digest, LogicalId("s-1"))  # taken
+    assert adopted.revive(model, LogicalId("s-1"))  # the next load restored it
+    entry, new, _ = adopted.resolve(model, "key-a")
+    assert (entry.session_id, new) == ("s-1", False)
+    other, _, _ = adopted.resolve(model, "key-new")
+    assert other.session_id == "s-2"  # new ids are made above the adopted ones
+
+
+@pytest.mark.parametrize(
+    "manifest",
+    [
+        b"not json",
+        b"[]",
+        b'{"version": 2, "sessions": []}',
+        b'{"version": 1, "sessions": {}}',
+        b'{"version": 1, "sessions": [{"session_id": "../../etc/passwd", "model_id": "tiny",'
+        b' "size_bytes": 3, "written_unix_ns": 1, "key_sha256": "' + b"a" * 64 + b'"}]}',
+        b'{"version": 1, "sessions": [{"session_id": "s-1", "model_id": "a b",'
+        b' "size_bytes": 3, "written_unix_ns": 1, "key_sha256": "' + b"a" * 64 + b'"}]}',
+        b'{"version": 1, "sessions": [{"session_id": "s-1", "model_id": "tiny",'
+        b' "size_bytes": true, "written_unix_ns": 1, "key_sha256": "' + b"a" * 64 + b'"}]}',
+        b'{"version": 1, "sessions": [{"session_id": "s-1", "model_id": "tiny",'
+        b' "size_bytes": 3, "written_unix_ns": 1, "key_sha256": "not-hex"}]}',
+    ],
+    ids=["garbage", "list", "version", "sessions", "path", "model", "size", "digest"],
+)
+def test_a_damaged_or_hostile_manifest_only_loses_sessions(tmp_path: Path, manifest: bytes) -> None:
+    state_dir = tmp_path / "sessions"
+    state_dir.mkdir(mode=0o700)
+    (state_dir / "s-1.kvs").write_bytes(b"abc")
+    (state_dir / "index.json").write_bytes(manifest)
+    store = SessionStateStore(state_dir, 1024)
+    assert store.persisted == ()
+    assert list(state_dir.iterdir()) == []
+    assert (tmp_path / "etc").exists() is False
