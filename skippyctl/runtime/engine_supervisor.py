@@ -173,6 +173,9 @@ class EngineProcess:
         self._ring: SharedIngress | None = None
         self._serving_operation = 0
         self._stopping = threading.Event()
+        self._killed_for: ReasonCode | None = None
+        """Why the host killed an engine it did not mean to stop (an unresponsive one): its
+        exit is a crash with this reason."""
         self._exited = threading.Event()
         self._hello_seen = threading.Event()
         self._on_hello = on_hello
@@ -373,6 +376,14 @@ class EngineProcess:
             ).start()
 
     # -- stopping -------------------------------------------------------------------------------
+    def kill_unresponsive(self) -> None:
+        """End an engine that stopped answering while serving: its exit is reported as a
+        crash with reason ``timeout`` (so its model's restart policy applies), not as a stop."""
+        self._killed_for = ReasonCode.TIMEOUT
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.process.pid, signal.SIGKILL)
+
     def kill(self) -> None:
         self._stopping.set()
         if self.process.poll() is None:
@@ -435,8 +446,8 @@ class EngineProcess:
     def _report_exit(self, returncode: int) -> None:
         crashed = not self._stopping.is_set()
         self._commands.close()
-        reason: ReasonCode | None = None
-        if crashed and self.topology is not None:
+        reason: ReasonCode | None = self._killed_for if crashed else None
+        if crashed and reason is None and self.topology is not None:
             try:
                 reason = self.topology.engine_crashed()
             except Exception:  # noqa: BLE001 - attribution is best effort; the exit is reported

@@ -47,7 +47,10 @@ Invariants:
 - An engine that sends nothing (not even a `Pong`) for `unresponsive_after_s` while its model
   serves is reported once with `model_degraded` (reason `timeout`) and `model_recovery_started`
   (the heartbeat goes on), then with `model_recovery_completed` when it is heard again, or
-  `model_recovery_failed` (with the exit's reason) when it exits first.
+  `model_recovery_failed` (with the exit's reason) when it exits first. Under the restart
+  policy `on-failure`, one still silent a whole window later is killed
+  (`EngineLink.kill_unresponsive`): its exit is a crash with reason `timeout`, and the
+  scheduler restarts the model.
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Final, Protocol, assert_never
 
-from skippyctl.config.load_options import LoadOptions
+from skippyctl.config.load_options import LoadOptions, RestartPolicy
 from skippyctl.config.tool_call_format import ToolCallFormat
 from skippyctl.engine.channel import (
     MAX_MESSAGE_BYTES,
@@ -143,6 +146,9 @@ class EngineLink(Protocol):
     def silent_for_s(self, now_ns: int | None = None) -> float: ...
     def ping(self) -> bool: ...
     def abort_decode(self) -> None: ...
+    def kill_unresponsive(self) -> None:
+        """End an engine that stopped answering: its exit is a crash (reason ``timeout``)."""
+        ...
 
 
 class ServerOwner(Protocol):
@@ -589,6 +595,13 @@ class ModelServer:
         if silent >= self.liveness.heartbeat_interval_s:
             engine.ping()
         unresponsive = silent >= self.liveness.unresponsive_after_s
+        options = self.options
+        restartable = options is not None and options.restart is RestartPolicy.ON_FAILURE
+        if restartable and self.unresponsive and silent >= 2 * self.liveness.unresponsive_after_s:
+            # Still silent a whole window after it was reported: stuck, not slow. Its exit is
+            # a crash, and the restart policy brings the model back.
+            engine.kill_unresponsive()
+            return
         if unresponsive is self.unresponsive:
             return
         self.unresponsive = unresponsive

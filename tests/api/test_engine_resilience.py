@@ -33,7 +33,8 @@ def server(tmp_path_factory: pytest.TempPathFactory, fixture_dir: Path) -> Itera
         env={"SKIPPY_ENGINE_UNRESPONSIVE_S": "1"},
     )
     try:
-        answer = running.load(fixture_dir / "tiny.gguf", lanes=2)
+        # Restart never: a stopped engine is waited for here, not killed (test_engine_recovery).
+        answer = running.load(fixture_dir / "tiny.gguf", lanes=2, restart="never")
         assert answer["state"] == "available", answer
         yield running
     finally:

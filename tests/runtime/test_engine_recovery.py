@@ -7,6 +7,7 @@ own engines).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -247,3 +248,28 @@ def test_an_unload_during_the_backoff_ends_the_recovery(fixture_dir: Path) -> No
         assert slow.model_state() is ModelState.UNLOADED
     finally:
         slow.close()
+
+
+def test_an_engine_that_stops_answering_is_killed_and_restarted(fixture_dir: Path) -> None:
+    host = RuntimeHost().start()
+    scheduler = Scheduler(host, engine_unresponsive_after_s=0.5).start()
+    scheduler.restarts = RestartBook(first_backoff_s=0.05)
+    stuck = Runtime.__new__(Runtime)  # the helper's waits and checks on this host
+    stuck.host, stuck.scheduler, stuck.seen = host, scheduler, []
+    stuck.watch = host.pipeline.subscribe("test", max_queue_size=100_000, replay=True)
+    try:
+        stuck.load(fixture_dir / "tiny.gguf")
+        pid = host.engine_pids()["tiny"]
+        os.kill(pid, signal.SIGSTOP)  # alive, and silent: no pong ever comes
+        crashed = stuck.wait(EventId.ENGINE_PROCESS_CRASHED)
+        assert crashed.reason_code is ReasonCode.TIMEOUT
+        assert crashed.summary_value(SummaryKey.EXIT_SIGNAL) == signal.SIGKILL
+        stuck.wait(EventId.MODEL_RECOVERY_COMPLETED)
+        assert host.engine_pids()["tiny"] != pid
+        assert finished(stuck.submit(max_tokens=4)).outcome == "completed"
+        ids = stuck.ids()
+        assert ids.index(EventId.MODEL_DEGRADED) < ids.index(EventId.ENGINE_PROCESS_CRASHED)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+        stuck.close()

@@ -45,6 +45,9 @@ class _Engine:
     def abort_decode(self) -> None:
         pass
 
+    def kill_unresponsive(self) -> None:
+        pass
+
 
 class _Owner:
     def session_released(self, handle: RequestHandle) -> None:

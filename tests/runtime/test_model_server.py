@@ -13,6 +13,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
+
+from skippyctl.config.load_options import LoadOptions, RestartPolicy
 from skippyctl.engine.protocol_commands import Cancel, Command, Generate
 from skippyctl.engine.protocol_messages import (
     GenDone,
@@ -45,6 +48,7 @@ class InMemoryEngine:
         self.silent_s = 0.0
         self.pings = 0
         self.aborts = 0
+        self.killed = False
         self._answer: ModelServer | None = None
 
     def send(self, command: Command) -> bool:
@@ -74,6 +78,9 @@ class InMemoryEngine:
 
     def abort_decode(self) -> None:
         self.aborts += 1
+
+    def kill_unresponsive(self) -> None:
+        self.killed = True
 
     def generated(self) -> list[str]:
         return [c.request_id for c in self.commands if isinstance(c, Generate)]
@@ -342,6 +349,20 @@ def test_an_engine_that_exits_while_silent_ends_its_recovery_as_failed() -> None
     calm = harness()
     calm.server.on_engine_exit(calm.engine, crashed=True)
     assert EventId.MODEL_RECOVERY_FAILED not in [e.id for e in calm.events]
+
+
+@pytest.mark.parametrize("policy", list(RestartPolicy))
+def test_an_engine_silent_a_whole_window_after_degraded_is_killed_when_it_may_restart(
+    policy: RestartPolicy,
+) -> None:
+    h = harness()
+    h.server.options = LoadOptions("tiny.gguf", restart=policy)
+    h.engine.silent_s = 1.5  # past unresponsive_after_s (1 s): degraded
+    h.server.check_engine(2 * SECOND_NS)
+    assert not h.engine.killed
+    h.engine.silent_s = 2.5  # still silent a whole window later
+    h.server.check_engine(3 * SECOND_NS)
+    assert h.engine.killed is (policy is RestartPolicy.ON_FAILURE)
 
 
 def test_with_serving_events_off_only_availability_is_reported() -> None:

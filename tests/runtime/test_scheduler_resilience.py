@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from skippyctl.config.load_options import LoadOptions
+from skippyctl.config.load_options import LoadOptions, RestartPolicy
 from skippyctl.config.runtime_settings import RuntimeSettings
 from skippyctl.engine.channel import MAX_MESSAGE_BYTES
 from skippyctl.engine.protocol_commands import Ping
@@ -48,7 +48,12 @@ class Runtime:
         self.host = RuntimeHost(settings=settings).start()
         self.scheduler = Scheduler(self.host, engine_unresponsive_after_s=unresponsive_s).start()
         self.watch = self.host.pipeline.subscribe("test", max_queue_size=100_000, replay=True)
-        handle = self.scheduler.load(LoadOptions(str(fixture_dir / "tiny.gguf"), lanes=lanes))
+        # Restart never: these tests stop the engine and let it go on (under on-failure the
+        # host would kill a stopped engine a window after reporting it; test_engine_recovery).
+        options = LoadOptions(
+            str(fixture_dir / "tiny.gguf"), lanes=lanes, restart=RestartPolicy.NEVER
+        )
+        handle = self.scheduler.load(options)
         self.wait_event(EventId.MODEL_AVAILABLE)
         assert handle.model_id == LogicalId("tiny")
         self.seen: list[Event] = []
