@@ -31,7 +31,7 @@ the committed text never depends on the draft. Decode thread only; token ids sta
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Final
@@ -51,6 +51,10 @@ _NOBODY_LATE: Final[frozenset[str]] = frozenset()
 class DraftFailed(RuntimeError):
     """The draft's llama_decode failed: no proposals this step (the target decodes on)."""
 
+    def __init__(self, return_code: int) -> None:
+        super().__init__(f"llama_decode returned {return_code}")
+        self.return_code = return_code
+
 
 @dataclass(slots=True)
 class _Drafting:
@@ -63,8 +67,17 @@ class _Drafting:
 class DraftModel:
     """A draft model's context and its per-lane KV mirror (module docstring)."""
 
-    def __init__(self, llama: ModuleType, model: Any, context: Any, lanes: int) -> None:
+    def __init__(
+        self,
+        llama: ModuleType,
+        model: Any,
+        context: Any,
+        lanes: int,
+        on_failure: Callable[[int, int], None] | None = None,
+    ) -> None:
         self._llama = llama
+        self._on_failure = on_failure
+        """Told each failed draft decode's return code and the requests it drafted for."""
         self._model = model
         self._ctx = context
         self._memory = llama.llama_get_memory(context)
@@ -80,6 +93,14 @@ class DraftModel:
         self.failures = 0
         """Draft decodes that failed (each cost one step's proposals)."""
         llama.llama_memory_clear(self._memory, False)
+
+    @property
+    def model(self) -> Any:
+        return self._model
+
+    @property
+    def context(self) -> Any:
+        return self._ctx
 
     # ---- the engine's serving-plugin calls (decode thread) ----
 
@@ -139,8 +160,10 @@ class DraftModel:
         try:
             last = self._catch_up(wants)
             return self._draft(wants, last)
-        except DraftFailed:
+        except DraftFailed as failed:
             self.failures += 1
+            if self._on_failure is not None:
+                self._on_failure(failed.return_code, len(wants))
             for seq in wants:  # the KV state is not known after a failed decode: start over
                 self._forget(seq)
             return {}
@@ -200,8 +223,9 @@ class DraftModel:
             batch.seq_id[i][0] = seq
             batch.logits[i] = 1 if i in logits else 0
         batch.n_tokens = len(entries)
-        if self._llama.llama_decode(self._ctx, batch) != 0:
-            raise DraftFailed
+        result = int(self._llama.llama_decode(self._ctx, batch))
+        if result != 0:
+            raise DraftFailed(result)
         for seq, _pos, token in entries:
             self._held[seq].append(token)
 

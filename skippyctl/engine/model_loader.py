@@ -33,6 +33,7 @@ from skippyctl.engine.protocol_messages import (
     AllocationRefused,
     Backends,
     BufferReport,
+    ComputeFailed,
     ContextBegun,
     ContextReturned,
     CpuFallback,
@@ -287,11 +288,10 @@ class ModelLoader:
         model = loaded.model
         operation_id = command.operation_id
         self._emit(ContextBegun(operation_id))
-        per_token = kv_bytes_per_token(
-            layers=int(llama.llama_model_n_layer(model)),
-            embedding=int(llama.llama_model_n_embd(model)),
-            heads=int(llama.llama_model_n_head(model)),
-            kv_heads=int(llama.llama_model_n_head_kv(model)),
+        draft_model = self._open_draft(command, model)
+        # The draft's KV cache holds every lane's context too: both count in the plan.
+        per_token = _kv_bytes_per_token(llama, model) + (
+            0 if draft_model is None else _kv_bytes_per_token(llama, draft_model)
         )
         available = _available_bytes()
         plan = plan_context(
@@ -313,6 +313,8 @@ class ModelLoader:
                 )
             )
             self._emit(ContextReturned(operation_id, ok=False, reason=ReasonCode.OUT_OF_MEMORY))
+            if draft_model is not None:
+                llama.llama_model_free(draft_model)
             return
         if plan.context_tokens > MAX_CONTEXT_TOKENS:
             raise ValueError("a context beyond llama.cpp's n_ctx range")
@@ -341,7 +343,7 @@ class ModelLoader:
             # Raises for a context it cannot serve (e.g. more lanes than its batch): the load
             # then fails with ContextReturned ok=false (see _load).
             speculation = speculation_of(command)
-            loaded.draft = self._load_draft(command, model, context, lanes)
+            loaded.draft = self._load_draft(command, draft_model, context, lanes)
             loaded.plugins = self._start_plugins(command, model)
             loaded.generation = BatchEngine(
                 _with_test_decode_delay(llama, self._options.test_decode_delay_ms),
@@ -359,7 +361,7 @@ class ModelLoader:
                 n_threads=_threads(command.options),
                 chat_template=command.chat_template_text,
             )
-            self._emit(self._memory_allocated(operation_id, model, context, kv_bytes))
+            self._emit(self._memory_allocated(operation_id, model, context, kv_bytes, loaded.draft))
             self._emit(LoadPhase(operation_id, LoadPhaseName.CONTEXT_READY))
             reply = ContextReturned(
                 operation_id,
@@ -391,34 +393,45 @@ class ModelLoader:
             loaded.generation.start()
 
     def _memory_allocated(
-        self, operation_id: str, model: Any, context: Any, kv_estimate_bytes: int
+        self,
+        operation_id: str,
+        model: Any,
+        context: Any,
+        kv_estimate_bytes: int,
+        draft: Any | None = None,
     ) -> MemoryAllocated:
         """llama.cpp's per-device figures where they can be read (native/backends.py), else
-        the weights' size and the KV estimate on the model's device, compute unknown."""
+        the weights' size and the KV estimate on the model's device, compute unknown. A
+        ``--draft`` model's weights, KV and compute count on their devices too."""
         ggml = self._ggml()
+        contexts = [context] if draft is None else [context, draft.context]
         try:
-            breakdown = None if ggml is None else ggml.memory_breakdown(context)
+            breakdowns = [None if ggml is None else ggml.memory_breakdown(c) for c in contexts]
         except Exception:  # noqa: BLE001 - figures are optional; the load must not fail for them
-            breakdown = None
-        if breakdown:
-            buffers = tuple(
-                BufferReport(b.device, b.weights_bytes, b.kv_bytes, b.compute_bytes)
-                for b in breakdown
-            )
+            breakdowns = [None]
+        if all(breakdowns):
+            totals: dict[str, list[int]] = {}
+            for breakdown in breakdowns:
+                for b in breakdown or ():
+                    sums = totals.setdefault(b.device, [0, 0, 0])
+                    sums[0] += b.weights_bytes
+                    sums[1] += b.kv_bytes
+                    sums[2] += b.compute_bytes
+            buffers = tuple(BufferReport(device, *sums) for device, sums in totals.items())
             return MemoryAllocated(operation_id, exact=True, buffers=buffers)
         weights = int(self._llama.llama_model_size(model))
+        if draft is not None:
+            weights += int(self._llama.llama_model_size(draft.model))
         estimate = BufferReport(self._device, weights, kv_estimate_bytes, 0)
         return MemoryAllocated(operation_id, exact=False, buffers=(estimate,))
 
-    def _load_draft(self, command: Load, model: Any, context: Any, lanes: int) -> Any | None:
-        """The ``--draft`` model with a context of the target's lanes and size; None without
-        one. Raises ValueError (the load then fails) for a draft that does not load or whose
-        vocabulary is not the target's: its proposals would be other tokens."""
+    def _open_draft(self, command: Load, model: Any) -> Any | None:
+        """The ``--draft`` model's weights (phase ``draft loaded``); None without one. Raises
+        ValueError (the load then fails) for a draft that does not load or whose vocabulary is
+        not the target's: its proposals would be other tokens."""
         draft_path = command.options.draft
         if draft_path is None:
             return None
-        from skippyctl.engine.draft import DRAFT_BATCH_TOKENS, DraftModel
-
         llama = self._llama
         params = llama.llama_model_default_params()
         params.n_gpu_layers = command.options.gpu_layers
@@ -429,6 +442,17 @@ class ModelLoader:
         if vocab != int(llama.llama_vocab_n_tokens(llama.llama_model_get_vocab(model))):
             llama.llama_model_free(draft)
             raise ValueError("the draft model's vocabulary is not the model's")
+        self._emit(LoadPhase(command.operation_id, LoadPhaseName.DRAFT_LOADED))
+        return draft
+
+    def _load_draft(self, command: Load, draft: Any, context: Any, lanes: int) -> Any | None:
+        """The draft model's context, of the target's lanes and size (None without a draft).
+        Raises ValueError (the load then fails) when it cannot be created."""
+        if draft is None:
+            return None
+        from skippyctl.engine.draft import DRAFT_BATCH_TOKENS, DraftModel
+
+        llama = self._llama
         context_params = llama.llama_context_default_params()
         context_params.n_ctx = int(llama.llama_n_ctx(context))
         context_params.n_seq_max = lanes
@@ -438,7 +462,14 @@ class ModelLoader:
         if not draft_context:
             llama.llama_model_free(draft)
             raise ValueError("the draft model's context could not be created")
-        return DraftModel(llama, draft, draft_context, lanes)
+        from skippyctl.engine.decode_core import DECODE_RETURN_REASONS
+
+        def failed(return_code: int, requests: int) -> None:
+            # The draft's own decode: the model serves on (no proposals this step).
+            reason = DECODE_RETURN_REASONS.get(return_code, ReasonCode.UNKNOWN_FAILURE)
+            self._emit(ComputeFailed(return_code, reason, requests))
+
+        return DraftModel(llama, draft, draft_context, lanes, on_failure=failed)
 
     def _start_plugins(self, command: Load, model: Any) -> Any | None:
         """The model's serving plugins, each in its own process (``skippyctl.plugins``); None
@@ -572,3 +603,13 @@ def chat_template_facts(llama: Any, model: Any, override: str | None) -> dict[st
         "chat_template_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest()[:16],
         "chat_template_tool_use": has_tool_use or None,
     }
+
+
+def _kv_bytes_per_token(llama: Any, model: Any) -> int:
+    """A model's KV cache bytes per token of context (every layer's f16 keys and values)."""
+    return kv_bytes_per_token(
+        layers=int(llama.llama_model_n_layer(model)),
+        embedding=int(llama.llama_model_n_embd(model)),
+        heads=int(llama.llama_model_n_head(model)),
+        kv_heads=int(llama.llama_model_n_head_kv(model)),
+    )

@@ -337,6 +337,9 @@ class LoadPhaseName(StrEnum):
     """``llama_init_from_model`` is creating the context: KV cache and compute buffers."""
     CONTEXT_READY = "context ready"
     """The context exists, its buffers are allocated and its lanes are set up."""
+    DRAFT_LOADED = "draft loaded"
+    """``llama_model_load_from_file`` returned the ``--draft`` model (before the contexts: its
+    KV counts in the context plan and the memory check)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,9 @@ the load's options, with the engine's own context rule (``engine/geometry.py``):
 - KV cache: the context the load will get × the model's KV bytes per token (f16 keys and
   values, every layer), as ``plan_context`` decides it when ``ctx``/``lanes`` are left out;
 - compute buffers: one micro-batch's logits (``n_ubatch`` × vocabulary × 4 bytes) and its
-  activations (``n_ubatch`` × embedding × 4 bytes × :data:`ACTIVATION_COPIES`).
+  activations (``n_ubatch`` × embedding × 4 bytes × :data:`ACTIVATION_COPIES`);
+- a ``--draft`` model: its weights, and its KV cache for the same context (the engine's
+  context plan counts both caches), and its compute buffers by the same rule.
 
 Measured against llama.cpp's own figures (``model_memory_allocation_summary``) on the real
 model with 2 lanes of 4096: KV 188,743,680 bytes estimated and allocated alike; compute
@@ -76,11 +78,19 @@ def estimate_load(options: LoadOptions, free_memory_bytes: int | None = None) ->
     shape = _shape(path)
     if shape is None:
         return MemoryEstimate(weights, 0, 0, options.ctx, options.lanes)
-    per_token = kv_bytes_per_token(
-        layers=shape["layers"],
-        embedding=shape["embedding"],
-        heads=shape["heads"],
-        kv_heads=shape["kv_heads"],
+    shapes = [shape]
+    if options.draft is not None:
+        draft = Path(options.draft)
+        if draft.is_file():
+            weights += model_bytes(draft)
+            draft_shape = _shape(draft)
+            if draft_shape is not None:
+                shapes.append(draft_shape)
+    per_token = sum(
+        kv_bytes_per_token(
+            layers=s["layers"], embedding=s["embedding"], heads=s["heads"], kv_heads=s["kv_heads"]
+        )
+        for s in shapes
     )
     plan = plan_context(
         lanes=options.lanes,
@@ -91,7 +101,9 @@ def estimate_load(options: LoadOptions, free_memory_bytes: int | None = None) ->
             available_memory_bytes() if free_memory_bytes is None else free_memory_bytes
         ),
     )
-    compute = UBATCH_TOKENS * 4 * (shape["vocab"] + shape["embedding"] * ACTIVATION_COPIES)
+    compute = sum(
+        UBATCH_TOKENS * 4 * (s["vocab"] + s["embedding"] * ACTIVATION_COPIES) for s in shapes
+    )
     return MemoryEstimate(
         weights, plan.context_tokens * per_token, compute, plan.context_tokens, plan.lanes
     )

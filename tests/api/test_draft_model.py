@@ -77,3 +77,52 @@ def test_a_draft_that_is_missing_or_alone_is_refused(
         if e["kind"] == "model_load_failed" and e["scope"].get("model_id") == "d1"
     ]
     assert reasons == ["missing_artifact"]
+
+
+def test_a_draft_model_s_load_and_memory_are_in_the_load_s_events(
+    server: Server, fixture_dir: Path, draft: Path
+) -> None:
+    model = fixture_dir / "tiny-successor.gguf"
+    assert server.load(model, alias="plain-memory")["state"] == "available"
+    loaded = server.load(model, alias="drafted-memory", spec="draft", draft=str(draft))
+    assert loaded["state"] == "available", loaded
+    events = server.events()
+
+    def of(model_id: str, kind: str) -> list[dict[str, Any]]:
+        return [e for e in events if e["kind"] == kind and e["scope"].get("model_id") == model_id]
+
+    phases = [e["state"]["current"] for e in of("drafted-memory", "model_load_phase_changed")]
+    assert "draft loaded" in phases
+    assert phases.index("draft loaded") < phases.index("allocating ctx")  # before the plan
+    assert "draft loaded" not in [
+        e["state"]["current"] for e in of("plain-memory", "model_load_phase_changed")
+    ]
+
+    def held(model_id: str, figure: str) -> int:
+        return sum(
+            int(s["value"])
+            for e in of(model_id, "model_memory_allocation_summary")
+            for s in e.get("numeric_summaries", [])
+            if s["key"] == figure
+        )
+
+    # The draft's weights and its KV cache count with the model's.
+    draft_bytes = draft.stat().st_size
+    assert held("drafted-memory", "weights_bytes") >= held("plain-memory", "weights_bytes") + (
+        draft_bytes // 2
+    )
+    assert held("drafted-memory", "kv_bytes") > held("plain-memory", "kv_bytes")
+
+
+def test_a_draft_model_counts_in_the_load_s_memory_estimate(fixture_dir: Path, draft: Path) -> None:
+    from skippyctl.config.load_options import LoadOptions, SpecMode
+    from skippyctl.runtime.memory_estimate import estimate_load
+
+    model = str(fixture_dir / "tiny-successor.gguf")
+    plain = estimate_load(LoadOptions(model, lanes=1, ctx=512))
+    drafted = estimate_load(
+        LoadOptions(model, lanes=1, ctx=512, spec=SpecMode.DRAFT, draft=str(draft))
+    )
+    assert drafted.weights_bytes == plain.weights_bytes + draft.stat().st_size
+    assert drafted.kv_bytes > plain.kv_bytes  # its KV cache holds the same 512 tokens
+    assert drafted.context_tokens == plain.context_tokens == 512

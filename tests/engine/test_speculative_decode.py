@@ -395,3 +395,46 @@ def test_the_in_process_adapter_hands_the_plugin_every_committed_token_once_in_o
     assert runs[-1] == (n, 0)  # delivered as committed: the finish suffix is empty
     assert list(recorder.generated.values()) == [n]
     assert recorder.requests() == 0 and adapter.failures == 0
+
+
+class _DraftDecodeFails:
+    """llama_cpp with the draft context's llama_decode answering 1 (no KV slot). A mock: a
+    real draft decode failure cannot be produced on demand; everything else is llama.cpp."""
+
+    def __init__(self, draft_context: Any) -> None:
+        self._draft_context = draft_context
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(llama_cpp, name)
+
+    def llama_decode(self, context: Any, batch: Any) -> int:
+        if context is self._draft_context:
+            return 1
+        return int(llama_cpp.llama_decode(context, batch))
+
+
+def test_a_failed_draft_decode_is_reported_and_costs_only_its_proposals(
+    model: Any, draft_path: Path
+) -> None:
+    draft_model = llama_cpp.llama_model_load_from_file(
+        os.fsencode(draft_path), llama_cpp.llama_model_default_params()
+    )
+    assert draft_model
+    params = llama_cpp.llama_context_default_params()
+    params.n_ctx, params.n_seq_max = 512, 1
+    draft_context = llama_cpp.llama_init_from_model(draft_model, params)
+    assert draft_context
+    failures: list[tuple[int, int]] = []
+    draft = DraftModel(
+        _DraftDecodeFails(draft_context),  # type: ignore[arg-type]
+        draft_model,
+        draft_context,
+        1,
+        on_failure=lambda code, requests: failures.append((code, requests)),
+    )
+    try:
+        draft.begin("a", None, [1, 2, 3], 0)
+        assert draft.propose({"a": 4}) == {}
+        assert (draft.failures, failures) == (1, [(1, 1)])
+    finally:
+        draft.free()
