@@ -129,6 +129,7 @@ class LaneKv:
         lane with no tokens (``session`` trimmed, tokens 0)."""
         lane.tokens.clear()
         self.erase(lane)
+        self._emit(Kv(KvChange.RESET, self.table.cells_used(), self.cells_total))
         if lane.session is not None:
             self.emit_session(lane, lane.session, SessionChange.TRIMMED)
 

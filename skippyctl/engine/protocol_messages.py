@@ -59,6 +59,9 @@ class KvChange(StrEnum):
     PRESSURE_CROSSED = "pressure_crossed"
     PRESSURE_CLEARED = "pressure_cleared"
     APPROACHING_LIMIT = "approaching_limit"
+    RESET = "reset"
+    """A lane's whole KV was emptied because it could no longer be trusted (a failed or
+    aborted decode left part of a batch in it)."""
 
 
 class SessionChange(StrEnum):

@@ -105,6 +105,8 @@ class HostIngress:
         self._state: deque[Event] = deque()
         self._progress: OrderedDict[_ProgressKey, Event] = OrderedDict()
         self._pending_ops: Counter[LogicalId | None] = Counter()
+        self._state_high_water = 0
+        """The most events the state lane held since :meth:`take_state_high_water`."""
         """Undelivered progress values per operation: a terminal looks through ``_progress``
         only when its operation has some (the drain path stays O(1) per terminal)."""
         self._last_progress: OrderedDict[_ProgressKey, int] = OrderedDict()
@@ -156,6 +158,8 @@ class HostIngress:
         self, event: Event, delivery: DeliveryClass, counter: _Counter
     ) -> SubmitOutcome:
         size = len(self._state)
+        if size >= self._state_high_water:
+            self._state_high_water = size + 1
         if size < self.config.max_state_queue_size:
             self._state.append(event)
             return SubmitOutcome.ACCEPTED
@@ -272,6 +276,12 @@ class HostIngress:
 
     def _pending_locked(self) -> int:
         return len(self._state) + len(self._progress) + len(self._diagnostic) + len(self._debug)
+
+    def take_state_high_water(self) -> int:
+        """The most events the state/terminal lane held since the last call (then reset)."""
+        with self._lock:
+            high, self._state_high_water = self._state_high_water, len(self._state)
+            return high
 
     def pending(self) -> int:
         with self._lock:

@@ -108,8 +108,16 @@ class ShutdownReport:
     undelivered: int
 
 
+INGRESS_PRESSURE_FRACTION: Final = 0.5
+"""A state/terminal lane this full (of ``max_state_queue_size``) at any moment between two health
+reports is under pressure: producers outrun the pipeline (drops begin at the bound)."""
+
+
 @dataclass(slots=True)
 class _HealthMarks:
+    ingress_pressure: bool = False
+    """The last report found the state lane past :data:`INGRESS_PRESSURE_FRACTION` (re-armed
+    once a report finds it below half of that)."""
     dropped: dict[str, int] = field(default_factory=dict)
     coalesced: int = 0
     sampled: int = 0
@@ -416,6 +424,26 @@ class Pipeline:
         if len(marks) < 64:
             marks.append((subscription.name, status))
 
+    def _ingress_pressure(self, marks: _HealthMarks) -> list[Event]:
+        """``ingress_queue_pressure`` once the state/terminal lane has held more than
+        :data:`INGRESS_PRESSURE_FRACTION` of its bound since the last report (its peak and
+        bound as figures); again only after it fell below half that."""
+        capacity = self.ingress.config.max_state_queue_size
+        peak = self.ingress.take_state_high_water()
+        if peak >= capacity * INGRESS_PRESSURE_FRACTION:
+            if marks.ingress_pressure:
+                return []
+            marks.ingress_pressure = True
+            return [
+                make_event(
+                    EventId.INGRESS_QUEUE_PRESSURE,
+                    summaries=summaries(queue_depth=peak, queue_capacity=capacity),
+                )
+            ]
+        if peak < capacity * INGRESS_PRESSURE_FRACTION / 2:
+            marks.ingress_pressure = False
+        return []
+
     def _report_health(self) -> None:
         health = self.health()
         marks = self._health
@@ -438,6 +466,7 @@ class Pipeline:
                 )
             )
         marks.dropped = dropped
+        reports += self._ingress_pressure(marks)
         coalesced = (
             health.host_ingress.total("coalesced")
             + health.native_coalesced

@@ -362,18 +362,29 @@ class Scheduler:
             return list(self._servers.values())
 
     def server_exited(self, server: ModelServer, crashed: bool) -> bool:
-        """The engine is gone (and its KV): sessions start afresh next time — except those with
-        a state file saved on request, which stay parked for the next load to restore. An
-        engine that crashed while serving is restarted under its load's restart policy (True:
-        a restart follows, and the server keeps its queued requests for it)."""
+        """The engine is gone (and its KV): sessions start afresh next time (a crash fails them:
+        ``session_failed``) — except those with a state file saved on request, which stay
+        parked for the next load to restore. An engine that crashed while serving is restarted
+        under its load's restart policy (True: a restart follows, and the server keeps its
+        queued requests for it)."""
         stored = (
             set()
             if self.session_state is None
             else set(self.session_state.stored_sessions(server.model_id))
         )
         for entry in self.sessions.drop_model(server.model_id, park=bool(stored)):
-            if str(entry.session_id) not in stored:
-                self.sessions.unpark(server.model_id, entry.session_id)
+            if str(entry.session_id) in stored:
+                continue
+            self.sessions.unpark(server.model_id, entry.session_id)
+            if crashed:  # its KV died with the engine
+                self.events.event(
+                    make_event(
+                        EventId.SESSION_FAILED,
+                        scope=Scope(model_id=server.model_id, session_id=entry.session_id),
+                        outcome=Outcome.FAILURE,
+                        reason_code=ReasonCode.PROCESS_CRASH,
+                    )
+                )
         with self._lock:
             if server.model_id in self._recoveries:
                 return True  # an attempt of a restart under way: the restart decides

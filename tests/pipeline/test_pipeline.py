@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
 import pytest
 
 from skippyctl.events.catalog import EventId
-from skippyctl.events.envelope import LogicalId, Progress, Scope, make_event
+from skippyctl.events.envelope import LogicalId, Progress, Scope, SummaryKey, make_event
 from skippyctl.events.reasons import ProgressUnit, ReasonCode
 from skippyctl.ingress.host import HostIngressConfig
 from skippyctl.pipeline.dispatch import (
@@ -203,3 +204,25 @@ def test_health_reports_are_rate_limited_however_hard_the_pipeline_is_pushed() -
             lane.submitted
             == lane.delivered + lane.coalesced + lane.dropped + lane.rejected + lane.pending
         )
+
+
+def test_a_state_lane_that_filled_past_half_is_reported_as_ingress_pressure_once() -> None:
+    config = HostIngressConfig(max_state_queue_size=16)
+    pipeline = Pipeline(ingress_config=config, health_interval_s=0.05)  # not started yet
+    watcher = pipeline.subscribe("watch", max_queue_size=1000)
+    for n in range(12):  # a burst the pipeline has not drained: 12 of 16
+        pipeline.submit(make_event(EventId.MODEL_LOAD_STARTED, operation_id=LogicalId(f"op-{n}")))
+    pipeline.start()
+    try:
+        seen = _drain_until(watcher, lambda i: i.event.id is EventId.INGRESS_QUEUE_PRESSURE)
+        pressure = seen[-1].event
+        assert pressure.summary_value(SummaryKey.QUEUE_DEPTH) == 12
+        assert pressure.summary_value(SummaryKey.QUEUE_CAPACITY) == 16
+        time.sleep(0.3)  # several reports with the lane calm
+    finally:
+        pipeline.shutdown()
+    later = []
+    with contextlib.suppress(SubscriptionClosed):
+        while (item := watcher.get(0.2)) is not None:
+            later.append(item.event.id)
+    assert EventId.INGRESS_QUEUE_PRESSURE not in later  # once per episode, not per report

@@ -221,6 +221,24 @@ def test_a_restart_that_cannot_load_ends_failed_and_fails_what_waited(
     assert runtime.model_state() is ModelState.FAILED
 
 
+def test_a_session_whose_kv_died_with_its_engine_is_failed(
+    runtime: Runtime, fixture_dir: Path
+) -> None:
+    runtime.load(fixture_dir / "tiny.gguf")
+    params = GenerationParams(prompt="Once upon a time", max_tokens=4, timeout_s=60)
+    handle, rejection = runtime.scheduler.generate("tiny", params, session_key="a-conversation")
+    assert rejection is None and runtime.scheduler.enqueue(handle) is None
+    assert finished(handle).outcome == "completed"
+    session = handle.session_id
+    assert session is not None
+    runtime.kill_engine()
+    failed = runtime.wait(EventId.SESSION_FAILED)
+    assert failed.scope.session_id == session
+    assert (failed.outcome, failed.reason_code) == (Outcome.FAILURE, ReasonCode.PROCESS_CRASH)
+    runtime.wait(EventId.MODEL_RECOVERY_COMPLETED)
+    assert session not in runtime.host.pipeline.state.sessions  # not left behind as idle
+
+
 def test_restart_never_leaves_the_model_unavailable(runtime: Runtime, fixture_dir: Path) -> None:
     runtime.load(fixture_dir / "tiny.gguf", restart=RestartPolicy.NEVER)
     runtime.kill_engine()

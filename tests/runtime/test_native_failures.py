@@ -98,3 +98,6 @@ def test_a_decode_a_forced_unload_aborts_is_a_recoverable_native_failure(
     assert aborted.summary_value(SummaryKey.RETURN_CODE) == 2  # llama_decode: aborted
     assert aborted.scope.model_id == LogicalId("tiny")
     assert EventId.COMPUTE_FAILURE not in [e.id for e in seen]  # nothing failed to compute
+    # The aborted batch may have left part of itself in its lane: the lane's KV was emptied.
+    (reset,) = [e for e in seen if e.id is EventId.CACHE_RESET]
+    assert reset.scope.model_id == LogicalId("tiny")
