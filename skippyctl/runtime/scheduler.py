@@ -502,14 +502,10 @@ class Scheduler:
     def _await_crash_settled(self, model_id: LogicalId) -> None:
         """Until the runtime's state has the model neither serving nor loading (its crash, or
         the failed attempt before, applied), so the restart is a new load of it."""
-        deadline = time.monotonic() + CRASH_SETTLE_WAIT_S
-        while time.monotonic() < deadline:
-            view = self.host.pipeline.state.models.get(model_id)
-            if view is None or (
-                view.state not in SERVING_MODEL_STATES and view.state not in LOADING_MODEL_STATES
-            ):
-                return
-            time.sleep(0.02)
+        self.host.pipeline.wait_state(
+            lambda state: not _serving_or_loading(state.models.get(model_id)),
+            CRASH_SETTLE_WAIT_S,
+        )
 
     def _restart(self, options: LoadOptions) -> ModelServer | None:
         """One restart: the crashed engine's load again. The model's server, or None when the
@@ -1035,6 +1031,10 @@ class Scheduler:
 
 def _serving(view: ModelView | None) -> bool:
     return view is not None and view.state in SERVING_MODEL_STATES
+
+
+def _serving_or_loading(view: ModelView | None) -> bool:
+    return _serving(view) or (view is not None and view.state in LOADING_MODEL_STATES)
 
 
 def _serves(server: ModelServer, stop: threading.Event) -> bool:

@@ -217,11 +217,19 @@ def _read_manifest(path: Path, max_file_bytes: int) -> list[dict[str, Any]]:
     this version (a hostile or damaged manifest only loses sessions, never names a file
     outside the directory: a session id is ``s-<n>``)."""
     try:
-        with path.open("rb") as source:
-            raw = source.read(MAX_MANIFEST_BYTES + 1)
-        document = json.loads(raw) if len(raw) <= MAX_MANIFEST_BYTES else None
-    except (OSError, ValueError):
+        # Never follows a link, never waits on a FIFO: only a regular file is read.
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
         return []
+    try:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            return []
+        raw = os.read(descriptor, MAX_MANIFEST_BYTES + 1)
+        document = json.loads(raw) if len(raw) <= MAX_MANIFEST_BYTES else None
+    except (OSError, ValueError, RecursionError):  # nested past the parser's depth: damaged
+        return []
+    finally:
+        os.close(descriptor)
     if not isinstance(document, dict) or document.get("version") != MANIFEST_VERSION:
         return []
     sessions = document.get("sessions")

@@ -473,3 +473,17 @@ def test_a_damaged_or_hostile_manifest_only_loses_sessions(tmp_path: Path, manif
     assert store.persisted == ()
     assert list(state_dir.iterdir()) == []
     assert (tmp_path / "etc").exists() is False
+
+
+def test_a_manifest_nested_past_the_parser_a_link_or_a_fifo_is_not_read(tmp_path: Path) -> None:
+    state_dir = tmp_path / "sessions"
+    state_dir.mkdir(mode=0o700)
+    (state_dir / "index.json").write_bytes(b"[" * 100_000)
+    assert SessionStateStore(state_dir, 1024).persisted == ()  # no RecursionError
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_bytes(b'{"version": 1, "sessions": []}')
+    (state_dir / "index.json").symlink_to(elsewhere)
+    assert SessionStateStore(state_dir, 1024).persisted == ()
+    assert elsewhere.exists()  # the link was removed, not what it names
+    os.mkfifo(state_dir / "index.json")
+    assert SessionStateStore(state_dir, 1024).persisted == ()  # returned: no wait on the FIFO
