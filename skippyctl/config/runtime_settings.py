@@ -47,6 +47,8 @@ INVALID_CONFIGURATION: Final = "invalid_configuration"
 MAX_PORT: Final = 65535
 DEFAULT_PORT: Final = 8750
 DEFAULT_LINK_PROBE_INTERVAL_MS: Final = 1000.0
+DEFAULT_DEVICE_LOW_FREE_PCT: Final = 10.0
+"""A device with less free memory than this share of its total is degraded (ggml's figures)."""
 DEFAULT_ENGINE_UNRESPONSIVE_S: Final = 5.0
 DEFAULT_SESSION_STATE_MAX_MIB: Final = 256
 MIN_LINK_PROBE_INTERVAL_MS: Final = 10.0
@@ -234,6 +236,14 @@ class RuntimeSettings:
         _number(0.0, exclusive=True),
         "S",
         "Seconds of silence from a serving engine before `model_degraded`.",
+    )
+    device_low_free_pct: float = _setting(
+        DEFAULT_DEVICE_LOW_FREE_PCT,
+        "SKIPPY_DEVICE_LOW_FREE_PCT",
+        _number(0.0, exclusive=True),
+        "PCT",
+        "A device a model serves on whose free memory (ggml's, sampled every 5 s) falls below"
+        " this % of its total is `device_degraded`; `device_recovered` above 1.5x it.",
     )
     stage_link_probe_ms: float = _setting(
         DEFAULT_LINK_PROBE_INTERVAL_MS,

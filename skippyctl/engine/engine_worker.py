@@ -408,6 +408,8 @@ class Worker:
     def _free(self) -> None:
         if self.loaded is None:
             return
+        if self.loaded.device_watch is not None:
+            self.loaded.device_watch.stop()
         if self.loaded.generation is not None:
             self.loaded.generation.stop()
         if self.loaded.plugins is not None:

@@ -69,6 +69,7 @@ class LoadedModel:
     generation: Any | None = None  # BatchEngine once the context exists
     plugins: Any | None = None  # PluginLink (skippyctl.plugins.link) of its serving plugins
     draft: Any | None = None  # DraftModel (engine/draft.py) of --draft
+    device_watch: Any | None = None  # DeviceWatch (engine/device_watch.py) while it serves
     fingerprint: bytes | None = None
     """The model file's (engine/kv_state.py); None when it could not be read."""
     pooling: str | None = None
@@ -391,6 +392,22 @@ class ModelLoader:
                 )
             # Started after the reply, so the host sees the context before any kv message.
             loaded.generation.start()
+            loaded.device_watch = self._watch_devices(command)
+
+    def _watch_devices(self, command: Load) -> Any | None:
+        """The serving model's device memory, watched (engine/device_watch.py); None for a
+        split load (its stages report their own) or where ggml's devices cannot be read."""
+        ggml = self._ggml()
+        if ggml is None or command.stage_plan:
+            return None
+        from skippyctl.engine.device_watch import DeviceWatch, with_host_memory
+
+        return DeviceWatch(
+            with_host_memory(ggml.devices),
+            {self._device},
+            self._emit,
+            self._options.device_low_free_pct,
+        ).start()
 
     def _memory_allocated(
         self,

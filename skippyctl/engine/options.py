@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from skippyctl.config.runtime_settings import (
+    DEFAULT_DEVICE_LOW_FREE_PCT,
     DEFAULT_LINK_PROBE_INTERVAL_MS,
     MIN_LINK_PROBE_INTERVAL_MS,
     RuntimeSettings,
@@ -36,6 +37,8 @@ class EngineOptions:
     """Opt-in debug evidence: one `gen_token` observation per sampled token, which the host
     maps to the debug-class `generation_token_observed` (never the token id or text)."""
     link_probe_interval_ms: float = DEFAULT_LINK_PROBE_INTERVAL_MS
+    device_low_free_pct: float = DEFAULT_DEVICE_LOW_FREE_PCT
+    """A serving device below this % free is degraded (engine/device_watch.py)."""
     """A split model's engine probes each stage link at most this often (engine/links.py)."""
     capture_debug_log: bool = False
     """llama.cpp's raw log lines go to the engine's opt-in debug ring (with a native ring only;
@@ -64,6 +67,7 @@ class EngineOptions:
             serving_events=settings.serving_events,
             debug_token_events=debug_token_events,
             link_probe_interval_ms=settings.stage_link_probe_ms,
+            device_low_free_pct=settings.device_low_free_pct,
             capture_debug_log=settings.capture_native_log,
             test_progress_delay_us=settings.test_progress_delay_us,
             test_decode_delay_ms=settings.test_decode_delay_ms,
@@ -79,6 +83,8 @@ class EngineOptions:
             _ON if self.debug_token_events else _OFF,
             "--link-probe-interval-ms",
             repr(float(self.link_probe_interval_ms)),
+            "--device-low-free-pct",
+            repr(float(self.device_low_free_pct)),
         ]
         if self.capture_debug_log:
             args.append("--capture-debug-log")
@@ -109,6 +115,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--link-probe-interval-ms", type=float, default=defaults.link_probe_interval_ms
     )
+    parser.add_argument("--device-low-free-pct", type=float, default=defaults.device_low_free_pct)
     parser.add_argument("--capture-debug-log", action="store_true")
     parser.add_argument("--compute-turns", default=None)
     parser.add_argument("--omp-spin-count", type=int, default=None)
@@ -122,6 +129,9 @@ def from_arguments(args: argparse.Namespace) -> EngineOptions:
         serving_events=args.serving_events == _ON,
         debug_token_events=args.debug_token_events == _ON,
         link_probe_interval_ms=max(MIN_LINK_PROBE_INTERVAL_MS, args.link_probe_interval_ms),
+        device_low_free_pct=args.device_low_free_pct
+        if args.device_low_free_pct > 0
+        else DEFAULT_DEVICE_LOW_FREE_PCT,
         capture_debug_log=args.capture_debug_log,
         compute_turns=args.compute_turns,
         omp_spin_count=None if args.omp_spin_count is None else max(0, args.omp_spin_count),

@@ -423,6 +423,17 @@ class CpuFallback:
 
 
 @dataclass(frozen=True, slots=True)
+class DeviceMemory:
+    """A device the model serves on crossed its low-memory mark (``low``: below it now) or came
+    back above its recovery mark; ggml's own free and total figures for it."""
+
+    device: str
+    memory_free_bytes: int
+    memory_total_bytes: int
+    low: bool
+
+
+@dataclass(frozen=True, slots=True)
 class ComputeFailed:
     """``llama_decode`` returned ``return_code`` (not 0) for a batch of ``requests``
     requests; ``reason`` maps the code (``engine/decode_core.py``): ``cancellation`` when the
@@ -448,7 +459,13 @@ class PluginReported:
 
 
 ResourceMessage = (
-    LoadPhase | Backends | MemoryAllocated | AllocationRefused | CpuFallback | ComputeFailed
+    LoadPhase
+    | Backends
+    | MemoryAllocated
+    | AllocationRefused
+    | CpuFallback
+    | ComputeFailed
+    | DeviceMemory
 )
 """What the engine observed about its load and its resources; the supervisor turns each into
 events (``runtime/resource_events.py``), in order with the load's return values."""

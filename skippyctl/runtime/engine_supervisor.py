@@ -65,6 +65,7 @@ from skippyctl.engine.protocol_messages import (
     ContextBegun,
     ContextReturned,
     CpuFallback,
+    DeviceMemory,
     EmbeddingAnswer,
     EngineMessage,
     GenDone,
@@ -505,6 +506,7 @@ class EngineProcess:
                 | AllocationRefused()
                 | CpuFallback()
                 | ComputeFailed()
+                | DeviceMemory()
             ):
                 for event in resource_events(message, self.model_id, self._kv_events):
                     self._authority(Observed(event))

@@ -16,6 +16,8 @@ stamped with the engine's model (and the load's operation). The supervisor queue
                            bytes asked for); out_of_memory_condition when the reason is
                            out_of_memory
     cpu_fallback         cpu_fallback_activated, fallback_applied (device_unavailable)
+    device_memory        device_degraded (low) or device_recovered, the device's free and total
+                           bytes (scope: the device)
     compute_failed       compute_failure (the mapped reason, the return code; not for an abort
                            the engine asked for), then recoverable_native_failure (the same
                            figures: the engine goes on)
@@ -36,6 +38,7 @@ from skippyctl.engine.protocol_messages import (
     Backends,
     ComputeFailed,
     CpuFallback,
+    DeviceMemory,
     LoadPhase,
     LoadPhaseName,
     MemoryAllocated,
@@ -96,6 +99,17 @@ def _events_of(message: ResourceMessage, model_id: LogicalId) -> list[Event]:
             return _refused(message, model_id)
         case CpuFallback():
             return _fallback(message, model_id)
+        case DeviceMemory():
+            return [
+                make_event(
+                    EventId.DEVICE_DEGRADED if message.low else EventId.DEVICE_RECOVERED,
+                    scope=Scope(model_id=model_id, device_id=LogicalId(message.device)),
+                    summaries=summaries(
+                        memory_free_bytes=message.memory_free_bytes,
+                        memory_total_bytes=message.memory_total_bytes,
+                    ),
+                )
+            ]
         case ComputeFailed():
             figures = summaries(return_code=message.return_code, batch_size=message.requests)
             scope = Scope(model_id=model_id)

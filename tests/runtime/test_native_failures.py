@@ -19,6 +19,7 @@ from skippyctl.config.runtime_settings import RuntimeSettings
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event, LogicalId, SummaryKey
 from skippyctl.events.reasons import Producer, ReasonCode, Severity
+from skippyctl.reducer.state import DeviceState
 from skippyctl.runtime.host import RuntimeHost
 from skippyctl.runtime.requests import GenerationParams
 from skippyctl.runtime.scheduler import Scheduler
@@ -101,3 +102,27 @@ def test_a_decode_a_forced_unload_aborts_is_a_recoverable_native_failure(
     # The aborted batch may have left part of itself in its lane: the lane's KV was emptied.
     (reset,) = [e for e in seen if e.id is EventId.CACHE_RESET]
     assert reset.scope.model_id == LogicalId("tiny")
+
+
+def test_a_serving_device_below_its_low_memory_mark_is_degraded(fixture_dir: Path) -> None:
+    # Any machine has less than 99.99 % of its memory free: ggml's own reading of the CPU
+    # device crosses this mark at the watch's first sample.
+    host = RuntimeHost(settings=RuntimeSettings(device_low_free_pct=99.99)).start()
+    scheduler = Scheduler(host).start()
+    try:
+        assert scheduler.load(LoadOptions(str(fixture_dir / "tiny.gguf"))).problem is None
+        seen = events_until(scheduler, EventId.DEVICE_DEGRADED)
+        degraded = seen[-1]
+        assert degraded.scope.device_id == LogicalId("CPU")
+        assert degraded.scope.model_id == LogicalId("tiny")
+        free = degraded.summary_value(SummaryKey.MEMORY_FREE_BYTES)
+        total = degraded.summary_value(SummaryKey.MEMORY_TOTAL_BYTES)
+        assert free is not None and total is not None and 0 < free < total * 0.9999
+        device = scheduler.host.pipeline.wait_state(
+            lambda state: LogicalId("CPU") in state.devices, 5.0
+        )
+        assert device is not None
+        assert device.devices[LogicalId("CPU")].state is DeviceState.DEGRADED
+    finally:
+        scheduler.shutdown()
+        host.shutdown()
