@@ -78,7 +78,10 @@ class LaneKv:
     def emit_session(
         self, lane: Lane, session: str, event: SessionChange, reason: str | None = None
     ) -> None:
-        self._emit(SessionChanged(session, event, lane.seq, len(lane.tokens), reason))
+        idle_ms = None
+        if event is SessionChange.EVICTED and lane.last_used:
+            idle_ms = round(max(0.0, time.monotonic() - lane.last_used) * 1000.0, 3)
+        self._emit(SessionChanged(session, event, lane.seq, len(lane.tokens), reason, idle_ms))
 
     def reuse(self, lane: Lane, prompt: Sequence[int], keep: int) -> int:
         """Fit ``lane``'s KV to a new request's ``prompt``: keep the claimed ``keep`` tokens (or

@@ -281,7 +281,10 @@ class SessionChanged:
     lane: int
     tokens: int
     reason: str | None = None
-    """Only with ``evicted``: a short snake_case word."""
+    """Only with ``evicted``: a short snake_case word (``lane_needed``, ``pressure`` or the
+    host's ``DropSession`` reason)."""
+    idle_ms: float | None = None
+    """Only with ``evicted``: how long the session's lane had been idle."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -109,6 +109,7 @@ from skippyctl.runtime.observations import (
     Emission,
     ServingEvents,
     done_emissions,
+    eviction_reason,
     host_ended_emissions,
     host_stop_reason,
     observation_emissions,
@@ -745,7 +746,15 @@ class ModelServer:
             return
         scope = Scope(model_id=self.model_id, session_id=LogicalId(message.session))
         numbers = summaries(lanes=message.lane, context_tokens=message.tokens)
-        self.events.fact(event_id, scope, numbers)
+        self.events.event(
+            make_event(
+                event_id,
+                scope=scope,
+                reason_code=eviction_reason(message.reason),
+                duration_ms=message.idle_ms,
+                summaries=numbers,
+            )
+        )
         if message.event in KV_TRIMMING_CHANGES:
             self.events.fact(EventId.CACHE_TRIMMED, scope, numbers)
 

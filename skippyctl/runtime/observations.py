@@ -113,6 +113,24 @@ SESSION_EVENTS: Final[Mapping[SessionChange, EventId]] = {
 }
 """A ``reused`` session is reported by its request's cache event instead."""
 KV_TRIMMING_CHANGES: Final = frozenset({SessionChange.TRIMMED, SessionChange.EVICTED})
+EVICTION_REASONS: Final[Mapping[str, ReasonCode]] = {
+    "lane_needed": ReasonCode.RESERVATION_EXHAUSTED,
+    "pressure": ReasonCode.RESERVATION_EXHAUSTED,
+    "capacity": ReasonCode.RESERVATION_EXHAUSTED,
+    "ttl": ReasonCode.IDLE,
+}
+"""Why a session lost its KV, by the engine's or the host's word: every lane or the session
+registry taken (a lane needed for another request, KV pressure, more sessions than the registry
+keeps), or idle past its TTL. Any other word is ``unknown_failure``."""
+
+
+def eviction_reason(word: str | None) -> ReasonCode | None:
+    """The reason code of an eviction's word (None without one)."""
+    if word is None:
+        return None
+    return EVICTION_REASONS.get(word, ReasonCode.UNKNOWN_FAILURE)
+
+
 """Session changes that also dropped KV cells: ``cache_trimmed`` says so for the KV."""
 _STOP_CONDITIONS: Final = frozenset({StopReason.EOS, StopReason.STOP_STRING, StopReason.LENGTH})
 

@@ -64,7 +64,7 @@ from skippyctl.runtime.memory_pressure import (
 )
 from skippyctl.runtime.model_catalog import Loadable, ModelCatalog
 from skippyctl.runtime.model_server import Liveness, ModelNotServing, ModelServer, Rejection
-from skippyctl.runtime.observations import ServingEvents
+from skippyctl.runtime.observations import ServingEvents, eviction_reason
 from skippyctl.runtime.pulls import Pulls, TooManyPulls
 from skippyctl.runtime.receipts import ReceiptBook, receipt_of
 from skippyctl.runtime.recovery import RESTART_LIMIT, RestartBook
@@ -168,7 +168,8 @@ class Scheduler:
             heartbeat_interval_s=min(MAX_HEARTBEAT_INTERVAL_S, engine_unresponsive_after_s / 4),
             unresponsive_after_s=engine_unresponsive_after_s,
         )
-        self.sessions = sessions or SessionRegistry()
+        # Not `or`: an empty registry is falsy (it has a length), and it carries the TTL.
+        self.sessions = sessions if sessions is not None else SessionRegistry()
         for saved in () if session_state is None else session_state.persisted:
             # The previous runtime's sessions: their keys take their ids back once restored.
             self.sessions.adopt_parked(saved.model_id, saved.key_digest, saved.session_id)
@@ -775,8 +776,12 @@ class Scheduler:
     def _abandon(self, server: ModelServer, session_id: LogicalId, reason: str) -> None:
         if server.engine is not None:
             server.engine.send(DropSession(str(session_id), reason))
-        self.events.fact(
-            EventId.SESSION_ABANDONED, Scope(model_id=server.model_id, session_id=session_id)
+        self.events.event(
+            make_event(
+                EventId.SESSION_ABANDONED,
+                scope=Scope(model_id=server.model_id, session_id=session_id),
+                reason_code=eviction_reason(reason),
+            )
         )
 
     # -- unload ---------------------------------------------------------------------------------

@@ -94,6 +94,10 @@ def test_idle_session_is_evicted_when_its_lane_is_needed(
     h.recorder.wait_done(3)
     sessions = [(m["event"], m.get("reason")) for m in h.recorder.kind("session")]
     assert sessions == [("created", None), ("evicted", "lane_needed"), ("created", None)]
+    # How long the evicted session's lane had been idle: from a's end to b's start.
+    evicted = h.recorder.kind("session")[1]
+    assert evicted["idle_ms"] is not None and evicted["idle_ms"] >= 0.0
+    assert [m.get("idle_ms") for m in h.recorder.kind("session")][::2] == [None, None]
     # The lane kept b's KV (same prompt): c, new to the lane, prefills only the last token.
     for request in ("b", "c"):
         started = h.recorder.one(request, "gen_started")

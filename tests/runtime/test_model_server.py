@@ -400,12 +400,14 @@ def test_observations_become_events_in_table_order_and_foreign_ones_are_ignored(
     assert not any(e.scope.request_id == "req-99" for e in h.events)
     h.server.on_engine_message(h.engine, Kv(KvChange.PRESSURE_CROSSED, 90, 100))
     h.server.on_engine_message(
-        h.engine, SessionChanged("s-1", SessionChange.EVICTED, 0, 12, "pressure")
+        h.engine, SessionChanged("s-1", SessionChange.EVICTED, 0, 12, "pressure", 1500.0)
     )
     h.server.on_engine_message(h.engine, SessionChanged("s-1", SessionChange.REUSED, 0, 12))
     facts = [e.id for e in h.events if e.scope.request_id is None]
     # An eviction drops the session's cells: the session is reset and the KV trimmed.
     assert facts == [EventId.CACHE_PRESSURE_CROSSED, EventId.SESSION_RESET, EventId.CACHE_TRIMMED]
+    reset = next(e for e in h.events if e.id is EventId.SESSION_RESET)
+    assert (reset.reason_code, reset.duration_ms) == (ReasonCode.RESERVATION_EXHAUSTED, 1500.0)
 
 
 def test_a_forced_drain_cancels_queued_here_and_running_in_the_engine() -> None:

@@ -487,3 +487,32 @@ def test_a_manifest_nested_past_the_parser_a_link_or_a_fifo_is_not_read(tmp_path
     assert elsewhere.exists()  # the link was removed, not what it names
     os.mkfifo(state_dir / "index.json")
     assert SessionStateStore(state_dir, 1024).persisted == ()  # returned: no wait on the FIFO
+
+
+def test_a_session_idle_past_its_ttl_is_abandoned_with_its_reason(fixture_dir: Path) -> None:
+    from skippyctl.runtime.sessions import SessionRegistry
+
+    host = RuntimeHost().start()
+    scheduler = Scheduler(host, sessions=SessionRegistry(ttl_s=0.5)).start()
+    watch = host.pipeline.subscribe("test", max_queue_size=100_000, replay=True)
+    try:
+        assert scheduler.load(LoadOptions(str(fixture_dir / "tiny.gguf"))).problem is None
+        handle, rejection = scheduler.generate(
+            "tiny", GenerationParams(prompt=PROMPT, max_tokens=2), session_key=KEY
+        )
+        assert rejection is None and scheduler.enqueue(handle) is None
+        seen: list[Event] = []
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline and EventId.SESSION_RESET not in [e.id for e in seen]:
+            if (item := watch.get(0.1)) is not None:
+                seen.append(item.event)
+    finally:
+        scheduler.shutdown()
+        host.shutdown()
+    (abandoned,) = [e for e in seen if e.id is EventId.SESSION_ABANDONED]
+    assert abandoned.scope.session_id == handle.session_id
+    assert abandoned.reason_code is ReasonCode.IDLE
+    # The engine drops its KV for the same reason, after the lane sat idle that long.
+    (reset,) = [e for e in seen if e.id is EventId.SESSION_RESET]
+    assert reset.reason_code is ReasonCode.IDLE
+    assert reset.duration_ms is not None and reset.duration_ms >= 400.0
