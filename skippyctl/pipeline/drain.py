@@ -46,6 +46,11 @@ class RingStats(Protocol):
     @property
     def total_rejected(self) -> int: ...
     @property
+    def rejected_abi_version(self) -> int:
+        """Of ``total_rejected``: records of another event ABI version."""
+        ...
+
+    @property
     def log_messages_by_level(self) -> tuple[int, ...]: ...
 
 

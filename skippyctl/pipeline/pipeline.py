@@ -124,6 +124,7 @@ class _HealthMarks:
     unknown: int = 0
     reducer_rejected: int = 0
     native_rejected: int = 0
+    native_foreign_schema: int = 0
     status_changes: deque[tuple[str, SubscriberStatus]] = field(default_factory=deque)
     emitted: int = 0
 
@@ -257,6 +258,10 @@ class Pipeline:
                 cut = max(0, len(lines) - max_lines)
                 out.append((channel.model_id, lines[cut:], cut))
         return out
+
+    def _native_foreign_schema(self) -> int:
+        """Records the engines' rings refused for their event ABI version."""
+        return sum(channel.ring.stats().rejected_abi_version for channel in self._engines.values())
 
     def health(self) -> EventSystemHealth:
         dropped = coalesced = rejected = unknown = 0
@@ -517,8 +522,21 @@ class Pipeline:
             reports.append(
                 make_event(EventId.SUBSCRIBER_DISCONNECTED, summaries=summaries(count=disconnected))
             )
-        if health.native_rejected > marks.native_rejected:
-            # The native ring refused records as malformed (ABI version, struct size, detail,
+        foreign = self._native_foreign_schema()
+        if foreign > marks.native_foreign_schema:
+            # Records of another event ABI version (a native producer built for another
+            # schema): ignored whole by the ring, as the schema says.
+            reports.append(
+                make_event(
+                    EventId.EVENT_SCHEMA_INCOMPATIBILITY,
+                    outcome=Outcome.REJECTED,
+                    reason_code=ReasonCode.INCOMPATIBLE_ABI_OR_FEATURE_SET,
+                    summaries=summaries(count=foreign - marks.native_foreign_schema),
+                )
+            )
+        malformed = health.native_rejected - foreign
+        if malformed > marks.native_rejected - marks.native_foreign_schema:
+            # The native ring refused records as malformed (struct size, detail,
             # discriminant): a producer broke the protocol. Counted there; reported here.
             reports.append(
                 make_event(
@@ -526,12 +544,13 @@ class Pipeline:
                     outcome=Outcome.FAILURE,
                     reason_code=ReasonCode.INCOMPATIBLE_ABI_OR_FEATURE_SET,
                     summaries=summaries(
-                        count=health.native_rejected - marks.native_rejected,
+                        count=malformed - (marks.native_rejected - marks.native_foreign_schema),
                         rejected=health.native_rejected,
                     ),
                 )
             )
-            marks.native_rejected = health.native_rejected
+        marks.native_rejected = health.native_rejected
+        marks.native_foreign_schema = foreign
         for channel in list(self._engines.values()):
             summary = self._log_summary(channel)
             if summary is not None:

@@ -248,6 +248,9 @@ def done_emissions(
     )
     found.append(Emission(request_event, outcome=outcome, reason=reason, duration_ms=duration_ms))
     if has_session:
+        if message.session_tokens:  # its lane kept them for the session's next request
+            kept = summaries(context_tokens=message.session_tokens)
+            found.append(Emission(EventId.CACHE_STATE_RECORDED, kept))
         # What the session holds in KV now and what this request found there.
         held = summaries(context_tokens=message.session_tokens, reused_tokens=figures.reused_tokens)
         found.append(Emission(EventId.SESSION_IDLE, held))

@@ -949,7 +949,8 @@ class Scheduler:
 
     def _check_memory_pressure(self) -> None:
         """``memory_pressure_crossed`` / ``_cleared`` for the host, with hysteresis over the
-        memory available (MemAvailable, runtime/memory_pressure.py)."""
+        memory available (MemAvailable, runtime/memory_pressure.py); a crossing while models
+        load is ``model_memory_pressure`` for each of them too."""
         reading = self.read_host_memory()
         if reading is None:
             return
@@ -957,14 +958,24 @@ class Scheduler:
         if change is None:
             return
         crossed = change is PressureChange.CROSSED
+        figures = summaries(
+            memory_free_bytes=reading.available_bytes, memory_total_bytes=reading.total_bytes
+        )
+        if crossed:
+            for server in self.servers():
+                if server.accepting and not server.ready.done():  # loading now
+                    self.events.always(
+                        make_event(
+                            EventId.MODEL_MEMORY_PRESSURE,
+                            scope=Scope(model_id=server.model_id, device_id=LogicalId("host")),
+                            summaries=figures,
+                        )
+                    )
         self.events.always(
             make_event(
                 EventId.MEMORY_PRESSURE_CROSSED if crossed else EventId.MEMORY_PRESSURE_CLEARED,
                 scope=Scope(device_id=LogicalId("host")),
-                summaries=summaries(
-                    memory_free_bytes=reading.available_bytes,
-                    memory_total_bytes=reading.total_bytes,
-                ),
+                summaries=figures,
             )
         )
 
@@ -975,6 +986,9 @@ class Scheduler:
             if time.monotonic() >= next_memory:
                 next_memory = time.monotonic() + MEMORY_OBSERVATION_INTERVAL_S
                 self._observe_host_memory()
+            elif any(s.accepting and not s.ready.done() for s in self.servers()):
+                # A load takes its memory within seconds: watch pressure closely meanwhile.
+                self._check_memory_pressure()
             now = time.monotonic_ns()
             wait_s = min(HOUSEKEEPING_INTERVAL_S, self.heartbeat_interval_s / 2)
             for server in self.servers():

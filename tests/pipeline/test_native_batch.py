@@ -8,6 +8,7 @@ import dataclasses
 import subprocess
 import sys
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -25,6 +26,7 @@ from skippyctl.events.envelope import (
     make_event,
     summaries,
 )
+from skippyctl.events.reasons import ReasonCode
 from skippyctl.native import abi
 from skippyctl.native.ingress import (
     EngineAdapter,
@@ -218,6 +220,7 @@ class ScriptedRing:
             diagnostic=lane,
             unknown_kind=0,
             total_rejected=0,
+            rejected_abi_version=0,
             log_messages_by_level=(),
         )
 
@@ -477,3 +480,43 @@ def test_the_batch_path_does_not_import_numpy_ma() -> None:
         [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
     )
     assert result.stdout.strip() == "False"
+
+
+def test_records_of_another_event_abi_are_reported_as_a_schema_incompatibility() -> None:
+    """A native producer built for another event ABI version writes into a real ring: the
+    ring ignores its records whole and the pipeline reports them (not as a protocol breach,
+    which a malformed record of this ABI is)."""
+    from tests.native.helpers import emit
+    from tests.native.helpers import make_event as make_raw
+
+    ring = SharedIngress.create(IngressConfig(), library=native_library())
+    adapter = EngineAdapter(ring)
+    pipeline = Pipeline(health_interval_s=0.05).start()
+    subscription = pipeline.subscribe("test", max_queue_size=1 << 12)
+    pipeline.attach_engine("engine", ring)
+    try:
+        for _ in range(3):
+            emit(adapter, make_raw(abi_version=2))  # a future ABI: not this schema
+        emit(adapter, make_raw(struct_size=8))  # this ABI, too short: malformed
+        seen: dict[EventId, int] = {}
+        deadline = time.monotonic() + 10
+        while len(seen) < 2 and time.monotonic() < deadline:
+            item = subscription.get(0.5)
+            if item is None:
+                continue
+            numbers = {s.key: s.value for s in item.event.summaries}
+            if item.event.id in (
+                EventId.EVENT_SCHEMA_INCOMPATIBILITY,
+                EventId.INVARIANT_PROTOCOL_VIOLATION,
+            ):
+                seen[item.event.id] = int(numbers[SummaryKey.COUNT])
+                assert item.event.reason_code is ReasonCode.INCOMPATIBLE_ABI_OR_FEATURE_SET
+    finally:
+        pipeline.detach_engine("engine")
+        pipeline.shutdown()
+        adapter.close()
+        ring.close()
+    assert seen == {
+        EventId.EVENT_SCHEMA_INCOMPATIBILITY: 3,
+        EventId.INVARIANT_PROTOCOL_VIOLATION: 1,
+    }

@@ -68,8 +68,8 @@ def test_malformed_ring_records_are_reported_as_one_protocol_violation() -> None
     watcher = pipeline.subscribe("watcher", max_queue_size=1 << 14)
     pipeline.attach_engine("engine", ring, TINY)
     try:
-        for _ in range(3):  # refused by the ring's validation: a wrong ABI version
-            emit(adapter, raw_event(abi_version=99))
+        for _ in range(3):  # refused by the ring's validation: shorter than the ABI's base
+            emit(adapter, raw_event(struct_size=8))
         violation = _until(watcher, EventId.INVARIANT_PROTOCOL_VIOLATION)
         assert violation.reason_code is ReasonCode.INCOMPATIBLE_ABI_OR_FEATURE_SET
         assert violation.summary_value(SummaryKey.COUNT) == 3

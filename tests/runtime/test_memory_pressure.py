@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from skippyctl.config.load_options import LoadOptions
+from skippyctl.config.runtime_settings import RuntimeSettings
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import LogicalId, SummaryKey
 from skippyctl.pipeline.pipeline import Pipeline
@@ -102,3 +104,33 @@ def test_the_scheduler_reports_host_pressure_crossed_then_cleared(scheduler: Sch
     assert state.devices[HOST].memory_pressure is False
     assert state.counters.rejected_transitions == 0
     assert scheduler.memory_pressure.under_pressure is False
+
+
+def test_pressure_that_crosses_while_a_model_loads_is_that_model_s_memory_pressure(
+    fixture_dir: Path,
+) -> None:
+    # Slow loads (every native progress step waits 2 ms) so the crossing lands mid-load. The
+    # low reading stands in for the kernel's (low host memory is not produced on demand).
+    slow = RuntimeSettings(test_progress_delay_us=2000)
+    host = RuntimeHost(Pipeline(), settings=slow).start()
+    scheduler = Scheduler(host)
+    watch = host.pipeline.subscribe("test", max_queue_size=10_000)
+    try:
+        handle = scheduler.load(LoadOptions(str(fixture_dir / "tiny.gguf")))
+        assert handle.problem is None
+        scheduler.read_host_memory = lambda: HostMemory(5 * GIB, 100 * GIB)
+        scheduler.start()  # its housekeeping watches pressure closely while the load runs
+        seen = []
+        while (item := watch.get(10.0)) is not None:
+            seen.append(item.event)
+            if item.event.id is EventId.MODEL_AVAILABLE:
+                break
+    finally:
+        scheduler.shutdown()
+        host.shutdown()
+    ids = [e.id for e in seen]
+    (pressure,) = [e for e in seen if e.id is EventId.MODEL_MEMORY_PRESSURE]
+    assert pressure.scope.model_id == LogicalId("tiny")
+    assert pressure.summary_value(SummaryKey.MEMORY_FREE_BYTES) == 5 * GIB
+    assert ids.index(EventId.MODEL_MEMORY_PRESSURE) < ids.index(EventId.MODEL_AVAILABLE)
+    assert EventId.MEMORY_PRESSURE_CROSSED in ids

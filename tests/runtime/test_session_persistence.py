@@ -389,6 +389,11 @@ def test_the_state_shows_what_each_session_holds_in_kv_and_what_it_reused(
     assert session is not None
     idle = [e for e in runtime.seen if e.id is EventId.SESSION_IDLE]
     assert len(idle) == 2 and {e.scope.session_id for e in idle} == {session}
+    # Each request's end recorded the lane's KV for the session's next request.
+    recorded = [e for e in runtime.seen if e.id is EventId.CACHE_STATE_RECORDED]
+    assert [value(e, SummaryKey.CONTEXT_TOKENS) for e in recorded] == [
+        value(e, SummaryKey.CONTEXT_TOKENS) for e in idle
+    ]
     prompt = value(done, SummaryKey.PROMPT_TOKENS)
     generated = value(done, SummaryKey.GENERATED_TOKENS)
     assert isinstance(prompt, int) and isinstance(generated, int)
