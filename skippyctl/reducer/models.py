@@ -178,6 +178,10 @@ MOVES: Final[MoveTable[ModelState]] = MoveTable(
 MOVE_TABLES: Final = (MOVES,)
 
 
+_WITH_CAPACITY: Final = frozenset({EventId.MODEL_AVAILABLE, EventId.MODEL_CAPACITY_CHANGED})
+"""Announcements that carry the model's context and lanes."""
+
+
 def _model_of(state: RuntimeView, event: Event) -> ModelView | None:
     model_id = event.scope.model_id
     return None if model_id is None else state.models.get(model_id)
@@ -209,7 +213,7 @@ def _announce(
         scope=scope,
         outcome=outcome,
         duration_ms=duration_ms,
-        extra=extra if event_id is EventId.MODEL_AVAILABLE else (),
+        extra=extra if event_id in _WITH_CAPACITY else (),
     )
 
 
@@ -284,7 +288,12 @@ def on_load_requested(state: RuntimeView, event: Event) -> Step:
     )
     if current is not None and current.recovery_attempt is not None:
         # The runtime's restart of a crashed engine: the recovery goes on through this load.
-        view = evolve(view, recovery_attempt=current.recovery_attempt, restarts=current.restarts)
+        view = evolve(
+            view,
+            recovery_attempt=current.recovery_attempt,
+            restarts=current.restarts,
+            served_capacity=current.served_capacity or (current.context_tokens, current.lanes),
+        )
     placed = bounded_put(
         state.models,
         model_id,
@@ -422,7 +431,15 @@ def _become_available(state: RuntimeView, view: ModelView, cause: Event) -> Step
         outcome=Outcome.SUCCESS,
         duration_ms=duration,
     )
-    return _store(state, available), (announce,)
+    before = view.served_capacity
+    if before is None:
+        return _store(state, available), (announce,)
+    available = evolve(available, served_capacity=None)
+    if before == (available.context_tokens, available.lanes):
+        return _store(state, available), (announce,)
+    # A restart that planned another context (free memory changed since): what it serves now.
+    changed = _announce(EventId.MODEL_CAPACITY_CHANGED, available, ModelState.AVAILABLE, cause)
+    return _store(state, available), (announce, changed)
 
 
 def on_load_settled(state: RuntimeView, event: Event) -> Step:

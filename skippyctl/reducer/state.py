@@ -164,6 +164,9 @@ class ModelView:
     ``model_recovery_started``); None: no restart is under way."""
     restarts: int = 0
     """Engine restarts the runtime made of this model since it was last loaded by hand."""
+    served_capacity: tuple[int | None, int | None] | None = None
+    """(context tokens, lanes) the model served with before the restart under way: the
+    restart plans its context again, and a different one is ``model_capacity_changed``."""
     idle_ttl_ms: float | None = None
     idle_expires_wall_ns: int | None = None
     """When an idle model unloads unless a request comes (``model_idle_timer_started``'s time

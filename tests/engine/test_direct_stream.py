@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Iterator
+from typing import Any
 
+import llama_cpp
 import pytest
 
 from skippyctl.config.stream_wire import SocketChunks, text_chunk
@@ -76,13 +79,26 @@ def _reference(h: Harness, ban: tuple[tuple[int, float], ...], tokens: int = TOK
     return _pieces(h, "reference")
 
 
+class _Paced:
+    """llama_cpp with every llama_decode 20 ms longer: the held request is still decoding when
+    the test attaches its connection, however busy the machine (else a request that ends
+    first sends its held text to the host, as it must). Everything else is llama.cpp."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(llama_cpp, name)
+
+    def llama_decode(self, context: Any, batch: Any) -> int:
+        time.sleep(0.02)
+        return int(llama_cpp.llama_decode(context, batch))
+
+
 def test_the_engine_writes_the_held_text_then_each_token_to_the_connection(
     make_engine: EngineFactory,
     eog_ban: tuple[tuple[int, float], ...],
     connection: tuple[socket.socket, socket.socket],
 ) -> None:
     engine_end, client_end = connection
-    h = make_engine()
+    h = make_engine(llama=_Paced())
     expected = _reference(h, eog_ban)
     h.engine.submit(_request("r", eog_ban, hold=True))
     # The first token's text is held (the first-token observation comes after it).

@@ -6,7 +6,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from skippyctl.events.catalog import EventId
-from skippyctl.events.envelope import Event, LogicalId, Progress, Scope, make_event, summaries
+from skippyctl.events.envelope import (
+    Event,
+    LogicalId,
+    Progress,
+    Scope,
+    SummaryKey,
+    make_event,
+    summaries,
+)
 from skippyctl.events.reasons import ProgressUnit, ReasonCode
 from skippyctl.reducer.reduce import NODE_EVENTS, reduce
 from skippyctl.reducer.state import MAX_MODELS, ModelState, RuntimeView
@@ -173,3 +181,33 @@ def test_any_sequence_keeps_invariants_and_bounds(events: list[Event]) -> None:
             ):
                 # availability only ever follows initializing (readiness gating)
                 assert previous is not None and previous.state is ModelState.INITIALIZING
+
+
+def _serving_with(context_tokens: int, lanes: int, op: LogicalId) -> list[Event]:
+    capacity = summaries(context_tokens=context_tokens, lanes=lanes)
+    return [_event(e, op=op, summaries=capacity if e is HAPPY_PATH[-1] else ()) for e in HAPPY_PATH]
+
+
+def test_a_restart_that_serves_another_capacity_says_so() -> None:
+    state, _ = _run(_serving_with(8192, 4, OP))
+    crash = make_event(
+        EventId.ENGINE_PROCESS_CRASHED,
+        scope=Scope(model_id=MODEL),
+        reason_code=ReasonCode.PROCESS_CRASH,
+    )
+    started = make_event(
+        EventId.MODEL_RECOVERY_STARTED, scope=Scope(model_id=MODEL), summaries=summaries(attempt=1)
+    )
+    state, _ = _run([crash, started], state)
+    # Less memory free at the restart: the engine planned a smaller context.
+    state, emitted = _run(_serving_with(4096, 2, LogicalId("load-2")), state)
+    changed = [t for t in emitted if t.id is EventId.MODEL_CAPACITY_CHANGED]
+    assert len(changed) == 1
+    assert changed[0].summary_value(SummaryKey.CONTEXT_TOKENS) == 4096
+    assert changed[0].summary_value(SummaryKey.LANES) == 2
+    assert state.models[MODEL].served_capacity is None
+    # The same capacity again after the next crash: nothing to say.
+    state, _ = _run([crash, started], state)
+    state, emitted = _run(_serving_with(4096, 2, LogicalId("load-3")), state)
+    assert EventId.MODEL_CAPACITY_CHANGED not in [t.id for t in emitted]
+    assert EventId.MODEL_AVAILABLE in [t.id for t in emitted]
