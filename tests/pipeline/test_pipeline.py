@@ -226,3 +226,35 @@ def test_a_state_lane_that_filled_past_half_is_reported_as_ingress_pressure_once
         while (item := watcher.get(0.2)) is not None:
             later.append(item.event.id)
     assert EventId.INGRESS_QUEUE_PRESSURE not in later  # once per episode, not per report
+
+
+def test_an_event_the_reducer_refuses_is_reported_as_a_reducer_error() -> None:
+    pipeline = Pipeline(health_interval_s=0.05).start()
+    watcher = pipeline.subscribe("watch", max_queue_size=1000)
+    try:
+        # A load that never began cannot start: the model moves nowhere, the refusal counts.
+        pipeline.submit(
+            make_event(
+                EventId.MODEL_LOAD_STARTED,
+                operation_id=LogicalId("op-9"),
+                scope=Scope(model_id=LogicalId("nobody")),
+            )
+        )
+        seen = _drain_until(watcher, lambda i: i.event.id is EventId.REDUCER_ERROR)
+        assert seen[-1].event.summary_value(SummaryKey.REJECTED) == 1
+    finally:
+        pipeline.shutdown()
+
+
+def test_a_runtime_that_stops_drains_then_stops_its_node() -> None:
+    from skippyctl.runtime.host import RuntimeHost
+
+    host = RuntimeHost().start()
+    watcher = host.pipeline.subscribe("watch", max_queue_size=10_000, replay=True)
+    host.shutdown()
+    seen: list[EventId] = []
+    with contextlib.suppress(SubscriptionClosed):
+        while (item := watcher.get(2.0)) is not None:
+            seen.append(item.event.id)
+    assert seen.index(EventId.RUNTIME_STOPPING) < seen.index(EventId.NODE_DRAINING)
+    assert seen.index(EventId.NODE_DRAINING) < seen.index(EventId.NODE_STOPPED)

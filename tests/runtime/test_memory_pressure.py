@@ -134,3 +134,7 @@ def test_pressure_that_crosses_while_a_model_loads_is_that_model_s_memory_pressu
     assert pressure.summary_value(SummaryKey.MEMORY_FREE_BYTES) == 5 * GIB
     assert ids.index(EventId.MODEL_MEMORY_PRESSURE) < ids.index(EventId.MODEL_AVAILABLE)
     assert EventId.MEMORY_PRESSURE_CROSSED in ids
+    observed = next(e for e in seen if e.id is EventId.MEMORY_OBSERVED)  # the OS's own reading
+    free = observed.summary_value(SummaryKey.MEMORY_FREE_BYTES)
+    total = observed.summary_value(SummaryKey.MEMORY_TOTAL_BYTES)
+    assert free is not None and total is not None and 0 < free <= total

@@ -402,6 +402,10 @@ def test_the_state_shows_what_each_session_holds_in_kv_and_what_it_reused(
     assert value(idle[-1], SummaryKey.CONTEXT_TOKENS) == prompt + generated - 1
     assert value(idle[-1], SummaryKey.REUSED_TOKENS) == control["reused"]
     assert value(idle[0], SummaryKey.REUSED_TOKENS) == 0  # a new session's first request
+    first_cache = runtime.of(first_id, EventId.PROMPT_CACHE_RESTORE_MISS)  # nothing to reuse
+    assert first_cache.scope.session_id == session
+    requested = [e for e in runtime.seen if e.id is EventId.SESSION_REQUESTED]
+    assert [e.scope.session_id for e in requested] == [session]  # once, for the new key
 
     document = state_document(runtime.host.pipeline.state)
     (entry,) = [s for s in document["sessions"] if s["session_id"] == str(session)]
