@@ -72,7 +72,7 @@ DECODE_ABORTED: Final = 2
 DECODE_RETURN_REASONS: Final[dict[int, ReasonCode]] = {
     1: ReasonCode.CONTEXT_EXHAUSTED,  # no KV slot for the batch
     -1: ReasonCode.INVALID_CONFIGURATION,  # invalid input batch
-    -2: ReasonCode.RESOURCE_ALLOCATION_FAILURE,  # a buffer (graph, KV update) failed to allocate
+    -2: ReasonCode.OUT_OF_MEMORY,  # a buffer (graph, KV update) failed to allocate
     -3: ReasonCode.INTERNAL_RUNTIME_FAILURE,  # the backend's compute failed
 }
 """What a failed llama_decode's return value means (llama.h and llama-context.cpp of 0.3.36);

@@ -327,7 +327,7 @@ class ModelLoader:
         context = llama.llama_init_from_model(model, context_params)
         reply = ContextReturned(operation_id, ok=False)
         if not context:
-            failed = ReasonCode.RESOURCE_ALLOCATION_FAILURE
+            failed = self._context_failure(kv_bytes)
             self._emit(AllocationRefused(operation_id, self._device, kv_bytes, available, failed))
             reply = ContextReturned(operation_id, ok=False, reason=failed)
         if context:
@@ -408,6 +408,19 @@ class ModelLoader:
             self._emit,
             self._options.device_low_free_pct,
         ).start()
+
+    def _context_failure(self, kv_bytes: int) -> ReasonCode:
+        """Why ``llama_init_from_model`` gave no context: ``out_of_memory`` when ggml's own
+        allocator cannot give the KV cache's size on the model's device either (asked right
+        after the failure), else ``resource_allocation_failure`` (llama.cpp says no more)."""
+        ggml = self._ggml()
+        try:
+            fits = None if ggml is None else ggml.can_allocate(self._device, kv_bytes)
+        except Exception:  # noqa: BLE001 - the diagnosis is optional; the failure stands
+            fits = None
+        if fits is False:
+            return ReasonCode.OUT_OF_MEMORY
+        return ReasonCode.RESOURCE_ALLOCATION_FAILURE
 
     def _memory_allocated(
         self,

@@ -76,6 +76,10 @@ _PROTOTYPES: Final[dict[tuple[str, str], tuple[Any, list[Any]]]] = {
     ("libggml-base.so", "ggml_backend_buft_name"): (ctypes.c_char_p, [_vp]),
     # ggml_backend_buffer_type_t ggml_backend_dev_buffer_type(ggml_backend_dev_t device);
     ("libggml-base.so", "ggml_backend_dev_buffer_type"): (_vp, [_vp]),
+    # ggml_backend_buffer_t ggml_backend_buft_alloc_buffer(ggml_backend_buffer_type_t, size_t);
+    ("libggml-base.so", "ggml_backend_buft_alloc_buffer"): (_vp, [_vp, ctypes.c_size_t]),
+    # void ggml_backend_buffer_free(ggml_backend_buffer_t buffer);
+    ("libggml-base.so", "ggml_backend_buffer_free"): (None, [_vp]),
     # ggml_backend_buffer_type_t ggml_backend_dev_host_buffer_type(ggml_backend_dev_t device);
     ("libggml-base.so", "ggml_backend_dev_host_buffer_type"): (_vp, [_vp]),
     # void * ggml_backend_reg_get_proc_address(ggml_backend_reg_t reg, const char * name);
@@ -188,6 +192,23 @@ class GgmlBackends:
                 continue  # its memory is a round trip to a stage (links.py measures that)
             out.append((device, registry))
         return out
+
+    def can_allocate(self, device_name: str, size_bytes: int) -> bool | None:
+        """Whether ggml's own allocator gives a buffer of ``size_bytes`` on the device named
+        ``device_name`` now: allocated through the device's buffer type and freed at once (its
+        pages are never touched). None when there is no such device."""
+        for device, _ in self._local_devices():
+            if self._text(self._fns["ggml_backend_dev_name"](device)) != device_name:
+                continue
+            buffer_type = self._fns["ggml_backend_dev_buffer_type"](device)
+            if not buffer_type:
+                return None
+            buffer = self._fns["ggml_backend_buft_alloc_buffer"](buffer_type, size_bytes)
+            if not buffer:
+                return False
+            self._fns["ggml_backend_buffer_free"](buffer)
+            return True
+        return None
 
     def devices(self) -> list[Device]:
         """Every device of the registry but RPC ones, with what it reports about its memory."""

@@ -174,6 +174,8 @@ class EngineProcess:
         self._ring: SharedIngress | None = None
         self._serving_operation = 0
         self._stopping = threading.Event()
+        self._device: str | None = None
+        """The device the model's load selected (its resource events name it)."""
         self._killed_for: ReasonCode | None = None
         """Why the host killed an engine it did not mean to stop (an unresponsive one): its
         exit is a crash with this reason."""
@@ -508,7 +510,11 @@ class EngineProcess:
                 | ComputeFailed()
                 | DeviceMemory()
             ):
-                for event in resource_events(message, self.model_id, self._kv_events):
+                if isinstance(message, Backends):
+                    selected = [d.name for d in message.devices if d.selected]
+                    self._device = selected[0] if selected else None
+                events = resource_events(message, self.model_id, self._kv_events, self._device)
+                for event in events:
                     self._authority(Observed(event))
             case (
                 GenStarted()

@@ -19,7 +19,8 @@ stamped with the engine's model (and the load's operation). The supervisor queue
     device_memory        device_degraded (low) or device_recovered, the device's free and total
                            bytes (scope: the device)
     compute_failed       compute_failure (the mapped reason, the return code; not for an abort
-                           the engine asked for), then recoverable_native_failure (the same
+                           the engine asked for), out_of_memory_condition when a buffer failed
+                           to allocate (-2), then recoverable_native_failure (the same
                            figures: the engine goes on)
 
 All are runtime-produced (the engine's Python reads llama.cpp's return values and getters; no
@@ -60,17 +61,21 @@ def _device_id(name: str) -> LogicalId | None:
 
 
 def resource_events(
-    message: ResourceMessage, model_id: LogicalId, kv_events: bool = True
+    message: ResourceMessage,
+    model_id: LogicalId,
+    kv_events: bool = True,
+    device: str | None = None,
 ) -> list[Event]:
     """The events one resource message stands for (see the module docstring); without
-    ``kv_events`` (serving events off) the ``kv_cache_*`` ones are left out."""
-    events = _events_of(message, model_id)
+    ``kv_events`` (serving events off) the ``kv_cache_*`` ones are left out. ``device``: the
+    one the model's load selected (where a failed decode's buffers were to be)."""
+    events = _events_of(message, model_id, device)
     if kv_events:
         return events
     return [e for e in events if e.category is not Category.KV_RUNTIME_STATE]
 
 
-def _events_of(message: ResourceMessage, model_id: LogicalId) -> list[Event]:
+def _events_of(message: ResourceMessage, model_id: LogicalId, device: str | None) -> list[Event]:
     match message:
         case LoadPhase():
             operation = LogicalId(message.operation_id)
@@ -120,6 +125,17 @@ def _events_of(message: ResourceMessage, model_id: LogicalId) -> list[Event]:
                     make_event(
                         EventId.COMPUTE_FAILURE,
                         scope=scope,
+                        outcome=failed,
+                        reason_code=message.reason,
+                        summaries=figures,
+                    )
+                )
+            if message.reason is ReasonCode.OUT_OF_MEMORY and device is not None:
+                # llama.cpp could not allocate a buffer on the model's device.
+                events.append(
+                    make_event(
+                        EventId.OUT_OF_MEMORY_CONDITION,
+                        scope=Scope(model_id=model_id, device_id=LogicalId(device)),
                         outcome=failed,
                         reason_code=message.reason,
                         summaries=figures,

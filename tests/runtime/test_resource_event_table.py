@@ -108,6 +108,18 @@ def test_fallback_and_compute_failure_carry_their_reasons_and_figures() -> None:
         assert failure.scope.model_id == MODEL
 
 
+def test_a_decode_whose_buffers_failed_to_allocate_is_out_of_memory() -> None:
+    failed = resource_events(ComputeFailed(-2, ReasonCode.OUT_OF_MEMORY, 1), MODEL, device="CPU")
+    oom = next(e for e in failed if e.id is EventId.OUT_OF_MEMORY_CONDITION)
+    assert oom.scope.device_id == "CPU"
+    assert [e.id for e in failed] == [
+        EventId.COMPUTE_FAILURE,
+        EventId.OUT_OF_MEMORY_CONDITION,
+        EventId.RECOVERABLE_NATIVE_FAILURE,
+    ]
+    assert all(e.reason_code is ReasonCode.OUT_OF_MEMORY for e in failed)
+
+
 def test_an_aborted_decode_is_recoverable_and_no_compute_failure() -> None:
     (aborted,) = resource_events(ComputeFailed(2, ReasonCode.CANCELLATION, 1), MODEL)
     assert aborted.id is EventId.RECOVERABLE_NATIVE_FAILURE

@@ -191,22 +191,29 @@ def test_gpu_layers_without_a_gpu_fall_back_to_the_cpu_with_a_reason(
     assert host.pipeline.state.models[LogicalId("tiny")].state is ModelState.AVAILABLE
 
 
-def test_a_null_context_from_llama_cpp_is_a_resource_allocation_failure(
+def test_a_context_llama_cpp_cannot_allocate_is_out_of_memory_from_its_own_failure(
     host: RuntimeHost, fixture_dir: Path
 ) -> None:
-    # The 256 MiB KV cache passes the engine's pre-check (300 MiB headroom), but llama.cpp
-    # cannot allocate KV and compute buffers together under the limit and returns NULL.
+    # The 256 MiB KV cache passes the engine's pre-check (300 MiB headroom), so llama.cpp is
+    # asked; its buffers do not fit under the limit and it returns NULL. ggml's own allocator,
+    # asked right after, cannot give the KV cache's size either: out of memory.
     host.options = dataclasses.replace(host.options, test_address_space_limit_mib=300)
     events = _load(host, LoadOptions(str(fixture_dir / "tiny.gguf"), ctx=1 << 20, lanes=1))
     assert events[-1].id is EventId.MODEL_LOAD_FAILED
-    assert events[-1].reason_code is ReasonCode.RESOURCE_ALLOCATION_FAILURE
+    assert events[-1].reason_code is ReasonCode.OUT_OF_MEMORY
     ids = _ids(events)
-    assert ids.index(EventId.MODEL_LOAD_PHASE_CHANGED) < ids.index(
-        EventId.RESOURCE_ALLOCATION_FAILED
+    allocating = next(
+        i
+        for i, e in enumerate(events)
+        if e.id is EventId.MODEL_LOAD_PHASE_CHANGED
+        and e.state is not None
+        and e.state.current == "allocating ctx"
     )
+    # After llama.cpp was asked (the pre-check refuses before this phase): its answer.
+    assert allocating < ids.index(EventId.RESOURCE_ALLOCATION_FAILED)
+    assert allocating < ids.index(EventId.OUT_OF_MEMORY_CONDITION)
     refused = next(e for e in events if e.id is EventId.RESOURCE_ALLOCATION_FAILED)
-    assert refused.reason_code is ReasonCode.RESOURCE_ALLOCATION_FAILURE
-    assert EventId.OUT_OF_MEMORY_CONDITION not in ids
+    assert refused.reason_code is ReasonCode.OUT_OF_MEMORY
     host.options = dataclasses.replace(host.options, test_address_space_limit_mib=None)
     again = _load(host, LoadOptions(str(fixture_dir / "tiny.gguf"), ctx=1024))
     assert again[-1].id is EventId.MODEL_AVAILABLE
