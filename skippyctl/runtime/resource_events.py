@@ -116,43 +116,35 @@ def _events_of(message: ResourceMessage, model_id: LogicalId, device: str | None
                 )
             ]
         case ComputeFailed():
-            figures = summaries(return_code=message.return_code, batch_size=message.requests)
-            scope = Scope(model_id=model_id)
-            failed = Outcome.FAILURE
-            events: list[Event] = []
-            if message.reason is not ReasonCode.CANCELLATION:  # an abort asked for computed fine
-                events.append(
-                    make_event(
-                        EventId.COMPUTE_FAILURE,
-                        scope=scope,
-                        outcome=failed,
-                        reason_code=message.reason,
-                        summaries=figures,
-                    )
-                )
-            if message.reason is ReasonCode.OUT_OF_MEMORY and device is not None:
-                # llama.cpp could not allocate a buffer on the model's device.
-                events.append(
-                    make_event(
-                        EventId.OUT_OF_MEMORY_CONDITION,
-                        scope=Scope(model_id=model_id, device_id=LogicalId(device)),
-                        outcome=failed,
-                        reason_code=message.reason,
-                        summaries=figures,
-                    )
-                )
-            events.append(
-                make_event(
-                    EventId.RECOVERABLE_NATIVE_FAILURE,
-                    scope=scope,
-                    outcome=failed,
-                    reason_code=message.reason,
-                    summaries=figures,
-                )
-            )
-            return events
+            return _compute_failed(message, model_id, device)
         case _:
             assert_never(message)
+
+
+def _compute_failed(message: ComputeFailed, model_id: LogicalId, device: str | None) -> list[Event]:
+    """A non-zero ``llama_decode`` the engine served on: a compute failure (not an abort it
+    asked for), an out-of-memory condition on the model's device (a buffer failed to
+    allocate), and always a recoverable native failure; each with the return code."""
+    scope = Scope(model_id=model_id)
+    found: list[tuple[EventId, Scope]] = []
+    if message.reason is not ReasonCode.CANCELLATION:  # an abort asked for computed fine
+        found.append((EventId.COMPUTE_FAILURE, scope))
+    if message.reason is ReasonCode.OUT_OF_MEMORY and device is not None:
+        found.append(
+            (EventId.OUT_OF_MEMORY_CONDITION, Scope(model_id=model_id, device_id=LogicalId(device)))
+        )
+    found.append((EventId.RECOVERABLE_NATIVE_FAILURE, scope))
+    figures = summaries(return_code=message.return_code, batch_size=message.requests)
+    return [
+        make_event(
+            event_id,
+            scope=event_scope,
+            outcome=Outcome.FAILURE,
+            reason_code=message.reason,
+            summaries=figures,
+        )
+        for event_id, event_scope in found
+    ]
 
 
 def _backends(message: Backends, model_id: LogicalId) -> list[Event]:

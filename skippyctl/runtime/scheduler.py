@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import threading
 import time
@@ -409,24 +410,17 @@ class Scheduler:
         reached: the model fails (``model_recovery_failed``, reason ``crash_loop``)."""
         delay_s = self.restarts.next_delay_s(model_id, time.monotonic())
         if delay_s is None:
-            threading.Thread(
-                target=self._recovery_failed,
-                args=(model_id, RESTART_LIMIT),
-                name=f"skippy-recovery-{model_id}",
-                daemon=True,
-            ).start()
-            return False
-        with self._lock:
-            demand = self._demands.setdefault(model_id, Demand(model_id))
-            recovery = _Recovery(model_id, options, time.monotonic_ns(), demand)
-            self._recoveries[model_id] = recovery
-        threading.Thread(
-            target=self._run_recovery,
-            args=(recovery, delay_s),
-            name=f"skippy-recovery-{model_id}",
-            daemon=True,
-        ).start()
-        return True
+            run: Callable[[], None] = functools.partial(
+                self._recovery_failed, model_id, RESTART_LIMIT
+            )
+        else:
+            with self._lock:
+                demand = self._demands.setdefault(model_id, Demand(model_id))
+                recovery = _Recovery(model_id, options, time.monotonic_ns(), demand)
+                self._recoveries[model_id] = recovery
+            run = functools.partial(self._run_recovery, recovery, delay_s)
+        threading.Thread(target=run, name=f"skippy-recovery-{model_id}", daemon=True).start()
+        return delay_s is not None
 
     def _run_recovery(self, recovery: _Recovery, delay_s: float | None) -> None:
         """Restart after each backoff until the model serves, the policy's limit is reached,
