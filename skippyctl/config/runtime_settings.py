@@ -242,8 +242,9 @@ class RuntimeSettings:
         "SKIPPY_DEVICE_LOW_FREE_PCT",
         _number(0.0, exclusive=True),
         "PCT",
-        "A device a model serves on whose free memory (ggml's, sampled every 5 s) falls below"
-        " this % of its total is `device_degraded`; `device_recovered` above 1.5x it.",
+        "A device a model serves on whose free memory (ggml's; the CPU's: MemAvailable),"
+        " sampled every 5 s, falls below this % of its total is `device_degraded`;"
+        " `device_recovered` above 1.5x it.",
     )
     stage_link_probe_ms: float = _setting(
         DEFAULT_LINK_PROBE_INTERVAL_MS,
