@@ -115,8 +115,9 @@ class _Module:
 
 
 def _local_bindings(function: ast.AST) -> dict[str, ast.expr]:
-    """What a function binds its names to (the last binding of each wins; enough to follow
-    ``event_id = A if x else B`` or ``event_id = TABLE.get(change)``), loops included."""
+    """What a function binds its names to (every binding of each: enough to follow
+    ``event_id = A if x else B``, ``event_id = TABLE.get(change)``, a list built with
+    ``append`` and iterated), loops and comprehensions included."""
     bound: dict[str, list[ast.expr]] = defaultdict(list)
     for node in ast.walk(function):
         if isinstance(node, ast.Assign):
@@ -126,9 +127,18 @@ def _local_bindings(function: ast.AST) -> dict[str, ast.expr]:
         elif isinstance(node, ast.AnnAssign) and node.value is not None:
             for name in _names_in(node.target):
                 bound[name].append(node.value)
-        elif isinstance(node, ast.For):
+        elif isinstance(node, ast.For | ast.comprehension):
             for name in _names_in(node.target):
                 bound[name].append(node.iter)
+        elif isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name):
+            bound[node.target.id].append(node.value)
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("append", "extend", "add", "insert")
+            and isinstance(node.func.value, ast.Name)
+        ):
+            bound[node.func.value.id].extend(node.args)  # a list built up, then iterated
     return {name: ast.Tuple(elts=values, ctx=ast.Load()) for name, values in bound.items()}
 
 

@@ -3,11 +3,11 @@
 ggml's device API says how much memory each device has free (``ggml_backend_dev_memory``: a
 GPU's driver figure). For the CPU device it gives the host's total as its free memory too (it
 does not know), so a CPU device's free memory is the kernel's MemAvailable instead
-(:func:`with_host_memory`). A :class:`DeviceWatch` thread reads them for
-the model's devices every :data:`SAMPLE_INTERVAL_S` (and once as it starts) and sends a
-``DeviceMemory`` message when a device's free share falls below its low mark
-(``SKIPPY_DEVICE_LOW_FREE_PCT``) or climbs back above :data:`RECOVERY_RATIO` × that mark — the
-gap keeps a device that hovers at the mark from flapping. The host turns them into
+(:func:`with_host_memory`). A :class:`DeviceWatch` thread reads them for the model's devices
+every :data:`SAMPLE_INTERVAL_S` (and once as it starts) and sends a ``DeviceMemory`` message
+when a device's free share falls below its low mark (``SKIPPY_DEVICE_LOW_FREE_PCT``) or climbs
+back above :data:`RECOVERY_RATIO` × that mark — the gap keeps a device that hovers at the mark
+from flapping. The host turns them into
 ``device_degraded`` / ``device_recovered`` (runtime/resource_events.py).
 
 Its own thread, not the decode thread: a sample is a few calls into ggml and never waits for a

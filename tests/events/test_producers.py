@@ -78,6 +78,9 @@ def test_the_scan_counts_emitting_call_sites_not_mentions(tmp_path: Path) -> Non
         "    make_event(which(flag))\n"
         "    make_event(status.failure)\n"
         "    Status(None, EventId.RECORDED)\n"
+        "    found = []\n"
+        "    found.append((EventId.APPENDED, scope))\n"
+        "    return [make_event(event_id, scope=s) for event_id, s in found]\n"
     )
     (package / "consumer.py").write_text(
         "NAMES = {EventId.MAPPED: 'mapped'}\n"
@@ -98,4 +101,5 @@ def test_the_scan_counts_emitting_call_sites_not_mentions(tmp_path: Path) -> Non
         "RETURNED",
         "ALSO_RETURNED",
         "RECORDED",
+        "APPENDED",
     }
