@@ -52,7 +52,8 @@ MAX_QUEUE: Final = 1_000_000
 MAX_DRAFT_TOKENS: Final = 64
 MAX_RUNAHEAD_TOKENS: Final = 256
 DEFAULT_STAGE_LINK_P95_MS: Final = 50.0
-MIN_PROPOSAL_DEADLINE_MS: Final = 0.1
+MIN_PROPOSAL_DEADLINE_MS: Final = 1.0
+"""The plugin contract's floor for a proposal deadline: a shorter one no plugin round trip meets."""
 MAX_PROPOSAL_DEADLINE_MS: Final = 1000.0
 PLUGIN_NAME: Final = re.compile(r"[A-Za-z0-9._-]{1,64}")
 """A Python plugin's entry-point name (``skippyctl.plugins`` group)."""

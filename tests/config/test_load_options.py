@@ -36,7 +36,7 @@ from skippyctl.events.envelope import settings
     [
         ({"spec": "eager"}, "--spec must be one of: off, ngram, plugin, draft"),
         ({"spec": "ngram", "spec_draft_tokens": 0}, "--spec-draft-tokens must be 1-64"),
-        ({"spec": "plugin", "spec_deadline_ms": 0.0}, "--spec-deadline-ms must be 0.1-1000"),
+        ({"spec": "plugin", "spec_deadline_ms": 0.0}, "--spec-deadline-ms must be 1-1000"),
         ({"spec": "plugin", "spec_deadline_ms": float("nan")}, "--spec-deadline-ms must be"),
         ({"spec": "plugin", "spec_runahead_tokens": 257}, "--spec-runahead-tokens must be"),
         ({"spec_runahead_tokens": 8}, "needs --spec plugin or ngram"),
