@@ -19,6 +19,7 @@ the same model with each template (`load --chat-template`) and compares through 
 from __future__ import annotations
 
 import argparse
+import datetime
 import tempfile
 from pathlib import Path
 from typing import Any, Final
@@ -123,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         {
             "peer": "llama-server (benchmarks/llama_server_build.py), --jinja, greedy, one slot",
             "model": MODEL.name,
+            # Templates that print today's date saw this day: the test pins it too.
+            "rendered_on": datetime.date.today().isoformat(),
             "templates": templates,
         },
     )

@@ -12,6 +12,7 @@ renders the same chats with skippyctl's renderer and compares.
 
 from __future__ import annotations
 
+import datetime
 import json
 import sys
 import tempfile
@@ -108,6 +109,8 @@ def main() -> int:
         "made_by": "scripts/golden_chat_renders.py (llama-server of llama-cpp-python 0.3.36's "
         "vendored llama.cpp, --jinja --chat-template-file, POST /apply-template)",
         "model": MODEL.name,
+        # Templates that print today's date rendered this day: the test renders it too.
+        "rendered_on": datetime.date.today().isoformat(),
         "chats": CHATS,
         "renders": renders,
     }

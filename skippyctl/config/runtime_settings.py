@@ -31,6 +31,7 @@ Contract:
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import math
 import os
 import re
@@ -169,6 +170,13 @@ def _number(minimum: float, *, exclusive: bool = False) -> Callable[[str], float
         return value
 
     return parse
+
+
+def _iso_date(raw: str) -> str:
+    try:
+        return datetime.date.fromisoformat(raw.strip()).isoformat()
+    except ValueError:
+        raise ValueError("is not a date (YYYY-MM-DD)") from None
 
 
 def _engine_stderr(raw: str) -> EngineStderr:
@@ -312,6 +320,14 @@ class RuntimeSettings:
         "MS",
         "Test fault injection: every llama_decode of the engines takes at least this long"
         " (slow decodes).",
+    )
+    test_template_date: str | None = _setting(
+        None,
+        "SKIPPY_TEST_TEMPLATE_DATE",
+        _iso_date,
+        "DATE",
+        "Test fault injection: chat templates that print today's date (strftime_now) print this"
+        " day (YYYY-MM-DD) instead, so renders compare with goldens made on it.",
     )
     test_engine_as_limit_mib: int | None = _setting(
         None,

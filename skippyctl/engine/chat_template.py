@@ -201,8 +201,23 @@ def _raise_exception(message: Any) -> None:
     raise ChatTemplateError(f"the chat template refused the chat: {message}")
 
 
+_today: datetime.datetime | None = None
+"""The day templates read as today when a test pins it (:func:`pin_today`); None: the clock."""
+
+
+def pin_today(day: datetime.date | None) -> None:
+    """Templates read ``day`` (at noon) as now in this process; None: the clock again. Test
+    fault injection only (``SKIPPY_TEST_TEMPLATE_DATE``): goldens made on one day compare."""
+    global _today
+    _today = None if day is None else datetime.datetime(day.year, day.month, day.day, 12)
+
+
+def _now() -> datetime.datetime:
+    return _today if _today is not None else datetime.datetime.now()
+
+
 def _strftime_now(format_: str) -> str:
-    return datetime.datetime.now().strftime(format_)
+    return _now().strftime(format_)
 
 
 def _environment() -> jinja2.Environment:
@@ -393,7 +408,7 @@ class ChatTemplate:
         }
         if tools:
             context["tools"] = [_tool_as_llama_server_sends_it(t) for t in tools]
-        now = datetime.datetime.now()
+        now = _now()
         context["datetime"] = now.strftime("%b %d %Y")
         context["date_string"] = now.strftime("%d %b %Y")
         if chat_template_kwargs:

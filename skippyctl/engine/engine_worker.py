@@ -442,6 +442,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     # After llama.cpp and the native library are mapped.
     _test_address_space_limit(options.test_address_space_limit_mib)
+    if options.test_template_date is not None:
+        import datetime
+
+        from skippyctl.engine.chat_template import pin_today
+
+        pin_today(datetime.date.fromisoformat(options.test_template_date))
     return worker.serve()
 
 

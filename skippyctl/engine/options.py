@@ -54,6 +54,8 @@ class EngineOptions:
     test_progress_delay_us: int = 0
     """Test fault injection: the native load-progress callback waits this long each call."""
     test_decode_delay_ms: float = 0.0
+    test_template_date: str | None = None
+    """Test fault injection: the day chat templates read as today (YYYY-MM-DD)."""
     """Test fault injection: every llama_decode takes at least this long."""
     test_address_space_limit_mib: int | None = None
     """Test fault injection: the engine runs under an RLIMIT_AS this many MiB above what it
@@ -71,6 +73,7 @@ class EngineOptions:
             capture_debug_log=settings.capture_native_log,
             test_progress_delay_us=settings.test_progress_delay_us,
             test_decode_delay_ms=settings.test_decode_delay_ms,
+            test_template_date=settings.test_template_date,
             test_address_space_limit_mib=settings.test_engine_as_limit_mib,
         )
 
@@ -96,6 +99,8 @@ class EngineOptions:
             args += ["--test-progress-delay-us", str(self.test_progress_delay_us)]
         if self.test_decode_delay_ms:
             args += ["--test-decode-delay-ms", repr(float(self.test_decode_delay_ms))]
+        if self.test_template_date is not None:
+            args += ["--test-template-date", self.test_template_date]
         if self.test_address_space_limit_mib is not None:
             args += ["--test-address-space-limit-mib", str(self.test_address_space_limit_mib)]
         return args
@@ -121,6 +126,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--omp-spin-count", type=int, default=None)
     parser.add_argument("--test-progress-delay-us", type=int, default=0)
     parser.add_argument("--test-decode-delay-ms", type=float, default=0.0)
+    parser.add_argument("--test-template-date", default=None)
     parser.add_argument("--test-address-space-limit-mib", type=int, default=None)
 
 
@@ -137,5 +143,6 @@ def from_arguments(args: argparse.Namespace) -> EngineOptions:
         omp_spin_count=None if args.omp_spin_count is None else max(0, args.omp_spin_count),
         test_progress_delay_us=max(0, args.test_progress_delay_us),
         test_decode_delay_ms=max(0.0, args.test_decode_delay_ms),
+        test_template_date=args.test_template_date,
         test_address_space_limit_mib=args.test_address_space_limit_mib,
     )

@@ -39,6 +39,7 @@ VARIABLES: Final = (
     "SKIPPY_NATIVE_DISABLE",
     "SKIPPY_TEST_PROGRESS_DELAY_US",
     "SKIPPY_TEST_DECODE_DELAY_MS",
+    "SKIPPY_TEST_TEMPLATE_DATE",
     "SKIPPY_TEST_ENGINE_AS_LIMIT_MB",
 )
 """Every variable the settings read: names are contracts (add, never rename or drop)."""

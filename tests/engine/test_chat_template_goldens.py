@@ -9,6 +9,7 @@ tools, an assistant tool call and the tool's result. skippyctl's renderer
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from typing import Any, Final
 import llama_cpp
 import pytest
 
+from skippyctl.engine import chat_template
 from skippyctl.engine.chat_template import ChatMessage, ChatTemplate, ChatTemplateError, ToolCall
 from skippyctl.engine.text import token_text
 
@@ -54,6 +56,14 @@ def _messages(chat: dict[str, Any]) -> tuple[ChatMessage, ...]:
         )
         for m in chat["messages"]
     )
+
+
+@pytest.fixture(autouse=True)
+def _on_the_render_day() -> Iterator[None]:
+    """Templates that print today's date print the day llama-server rendered the goldens."""
+    chat_template.pin_today(datetime.date.fromisoformat(GOLDEN["rendered_on"]))
+    yield
+    chat_template.pin_today(None)
 
 
 @pytest.fixture(scope="module")
