@@ -276,8 +276,12 @@ class NativeAdapter:
         )
         return out
 
-    def adapt_batch(self, batch: FactColumns) -> list[AdaptedFact]:
-        """Adapt a drained batch in (operation, sequence) order; see the module docstring."""
+    def adapt_batch(
+        self, batch: FactColumns, engine_model: LogicalId | None = None
+    ) -> list[AdaptedFact]:
+        """Adapt a drained batch in (operation, sequence) order; see the module docstring.
+        ``engine_model``: the model of the engine whose ring it came from, the scope of facts
+        outside any bound operation (a fatal ggml abort while serving)."""
         total = len(batch)
         self.counters.facts += total
         kinds = batch.kinds
@@ -298,11 +302,16 @@ class NativeAdapter:
         ends = np.append(starts[1:], rows.size)
         out: list[AdaptedFact] = []
         for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
-            self._adapt_group(batch, rows[start:end], int(operations[start]), out)
+            self._adapt_group(batch, rows[start:end], int(operations[start]), out, engine_model)
         return out
 
     def _adapt_group(
-        self, batch: FactColumns, rows: npt.NDArray[np.intp], operation: int, out: list[AdaptedFact]
+        self,
+        batch: FactColumns,
+        rows: npt.NDArray[np.intp],
+        operation: int,
+        out: list[AdaptedFact],
+        engine_model: LogicalId | None = None,
     ) -> None:
         """One operation's facts of a batch, in sequence order."""
         count = int(rows.size)
@@ -322,7 +331,7 @@ class NativeAdapter:
             expected = sequences + 1
         binding = track.binding
         operation_id = binding.operation_id if binding is not None else None
-        model_id = binding.model_id if binding is not None else None
+        model_id = binding.model_id if binding is not None else engine_model
 
         gaps = np.flatnonzero(
             (codes == _GAP) & (sequences - expected > batch.coalesced_counts[rows].astype(np.int64))

@@ -14,7 +14,6 @@ event submitted before an engine fact is always reduced before it.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from collections import deque
@@ -90,6 +89,8 @@ class EventSystemHealth:
     native_dropped: int
     native_coalesced: int
     native_rejected: int
+    native_foreign_schema: int
+    """Of ``native_rejected``: records of another event ABI version."""
     native_unknown: int
     dispatcher: DispatcherStats
     adapter: AdapterCounters
@@ -259,18 +260,15 @@ class Pipeline:
                 out.append((channel.model_id, lines[cut:], cut))
         return out
 
-    def _native_foreign_schema(self) -> int:
-        """Records the engines' rings refused for their event ABI version."""
-        return sum(channel.ring.stats().rejected_abi_version for channel in self._engines.values())
-
     def health(self) -> EventSystemHealth:
-        dropped = coalesced = rejected = unknown = 0
+        dropped = coalesced = rejected = foreign = unknown = 0
         for channel in list(self._engines.values()):
             stats = channel.ring.stats()
             lanes = (stats.terminal, stats.progress, stats.diagnostic)
             dropped += sum(lane.dropped_full for lane in lanes)
             coalesced += sum(lane.coalesced for lane in lanes)
             rejected += stats.total_rejected
+            foreign += stats.rejected_abi_version
             unknown += stats.unknown_kind
         state = self.state
         return EventSystemHealth(
@@ -278,6 +276,7 @@ class Pipeline:
             native_dropped=dropped,
             native_coalesced=coalesced,
             native_rejected=rejected,
+            native_foreign_schema=foreign,
             native_unknown=unknown + self.adapter.counters.unknown,
             dispatcher=self.dispatcher.stats(),
             adapter=self.adapter.counters,
@@ -342,19 +341,14 @@ class Pipeline:
         # The reconciler decides from its own records alone, so a batch's events can be taken
         # from it before any is reduced.
         on_native = self.reconciler.on_native
-        events = [
-            e for adapted in self.adapter.adapt_batch(batch.facts) for e in on_native(adapted)
-        ]
         # A fact outside any operation (a fatal ggml abort while serving) is about the model
         # the engine serves.
-        model_id = self.reconciler.model_of_engine(batch.engine_key)
-        if model_id is not None:
-            events = [
-                e
-                if e.scope.model_id is not None
-                else dataclasses.replace(e, scope=dataclasses.replace(e.scope, model_id=model_id))
-                for e in events
-            ]
+        engine_model = self.reconciler.model_of_engine(batch.engine_key)
+        events = [
+            e
+            for adapted in self.adapter.adapt_batch(batch.facts, engine_model)
+            for e in on_native(adapted)
+        ]
         for event in events:
             self._process(event, notify=False)
         self._native_facts_processed += len(batch.facts)
@@ -522,7 +516,7 @@ class Pipeline:
             reports.append(
                 make_event(EventId.SUBSCRIBER_DISCONNECTED, summaries=summaries(count=disconnected))
             )
-        foreign = self._native_foreign_schema()
+        foreign = health.native_foreign_schema
         if foreign > marks.native_foreign_schema:
             # Records of another event ABI version (a native producer built for another
             # schema): ignored whole by the ring, as the schema says.
