@@ -106,7 +106,7 @@ def variants(
     types: tuple[str, ...], plugin: Path | None = None, draft: Path | None = None
 ) -> list[Variant]:
     found = [
-        Variant(SKIPPY_OFF, SKIPPY),
+        Variant(SKIPPY_OFF, SKIPPY, skippy_args=("--spec", "off")),
         Variant(SKIPPY_NGRAM, SKIPPY, skippy_args=("--spec", "ngram")),
         Variant(LLAMA_SERVER, LLAMA_SERVER),
     ]

@@ -24,12 +24,15 @@ def ps_command(
     """Show the runtime's models, node state and event-system health.
 
     Per model: state (with load %), device, memory, context, lanes in use, queue, sessions and
-    decode rate, then a line with the options its load asked for beyond the defaults. A model
+    decode rate, then a line with the options its load asked for beyond the defaults and one
+    with speculation's acceptance (the accepted share of the proposed tokens its ended requests
+    verified; `--spec auto`, the default, verifies proposals only while they pay). A model
     split across stages (`load --stage`/`--local-stages`) also gets its topology: per stage its
     id, layer range, memory (the plan's share / what the stage offered), state (with its
-    reason) and link RTT/jitter when measured. Then the models the runtime may load on demand
-    (`--presets`, `--models-dir`, the hub cache) that are not loaded: where each comes from,
-    pinned, and its idle TTL once loaded (`loadable_models` in `--json`).
+    reason) and link RTT/jitter when measured. Then the open sessions with their acceptance,
+    and the models the runtime may load on demand (`--presets`, `--models-dir`, the hub cache)
+    that are not loaded: where each comes from, pinned, and its idle TTL once loaded
+    (`loadable_models` in `--json`).
 
     `--json` prints the state document (GET /api/runtime/state, schema_version 1) as one line.
     Starts a runtime when none runs. Exit 0; 3 when no runtime answers.

@@ -145,6 +145,36 @@ def models_table(state: StateDocumentView) -> Table:
     return table
 
 
+def speculation_line(model: ModelEntry) -> str:
+    """How speculation went for the model's ended requests (printed once any verified)."""
+    share = acceptance_cell(model.spec_accepted_tokens, model.spec_proposed_tokens)
+    return (
+        f"  {escape(model.model_id)} speculation: {share} of "
+        f"{model.spec_proposed_tokens:,} proposed tokens accepted"
+    )
+
+
+def acceptance_cell(accepted: int, proposed: int) -> str:
+    """Speculation's share of the proposed tokens it verified that were accepted; "-" before
+    any was verified."""
+    if not proposed:
+        return "-"
+    return f"{100.0 * accepted / proposed:.0f}%"
+
+
+def sessions_table(state: StateDocumentView) -> Table:
+    """The open sessions: model, state and their requests' speculation acceptance."""
+    table = Table("session", "model", "state", "accept", box=None, header_style="bold")
+    for session in state.sessions:
+        table.add_row(
+            escape(session.session_id),
+            escape(_or_dash(session.model_id)),
+            escape(session.state.text),
+            acceptance_cell(session.spec_accepted_tokens, session.spec_proposed_tokens),
+        )
+    return table
+
+
 def _idle_ttl_cell(entry: LoadableEntry) -> str:
     return "never" if entry.idle_ttl_s is None else format_duration_s(entry.idle_ttl_s)
 
@@ -275,6 +305,8 @@ def print_state(state: StateDocumentView, url: str, out: Console) -> None:
         for model in state.models:
             if model.settings:
                 out.print(options_line(model))
+            if model.spec_proposed_tokens:
+                out.print(speculation_line(model))
             if model.idle_expires_at is not None:
                 out.print(idle_line(model.model_id, model.idle_expires_at))
         for model in state.models:
@@ -284,6 +316,8 @@ def print_state(state: StateDocumentView, url: str, out: Console) -> None:
                 out.print(stages_table(topology))
     else:
         out.print("[dim]no models loaded (skippyctl load FILE.gguf)[/]")
+    if state.sessions:
+        out.print(sessions_table(state))
     if state.loadable:
         out.print(loadable_table(state))
     out.print(health_line(state))

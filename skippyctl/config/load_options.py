@@ -63,6 +63,7 @@ class SpecMode(StrEnum):
     """How a model's requests speculate (``load --spec``)."""
 
     OFF = "off"
+    AUTO = "auto"
     NGRAM = "ngram"
     PLUGIN = "plugin"
     DRAFT = "draft"
@@ -231,10 +232,13 @@ class LoadOptions:
         maximum=MAX_DURATION_S * 1000.0,
     )
     spec: SpecMode = _option(
-        SpecMode.OFF,
-        help="Speculative decoding: 'ngram' proposes the tokens that followed the latest earlier "
-        "occurrence of the text's last tokens (prompt lookup, no extra model) and verifies them "
-        "in the same decode step; 'plugin' verifies the serving plugins' proposals; 'draft' "
+        SpecMode.AUTO,
+        help="Speculative decoding: 'auto' verifies each lane's n-gram proposals only while "
+        "its recent acceptance pays for what verifying them costs at the current batch size "
+        "(measured as it serves; a lane stops and starts again on its own); 'ngram' proposes "
+        "the tokens that followed the latest earlier occurrence of the text's last tokens "
+        "(prompt lookup, no extra model) and verifies them in the same decode step; 'plugin' "
+        "verifies the serving plugins' proposals; 'draft' "
         "verifies the draft model's continuation; the text is what decoding without it gives "
         "either way. 'off': one token per step.",
     )
@@ -325,6 +329,9 @@ class LoadOptions:
             value = getattr(self, spec.name)
             if not isinstance(value, spec.kind) and value in spec.choices:
                 object.__setattr__(self, spec.name, spec.kind(value))
+        if self.spec is SpecMode.AUTO and self.draft is not None:
+            # A draft model is asked for by naming it: the default mode gives way to it.
+            object.__setattr__(self, "spec", SpecMode.DRAFT)
 
     @property
     def split(self) -> bool:

@@ -171,6 +171,7 @@ class DecodeCore:
             raise ValueError(f"the context's n_batch ({n_batch}) must exceed lanes ({lanes})")
         # llama_decode refuses a batch over n_batch: a chunk plus every lane's next token and,
         # speculating, the step's proposals must fit.
+        speculation = speculation.within_batch(n_batch, lanes, prefill_chunk_tokens)
         self._spec = speculation
         slots = speculation.step_slots(lanes)
         if n_batch <= slots:
@@ -204,6 +205,7 @@ class DecodeCore:
             kv=self._kv,
             sample=self._sample,
             commit=self._commit,
+            emit=self.emit,
         )
         self._streams = self._proposals.streams
         self.session_files = SessionFiles(
@@ -394,8 +396,8 @@ class DecodeCore:
         decoding = board.decoding
         chunks = self._prefill_chunks()
         stepping = [] if self._prompts_first(decoding, chunks) else decoding
-        if self._spec.enabled:
-            self._proposals.propose(decoding)
+        if self._spec.enabled and stepping:
+            self._proposals.propose(stepping, chunks)
         participants = self._batch.fill(stepping, chunks)
         n_seqs = len(participants)
         if n_seqs > 1:
@@ -408,8 +410,11 @@ class DecodeCore:
                 if r.max_batch < 1:
                     r.max_batch = 1
 
+        started = time.perf_counter()
         result = self._batch.decode(self._ctx)
         self._kv.copies_done()
+        if self._spec.gated:
+            self._proposals.stepped(time.perf_counter() - started)
         now = time.monotonic()
         if result != 0:
             self._decode_failed(participants, aborted=result == DECODE_ABORTED, result=result)
@@ -447,9 +452,11 @@ class DecodeCore:
         lanes wait one step, once (``benchmarks/step_passes.py`` measures both compositions).
         A prompt that needs more steps never holds the decoding lanes back (they join every
         one of its chunks), nor does a unified KV (one pass for any batch), nor speculation
-        (its proposals are made for the step that verifies them).
+        asked for by name (its proposals are made for the step that verifies them; ``--spec
+        auto`` proposes after this choice, for the lanes that step).
         """
-        if not decoding or not chunks or self._unified or self._spec.enabled:
+        fixed_speculation = self._spec.enabled and not self._spec.gated
+        if not decoding or not chunks or self._unified or fixed_speculation:
             return False
         if any(r.prefill_pos + take < len(r.prompt) for r, take in chunks):
             return False

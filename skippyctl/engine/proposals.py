@@ -13,10 +13,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from skippyctl.config.load_options import SpecMode
+from skippyctl.engine.batch import forward_passes
 from skippyctl.engine.draft import DraftModel
 from skippyctl.engine.lane_kv import LaneKv
-from skippyctl.engine.protocol_messages import GenDone
+from skippyctl.engine.protocol_messages import EngineMessage, GenDone, GenSpecSwitched
 from skippyctl.engine.request_state import RequestState
+from skippyctl.engine.spec_gate import Candidate, LaneGate, SpecGate
 from skippyctl.engine.speculation import AdaptiveWindow, ServingPlugins, SpecConfig
 from skippyctl.events.envelope import StopReason
 from skippyctl.events.reasons import GenerationOutcome
@@ -41,8 +43,10 @@ class Proposals:
         kv: LaneKv,
         sample: Callable[[RequestState, int], int],
         commit: Callable[[RequestState, int, float], bool],
+        emit: Callable[[EngineMessage], None] | None = None,
     ) -> None:
         self._spec = speculation
+        self._emit = emit
         self._kv = kv
         self._sample = sample
         self._commit = commit
@@ -57,9 +61,16 @@ class Proposals:
         """A proposer in this process, whose failures it counts itself."""
         self._proposer: ServingPlugins | None = None
         """Where this model's proposals come from; None: it does not speculate."""
-        if speculation.mode is SpecMode.NGRAM:
+        self._gate: SpecGate | None = None
+        """With ``--spec auto``: which lanes verify their proposals (``engine/spec_gate.py``)."""
+        self._step_plan: tuple[int, int, int] | None = None
+        """This step's ``(lanes, proposed tokens, added passes)`` when the gate learns from its
+        time (no prompt chunk in it)."""
+        if speculation.mode in (SpecMode.NGRAM, SpecMode.AUTO):
             self._ngram = InProcessPlugin(NgramPlugin(), n_vocab)
             self._local = self._proposer = self._ngram
+            if speculation.mode is SpecMode.AUTO:
+                self._gate = SpecGate(_one_pass if kv.unified else forward_passes)
         elif speculation.mode is SpecMode.DRAFT and draft is not None:
             self._local = self._proposer = draft
         elif speculation.mode is SpecMode.PLUGIN:
@@ -92,6 +103,8 @@ class Proposals:
         """``r`` starts in its lane (``r.reused`` set): its window, and the plugins' begin."""
         if self._proposer is not None:
             r.window = AdaptiveWindow()
+        if self._gate is not None:
+            r.gate = LaneGate()
         if self.streams:
             r.plugin_commits = []
             for plugins in self.streams:
@@ -111,6 +124,21 @@ class Proposals:
             r.plugin_commits = []
             for plugins in self.streams:
                 self._to_plugins(plugins.commit, r.id, pending)
+            gate = r.gate
+            if gate is not None and gate.shadow:
+                decided = gate.committed(pending)
+                if decided is not None:
+                    self._shadow_verified(r, gate, *decided)
+
+    def _shadow_verified(
+        self, r: RequestState, gate: LaneGate, proposed: int, accepted: int
+    ) -> None:
+        """A proposal ``r`` did not verify turned out right for ``accepted`` of ``proposed``
+        tokens: it counts for the lane's acceptance and window as a verified one would."""
+        assert self._gate is not None
+        self._gate.record(gate, proposed, accepted)
+        if r.window is not None:
+            r.window.verified(proposed, accepted, self._spec.draft_tokens)
 
     def end(self, r: RequestState, done: GenDone) -> None:
         """The plugins' last word on ``r``: its stop reason and figures when it completed (the
@@ -131,11 +159,16 @@ class Proposals:
 
     # ---------------------------------------------------------------- a step's proposals
 
-    def propose(self, decoding: list[RequestState]) -> None:
+    def propose(
+        self, decoding: list[RequestState], chunks: Sequence[tuple[RequestState, int]] = ()
+    ) -> None:
         """Each decoding lane's proposals for this step, as many as its window, its lane's
         context and its ``max_tokens`` leave room for (every committed proposal and the token
         sampled after the last one count): the run-ahead of its last answer when that still
-        holds, else one query to the proposer for all the lanes that need one."""
+        holds, else one query to the proposer for all the lanes that need one. With ``--spec
+        auto`` the gate then keeps the proposals that pay (``chunks``: the step's prompt
+        chunks, which share its passes)."""
+        self._step_plan = None
         limit = self._spec.lane_limit(len(decoding))
         tokens_per_lane = self._kv.tokens_per_lane
         wants: dict[str, int] = {}
@@ -159,6 +192,9 @@ class Proposals:
                 wants[r.id] = room
         if wants:
             self._ask(decoding, wants)
+        if self._gate is not None:
+            self._gate_step(decoding, chunks)
+            return
         if not self._kv.unified and len(decoding) > 1:
             # With one KV stream per lane llama.cpp cuts a batch into micro-batches that take
             # the same number of tokens from each sequence (split_equal): lanes with longer
@@ -171,6 +207,66 @@ class Proposals:
                     if keep_tail:  # the cut tail still follows the shorter window: run-ahead
                         r.runahead = r.draft[shortest:] + r.runahead
                     r.draft = r.draft[:shortest]
+
+    def _gate_step(
+        self, decoding: list[RequestState], chunks: Sequence[tuple[RequestState, int]]
+    ) -> None:
+        """``--spec auto``: the lanes whose proposals pay verify them (as many as pay); the
+        others' proposals become shadows, compared with what the lane commits next."""
+        gate = self._gate
+        assert gate is not None
+        rows: list[tuple[int, int]] = []
+        candidates: list[Candidate] = []
+        by_seq: dict[int, RequestState] = {}
+        for r in decoding:
+            lane = r.lane
+            assert lane is not None
+            rows.append((lane.seq, 1))
+            if r.draft and r.gate is not None:
+                by_seq[lane.seq] = r
+                candidates.append(Candidate(lane.seq, len(r.draft), r.gate))
+        rows.extend((sequence.lane.seq, take) for sequence, take in chunks if sequence.lane)
+        chosen: dict[int, int] = {}
+        if candidates:
+            chosen, switched = gate.choose(rows, candidates, len(decoding))
+            for seq, r in by_seq.items():
+                length = chosen.get(seq, 0)
+                lane_gate = r.gate
+                assert lane_gate is not None
+                if length:
+                    lane_gate.shadow = []  # its verified window measures it now
+                elif not lane_gate.shadow:
+                    # Not verified (or not all of it): what it would have given is measured
+                    # against what the lane commits.
+                    lane_gate.shadow, lane_gate.shadow_matched = r.draft, 0
+                r.draft = r.draft[:length]
+            for lane_gate in switched:
+                self._switched(lane_gate, decoding, gate)
+        if not chunks:
+            proposed = sum(chosen.values())
+            added = forward_passes_added(gate, rows, chosen) if proposed else 0
+            self._step_plan = (len(decoding), proposed, added)
+
+    def _switched(self, lane_gate: LaneGate, decoding: list[RequestState], gate: SpecGate) -> None:
+        if self._emit is None:
+            return
+        for r in decoding:
+            if r.gate is lane_gate:
+                acceptance = round(lane_gate.acceptance(gate.prior) * 100.0, 1)
+                self._emit(GenSpecSwitched(r.id, lane_gate.on, acceptance, len(decoding)))
+                return
+
+    def stepped(self, decode_s: float) -> None:
+        """This step's ``llama_decode`` took ``decode_s`` seconds: what the gate learns."""
+        plan = self._step_plan
+        gate = self._gate
+        if plan is None or gate is None:
+            return
+        lanes, proposed, added = plan
+        if proposed:
+            gate.costs.observe_speculated(lanes, proposed, added, decode_s)
+        else:
+            gate.costs.observe_plain(lanes, decode_s)
 
     def _ask(self, decoding: list[RequestState], wants: dict[str, int]) -> None:
         """The proposer's proposals for this step's lanes (a sidecar's waited for at most their
@@ -229,6 +325,8 @@ class Proposals:
             self.check_runahead(r, token, whole=accepted == len(draft))
         if r.window is not None:
             r.window.verified(len(draft), accepted, self._spec.draft_tokens)
+        if r.gate is not None and self._gate is not None:
+            self._gate.record(r.gate, len(draft), accepted)
         if self._proposer is not None:
             self._to_plugins(self._proposer.outcome, r.id, len(draft), accepted)
         if len(lane.tokens) < kv_end:
@@ -243,3 +341,16 @@ class Proposals:
             return
         r.spec_discarded += len(r.runahead)
         r.runahead = []
+
+
+def _one_pass(_rows: Sequence[tuple[int, int]]) -> int:
+    """A unified KV decodes any batch in one pass (``llama_batch_allocr::split_simple``)."""
+    return 1
+
+
+def forward_passes_added(
+    gate: SpecGate, rows: Sequence[tuple[int, int]], chosen: dict[int, int]
+) -> int:
+    """The passes this step's verified proposals add to what its rows alone take."""
+    with_proposals = [(seq, tokens + chosen.get(seq, 0)) for seq, tokens in rows]
+    return gate.passes(with_proposals) - gate.passes(rows)

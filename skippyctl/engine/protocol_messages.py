@@ -222,6 +222,18 @@ class GenProgress:
 
 
 @dataclass(frozen=True, slots=True)
+class GenSpecSwitched:
+    """``--spec auto``: a request's lane started or stopped verifying its proposals."""
+
+    request_id: str
+    speculating: bool
+    acceptance_pct: float
+    """The lane's per-token acceptance estimate when it switched."""
+    lanes: int
+    """Lanes decoding in the step it switched in."""
+
+
+@dataclass(frozen=True, slots=True)
 class GenToken:
     request_id: str
     index: int
@@ -481,6 +493,7 @@ RequestObservation = (
     | GenFirstToken
     | GenProgress
     | GenToken
+    | GenSpecSwitched
 )
 """What the engine says about one running request before its :class:`GenDone`."""
 

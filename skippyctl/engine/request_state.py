@@ -32,6 +32,7 @@ from skippyctl.engine.protocol_messages import (
     TokenLogprob,
 )
 from skippyctl.engine.sampling import SamplerChain, SamplingParams
+from skippyctl.engine.spec_gate import LaneGate
 from skippyctl.engine.speculation import AdaptiveWindow
 from skippyctl.engine.text import Detokenizer, StopMatcher
 from skippyctl.events.envelope import StopReason
@@ -128,6 +129,7 @@ class RequestState:
         "detok",
         "draft",
         "error",
+        "gate",
         "gbnf",
         "generated_tokens",
         "held_observations",
@@ -203,6 +205,8 @@ class RequestState:
         speculate."""
         self.draft: list[int] = []
         """Tokens proposed to follow ``pending_token``, verified in the current step."""
+        self.gate: LaneGate | None = None
+        """With ``--spec auto``: whether its proposals pay, and their acceptance."""
         self.spec_windows = 0
         self.spec_proposed = 0
         self.spec_accepted = 0

@@ -11,6 +11,8 @@ proposer protocol and the window each request verifies.
 Every mode proposes through the same calls, :class:`ServingPlugins` — one query per step for
 the lanes that need one:
 
+- ``--spec auto`` (the default): the built-in n-gram plugin as for ``ngram``, each lane's
+  proposals verified only while they pay for their verification (``engine/spec_gate.py``);
 - ``--spec ngram``: the built-in n-gram plugin (``skippyctl.plugins.builtin.ngram``, prompt
   lookup over the prompt and the generated history) called directly in the engine process
   (``skippyctl.plugins.inprocess``);
@@ -28,7 +30,7 @@ proposer (the engine process, or a plugin's sidecar); only counts leave it.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final, Protocol
 
 from skippyctl.config.load_options import MAX_DRAFT_TOKENS, MAX_RUNAHEAD_TOKENS, SpecMode
@@ -55,6 +57,10 @@ class SpecConfig:
     (the run-ahead budget; 0 = fixed depth). The proposals beyond the window are the next window,
     used without a query when the window verifies whole and the token sampled after it is the
     first of them; otherwise they are discarded unexecuted (counted)."""
+    step_proposals: int = STEP_PROPOSALS
+    """Most proposed tokens one step verifies over all its lanes (``--spec auto`` takes fewer
+    when the context's batch would otherwise shorten a prompt chunk: see
+    :meth:`within_batch`)."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.draft_tokens <= MAX_DRAFT_TOKENS:
@@ -66,17 +72,36 @@ class SpecConfig:
     def enabled(self) -> bool:
         return self.mode is not SpecMode.OFF
 
+    @property
+    def gated(self) -> bool:
+        """``--spec auto``: a lane verifies its proposals only while they pay
+        (``engine/spec_gate.py``), so a step without any is a plain step."""
+        return self.mode is SpecMode.AUTO
+
     def step_slots(self, lanes: int) -> int:
         """Batch slots the decoding lanes may take in one step: each lane's next token, and
         the proposals (at most ``draft_tokens`` a lane, :data:`STEP_PROPOSALS` in all)."""
         if not self.enabled:
             return lanes
-        return lanes + min(lanes * self.draft_tokens, STEP_PROPOSALS)
+        return lanes + min(lanes * self.draft_tokens, self.step_proposals)
 
     def lane_limit(self, decoding: int) -> int:
         """Most proposals one of ``decoding`` lanes verifies in a step (0 beyond
         :data:`STEP_PROPOSALS` lanes)."""
-        return min(self.draft_tokens, STEP_PROPOSALS // max(1, decoding))
+        return min(self.draft_tokens, self.step_proposals // max(1, decoding))
+
+    def within_batch(self, n_batch: int, lanes: int, chunk: int) -> SpecConfig:
+        """``--spec auto`` in a context of ``n_batch`` batch slots: the proposals a step may
+        verify beside ``lanes`` tokens and a whole prompt chunk of ``chunk`` tokens, so that
+        the default never shortens a chunk (prompts are split as llama-server splits them)
+        nor makes a load fail; off when none fit. Other modes were asked for by name and stay
+        as they are (the core refuses a batch they do not fit)."""
+        if not self.gated:
+            return self
+        room = n_batch - lanes - chunk - 1
+        if room < 1:
+            return SPEC_OFF
+        return replace(self, step_proposals=min(self.step_proposals, room))
 
 
 SPEC_OFF: Final = SpecConfig()

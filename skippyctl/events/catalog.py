@@ -245,6 +245,7 @@ class EventId(StrEnum):
     SERVING_PLUGIN_RESTARTED = "serving_plugin_restarted"
     SERVING_PLUGIN_DISABLED = "serving_plugin_disabled"
     SPECULATION_SUMMARIZED = "speculation_summarized"
+    SPECULATION_SWITCHED = "speculation_switched"
 
 
 @dataclass(frozen=True, slots=True)
@@ -1076,6 +1077,13 @@ _SPECS: Final[tuple[EventSpec, ...]] = (
                 _S.INFO,
                 "A speculating request's figures: windows, proposed, accepted, rejected, late,"
                 " discarded tokens.",
+            ),
+            (
+                _E.SPECULATION_SWITCHED,
+                DIAG,
+                _S.INFO,
+                "Spec auto: a request's lane started (on) or stopped (off) verifying its"
+                " proposals.",
             ),
         ),
     ),

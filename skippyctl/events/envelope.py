@@ -146,6 +146,8 @@ class SummaryKey(StrEnum):
     SPEC_REJECTED_TOKENS = "spec_rejected_tokens"
     SPEC_LATE_QUERIES = "spec_late_queries"
     SPEC_DISCARDED_TOKENS = "spec_discarded_tokens"
+    SPEC_ACCEPTANCE_PCT = "spec_acceptance_pct"
+    """A lane's per-token acceptance estimate of its proposals (speculation_switched)."""
     ENGINE_WAIT_MS = "engine_wait_ms"
     """The engine's wait for a lane (events/figures.py); not ``queue_wait_ms``, the host's."""
     IDLE_TTL_MS = "idle_ttl_ms"

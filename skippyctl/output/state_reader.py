@@ -110,6 +110,9 @@ class ModelEntry:
     """When the idle model unloads unless a request comes (None: in use, or no idle TTL)."""
     recovery_attempt: int | None = None
     """The runtime's restart of its crashed engine under way (None: none)."""
+    spec_proposed_tokens: int = 0
+    """Proposed tokens its ended requests verified (speculative decoding)."""
+    spec_accepted_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +132,9 @@ class SessionEntry:
     session_id: str
     state: EnumValue[SessionState]
     model_id: str | None = None
+    spec_proposed_tokens: int = 0
+    """Proposed tokens its ended requests verified (speculative decoding)."""
+    spec_accepted_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,6 +264,8 @@ def _model(entry: Mapping[str, Any]) -> ModelEntry | None:
         settings=_settings(entry.get("settings")),
         idle_expires_at=_timestamp(entry.get("idle_expires_at")),
         recovery_attempt=_int(entry.get("recovery_attempt")),
+        spec_proposed_tokens=_int(entry.get("spec_proposed_tokens")) or 0,
+        spec_accepted_tokens=_int(entry.get("spec_accepted_tokens")) or 0,
     )
 
 
@@ -300,6 +308,8 @@ def _session(entry: Mapping[str, Any]) -> SessionEntry | None:
         session_id=session_id,
         state=_enum(SessionState, entry.get("state")),
         model_id=_text(entry.get("model_id")),
+        spec_proposed_tokens=_int(entry.get("spec_proposed_tokens")) or 0,
+        spec_accepted_tokens=_int(entry.get("spec_accepted_tokens")) or 0,
     )
 
 

@@ -73,6 +73,7 @@ from skippyctl.engine.protocol_messages import (
     GenPrefillDone,
     GenPrefillProgress,
     GenProgress,
+    GenSpecSwitched,
     GenStarted,
     GenText,
     GenToken,
@@ -524,6 +525,7 @@ class EngineProcess:
                 | GenFirstToken()
                 | GenProgress()
                 | GenToken()
+                | GenSpecSwitched()
                 | GenDone()
                 | Kv()
                 | SessionChanged()

@@ -89,6 +89,7 @@ from skippyctl.engine.protocol_messages import (
     GenPrefillDone,
     GenPrefillProgress,
     GenProgress,
+    GenSpecSwitched,
     GenStarted,
     GenText,
     GenToken,
@@ -696,6 +697,7 @@ class ModelServer:
                 | GenFirstToken()
                 | GenProgress()
                 | GenToken()
+                | GenSpecSwitched()
             ):
                 with self._lock:
                     handle = self._running.get(message.request_id)

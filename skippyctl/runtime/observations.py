@@ -28,6 +28,7 @@ from skippyctl.engine.protocol_messages import (
     GenPrefillDone,
     GenPrefillProgress,
     GenProgress,
+    GenSpecSwitched,
     GenStarted,
     GenToken,
     KvChange,
@@ -40,6 +41,7 @@ from skippyctl.events.envelope import (
     NumericSummary,
     Progress,
     Scope,
+    StateChange,
     StopReason,
     make_event,
     summaries,
@@ -67,6 +69,8 @@ class Emission:
     reason: ReasonCode | None = None
     stop_reason: StopReason | None = None
     batching: BatchingMode | None = None
+    states: tuple[str, str] | None = None
+    """The previous and current state of what the event is about, when it switched one."""
 
 
 OUTCOME_EVENTS: Final[Mapping[GenerationOutcome, tuple[EventId, EventId, Outcome]]] = {
@@ -186,8 +190,20 @@ def _token(message: GenToken, _session: bool) -> tuple[Emission, ...]:
     return (Emission(EventId.GENERATION_TOKEN_OBSERVED, numbers, duration_ms=message.step_ms),)
 
 
+def _spec_switched(message: GenSpecSwitched, _session: bool) -> tuple[Emission, ...]:
+    numbers = summaries(spec_acceptance_pct=message.acceptance_pct, lanes=message.lanes)
+    states = ("off", "on") if message.speculating else ("on", "off")
+    return (Emission(EventId.SPECULATION_SWITCHED, numbers, states=states),)
+
+
 Observation = (
-    GenStarted | GenPrefillProgress | GenPrefillDone | GenFirstToken | GenProgress | GenToken
+    GenStarted
+    | GenPrefillProgress
+    | GenPrefillDone
+    | GenFirstToken
+    | GenProgress
+    | GenToken
+    | GenSpecSwitched
 )
 """The observations that stand for events (``GenText`` is the request's stream, not an event)."""
 OBSERVATION_EVENTS: Final[
@@ -199,6 +215,7 @@ OBSERVATION_EVENTS: Final[
     GenFirstToken: _first_token,
     GenProgress: _progress,
     GenToken: _token,
+    GenSpecSwitched: _spec_switched,
 }
 """Observation type → its events, given the message and whether the request has a session."""
 
@@ -329,6 +346,7 @@ class ServingEvents:
                     stop_reason=e.stop_reason,
                     batching=e.batching,
                     summaries=e.numbers,
+                    state=None if e.states is None else StateChange(*e.states),
                 )
             )
 

@@ -22,7 +22,7 @@ categories, delivery classes, signals, failure kinds — never text, paths or cr
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 
@@ -71,6 +71,10 @@ class CounterSnapshot:
     """category → events."""
     collector_up: bool
     """The collector's subscription is live (a failed collector is disconnected)."""
+    spec_drafted_tokens: Mapping[str, int] = field(default_factory=dict)
+    """model → proposed tokens that speculation verified (llama-server's n_draft_total)."""
+    spec_accepted_tokens: Mapping[str, int] = field(default_factory=dict)
+    """model → of them accepted (llama-server's n_draft_accepted_total)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +148,19 @@ def _prompt_tokens(counters: CounterSnapshot) -> list[Sample]:
 
 def _generated_tokens(counters: CounterSnapshot) -> list[Sample]:
     return _by_key(counters.generated_tokens)
+
+
+def _spec_drafted(counters: CounterSnapshot) -> list[Sample]:
+    return _per_generating_model(counters, counters.spec_drafted_tokens)
+
+
+def _spec_accepted(counters: CounterSnapshot) -> list[Sample]:
+    return _per_generating_model(counters, counters.spec_accepted_tokens)
+
+
+def _per_generating_model(counters: CounterSnapshot, values: Mapping[str, int]) -> list[Sample]:
+    """A sample for every model that generated tokens (0 when it never speculated)."""
+    return [((model,), float(values.get(model, 0))) for model in counters.generated_tokens]
 
 
 def _events(counters: CounterSnapshot) -> list[Sample]:
@@ -248,6 +265,12 @@ METRICS: Final[tuple[Metric[Any], ...]] = (
            "Prompt tokens processed.", (MODEL,), Source.COLLECTOR, _prompt_tokens),
     Metric("skippy_generated_tokens_total", "skippy.generated_tokens", _C, "{token}",
            "Tokens generated.", (MODEL,), Source.COLLECTOR, _generated_tokens),
+    Metric("skippy_spec_drafted_tokens_total", "skippy.spec.drafted_tokens", _C, "{token}",
+           "Proposed tokens speculative decoding verified.", (MODEL,), Source.COLLECTOR,
+           _spec_drafted),
+    Metric("skippy_spec_accepted_tokens_total", "skippy.spec.accepted_tokens", _C, "{token}",
+           "Proposed tokens speculative decoding accepted.", (MODEL,), Source.COLLECTOR,
+           _spec_accepted),
     Metric("skippy_events_total", "skippy.events", _C, "{event}",
            "Events dispatched, by category.", (CATEGORY,), Source.COLLECTOR, _events),
     Metric("skippy_model_up", "skippy.model.up", _G, "1",

@@ -48,6 +48,8 @@ class MetricsCollector:
         self._requests: Counter[tuple[str, str, str]] = Counter()
         self._prompt_tokens: Counter[str] = Counter()
         self._generated_tokens: Counter[str] = Counter()
+        self._spec_drafted: Counter[str] = Counter()
+        self._spec_accepted: Counter[str] = Counter()
         self._events: Counter[str] = Counter()
         self.subscription_status = SubscriberStatus.DISCONNECTED
         self.exporter: ExporterCounters | None = None
@@ -78,6 +80,11 @@ class MetricsCollector:
                 generated = event.summary_value(SummaryKey.GENERATED_TOKENS) or 0
                 self._prompt_tokens[model] += int(prompt)
                 self._generated_tokens[model] += int(generated)
+            elif event.id is EventId.SPECULATION_SUMMARIZED:
+                drafted = event.summary_value(SummaryKey.SPEC_PROPOSED_TOKENS) or 0
+                accepted = event.summary_value(SummaryKey.SPEC_ACCEPTED_TOKENS) or 0
+                self._spec_drafted[model] += int(drafted)
+                self._spec_accepted[model] += int(accepted)
 
     def snapshot(self) -> CounterSnapshot:
         with self._lock:
@@ -85,6 +92,8 @@ class MetricsCollector:
                 requests=dict(self._requests),
                 prompt_tokens=dict(self._prompt_tokens),
                 generated_tokens=dict(self._generated_tokens),
+                spec_drafted_tokens=dict(self._spec_drafted),
+                spec_accepted_tokens=dict(self._spec_accepted),
                 events=dict(self._events),
                 collector_up=self.up,
             )

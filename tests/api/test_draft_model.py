@@ -68,7 +68,8 @@ def test_a_draft_that_is_missing_or_alone_is_refused(
     assert "not found" in missing["problem"] and str(draft.parent) not in missing["problem"]
     with server.http() as http:  # refused before a model id exists: the answer says why
         alone = http.post(
-            "/api/runtime/models/load", json={"model": str(model), "draft": str(draft)}
+            "/api/runtime/models/load",
+            json={"model": str(model), "draft": str(draft), "spec": "ngram"},
         ).json()
     assert alone["model_id"] is None and "--draft" in alone["problem"]
     reasons = [

@@ -87,6 +87,7 @@ def _serving(server: Server, alias: str, lanes: int = 1, **options: Any) -> None
     if alias in (m["model_id"] for m in _models(server)):
         return
     model = FIXTURES / "tiny-successor.gguf"
+    options.setdefault("spec", "off")  # "plain": one token a step, to compare with
     assert server.load(model, alias=alias, lanes=lanes, **options)["state"] == "available"
 
 

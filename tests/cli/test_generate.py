@@ -94,6 +94,6 @@ def test_an_unknown_speculation_mode_is_refused_before_any_runtime_is_reached(
 ) -> None:
     result = run_cli("load", str(fixture_dir / "tiny.gguf"), "--spec", "magic", "--json")
     assert result.code == 10, result.stderr
-    assert "--spec must be one of: off, ngram" in result.stderr
+    assert "--spec must be one of: off, auto, ngram" in result.stderr
     too_many = run_cli("load", str(fixture_dir / "tiny.gguf"), "--spec-draft-tokens", "65")
     assert too_many.code == 10 and "1-64" in too_many.stderr

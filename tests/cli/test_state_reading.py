@@ -14,7 +14,12 @@ from rich.console import Console
 
 from skippy_tui import demo
 from skippyctl.cli.exit_codes import ExitCode, exit_code_for, exit_code_for_text
-from skippyctl.cli.state_tables import health_line, models_table
+from skippyctl.cli.state_tables import (
+    health_line,
+    models_table,
+    sessions_table,
+    speculation_line,
+)
 from skippyctl.cli.wait import parse_condition
 from skippyctl.events.envelope import Event
 from skippyctl.output.state import state_document
@@ -160,3 +165,37 @@ def test_wait_on_a_newer_runtimes_reason_fails_with_its_name_and_exit_1() -> Non
 )
 def test_a_reason_as_a_runtime_spelled_it_maps_to_its_exit_code(text: object, code: int) -> None:
     assert exit_code_for_text(text) is code
+
+
+def test_ps_shows_speculation_acceptance_per_model_and_per_session() -> None:
+    document = {
+        "models": [
+            {
+                "model_id": "tiny",
+                "state": "available",
+                "spec_proposed_tokens": 1200,
+                "spec_accepted_tokens": 900,
+            },
+            {"model_id": "plain", "state": "available"},
+        ],
+        "sessions": [
+            {
+                "session_id": "s-1",
+                "state": "idle",
+                "model_id": "tiny",
+                "spec_proposed_tokens": 40,
+                "spec_accepted_tokens": 10,
+            },
+            {"session_id": "s-2", "state": "idle", "model_id": "plain"},
+        ],
+    }
+    state = read_state_document(document)
+    assert speculation_line(state.models[0]) == (
+        "  tiny speculation: 75% of 1,200 proposed tokens accepted"
+    )
+    rows = [line.split() for line in _text(sessions_table(state))]
+    assert rows == [
+        ["session", "model", "state", "accept"],
+        ["s-1", "tiny", "idle", "25%"],
+        ["s-2", "plain", "idle", "-"],
+    ]

@@ -34,7 +34,7 @@ from skippyctl.events.envelope import settings
 @pytest.mark.parametrize(
     ("options", "says"),
     [
-        ({"spec": "eager"}, "--spec must be one of: off, ngram, plugin, draft"),
+        ({"spec": "eager"}, "--spec must be one of: off, auto, ngram, plugin, draft"),
         ({"spec": "ngram", "spec_draft_tokens": 0}, "--spec-draft-tokens must be 1-64"),
         ({"spec": "plugin", "spec_deadline_ms": 0.0}, "--spec-deadline-ms must be 1-1000"),
         ({"spec": "plugin", "spec_deadline_ms": float("nan")}, "--spec-deadline-ms must be"),

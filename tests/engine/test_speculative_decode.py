@@ -17,9 +17,11 @@ import llama_cpp
 import pytest
 
 from skippyctl.config.load_options import SpecMode
+from skippyctl.engine import spec_gate
 from skippyctl.engine.draft import DraftModel
 from skippyctl.engine.generation import BatchEngine, GenerateRequest, SamplingParams
-from skippyctl.engine.protocol_messages import EngineMessage, GenDone, GenText
+from skippyctl.engine.protocol_messages import EngineMessage, GenDone, GenSpecSwitched, GenText
+from skippyctl.engine.spec_gate import StepCosts
 from skippyctl.engine.speculation import ServingPlugins, SpecConfig
 from skippyctl.fixtures import TINY_SUCCESSOR, TINY_SUCCESSOR_DRAFT, make_model, successor_cycles
 from skippyctl.plugins.api import PluginReceipt, RequestIds
@@ -29,6 +31,7 @@ from skippyctl.plugins.inprocess import InProcessPlugin
 WAIT_S = 60.0
 WORDS = ("fox", "the", "good", "about")  # prompts end on different words of the cycle
 NGRAM = SpecConfig(SpecMode.NGRAM, draft_tokens=8)
+AUTO = SpecConfig(SpecMode.AUTO)
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +51,7 @@ class Run:
     def __init__(self) -> None:
         self.text: dict[str, str] = {}
         self.done: dict[str, GenDone] = {}
+        self.switched: list[GenSpecSwitched] = []
         self._cond = threading.Condition()
 
     def __call__(self, message: EngineMessage) -> None:
@@ -57,6 +61,8 @@ class Run:
             elif isinstance(message, GenDone):
                 self.done[message.request_id] = message
                 self._cond.notify_all()
+            elif isinstance(message, GenSpecSwitched):
+                self.switched.append(message)
 
     def wait(self, count: int) -> None:
         with self._cond:
@@ -128,6 +134,65 @@ def test_speculated_text_is_the_known_cycle_and_most_tokens_come_from_proposals(
         assert done.figures.spec_accepted >= (n - 48) * 3 // 4
         assert done.figures.spec_windows < (n - 48) // 4  # far fewer steps than tokens
         assert plain.done[request.request_id].figures.spec_windows == 0
+
+
+class _KnownCosts(StepCosts):
+    """Step costs as given, whatever the steps measure: the gate's decisions then depend on
+    the proposals alone, not on how busy this machine is (the measuring itself is
+    ``test_spec_gate.py``'s)."""
+
+    token_s = 0.0
+    pass_s = 0.0
+
+    def plain(self, lanes: int) -> float:
+        return 0.001 * lanes
+
+    def cost(self, proposed: int, added_passes: int) -> float:
+        return self.token_s * proposed + self.pass_s * added_passes
+
+
+@pytest.mark.parametrize("lanes", [1, 4])
+def test_auto_verifies_proposals_once_they_pay_and_never_changes_the_text(
+    model: Any, lanes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--spec auto`` on the successor model with proposals that cost a tenth of a token
+    each: after the first cycle every proposal is right, so every lane switches on (reported)
+    and most tokens come from proposals."""
+    monkeypatch.setattr(spec_gate, "StepCosts", _KnownCosts)
+    monkeypatch.setattr(_KnownCosts, "token_s", 0.0001)
+    monkeypatch.setattr(_KnownCosts, "pass_s", 0.0002)
+    table = successor_cycles(TINY_SUCCESSOR)
+    n = 200
+    requests = [_request(f"r{i}", word, n) for i, word in enumerate(WORDS[:lanes])]
+    speculated = _generate(model, AUTO, requests, lanes, sequential=False)
+    for request, word in zip(requests, WORDS, strict=False):
+        expected = table.text(table.continuation(table.word_id(word), n))
+        assert speculated.text[request.request_id] == expected
+        figures = speculated.done[request.request_id].figures
+        assert figures.generated_tokens == n
+        assert figures.spec_accepted >= (n - 48) // 2, figures
+    switched_on = {m.request_id for m in speculated.switched if m.speculating}
+    assert switched_on == {r.request_id for r in requests}
+    assert all(m.acceptance_pct >= 50 and m.lanes <= lanes for m in speculated.switched)
+
+
+def test_auto_verifies_nothing_where_proposals_cost_more_than_they_could_add(
+    model: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Proposed tokens dearer than a whole step: even right proposals do not pay, so no lane
+    verifies any (the text is the same) and none switches on."""
+    monkeypatch.setattr(spec_gate, "StepCosts", _KnownCosts)
+    monkeypatch.setattr(_KnownCosts, "token_s", 0.01)
+    table = successor_cycles(TINY_SUCCESSOR)
+    n = 120
+    requests = [_request(f"r{i}", word, n) for i, word in enumerate(WORDS[:2])]
+    run = _generate(model, AUTO, requests, 2, sequential=False)
+    for request, word in zip(requests, WORDS, strict=False):
+        assert run.text[request.request_id] == table.text(
+            table.continuation(table.word_id(word), n)
+        )
+        assert run.done[request.request_id].figures.spec_proposed == 0
+    assert run.switched == []
 
 
 def test_a_session_continues_from_speculated_kv(model: Any) -> None:

@@ -1,0 +1,276 @@
+"""``--spec auto``: which decoding lanes verify their n-gram proposals in a step.
+
+A lane's proposals pay when the tokens they are expected to add are worth more than what
+verifying them adds to the step, on this machine, for this model, at this batch size:
+
+- **Worth.** A window of ``k`` proposals at per-token acceptance ``p`` adds
+  ``p + p² + … + pᵏ`` tokens on average (verification stops at the first mismatch), each worth
+  what a plain step spends per lane: ``plain(d) / d`` seconds with ``d`` lanes decoding.
+- **Cost.** What a step's proposals add to its time: ``c`` seconds a proposed token and ``e``
+  seconds a forward pass they add (with one KV stream per lane, llama.cpp verifies lanes of
+  unequal lengths in several passes: ``engine/batch.py``'s :func:`forward_passes`). Both are
+  fitted as the step goes (recursive least squares, forgetting old steps) from how much
+  longer speculating steps took than plain steps with as many lanes (:class:`StepCosts`).
+
+Acceptance is measured per lane also while the lane does not speculate: the proposer is still
+asked (prompt lookup in this process costs microseconds), and its proposal is compared with
+the tokens the lane then commits — a shadow window that costs no decode (:class:`LaneGate`).
+So a lane that stopped because its proposals failed, or because the batch grew, starts again
+as soon as they would pay again. Whether a lane counts as speculating follows the share of
+its steps with proposals that verified them, with hysteresis; every switch is reported
+(``speculation_switched``).
+
+Decode thread only; no llama.cpp, no tokens leave (only counts and a percentage).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+ACCEPTANCE_DECAY: Final = 0.8
+"""Each window's weight against the lane's earlier ones: recent windows decide."""
+MODEL_ACCEPTANCE_DECAY: Final = 0.98
+"""The same over every lane of the model: the prior a request starts from."""
+PRIOR_WINDOWS: Final = 2.0
+"""How many windows the model's acceptance counts for in a lane's estimate."""
+PLAIN_STEP_WEIGHT: Final = 0.1
+"""Weight of each plain step's time in its lane count's moving average."""
+COST_FORGETTING: Final = 0.99
+"""Recursive least squares' forgetting factor: a step 100 steps ago weighs a third."""
+STEP_NOISE: Final = 0.1
+"""How much a step's time varies from one step to the next, as a share of it (2 busy cores)."""
+CHOSEN_WEIGHT: Final = 0.5
+"""Weight of each step a lane had proposals in its share of such steps that verified them."""
+SWITCH_ON: Final = 0.6
+SWITCH_OFF: Final = 0.25
+"""Shares of a lane's steps with proposals that verified them, at which it counts as
+speculating and as not (hysteresis: one step either way does not switch it)."""
+
+
+def expected_accepted(acceptance: float, window: int) -> float:
+    """Tokens a window of ``window`` proposals adds on average at per-token ``acceptance``."""
+    if acceptance >= 1.0:
+        return float(window)
+    if acceptance <= 0.0:
+        return 0.0
+    return acceptance * (1.0 - acceptance**window) / (1.0 - acceptance)
+
+
+class StepCosts:
+    """What steps cost: a moving average of plain steps' seconds for each lane count, and a
+    recursive least-squares fit of what proposals add (module docstring)."""
+
+    __slots__ = ("_cost", "_covariance", "_plain")
+
+    def __init__(self) -> None:
+        self._plain: dict[int, float] = {}
+        self._cost: list[float] | None = None
+        """``[c, e]``: seconds a proposed token, seconds an added forward pass."""
+        self._covariance: list[list[float]] = []
+
+    def plain(self, lanes: int) -> float | None:
+        """Seconds a plain step of ``lanes`` decoding lanes takes (the nearest lane count
+        measured when this one was not), None before any plain step."""
+        known = self._plain.get(lanes)
+        if known is not None or not self._plain:
+            return known
+        nearest = min(self._plain, key=lambda measured: abs(measured - lanes))
+        return self._plain[nearest]
+
+    def observe_plain(self, lanes: int, seconds: float) -> None:
+        known = self._plain.get(lanes)
+        self._plain[lanes] = (
+            seconds if known is None else known + PLAIN_STEP_WEIGHT * (seconds - known)
+        )
+        if self._cost is None:
+            # The prior until speculating steps say otherwise: a proposed token costs a quarter
+            # of a one-lane step and an added pass half of one — pessimistic on a CPU, so a
+            # lane speculates first where it clearly pays, and the fit learns from there.
+            base = self._plain[lanes] / lanes
+            self._cost = [base / 4.0, base / 2.0]
+            # In units of a step's noise (about a tenth of it), each prior as uncertain as it
+            # is large: a few speculating steps outweigh it.
+            noise = STEP_NOISE * self._plain[lanes]
+            self._covariance = [[(base / 4.0 / noise) ** 2, 0.0], [0.0, (base / 2.0 / noise) ** 2]]
+
+    def observe_speculated(
+        self, lanes: int, proposed: int, added_passes: int, seconds: float
+    ) -> None:
+        """A step that verified ``proposed`` tokens in ``added_passes`` passes more than its
+        ``lanes`` lanes alone would need took ``seconds``."""
+        plain = self._plain.get(lanes)
+        cost = self._cost
+        if plain is None or cost is None or proposed <= 0:
+            return
+        excess = seconds - plain
+        x0, x1 = float(proposed), float(added_passes)
+        p = self._covariance
+        px0 = p[0][0] * x0 + p[0][1] * x1
+        px1 = p[1][0] * x0 + p[1][1] * x1
+        gain_den = COST_FORGETTING + x0 * px0 + x1 * px1
+        k0, k1 = px0 / gain_den, px1 / gain_den
+        error = excess - (cost[0] * x0 + cost[1] * x1)
+        cost[0] += k0 * error
+        cost[1] += k1 * error
+        # P = (P - k xᵀ P) / λ, with xᵀP = (px0, px1) since P is symmetric.
+        self._covariance = [
+            [(p[0][0] - k0 * px0) / COST_FORGETTING, (p[0][1] - k0 * px1) / COST_FORGETTING],
+            [(p[1][0] - k1 * px0) / COST_FORGETTING, (p[1][1] - k1 * px1) / COST_FORGETTING],
+        ]
+
+    def cost(self, proposed: int, added_passes: int) -> float | None:
+        """Seconds ``proposed`` tokens in ``added_passes`` more passes add to a step; None
+        before any plain step (nothing to compare with)."""
+        cost = self._cost
+        if cost is None:
+            return None
+        return max(0.0, cost[0]) * proposed + max(0.0, cost[1]) * added_passes
+
+
+class LaneGate:
+    """One request's acceptance and speculation state (module docstring)."""
+
+    __slots__ = ("_accepted", "_chosen", "_rejected", "on", "shadow", "shadow_matched")
+
+    def __init__(self) -> None:
+        self._accepted = 0.0
+        """Accepted proposals, each window weighted by :data:`ACCEPTANCE_DECAY` per later one."""
+        self._rejected = 0.0
+        """Windows that ended in a mismatch, weighted alike."""
+        self.on = False
+        """Whether the lane speculates: its share of steps with proposals that verified them
+        crossed :data:`SWITCH_ON` (and not :data:`SWITCH_OFF` since)."""
+        self._chosen = 0.0
+        self.shadow: list[int] = []
+        """A proposal not verified, compared with the tokens the lane commits next."""
+        self.shadow_matched = 0
+
+    def acceptance(self, prior: float) -> float:
+        """Per-token acceptance: the geometric estimate accepted / (accepted + mismatches),
+        with the model's acceptance ``prior`` counted as :data:`PRIOR_WINDOWS` windows."""
+        accepted = self._accepted + PRIOR_WINDOWS * prior
+        return accepted / (accepted + self._rejected + PRIOR_WINDOWS * (1.0 - prior))
+
+    def verified(self, chosen: bool) -> bool:
+        """A step in which the lane had proposals verified them (``chosen``) or not; True when
+        that switched :attr:`on`."""
+        self._chosen += CHOSEN_WEIGHT * ((1.0 if chosen else 0.0) - self._chosen)
+        if self.on and self._chosen < SWITCH_OFF or not self.on and self._chosen > SWITCH_ON:
+            self.on = not self.on
+            return True
+        return False
+
+    def record(self, proposed: int, accepted: int) -> None:
+        self._accepted = self._accepted * ACCEPTANCE_DECAY + accepted
+        self._rejected = self._rejected * ACCEPTANCE_DECAY + (1.0 if accepted < proposed else 0.0)
+
+    def committed(self, tokens: Sequence[int]) -> tuple[int, int] | None:
+        """Compare the shadow proposal with ``tokens`` just committed: ``(proposed,
+        accepted)`` once it is decided (a mismatch, or every token matched), else None."""
+        shadow = self.shadow
+        if not shadow:
+            return None
+        matched = self.shadow_matched
+        for token in tokens:
+            if token != shadow[matched]:
+                self.shadow = []
+                return len(shadow), matched
+            matched += 1
+            if matched == len(shadow):
+                self.shadow = []
+                return len(shadow), matched
+        self.shadow_matched = matched
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A lane with a proposal this step: its sequence, proposal length and gate."""
+
+    seq: int
+    proposed: int
+    gate: LaneGate
+
+
+class SpecGate:
+    """The model's ``--spec auto`` decisions (module docstring). ``passes`` counts a step's
+    forward passes from its ``(sequence, tokens)`` rows (one with a unified KV)."""
+
+    __slots__ = ("_accepted", "_passes", "_rejected", "costs")
+
+    def __init__(self, passes: Callable[[Sequence[tuple[int, int]]], int]) -> None:
+        self._passes = passes
+        self.costs = StepCosts()
+        self._accepted = 0.0
+        self._rejected = 0.0
+
+    @property
+    def prior(self) -> float:
+        """The model's per-token acceptance over recent windows of every lane (0.5 before
+        any)."""
+        return (self._accepted + 1.0) / (self._accepted + self._rejected + 2.0)
+
+    def record(self, gate: LaneGate, proposed: int, accepted: int) -> None:
+        """A window's outcome, verified or shadow."""
+        gate.record(proposed, accepted)
+        self._accepted = self._accepted * MODEL_ACCEPTANCE_DECAY + accepted
+        self._rejected = self._rejected * MODEL_ACCEPTANCE_DECAY + (
+            1.0 if accepted < proposed else 0.0
+        )
+
+    def worth(self, gate: LaneGate, proposed: int, lanes: int) -> float | None:
+        """Seconds a window of ``proposed`` saves on average with ``lanes`` lanes decoding."""
+        plain = self.costs.plain(lanes)
+        if plain is None:
+            return None
+        return expected_accepted(gate.acceptance(self.prior), proposed) * plain / lanes
+
+    def choose(
+        self, rows: list[tuple[int, int]], candidates: Sequence[Candidate], lanes: int
+    ) -> tuple[dict[int, int], list[LaneGate]]:
+        """Which candidates verify how many of their proposals this step: ``{seq: length}``,
+        and the gates that switched on or off. ``rows`` are the step's ``(sequence, tokens)``
+        without proposals; lanes are taken best worth-per-token first while each still pays
+        for what it adds — a window may be cut to the length of one already taken, when
+        sharing that one's passes pays better."""
+        chosen: dict[int, int] = {}
+        ranked: list[tuple[float, Candidate]] = []
+        for candidate in candidates:
+            worth = self.worth(candidate.gate, candidate.proposed, lanes)
+            if worth is not None:
+                ranked.append((worth / candidate.proposed, candidate))
+        ranked.sort(key=lambda entry: entry[0], reverse=True)
+        current = dict(rows)
+        passes = self._passes(rows)
+        for _rank, candidate in ranked:
+            best: tuple[float, int, int] | None = None
+            lengths = {candidate.proposed} | {
+                taken for taken in chosen.values() if taken < candidate.proposed
+            }
+            for length in lengths:
+                trial = dict(current)
+                trial[candidate.seq] = trial.get(candidate.seq, 0) + length
+                trial_passes = self._passes(list(trial.items()))
+                cost = self.costs.cost(length, trial_passes - passes)
+                worth = self.worth(candidate.gate, length, lanes)
+                if cost is None or worth is None:
+                    continue
+                net = worth - cost
+                if net > 0 and (best is None or net > best[0]):
+                    best = (net, length, trial_passes)
+            if best is not None:
+                _net, length, passes = best
+                current[candidate.seq] = current.get(candidate.seq, 0) + length
+                chosen[candidate.seq] = length
+        switched = [
+            candidate.gate
+            for candidate in candidates
+            if candidate.gate.verified(candidate.seq in chosen)
+        ]
+        return chosen, switched
+
+    def passes(self, rows: Sequence[tuple[int, int]]) -> int:
+        """Forward passes a step of these ``(sequence, tokens)`` rows takes."""
+        return self._passes(rows)
