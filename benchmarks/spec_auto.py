@@ -10,7 +10,7 @@ Workloads, each at every S of --sessions (successor: 1 and 4 only):
   questions (not repetitive), `/v1/chat/completions`, greedy, up to 192 tokens, each reply
   ending where the model ends it. Variants: skippy with default load flags (`--spec auto`) and
   with `--spec off`. Target: default ≥ 0.98 × off.
-- `repetitive`: the same model asked to rewrite, copy-edit or comment a given text or code (up
+- `repetitive`: the same model asked to repeat a given text or code with a small change (up
   to 256 tokens), the work prompt lookup exists for. Variants: skippy default, skippy
   `--spec off`, llama-server and llama-server with each `--spec-type` of
   --llama-server-types. Targets: default ≥ 1.5 × off and ≥ 1.0 × llama-server's best mode.
@@ -105,6 +105,26 @@ def h(s):
             c[x] = 1
     return c
 """
+_FILES: Final = """import os
+
+
+def list_files(folder):
+    names = []
+    for name in os.listdir(folder):
+        path = os.path.join(folder, name)
+        if os.path.isfile(path):
+            names.append(name)
+    print("found", len(names), "files")
+    return names
+
+
+def total_size(folder):
+    size = 0
+    for name in list_files(folder):
+        size += os.path.getsize(os.path.join(folder, name))
+    print("total", size)
+    return size
+"""
 _TEXT: Final = (
     "The library opens at nine in the morning and closes at six in the evening. Visitors can "
     "borrow up to five books at a time, and books must be returned within three weeks. The "
@@ -113,18 +133,21 @@ _TEXT: Final = (
     "free computer classes on Tuesday evenings, and a small cafe near the entrance sells tea, "
     "coffee and sandwiches."
 )
-_TYPOS: Final = (
-    "Teh library opens at nine in teh morning and closes at six in the evenning. Vistors can "
-    "borow up to five books at a time, and books must be returnd within three weeks. The "
-    "reading room on the secnd floor is quiet and has large tables, good lamps and a veiw of "
-    "the park. Childern can join the story hour every Saturday at ten."
+_RECIPE: Final = (
+    "Mix two cups of flour with one cup of sugar and a pinch of salt. Add two eggs, half a cup "
+    "of milk and a spoon of butter, and stir until smooth. Pour the batter into a tin and bake "
+    "for thirty minutes. Let the cake cool, then cover it with a thin layer of sugar and serve "
+    "it with fresh berries."
 )
 REPETITIVE_PROMPTS: Final = (
-    f"Rewrite this Python code with descriptive names. Return the whole code.\n\n{_CODE}",
-    f"Fix the spelling mistakes in this text and return the whole corrected text:\n\n{_TYPOS}",
-    f"Add a docstring to each function of this code and return the whole code.\n\n{_CODE}",
     f"Repeat the following text, but replace 'library' with 'museum':\n\n{_TEXT}",
+    f"Repeat the following Python code, but rename the function f to find_common:\n\n{_CODE}",
+    f"Repeat the following recipe, but replace 'sugar' with 'honey':\n\n{_RECIPE}",
+    f"Repeat this code, but change every print to log:\n\n{_FILES}",
 )
+"""Repeating a given text or code with a small change: the small model copies two of them
+nearly whole, part of the third, and falls into a loop of its own on the recipe — all of it
+the kind of output prompt lookup exists for."""
 WORKLOADS: Final = ("chat", "repetitive", "successor")
 
 
@@ -266,10 +289,22 @@ def _measure(workload: str, variant: Variant, sessions: int, requests: int, thre
                     )
                 )
                 rate = made / wall
+            acceptance = _acceptance(server.url, server.headers) if variant.server == SKIPPY else ""
         finally:
             server.stop()
-    sys.stderr.write(f"  {variant.name:>28} S={sessions}: {rate:8.1f} tok/s\n")
+    sys.stderr.write(f"  {variant.name:>28} S={sessions}: {rate:8.1f} tok/s{acceptance}\n")
     return Sample(rate, replies)
+
+
+def _acceptance(url: str, headers: dict[str, str]) -> str:
+    """What speculation did in the run, from skippy's /metrics: drafted and accepted tokens."""
+    text = httpx.get(f"{url}/metrics", headers=headers, timeout=30.0).text
+    counts = {"drafted": 0.0, "accepted": 0.0}
+    for line in text.splitlines():
+        for name in counts:
+            if line.startswith(f"skippy_spec_{name}_tokens_total{{"):
+                counts[name] += float(line.rsplit(" ", 1)[1])
+    return f"  (drafted {counts['drafted']:.0f}, accepted {counts['accepted']:.0f})"
 
 
 def _verdict(

@@ -258,7 +258,7 @@ class Proposals:
 
     def stepped(self, decode_s: float) -> None:
         """This step's ``llama_decode`` took ``decode_s`` seconds: what the gate learns."""
-        plan = self._step_plan
+        plan, self._step_plan = self._step_plan, None  # a step that proposed nothing plans none
         gate = self._gate
         if plan is None or gate is None:
             return
