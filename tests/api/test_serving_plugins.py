@@ -103,11 +103,15 @@ def _text(body: dict[str, Any]) -> str:
     return str(body["choices"][0]["text"])
 
 
-def _plugin_events(server: Server, model: str) -> list[dict[str, Any]]:
+def _plugin_events(server: Server, model: str, observed: bool = False) -> list[dict[str, Any]]:
+    """The model's ``serving_plugin_*`` events; the counters (``serving_plugin_observed``, sent
+    as they change) only when ``observed``."""
     return [
         e
         for e in server.events()
-        if e["kind"].startswith("serving_plugin_") and e["scope"].get("model_id") == model
+        if e["kind"].startswith("serving_plugin_")
+        and e["scope"].get("model_id") == model
+        and observed == (e["kind"] == "serving_plugin_observed")
     ]
 
 
@@ -191,6 +195,13 @@ def test_the_built_in_ngram_plugin_runs_by_its_entry_point_and_in_the_engine(
     assert [(e["kind"], e["scope"]["plugin_id"]) for e in loaded] == [
         ("serving_plugin_loaded", "ngram")
     ]
+    # Part of the load: it carries the load's operation (so `load --json` shows it).
+    (requested,) = [
+        e
+        for e in server.events()
+        if e["kind"] == "model_load_requested" and e["scope"].get("model_id") == "builtin"
+    ]
+    assert loaded[0]["operation"]["root"] == requested["operation"]["root"]
     # In the engine process: no sidecar, so no plugin events.
     assert _plugin_events(server, "inproc") == []
 
@@ -253,6 +264,11 @@ def test_a_plugin_that_misses_every_deadline_costs_only_its_proposals(
     assert body["usage"]["completion_tokens"] == TOKENS
     figures = body["receipt"]["speculative"]
     assert figures["late"] > 0 and figures["accepted"] == 0, figures
+    # Late is a discard, not a failure (the plugin contract): never failed, never disabled.
+    body = _complete(server, "sleepy")
+    assert body["receipt"]["speculative"]["late"] > 0
+    kinds = [e["kind"] for e in _plugin_events(server, "sleepy")]
+    assert kinds == ["serving_plugin_loaded"], kinds
 
 
 def _models(server: Server) -> list[dict[str, Any]]:
