@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -269,6 +270,26 @@ def test_a_plugin_that_misses_every_deadline_costs_only_its_proposals(
     assert body["receipt"]["speculative"]["late"] > 0
     kinds = [e["kind"] for e in _plugin_events(server, "sleepy")]
     assert kinds == ["serving_plugin_loaded"], kinds
+    # Its counters leave the engine (serving_plugin_observed, at most every 2 s): the state
+    # document's model lists the plugin, serving, with its late discards; /metrics too.
+    plugin: dict[str, Any] = {}
+    until = time.monotonic() + 60
+    while time.monotonic() < until:
+        (model,) = [m for m in _models(server) if m["model_id"] == "sleepy"]
+        plugin = (model.get("plugins") or [{}])[0]
+        if plugin.get("late", 0) >= 2:
+            break
+        time.sleep(0.2)
+    assert plugin["plugin_id"] == "sleepy.so" and plugin["state"] == "serving", plugin
+    assert plugin["late"] >= 2 and plugin["failures"] == 0, plugin
+    assert plugin["discarded"]["deadline_exceeded"] == plugin["late"]
+    assert plugin["delivered"] > 0
+    with server.http() as http:
+        metrics = http.get("/metrics").text
+    assert (
+        'skippy_plugin_discarded_proposals_total{model="sleepy",plugin="sleepy.so",'
+        'reason="deadline_exceeded"}'
+    ) in metrics
 
 
 def _models(server: Server) -> list[dict[str, Any]]:

@@ -134,3 +134,11 @@ def test_counters_are_one_progress_event_with_counts_only() -> None:
         "plugin_discarded_execution_failed": 7,
     }
     assert plugin_events(PluginCounters("/abs/p.so", 1, 0, 0, 0, 0, 0, 0, 0, 0), MODEL) == []
+
+
+def test_the_counters_summary_names_each_count() -> None:
+    (event,) = plugin_events(PluginCounters("ngram", 1234, 1, 2, 3, 1, 0, 2, 0, 4), MODEL)
+    assert render_summary(event) == (
+        "serving plugin: 1234 delivered, 1 deferred, 2 dropped, 3 late, 6 discarded otherwise, "
+        "1 failures"
+    )
