@@ -10,7 +10,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,7 @@ TOKENS = 160
 def plugins(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("built-plugins")
     built = {"ngram": _cc(EXAMPLES / "c" / "ngram_plugin.c", out / "ngram_plugin.so")}
-    for name in ("crashy", "sleepy"):
+    for name in ("crashy", "sleepy", "garbage"):
         built[name] = _cc(
             HERE / "fault_plugin.c", out / f"{name}.so", f"-DFAULT_MODE={FAULT_MODES[name]}"
         )
@@ -272,14 +272,7 @@ def test_a_plugin_that_misses_every_deadline_costs_only_its_proposals(
     assert kinds == ["serving_plugin_loaded"], kinds
     # Its counters leave the engine (serving_plugin_observed, at most every 2 s): the state
     # document's model lists the plugin, serving, with its late discards; /metrics too.
-    plugin: dict[str, Any] = {}
-    until = time.monotonic() + 60
-    while time.monotonic() < until:
-        (model,) = [m for m in _models(server) if m["model_id"] == "sleepy"]
-        plugin = (model.get("plugins") or [{}])[0]
-        if plugin.get("late", 0) >= 2:
-            break
-        time.sleep(0.2)
+    plugin = _plugin_entry(server, "sleepy", lambda p: p.get("late", 0) >= 2)
     assert plugin["plugin_id"] == "sleepy.so" and plugin["state"] == "serving", plugin
     assert plugin["late"] >= 2 and plugin["failures"] == 0, plugin
     assert plugin["discarded"]["deadline_exceeded"] == plugin["late"]
@@ -290,6 +283,48 @@ def test_a_plugin_that_misses_every_deadline_costs_only_its_proposals(
         'skippy_plugin_discarded_proposals_total{model="sleepy",plugin="sleepy.so",'
         'reason="deadline_exceeded"}'
     ) in metrics
+
+
+def _plugin_entry(server: Server, model: str, ready: Callable[[dict[str, Any]], bool]) -> Any:
+    """The model's first plugin in the state document once ``ready`` says its counters (sent
+    by the engine at most every 2 s) arrived; the last one seen after a minute."""
+    plugin: dict[str, Any] = {}
+    until = time.monotonic() + 60
+    while time.monotonic() < until:
+        (entry,) = [m for m in _models(server) if m["model_id"] == model]
+        plugin = (entry.get("plugins") or [{}])[0]
+        if ready(plugin):
+            break
+        time.sleep(0.2)
+    return plugin
+
+
+def test_a_plugin_answering_garbage_is_discarded_by_reason_and_stays_enabled(
+    server: Server, plugins: dict[str, Path]
+) -> None:
+    """Invalid proposals (ids outside the vocabulary, negative, over capacity) through the real
+    engine: never verified, so the text is the plain one; counted as discards by reason, not as
+    failures: the plugin is never failed, never disabled, and keeps being asked."""
+    _serving(server, "plain")
+    _plugged(server, "garbage", str(plugins["garbage"]))
+    plain = _text(_complete(server, "plain"))
+    for _ in range(2):
+        body = _complete(server, "garbage")
+        assert _text(body) == plain
+        assert body["receipt"]["speculative"]["accepted"] == 0
+    kinds = [e["kind"] for e in _plugin_events(server, "garbage")]
+    assert kinds == ["serving_plugin_loaded"], kinds
+
+    def counted(p: dict[str, Any]) -> bool:
+        discarded = p.get("discarded", {})
+        return bool(
+            discarded.get("invalid_token_id", 0) >= 2
+            and discarded.get("invalid_token_count", 0) >= 1
+        )
+
+    plugin = _plugin_entry(server, "garbage", counted)
+    assert counted(plugin), plugin
+    assert plugin["state"] == "serving" and plugin["failures"] == 0, plugin
 
 
 def _models(server: Server) -> list[dict[str, Any]]:

@@ -523,3 +523,48 @@ def test_a_failed_draft_decode_is_reported_and_costs_only_its_proposals(
         assert (draft.failures, failures) == (1, [(1, 1)])
     finally:
         draft.free()
+
+
+class _FailingDecode:
+    """llama_cpp, except that decode call number ``fail_at`` returns -3 (a failed compute)
+    without running: the step's proposals are never verified."""
+
+    def __init__(self, fail_at: int) -> None:
+        self.calls = 0
+        self.fail_at = fail_at
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(llama_cpp, name)
+
+    def llama_decode(self, context: Any, batch: Any) -> Any:
+        self.calls += 1
+        if self.calls == self.fail_at:
+            return -3
+        return llama_cpp.llama_decode(context, batch)
+
+
+def test_proposals_of_a_failed_step_reach_the_proposer_as_execution_failed(model: Any) -> None:
+    params = llama_cpp.llama_context_default_params()
+    params.n_ctx = 512
+    params.n_seq_max = 1
+    context = llama_cpp.llama_init_from_model(model, params)
+    assert context
+    run = Run()
+    plugins = OracleProposals()
+    engine = BatchEngine(
+        _FailingDecode(fail_at=3), model, context, lanes=1, emit=run, n_threads=1,  # type: ignore[arg-type]  # a duck-typed llama_cpp
+        speculation=SpecConfig(SpecMode.PLUGIN, draft_tokens=8), plugins=plugins,
+    )  # fmt: skip
+    engine.start()
+    try:
+        engine.submit(_request("r", "fox", 100))
+        run.wait(1)
+        assert engine.proposal_failures == 0
+    finally:
+        engine.stop()
+        llama_cpp.llama_free(context)
+    assert run.done["r"].outcome.value == "failed"
+    assert plugins.finished == {"r"}  # aborted, after the outcome (asserted in outcome)
+    kind, reason, proposed, accepted = plugins.outcomes[-1]
+    assert (kind, reason, accepted) == (OutcomeKind.DISCARDED, DiscardReason.EXECUTION_FAILED, 0)
+    assert proposed > 0
