@@ -334,7 +334,10 @@ class PluginLink(SidecarSupervisor):
             late: set[str] = set()
             for qid in mine:
                 wait = self._waiting.pop(qid)
-                if wait.answer is None and not wait.gone and wait.plugin.state != "disabled":
+                answer = wait.answer
+                # no answer by the deadline, or the sidecar's own "it came too late" (EXPIRED)
+                missed = answer is None or int(answer.fields[1]) == AnswerStatus.EXPIRED
+                if missed and not wait.gone and wait.plugin.state != "disabled":
                     late.add(wait.request)
                 reports += self._take(wait, result)
             self._last_late = frozenset(late)
