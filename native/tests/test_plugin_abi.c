@@ -120,8 +120,8 @@ static void test_init_refuses_without_writing(void) {
     CHECK(memcmp(&vt, canary, sizeof(vt)) == 0);
     CHECK_EQ(skippy_plugin_init_v1(SKIPPY_PLUGIN_ABI_VERSION, NULL, sizeof(vt)),
              SKIPPY_PLUGIN_INVALID_ARGUMENT);
-    /* A host with a shorter vtable than v1: refused, nothing written past its size. */
-    size_t short_size = SKIPPY_PLUGIN_V1_SIZE - 8;
+    /* A host with a shorter vtable than the first v1: refused, nothing written past its size. */
+    size_t short_size = SKIPPY_PLUGIN_V1_BASE_SIZE - 8;
     skippy_plugin_v1 *small = malloc(short_size);
     if (small == NULL) exit(2);
     memset(small, 0xAB, short_size);
@@ -131,10 +131,48 @@ static void test_init_refuses_without_writing(void) {
     free(small);
 }
 
+static void test_a_host_with_the_first_vtable_gets_80_bytes(void) {
+    /* A host built before activate offers 80 bytes: the plugin fills exactly those (ASan trips
+     * on a write past the heap block) and says so in struct_size. */
+    skippy_plugin_v1 *old = malloc(SKIPPY_PLUGIN_V1_BASE_SIZE);
+    if (old == NULL) exit(2);
+    memset(old, 0, SKIPPY_PLUGIN_V1_BASE_SIZE);
+    CHECK_EQ(skippy_plugin_init_v1(SKIPPY_PLUGIN_ABI_VERSION, old, SKIPPY_PLUGIN_V1_BASE_SIZE),
+             SKIPPY_PLUGIN_OK);
+    CHECK_EQ(old->struct_size, SKIPPY_PLUGIN_V1_BASE_SIZE);
+    CHECK(old->begin != NULL && old->destroy != NULL);
+    old->destroy(old->state);
+    free(old);
+}
+
+static void test_activate_takes_the_model_and_refuses_a_bad_config(void) {
+    skippy_plugin_v1 *vt = load_plugin();
+    CHECK_EQ(vt->struct_size, SKIPPY_PLUGIN_V1_SIZE);
+    CHECK(vt->activate != NULL);
+    skippy_plugin_activation_v1 *a = malloc(sizeof(*a));
+    if (a == NULL) exit(2);
+    memset(a, 0, sizeof(*a));
+    a->struct_size = sizeof(*a);
+    a->spec_mode = SKIPPY_PLUGIN_SPEC_PLUGIN;
+    a->model_id = "tiny";
+    a->config = "k=v";
+    a->config_len = 3;
+    a->n_vocab = 100;
+    a->n_ctx_per_lane = 512;
+    a->lanes = 4;
+    a->proposal_deadline_ns = 8000000;
+    CHECK_EQ(vt->activate(vt->state, a), SKIPPY_PLUGIN_OK);
+    a->config = "refuse";
+    a->config_len = 6;
+    CHECK_EQ(vt->activate(vt->state, a), SKIPPY_PLUGIN_INVALID_ARGUMENT);
+    free(a);
+    unload_plugin(vt);
+}
+
 static void test_vtable_is_versioned_and_complete(void) {
     skippy_plugin_v1 *vt = load_plugin();
     CHECK_EQ(vt->abi_version, SKIPPY_PLUGIN_ABI_VERSION);
-    CHECK(vt->struct_size >= SKIPPY_PLUGIN_V1_SIZE && vt->struct_size <= sizeof(*vt));
+    CHECK(vt->struct_size >= SKIPPY_PLUGIN_V1_BASE_SIZE && vt->struct_size <= sizeof(*vt));
     CHECK(vt->name != NULL && strcmp(vt->name, "ngram") == 0);
     CHECK(vt->begin != NULL && vt->commit != NULL && vt->propose != NULL);
     CHECK(vt->finish != NULL && vt->abort != NULL && vt->destroy != NULL);
@@ -165,8 +203,16 @@ static void test_one_request_through_the_whole_lifecycle(void) {
     CHECK_EQ(out[63], 13);
     if (vt->outcome != NULL) {
         skippy_plugin_ids_v1 ids = ids_of(1);
-        skippy_plugin_outcome_v1 o = {sizeof(o), 6, 4, 2};
+        skippy_plugin_outcome_v1 o = {sizeof(o), 6, 4, 2, SKIPPY_PLUGIN_OUTCOME_FIRST_MISMATCH,
+                                      SKIPPY_PLUGIN_DISCARD_NONE};
         CHECK_EQ(vt->outcome(vt->state, &ids, &o), SKIPPY_PLUGIN_OK);
+        /* An outcome from a host that knows only its first 16 bytes: read no further. */
+        skippy_plugin_outcome_v1 *old = malloc(SKIPPY_PLUGIN_OUTCOME_V1_BASE_SIZE);
+        if (old == NULL) exit(2);
+        memcpy(old, &o, SKIPPY_PLUGIN_OUTCOME_V1_BASE_SIZE);
+        old->struct_size = SKIPPY_PLUGIN_OUTCOME_V1_BASE_SIZE;
+        CHECK_EQ(vt->outcome(vt->state, &ids, old), SKIPPY_PLUGIN_OK);
+        free(old);
     }
     /* A run that does not start where the stream stands is refused, and changes nothing. */
     const int32_t stray[] = {99};
@@ -255,6 +301,10 @@ int main(void) {
     static const struct named_test tests[] = {
         {"init_refuses_without_writing", test_init_refuses_without_writing},
         {"vtable_is_versioned_and_complete", test_vtable_is_versioned_and_complete},
+        {"a_host_with_the_first_vtable_gets_80_bytes",
+         test_a_host_with_the_first_vtable_gets_80_bytes},
+        {"activate_takes_the_model_and_refuses_a_bad_config",
+         test_activate_takes_the_model_and_refuses_a_bad_config},
         {"one_request_through_the_whole_lifecycle", test_one_request_through_the_whole_lifecycle},
         {"nothing_to_propose_and_an_old_receipt", test_nothing_to_propose_and_an_old_receipt},
         {"abort_and_destroy_free_every_request", test_abort_and_destroy_free_every_request},

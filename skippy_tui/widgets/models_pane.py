@@ -5,7 +5,9 @@ queue depth, decode rate (a download's rate in MiB/s). The state reads `loading`
 pre-available state (requested, loading, initializing) with the load phase and a progress bar
 in the detail column: a loading model is never shown as down. A failed, cancelled or
 unavailable model shows its reason code; an idle model with an idle TTL, when it unloads unless
-a request comes; a pinned one (`load --pin`, a preset's `pinned`) says so. A download the
+a request comes; a pinned one (`load --pin`, a preset's `pinned`) says so; a serving model
+with serving plugins shows each one's delivery counters (messages sent, late and otherwise
+discarded proposals, failures) or that it is disabled or did not load. A download the
 runtime is making (a pull, or an hf:// preset being fetched) is a row of its own with its bytes
 and rate while it runs. Last, a row per model the runtime
 may load on demand (`loadable`: where it comes from, pinned, its idle TTL once loaded), up to
@@ -35,6 +37,8 @@ from skippyctl.reducer.state import (
     SERVING_MODEL_STATES,
     ModelState,
     ModelView,
+    PluginState,
+    PluginView,
     RuntimeView,
     lanes_in_use,
     queue_depth,
@@ -63,11 +67,35 @@ row (keyed by its id) can take it."""
 
 def detail(snapshot: DashboardSnapshot, model: ModelView) -> Text:
     """Phase and progress while loading; the reason when it failed; readiness otherwise; a
-    restart of its crashed engine first while one is under way."""
+    restart of its crashed engine first while one is under way; its serving plugins last."""
     text = _detail(snapshot, model)
+    if model.plugins and model.state in SERVING_MODEL_STATES:
+        for plugin in model.plugins:
+            text.append_text(plugin_text(plugin))
     if model.recovery_attempt is not None:
         return Text(f"restart {model.recovery_attempt} · ", style="yellow").append_text(text)
     return text
+
+
+def plugin_text(plugin: PluginView) -> Text:
+    """`` · NAME: N sent, N late, N discarded, N failed`` (the counts that are not 0 after
+    ``sent``), or that it is disabled or did not load."""
+    name = str(plugin.plugin_id)
+    if plugin.state is PluginState.DISABLED:
+        return Text(f" · {name} disabled", style="yellow")
+    if plugin.state is PluginState.LOAD_FAILED:
+        return Text(f" · {name} not loaded", style="yellow")
+    discarded = (
+        plugin.discarded_invalid_token_count
+        + plugin.discarded_invalid_token_id
+        + plugin.discarded_position_mismatch
+        + plugin.discarded_execution_failed
+    )
+    parts = [f"{fmt.compact(plugin.delivered)} sent"]
+    for n, word in ((plugin.late, "late"), (discarded, "discarded"), (plugin.failures, "failed")):
+        if n:
+            parts.append(f"{fmt.compact(n)} {word}")
+    return Text(f" · {name}: " + ", ".join(parts), style="dim")
 
 
 def _detail(snapshot: DashboardSnapshot, model: ModelView) -> Text:

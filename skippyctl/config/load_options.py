@@ -19,7 +19,8 @@ means the runtime decides at load time (``ctx``, ``lanes``, ``threads``, …). J
 
 Privacy: paths (``model``, ``draft``, ``chat_template``, a C plugin's file) and stage endpoints
 never leave the host and its engine; :func:`shown_settings` shows counts or ids for them (the
-chat template file is read by the host, and only its text goes on).
+chat template file is read by the host, and only its text goes on). ``plugin_config`` goes to
+the plugins only: it may hold anything a plugin needs, so it is shown as its length.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ MAX_DURATION_S: Final = 86_400.0
 """A day: the longest load timeout accepted (also keeps timers finite)."""
 MAX_PATH_CHARS: Final = 4096
 MAX_PLUGINS: Final = 16
+MAX_PLUGIN_CONFIG_CHARS: Final = 4096
+"""The longest ``--plugin-config`` (skippyctl.plugins.api has the same bound for its wire)."""
 MAX_THREADS: Final = 1024
 MAX_QUEUE: Final = 1_000_000
 MAX_DRAFT_TOKENS: Final = 64
@@ -261,6 +264,17 @@ class LoadOptions:
         max_length=MAX_PATH_CHARS,
         shown=_plugin_count,
         metavar="PLUGIN",
+    )
+    plugin_config: str | None = _option(
+        None,
+        help="Configuration for this model's serving plugins: one text, handed unchanged to "
+        "every plugin (--plugin and the runtime's own) when it is activated for the model, "
+        "with the model's id, lanes, context per lane, spec mode and proposal deadline; its "
+        f"syntax is the plugins' own (e.g. KEY=VALUE pairs). At most {MAX_PLUGIN_CONFIG_CHARS} "
+        "characters; shown as its length only.",
+        max_length=MAX_PLUGIN_CONFIG_CHARS,
+        shown=len,
+        metavar="TEXT",
     )
     spec_deadline_ms: float = _option(
         8.0,

@@ -61,6 +61,7 @@ from skippyctl.engine.session_files import SessionFiles
 from skippyctl.engine.speculation import SPEC_OFF, ServingPlugins, SpecConfig
 from skippyctl.events.envelope import StopReason
 from skippyctl.events.reasons import GenerationOutcome, ReasonCode
+from skippyctl.plugins.api import ActivationContext
 
 PREFILL_PROGRESS_INTERVAL_S: Final = 0.25
 """At most one GenPrefillProgress per request per interval, none for a shorter prefill."""
@@ -123,6 +124,7 @@ class DecodeCore:
         plugins: ServingPlugins | None = None,
         draft: DraftModel | None = None,
         chat_template: str | None = None,
+        plugin_activation: ActivationContext | None = None,
     ) -> None:
         if lanes < 1:
             raise ValueError("lanes must be >= 1")
@@ -206,6 +208,7 @@ class DecodeCore:
             sample=self._sample,
             commit=self._commit,
             emit=self.emit,
+            activation=plugin_activation,
         )
         self._streams = self._proposals.streams
         self.session_files = SessionFiles(

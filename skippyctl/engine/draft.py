@@ -39,6 +39,7 @@ from typing import Any, Final
 from skippyctl.engine.lanes import common_prefix
 from skippyctl.events.envelope import StopReason
 from skippyctl.events.figures import GenerationFigures
+from skippyctl.plugins.api import DiscardReason, OutcomeKind
 
 DRAFT_BATCH_TOKENS: Final = 512
 """Slots of the draft's batch (and its context's n_batch): a catch-up longer than this is
@@ -136,7 +137,14 @@ class DraftModel:
         """Nobody: the draft answers before :meth:`propose` returns."""
         return _NOBODY_LATE
 
-    def outcome(self, request: str, proposed: int, accepted: int) -> None:
+    def outcome(
+        self,
+        request: str,
+        proposed: int,
+        accepted: int,
+        kind: OutcomeKind,
+        reason: DiscardReason | None = None,
+    ) -> None:
         """Nothing to learn: the next catch-up keeps what was accepted."""
 
     def finish(self, request: str, stop_reason: StopReason, figures: GenerationFigures) -> None:

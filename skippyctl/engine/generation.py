@@ -68,6 +68,7 @@ from skippyctl.engine.sampling import SamplingParams
 from skippyctl.engine.speculation import SPEC_OFF, ServingPlugins, SpecConfig
 from skippyctl.events.envelope import StopReason
 from skippyctl.events.reasons import GenerationOutcome, ReasonCode
+from skippyctl.plugins.api import ActivationContext
 
 __all__ = ["BatchEngine", "ChatMessage", "GenerateRequest", "SamplingParams"]
 
@@ -109,6 +110,7 @@ class BatchEngine:
         plugins: ServingPlugins | None = None,
         draft: DraftModel | None = None,
         chat_template: str | None = None,
+        plugin_activation: ActivationContext | None = None,
     ) -> None:
         self._links = links if links is not None and links.stages else None
         self.link_probe_failures = 0
@@ -135,6 +137,7 @@ class BatchEngine:
             plugins=plugins,
             draft=draft,
             chat_template=chat_template,
+            plugin_activation=plugin_activation,
         )
         self._cond = threading.Condition(threading.Lock())
         self._inbox: collections.deque[tuple[str, Any, Any]] = collections.deque()

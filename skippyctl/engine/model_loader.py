@@ -18,9 +18,10 @@ llama.cpp's progress callback points straight at C; a split model's layers go to
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -44,11 +45,14 @@ from skippyctl.engine.protocol_messages import (
     LoadPhaseName,
     LoadReturned,
     MemoryAllocated,
+    PluginCounters,
     PluginReported,
 )
 from skippyctl.engine.speculation import SPEC_OFF, SpecConfig
 from skippyctl.engine.text import model_chat_template
+from skippyctl.events.identity import model_id_for
 from skippyctl.events.reasons import ReasonCode
+from skippyctl.plugins.api import ActivationContext
 
 INITIAL_LINK_SAMPLES: Final = 3
 """Round trips to each stage right after a split model loaded (engine/links.py)."""
@@ -104,6 +108,8 @@ class ModelLoader:
         self._backends: Any | None = None  # GgmlBackends (native/backends.py), once looked up
         self._backends_looked_up = False
         self._device = CPU_DEVICE
+        self._plugin_operation: str | None = None
+        """The load whose plugins are starting: their reports carry its operation id."""
         """The device the current load places its model on (a short registry name)."""
 
     def _arm_abort(self, context: Any, serving_operation: int) -> None:
@@ -345,7 +351,16 @@ class ModelLoader:
             # then fails with ContextReturned ok=false (see _load).
             speculation = speculation_of(command)
             loaded.draft = self._load_draft(command, draft_model, context, lanes)
-            loaded.plugins = self._start_plugins(command, model)
+            activation = plugin_activation(
+                command,
+                n_vocab=_n_vocab(llama, model),
+                n_ctx=int(llama.llama_n_ctx(context)),
+                lanes=lanes,
+            )
+            # The plugins' reports while the load runs are part of it (their event carries its
+            # operation id); cleared before its terminal (ContextReturned) below.
+            self._plugin_operation = operation_id
+            loaded.plugins = self._start_plugins(command, activation)
             loaded.generation = BatchEngine(
                 _with_test_decode_delay(llama, self._options.test_decode_delay_ms),
                 model,
@@ -361,6 +376,7 @@ class ModelLoader:
                 draft=loaded.draft,
                 n_threads=_threads(command.options),
                 chat_template=command.chat_template_text,
+                plugin_activation=activation,
             )
             self._emit(self._memory_allocated(operation_id, model, context, kv_bytes, loaded.draft))
             self._emit(LoadPhase(operation_id, LoadPhaseName.CONTEXT_READY))
@@ -381,6 +397,7 @@ class ModelLoader:
                     or model_chat_template(llama, model)
                 ),
             )
+        self._plugin_operation = None
         self._emit(reply)
         if loaded.generation is not None:
             if command.restore:
@@ -501,27 +518,39 @@ class ModelLoader:
 
         return DraftModel(llama, draft, draft_context, lanes, on_failure=failed)
 
-    def _start_plugins(self, command: Load, model: Any) -> Any | None:
-        """The model's serving plugins, each in its own process (``skippyctl.plugins``); None
-        without any. A plugin that cannot load is reported and left out: it never fails the
-        load."""
+    def _start_plugins(self, command: Load, activation: ActivationContext) -> Any | None:
+        """The model's serving plugins, each in its own process (``skippyctl.plugins``),
+        activated with ``activation``; None without any. A plugin that cannot load is reported
+        and left out: it never fails the load."""
         options = command.options
         if not options.plugins:
             return None
         from skippyctl.plugins.link import PluginLink
 
-        llama = self._llama
-        n_vocab = int(llama.llama_vocab_n_tokens(llama.llama_model_get_vocab(model)))
         return PluginLink.start(
             options.plugins,
-            n_vocab=n_vocab,
+            n_vocab=activation.n_vocab,
             deadline_ms=options.spec_deadline_ms,
             on_report=self._plugin_report,
+            activation=activation,
+            on_counters=self._plugin_counters,
         )
 
     def _plugin_report(self, report: Any) -> None:
         # Called from the plugins' threads too: the channel's send is thread-safe.
-        self._emit(PluginReported(report.plugin, report.kind, report.reason, report.failures))
+        self._emit(
+            PluginReported(
+                report.plugin,
+                report.kind,
+                report.reason,
+                report.failures,
+                operation_id=self._plugin_operation,
+            )
+        )
+
+    def _plugin_counters(self, plugin: str, counts: Mapping[str, int]) -> None:
+        # From the link's counters thread: the channel's send is thread-safe.
+        self._emit(PluginCounters(plugin, *(int(counts.get(name, 0)) for name in _COUNTERS)))
 
 
 class _SlowDecode:
@@ -594,6 +623,29 @@ def _fingerprint(path: str) -> bytes | None:
 
 def _with_test_decode_delay(llama: Any, delay_ms: float) -> Any:
     return _SlowDecode(llama, delay_ms / 1000) if delay_ms > 0 else llama
+
+
+_COUNTERS: Final = tuple(f.name for f in dataclasses.fields(PluginCounters))[1:]
+"""PluginCounters' counts in field order: the link's counters of the same names."""
+
+
+def _n_vocab(llama: Any, model: Any) -> int:
+    return int(llama.llama_vocab_n_tokens(llama.llama_model_get_vocab(model)))
+
+
+def plugin_activation(command: Load, *, n_vocab: int, n_ctx: int, lanes: int) -> ActivationContext:
+    """What the model's plugins are activated with: its id (the alias, else the file's basename:
+    never a path), its geometry, the spec mode, the proposal deadline and ``--plugin-config``."""
+    options = command.options
+    return ActivationContext(
+        model_id=str(model_id_for(options.model, options.alias)),
+        n_vocab=n_vocab,
+        n_ctx_per_lane=n_ctx // max(1, lanes),
+        lanes=lanes,
+        spec_mode=str(options.spec.value),
+        proposal_deadline_ms=options.spec_deadline_ms,
+        config=options.plugin_config or "",
+    )
 
 
 def speculation_of(command: Load) -> SpecConfig:

@@ -11,6 +11,7 @@ its proposals and observations, never a request: its failures are counted.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Final
 
 from skippyctl.config.load_options import SpecMode
 from skippyctl.engine.batch import forward_passes
@@ -22,8 +23,16 @@ from skippyctl.engine.spec_gate import Candidate, LaneGate, SpecGate
 from skippyctl.engine.speculation import AdaptiveWindow, ServingPlugins, SpecConfig
 from skippyctl.events.envelope import StopReason
 from skippyctl.events.reasons import GenerationOutcome
+from skippyctl.plugins.api import ActivationContext, DiscardReason, OutcomeKind
 from skippyctl.plugins.builtin.ngram import NgramPlugin
 from skippyctl.plugins.inprocess import InProcessPlugin
+
+_FULL: Final = OutcomeKind.FULL_ACCEPT
+_MISMATCH: Final = OutcomeKind.FIRST_MISMATCH
+_STOPPED: Final = OutcomeKind.STOPPED
+_DISCARDED: Final = OutcomeKind.DISCARDED
+_STALE: Final = DiscardReason.POSITION_MISMATCH
+_FAILED_STEP: Final = DiscardReason.EXECUTION_FAILED
 
 
 class Proposals:
@@ -44,6 +53,7 @@ class Proposals:
         sample: Callable[[RequestState, int], int],
         commit: Callable[[RequestState, int, float], bool],
         emit: Callable[[EngineMessage], None] | None = None,
+        activation: ActivationContext | None = None,
     ) -> None:
         self._spec = speculation
         self._emit = emit
@@ -71,6 +81,9 @@ class Proposals:
             self._local = self._proposer = self._ngram
             if speculation.mode is SpecMode.AUTO:
                 self._gate = SpecGate(_one_pass if kv.unified else forward_passes)
+            if activation is not None and not self._ngram.activate(activation):
+                # counted in its failures; the model does not speculate
+                self._local = self._proposer = self._gate = None
         elif speculation.mode is SpecMode.DRAFT and draft is not None:
             self._local = self._proposer = draft
         elif speculation.mode is SpecMode.PLUGIN:
@@ -141,8 +154,18 @@ class Proposals:
             r.window.verified(proposed, accepted, self._spec.draft_tokens)
 
     def end(self, r: RequestState, done: GenDone) -> None:
-        """The plugins' last word on ``r``: its stop reason and figures when it completed (the
-        final committed suffix goes with them), else an abort with the reason."""
+        """The plugins' last word on ``r``: the outcome of a window it ended inside
+        (``stopped``) or of proposals a failed step never verified (``execution_failed``), then
+        its stop reason and figures when it completed (the final committed suffix goes with
+        them), else an abort with the reason."""
+        proposer = self._proposer
+        window, r.open_window = r.open_window, None
+        if proposer is not None:
+            if window is not None:
+                self._to_plugins(proposer.outcome, r.id, window[0], window[1], _STOPPED)
+            elif r.draft and done.outcome is GenerationOutcome.FAILED:
+                discarded = len(r.draft)
+                self._to_plugins(proposer.outcome, r.id, discarded, 0, _DISCARDED, _FAILED_STEP)
         if r.plugin_commits is None:
             return
         self.hand_commits(r)
@@ -308,11 +331,14 @@ class Proposals:
         # receipt) is made right then.
         r.spec_windows += 1
         r.spec_proposed += len(draft)
+        # Its outcome so far: a commit that ends the request delivers it (end: ``stopped``).
+        window = r.open_window = [len(draft), 0]
         for offset in range(len(draft) + 1):
             token = self._sample(r, index + offset)
             matches = offset < len(draft) and token == draft[offset]
             if matches:
                 r.spec_accepted += 1
+                window[1] += 1
             if not self._commit(r, token, now):
                 running = False
                 break
@@ -327,8 +353,11 @@ class Proposals:
             r.window.verified(len(draft), accepted, self._spec.draft_tokens)
         if r.gate is not None and self._gate is not None:
             self._gate.record(r.gate, len(draft), accepted)
-        if self._proposer is not None:
-            self._to_plugins(self._proposer.outcome, r.id, len(draft), accepted)
+        if running:  # else the request's end told the proposer (``stopped``)
+            r.open_window = None
+            if self._proposer is not None:
+                kind = _FULL if accepted == len(draft) else _MISMATCH
+                self._to_plugins(self._proposer.outcome, r.id, len(draft), accepted, kind)
         if len(lane.tokens) < kv_end:
             self._kv.trim(lane)
 
@@ -339,8 +368,11 @@ class Proposals:
         if whole and r.runahead[0] == token:
             del r.runahead[0]
             return
-        r.spec_discarded += len(r.runahead)
+        stale = len(r.runahead)
+        r.spec_discarded += stale
         r.runahead = []
+        if self._proposer is not None:
+            self._to_plugins(self._proposer.outcome, r.id, stale, 0, _DISCARDED, _STALE)
 
 
 def _one_pass(_rows: Sequence[tuple[int, int]]) -> int:

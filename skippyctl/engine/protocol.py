@@ -82,6 +82,7 @@ from skippyctl.engine.protocol_messages import (
     LoadPhase,
     LoadReturned,
     MemoryAllocated,
+    PluginCounters,
     PluginReported,
     Pong,
     ProtocolError,
@@ -314,6 +315,7 @@ _ENGINE_MESSAGES: Final = {
         _spec("msg", "compute_failed", ComputeFailed),
         _spec("msg", "device_memory", DeviceMemory),
         _spec("msg", "plugin_reported", PluginReported),
+        _spec("msg", "plugin_counters", PluginCounters),
         _spec("msg", "vocabulary_answer", VocabularyAnswer),
         _spec("msg", "embedding_answer", EmbeddingAnswer),
     )

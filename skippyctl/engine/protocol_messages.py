@@ -464,13 +464,37 @@ class PluginReported:
     """A serving plugin's health changed
     (``skippyctl.plugins.sidecar_supervisor.PluginReport``): ``kind``
     ``loaded`` / ``load_failed`` / ``failed`` / ``restarted`` / ``disabled``; ``reason`` a short
-    word (``timeout``, ``crashed``, ``raised``, ``invalid_tokens`` …); ``plugin`` its short name
-    (a basename or an entry-point name, never a path)."""
+    word (``crashed``, ``raised``, ``protocol_error``, ``activate_failed`` …); ``plugin`` its
+    short name (a basename or an entry-point name, never a path)."""
 
     plugin: str
     kind: str
     reason: str
     failures: int
+    operation_id: str | None = None
+    """The load's operation, for a report made while the model loads (the plugin's ``loaded``
+    or ``load_failed``): its event is part of that load. None once the load returned (an
+    ended operation's events are not dispatched after its terminal)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PluginCounters:
+    """A serving plugin's delivery counters (``skippyctl.plugins.link``), sent when they
+    changed, at most every couple of seconds: messages ``delivered`` to its sidecar,
+    ``deferred`` commits (they went with a later message), messages ``dropped`` (its queue was
+    full), proposals discarded ``late`` (deadline exceeded) and for the other discard reasons,
+    and its ``failures``. Counts only."""
+
+    plugin: str
+    delivered: int
+    deferred: int
+    dropped: int
+    late: int
+    failures: int
+    discarded_invalid_token_count: int
+    discarded_invalid_token_id: int
+    discarded_position_mismatch: int
+    discarded_execution_failed: int
 
 
 ResourceMessage = (
@@ -545,6 +569,7 @@ EngineMessage = (
     | ContextReturned
     | Link
     | PluginReported
+    | PluginCounters
     | ServingMessage
     | ResourceMessage
 )

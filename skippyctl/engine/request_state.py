@@ -137,6 +137,7 @@ class RequestState:
         "lane",
         "logprobs",
         "max_batch",
+        "open_window",
         "out_index",
         "pending_token",
         "phase",
@@ -219,6 +220,9 @@ class RequestState:
         step cut off): the first is the token expected after it, the rest the next window."""
         self.plugin_commits: list[int] | None = None
         """With serving plugins: committed tokens not yet handed to them (one delta a step)."""
+        self.open_window: list[int] | None = None
+        """While a window verifies: its proposed and accepted counts, so a commit that ends the
+        request inside it can tell the proposer (outcome ``stopped``) before its finish."""
         self.approaching_sent = False
         self.text_held: list[str] | None = (
             [] if spec.hold_text and spec.sampling.logprobs is None and not error else None

@@ -36,6 +36,7 @@ from typing import Final, Protocol
 from skippyctl.config.load_options import MAX_DRAFT_TOKENS, MAX_RUNAHEAD_TOKENS, SpecMode
 from skippyctl.events.envelope import StopReason
 from skippyctl.events.figures import GenerationFigures
+from skippyctl.plugins.api import DiscardReason, OutcomeKind
 
 STEP_PROPOSALS: Final = 192
 """Proposed tokens one step verifies over all its lanes: one or two lanes take their whole
@@ -126,8 +127,19 @@ class ServingPlugins(Protocol):
     def late(self) -> frozenset[str]:
         """The requests of the last :meth:`propose` whose answer missed the deadline."""
 
-    def outcome(self, request: str, proposed: int, accepted: int) -> None:
-        """How a window of the plugins' proposals verified."""
+    def outcome(
+        self,
+        request: str,
+        proposed: int,
+        accepted: int,
+        kind: OutcomeKind,
+        reason: DiscardReason | None = None,
+    ) -> None:
+        """How the proposals of a window ended: verified (``full_accept``, ``first_mismatch``,
+        ``stopped`` when the request ended inside it: delivered before its finish or abort) or
+        ``discarded`` unverified with a ``reason`` (``position_mismatch``: a run-ahead that no
+        longer follows the text; ``execution_failed``: the step that would verify them
+        failed)."""
 
     def finish(self, request: str, stop_reason: StopReason, figures: GenerationFigures) -> None:
         """The request completed, with its terminal's stop reason and figures (its final

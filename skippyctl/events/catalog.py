@@ -246,6 +246,7 @@ class EventId(StrEnum):
     SERVING_PLUGIN_DISABLED = "serving_plugin_disabled"
     SPECULATION_SUMMARIZED = "speculation_summarized"
     SPECULATION_SWITCHED = "speculation_switched"
+    SERVING_PLUGIN_OBSERVED = "serving_plugin_observed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -1055,8 +1056,8 @@ _SPECS: Final[tuple[EventSpec, ...]] = (
                 _E.SERVING_PLUGIN_FAILED,
                 DIAG,
                 _S.WARNING,
-                "A serving plugin failed (crashed, raised, invalid tokens, late): counted;"
-                " generation went on.",
+                "A serving plugin failed (crashed, raised, error status, protocol error):"
+                " counted; serving went on.",
             ),
             (
                 _E.SERVING_PLUGIN_RESTARTED,
@@ -1084,6 +1085,13 @@ _SPECS: Final[tuple[EventSpec, ...]] = (
                 _S.INFO,
                 "Spec auto: a request's lane started (on) or stopped (off) verifying its"
                 " proposals.",
+            ),
+            (
+                _E.SERVING_PLUGIN_OBSERVED,
+                PROGRESS,
+                _S.INFO,
+                "A serving plugin's delivery counters: delivered, deferred, dropped, late,"
+                " discarded.",
             ),
         ),
     ),

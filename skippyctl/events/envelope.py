@@ -155,6 +155,19 @@ class SummaryKey(StrEnum):
     RETRY_DELAY_MS = "retry_delay_ms"
     """How long the runtime waits before its next attempt (model_recovery_started: the
     engine's restart after its backoff)."""
+    # A serving plugin's counters (serving_plugin_observed): messages delivered to its sidecar,
+    # commits deferred to a later message and messages dropped (its queue was full), proposals
+    # discarded late (discard reason deadline_exceeded) and for the contract's other discard
+    # reasons, and its failures (crashes, raised exceptions or error statuses, protocol errors).
+    PLUGIN_DELIVERED = "plugin_delivered"
+    PLUGIN_DEFERRED = "plugin_deferred"
+    PLUGIN_DROPPED = "plugin_dropped"
+    PLUGIN_LATE = "plugin_late"
+    PLUGIN_FAILURES = "plugin_failures"
+    PLUGIN_DISCARDED_INVALID_TOKEN_COUNT = "plugin_discarded_invalid_token_count"
+    PLUGIN_DISCARDED_INVALID_TOKEN_ID = "plugin_discarded_invalid_token_id"
+    PLUGIN_DISCARDED_POSITION_MISMATCH = "plugin_discarded_position_mismatch"
+    PLUGIN_DISCARDED_EXECUTION_FAILED = "plugin_discarded_execution_failed"
 
 
 class StopReason(StrEnum):

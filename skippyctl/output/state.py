@@ -14,6 +14,7 @@ from skippyctl.output.codec import event_record
 from skippyctl.output.codec.encode import rfc3339
 from skippyctl.reducer.state import (
     ModelView,
+    PluginView,
     RequestView,
     RuntimeView,
     StageView,
@@ -80,6 +81,32 @@ def model_document(state: RuntimeView, view: ModelView) -> dict[str, Any]:
             "idle_expires_at": None
             if view.idle_expires_wall_ns is None
             else rfc3339(view.idle_expires_wall_ns),
+            "plugins": [_plugin(p) for p in view.plugins] or None,
+        }
+    )
+
+
+def _plugin(view: PluginView) -> dict[str, Any]:
+    """A serving plugin of a model: its state, failures and delivery counters (counts only)."""
+    discarded = {
+        "deadline_exceeded": view.late,
+        "invalid_token_count": view.discarded_invalid_token_count,
+        "invalid_token_id": view.discarded_invalid_token_id,
+        "position_mismatch": view.discarded_position_mismatch,
+        "execution_failed": view.discarded_execution_failed,
+    }
+    return _clean(
+        {
+            "plugin_id": str(view.plugin_id),
+            "state": view.state.value,
+            "reason_code": None if view.reason_code is None else view.reason_code.value,
+            "failures": view.failures,
+            "restarts": view.restarts,
+            "delivered": view.delivered,
+            "deferred": view.deferred,
+            "dropped": view.dropped,
+            "late": view.late,
+            "discarded": discarded,
         }
     )
 

@@ -246,7 +246,32 @@ def _plugin(event: Event) -> str:
             return f"serving plugin failed: {reason} ({failures} failures so far)"
         case EventId.SERVING_PLUGIN_DISABLED:
             return f"serving plugin disabled after {failures} failures (last: {reason})"
+        case EventId.SERVING_PLUGIN_OBSERVED:
+            return _plugin_counters(event)
     return spec_of(event.id).description
+
+
+_PLUGIN_DISCARDS: Final = (
+    SummaryKey.PLUGIN_DISCARDED_INVALID_TOKEN_COUNT,
+    SummaryKey.PLUGIN_DISCARDED_INVALID_TOKEN_ID,
+    SummaryKey.PLUGIN_DISCARDED_POSITION_MISMATCH,
+    SummaryKey.PLUGIN_DISCARDED_EXECUTION_FAILED,
+)
+
+
+def _plugin_counters(event: Event) -> str:
+    """``serving_plugin_observed``: its delivery counters (counts only)."""
+
+    def n(key: SummaryKey) -> int:
+        return int(event.summary_value(key) or 0)
+
+    discarded = sum(n(key) for key in _PLUGIN_DISCARDS)
+    return (
+        f"serving plugin: {n(SummaryKey.PLUGIN_DELIVERED)} delivered, "
+        f"{n(SummaryKey.PLUGIN_DEFERRED)} deferred, {n(SummaryKey.PLUGIN_DROPPED)} dropped, "
+        f"{n(SummaryKey.PLUGIN_LATE)} late, {discarded} discarded otherwise, "
+        f"{n(SummaryKey.PLUGIN_FAILURES)} failures"
+    )
 
 
 def _speculation(event: Event) -> str:
@@ -317,6 +342,7 @@ _RENDERERS: Final[dict[EventId, Callable[[Event], str]]] = {
     EventId.SERVING_PLUGIN_FAILED: _plugin,
     EventId.SERVING_PLUGIN_RESTARTED: _plugin,
     EventId.SERVING_PLUGIN_DISABLED: _plugin,
+    EventId.SERVING_PLUGIN_OBSERVED: _plugin,
     EventId.SPECULATION_SUMMARIZED: _speculation,
 }
 

@@ -14,13 +14,18 @@ from typing import Final
 
 PLUGIN_ABI_VERSION: Final = 1
 PLUGIN_INIT_SYMBOL: Final = "skippy_plugin_init_v1"
-PLUGIN_V1_SIZE: Final = 80
+PLUGIN_V1_BASE_SIZE: Final = 80
+"""The first vtable (no ``activate``): the smallest ``struct_size`` a host accepts."""
+PLUGIN_V1_SIZE: Final = 88
 PLUGIN_IDS_V1_SIZE: Final = 24
 PLUGIN_TOKENS_V1_SIZE: Final = 24
 PLUGIN_BEGIN_V1_SIZE: Final = 32
 PLUGIN_QUERY_V1_SIZE: Final = 56
-PLUGIN_OUTCOME_V1_SIZE: Final = 16
+PLUGIN_OUTCOME_V1_BASE_SIZE: Final = 16
+"""The first outcome (no ``kind``/``discard_reason``)."""
+PLUGIN_OUTCOME_V1_SIZE: Final = 24
 PLUGIN_RECEIPT_V1_SIZE: Final = 112
+PLUGIN_ACTIVATION_V1_SIZE: Final = 64
 
 
 class PluginStatus(IntEnum):
@@ -54,6 +59,38 @@ class AbortReasonCode(IntEnum):
     ERROR = 3
     SHUTDOWN = 4
     RESTARTED = 5
+
+
+class OutcomeKindCode(IntEnum):
+    """``enum skippy_plugin_outcome_kind`` (``SKIPPY_PLUGIN_OUTCOME_*``)."""
+
+    UNKNOWN = 0
+    FULL_ACCEPT = 1
+    FIRST_MISMATCH = 2
+    STOPPED = 3
+    DISCARDED = 4
+
+
+class DiscardReasonCode(IntEnum):
+    """``enum skippy_plugin_discard_reason`` (``SKIPPY_PLUGIN_DISCARD_*``)."""
+
+    NONE = 0
+    DEADLINE_EXCEEDED = 1
+    INVALID_TOKEN_COUNT = 2
+    INVALID_TOKEN_ID = 3
+    POSITION_MISMATCH = 4
+    EXECUTION_FAILED = 5
+
+
+class SpecModeCode(IntEnum):
+    """``enum skippy_plugin_spec_mode`` (``SKIPPY_PLUGIN_SPEC_*``)."""
+
+    UNKNOWN = 0
+    OFF = 1
+    NGRAM = 2
+    PLUGIN = 3
+    DRAFT = 4
+    AUTO = 5
 
 
 class IdsFlag(IntFlag):
@@ -117,6 +154,7 @@ class skippy_plugin_query_v1(ctypes.Structure):
 
 # typedef struct skippy_plugin_outcome_v1 {
 #     uint32_t struct_size; uint32_t proposed; uint32_t accepted; uint32_t rejected;
+#     uint32_t kind; uint32_t discard_reason;
 # } skippy_plugin_outcome_v1;
 class skippy_plugin_outcome_v1(ctypes.Structure):
     _fields_ = [
@@ -124,6 +162,28 @@ class skippy_plugin_outcome_v1(ctypes.Structure):
         ("proposed", ctypes.c_uint32),
         ("accepted", ctypes.c_uint32),
         ("rejected", ctypes.c_uint32),
+        ("kind", ctypes.c_uint32),
+        ("discard_reason", ctypes.c_uint32),
+    ]
+
+
+# typedef struct skippy_plugin_activation_v1 {
+#     uint32_t struct_size; uint32_t spec_mode; const char *model_id; const char *config;
+#     uint64_t config_len; uint64_t n_vocab; uint64_t n_ctx_per_lane; uint32_t lanes;
+#     uint32_t reserved; uint64_t proposal_deadline_ns;
+# } skippy_plugin_activation_v1;
+class skippy_plugin_activation_v1(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("spec_mode", ctypes.c_uint32),
+        ("model_id", ctypes.c_char_p),
+        ("config", ctypes.c_char_p),
+        ("config_len", ctypes.c_uint64),
+        ("n_vocab", ctypes.c_uint64),
+        ("n_ctx_per_lane", ctypes.c_uint64),
+        ("lanes", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint32),
+        ("proposal_deadline_ns", ctypes.c_uint64),
     ]
 
 
@@ -186,6 +246,11 @@ skippy_plugin_finish_fn = ctypes.CFUNCTYPE(
 skippy_plugin_abort_fn = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, _IDS_P, ctypes.c_uint32)
 # typedef void (*skippy_plugin_destroy_fn)(void *state);
 skippy_plugin_destroy_fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+# typedef int32_t (*skippy_plugin_activate_fn)(void *state,
+#                                              const skippy_plugin_activation_v1 *activation);
+skippy_plugin_activate_fn = ctypes.CFUNCTYPE(
+    ctypes.c_int32, ctypes.c_void_p, ctypes.POINTER(skippy_plugin_activation_v1)
+)
 
 
 # typedef struct skippy_plugin_v1 {
@@ -194,6 +259,7 @@ skippy_plugin_destroy_fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 #     skippy_plugin_propose_fn propose; skippy_plugin_outcome_fn outcome;
 #     skippy_plugin_finish_fn finish; skippy_plugin_abort_fn abort;
 #     skippy_plugin_destroy_fn destroy;
+#     skippy_plugin_activate_fn activate;  /* extension: struct_size >= 88 */
 # } skippy_plugin_v1;
 class skippy_plugin_v1(ctypes.Structure):
     _fields_ = [
@@ -208,6 +274,7 @@ class skippy_plugin_v1(ctypes.Structure):
         ("finish", skippy_plugin_finish_fn),
         ("abort", skippy_plugin_abort_fn),
         ("destroy", skippy_plugin_destroy_fn),
+        ("activate", skippy_plugin_activate_fn),
     ]
 
 
@@ -224,6 +291,7 @@ BOUNDARY_STRUCTS: Final[tuple[type[ctypes.Structure], ...]] = (
     skippy_plugin_query_v1,
     skippy_plugin_outcome_v1,
     skippy_plugin_receipt_v1,
+    skippy_plugin_activation_v1,
     skippy_plugin_v1,
 )
 """Every struct of skippy_plugin.h, for the layout test."""

@@ -10,6 +10,10 @@ to get no-op defaults), made by a zero-argument callable registered in the entry
 It runs in the plugin sidecar process (``python -m skippyctl.plugins.sidecar``), never in the
 engine. The contracts are the C ones:
 
+- :meth:`BasePlugin.activate` (optional: a plugin without it is not asked) comes first, once
+  per plugin process, with the :class:`ActivationContext`: the model (its id, never a path),
+  its geometry, its speculation mode, the proposal deadline and the operator's configuration
+  for the plugin (``load --plugin-config``); raising there is a load failure;
 - callbacks are called from one thread, one at a time; an exception from one is counted as a
   failure of the plugin (reason ``raised``) and never reaches the engine — repeated failures
   disable the plugin;
@@ -18,8 +22,14 @@ engine. The contracts are the C ones:
   :class:`ProposalQuery` (apply it as a commit BEFORE proposing) and the ``suffix`` of
   :meth:`Plugin.finish`, by ``start``, are each committed token exactly once, in order;
 - :meth:`Plugin.propose` returns at most ``query.capacity`` token ids in ``0 <= id < n_vocab``,
-  or ``None``/``[]`` for no proposal; anything else is dropped and counted (``invalid_tokens``);
-  an answer after ``query.deadline_mono_ns`` (``time.monotonic_ns()``) is dropped as late;
+  or ``None``/``[]`` for no proposal; anything else is discarded (``invalid_token_count``,
+  ``invalid_token_id``) and an answer after ``query.deadline_mono_ns`` (``time.monotonic_ns()``)
+  too (``deadline_exceeded``): counted by reason, never a failure of the plugin;
+- how each proposal ended is a :class:`ProposalOutcome` (:meth:`BasePlugin.proposal_outcome`,
+  optional): ``full_accept``, ``first_mismatch``, ``stopped`` (the request ended inside the
+  window; it comes before the request's finish or abort) or ``discarded`` with a
+  :class:`DiscardReason`. A plugin without ``proposal_outcome`` gets
+  :meth:`Plugin.outcome` for the verified windows only;
 - :meth:`Plugin.finish` or :meth:`Plugin.abort` is the last call for a request.
 
 Plugin specs: a string selects one plugin — a path ending ``.so`` is a C plugin (its short name
@@ -38,10 +48,21 @@ from typing import Any, Final, Protocol, runtime_checkable
 
 from skippyctl.events.envelope import StopReason
 from skippyctl.events.figures import FIGURES, NO_FIGURES, GenerationFigures
-from skippyctl.plugins.abi import AbortReasonCode, StopReasonCode, skippy_plugin_receipt_v1
+from skippyctl.plugins.abi import (
+    AbortReasonCode,
+    DiscardReasonCode,
+    OutcomeKindCode,
+    SpecModeCode,
+    StopReasonCode,
+    skippy_plugin_receipt_v1,
+)
 
 __all__ = [
     "ABORT_REASON_CODES",
+    "ActivationContext",
+    "DiscardReason",
+    "OutcomeKind",
+    "ProposalOutcome",
     "ENTRY_POINT_GROUP",
     "STOP_REASON_CODES",
     "AbortReasonCode",
@@ -61,6 +82,72 @@ __all__ = [
 ]
 
 ENTRY_POINT_GROUP: Final = "skippyctl.plugins"
+
+
+class OutcomeKind(StrEnum):
+    """How a proposal ended (``skippy_plugin_outcome_kind``); the values are the JSON."""
+
+    FULL_ACCEPT = "full_accept"
+    FIRST_MISMATCH = "first_mismatch"
+    STOPPED = "stopped"
+    """The request stopped inside the window (end of generation, a stop string, max tokens)."""
+    DISCARDED = "discarded"
+    """Never verified: :class:`DiscardReason` says why."""
+
+
+class DiscardReason(StrEnum):
+    """Why a proposal was discarded unverified (``skippy_plugin_discard_reason``). A discard is
+    counted per plugin by reason and is never a failure of the plugin."""
+
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    INVALID_TOKEN_COUNT = "invalid_token_count"
+    INVALID_TOKEN_ID = "invalid_token_id"
+    POSITION_MISMATCH = "position_mismatch"
+    EXECUTION_FAILED = "execution_failed"
+
+
+OUTCOME_KIND_CODES: Final[dict[OutcomeKind, OutcomeKindCode]] = {
+    kind: OutcomeKindCode[kind.name] for kind in OutcomeKind
+}
+DISCARD_REASON_CODES: Final[dict[DiscardReason, DiscardReasonCode]] = {
+    reason: DiscardReasonCode[reason.name] for reason in DiscardReason
+}
+SPEC_MODE_CODES: Final[dict[str, SpecModeCode]] = {
+    code.name.lower(): code for code in SpecModeCode if code is not SpecModeCode.UNKNOWN
+}
+"""``load --spec`` values → ABI codes (a mode this table lacks is ``UNKNOWN``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProposalOutcome:
+    """``skippy_plugin_outcome_v1``: how one proposal for a request ended. A discard has
+    ``accepted`` 0 and ``proposed`` the tokens the answer had (0 when none arrived)."""
+
+    kind: OutcomeKind
+    proposed: int
+    accepted: int
+    discard_reason: DiscardReason | None = None
+
+    @property
+    def rejected(self) -> int:
+        return max(0, self.proposed - self.accepted)
+
+
+@dataclass(frozen=True, slots=True)
+class ActivationContext:
+    """``skippy_plugin_activation_v1``: what a plugin learns once, before any request, about
+    the model it serves. ``model_id`` is an alias or a file's basename, never a path;
+    ``config`` is the operator's text for the plugins of this model (``load --plugin-config``,
+    a preset's ``plugin_config``), given unchanged ("" when none): its syntax is the plugin's."""
+
+    model_id: str
+    n_vocab: int
+    n_ctx_per_lane: int
+    lanes: int
+    spec_mode: str
+    """``load --spec``'s value (``off``, ``ngram``, ``plugin``, ``draft``, ...)."""
+    proposal_deadline_ms: float
+    config: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +257,19 @@ class Plugin(Protocol):
 
 
 class BasePlugin:
-    """No-op defaults for every :class:`Plugin` method: override what the plugin needs."""
+    """No-op defaults for every :class:`Plugin` method, and the optional ones
+    (:meth:`activate`, :meth:`proposal_outcome`): override what the plugin needs."""
+
+    def activate(self, context: ActivationContext) -> None:
+        """Once, before any request: the model and the operator's configuration. Raising
+        here fails the plugin's load (the model serves without it)."""
+        return None
+
+    def proposal_outcome(self, ids: RequestIds, outcome: ProposalOutcome) -> None:
+        """How a proposal ended, discards included. The default hands a verified window to
+        :meth:`outcome`, as hosts did before outcome kinds existed."""
+        if outcome.kind is not OutcomeKind.DISCARDED:
+            self.outcome(ids, outcome.proposed, outcome.accepted, outcome.rejected)
 
     def begin(self, ids: RequestIds, prompt: Sequence[int], reused: int) -> None:
         return None

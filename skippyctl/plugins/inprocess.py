@@ -15,9 +15,16 @@ It keeps the plugin contract (``skippyctl.plugins.api``) all the same:
   every run starts where the last one ended, a query's ``pending`` run is always empty and a
   finish's suffix too;
 - requests and sessions reach the plugin as opaque integers (a counter each), never the
-  engine's ids;
+  engine's ids; the session map is bounded (:data:`MAX_SESSIONS`, least recently used evicted
+  and counted in :attr:`InProcessPlugin.sessions_evicted`: an evicted session that comes back
+  gets a new id);
+- :meth:`InProcessPlugin.activate` hands the plugin its :class:`ActivationContext` once, first
+  (a plugin without ``activate`` is not asked);
 - an answer is validated like a sidecar's: a list of at most the capacity, every id in
-  ``0 <= id < n_vocab``; anything else is dropped and counted;
+  ``0 <= id < n_vocab``; anything else is discarded and counted by reason
+  (:attr:`InProcessPlugin.discards`), never a failure;
+- outcomes carry their kind (``full_accept``, ``first_mismatch``, ``stopped``, ``discarded``)
+  to ``proposal_outcome`` when the plugin has it, else verified windows to ``outcome``;
 - a call that raises is counted in :attr:`InProcessPlugin.failures` and never raises out of
   here; the request it concerned is over for the plugin (it gets an abort, ``error``), so the
   plugin never sees a stream with a hole;
@@ -29,6 +36,7 @@ Decode thread only: no locks.
 from __future__ import annotations
 
 import contextlib
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -38,14 +46,21 @@ from skippyctl.events.figures import GenerationFigures
 from skippyctl.plugins.api import (
     ABORT_REASON_CODES,
     AbortReasonCode,
+    ActivationContext,
+    DiscardReason,
+    OutcomeKind,
     Plugin,
     PluginReceipt,
+    ProposalOutcome,
     ProposalQuery,
     RequestIds,
     plugin_stop_reason,
 )
 
-__all__ = ["NO_DEADLINE_NS", "InProcessPlugin"]
+__all__ = ["MAX_SESSIONS", "NO_DEADLINE_NS", "InProcessPlugin"]
+
+MAX_SESSIONS: Final = 4096
+"""Sessions whose opaque id the adapter remembers (least recently used beyond it forgotten)."""
 
 NO_DEADLINE_NS: Final = (1 << 63) - 1
 """A query's ``deadline_mono_ns`` in the engine process: the call is synchronous, so nothing
@@ -63,22 +78,52 @@ class _Stream:
 class InProcessPlugin:
     """One plugin behind the engine's serving-plugin calls, in this process (module docstring)."""
 
-    def __init__(self, plugin: Plugin, n_vocab: int) -> None:
-        if n_vocab < 1:
-            raise ValueError("n_vocab must be >= 1")
+    def __init__(self, plugin: Plugin, n_vocab: int, max_sessions: int = MAX_SESSIONS) -> None:
+        if n_vocab < 1 or max_sessions < 1:
+            raise ValueError("n_vocab and max_sessions must be >= 1")
         self._plugin = plugin
         self._n_vocab = n_vocab
         self._streams: dict[str, _Stream] = {}
-        self._sessions: dict[str, int] = {}
+        self._sessions: OrderedDict[str, int] = OrderedDict()
+        self._max_sessions = max_sessions
+        self._next_session = 1
         self._next_request = 1
         self.failures = 0
-        """Calls into the plugin that raised, and answers that were not valid proposals."""
+        """Calls into the plugin that raised (the contract's failures)."""
+        self.discards: dict[DiscardReason, int] = dict.fromkeys(DiscardReason, 0)
+        """Answers discarded unverified, by reason (never failures)."""
+        self.sessions_evicted = 0
+        """Sessions forgotten to keep the map at ``max_sessions``."""
+
+    def activate(self, context: ActivationContext) -> bool:
+        """The plugin's activation (once, before any request); False when it raised (counted
+        a failure: the caller serves without the plugin)."""
+        activate = getattr(self._plugin, "activate", None)
+        if activate is None:
+            return True
+        try:
+            activate(context)
+        except Exception:  # noqa: BLE001 - counted; the caller leaves the plugin out
+            self.failures += 1
+            return False
+        return True
 
     def _session_id(self, session: str) -> int:
-        sid = self._sessions.get(session)
-        if sid is None:
-            sid = self._sessions[session] = len(self._sessions) + 1
+        sessions = self._sessions
+        sid = sessions.get(session)
+        if sid is not None:
+            sessions.move_to_end(session)
+            return sid
+        sid = sessions[session] = self._next_session
+        self._next_session += 1
+        if len(sessions) > self._max_sessions:
+            sessions.popitem(last=False)
+            self.sessions_evicted += 1
         return sid
+
+    def sessions(self) -> int:
+        """Sessions whose id is remembered (at most ``max_sessions``)."""
+        return len(self._sessions)
 
     def _failed(self, request: str) -> None:
         """A call about ``request`` raised: count it and end the request for the plugin."""
@@ -129,34 +174,61 @@ class InProcessPlugin:
                 continue
             if not answer:
                 continue
-            if not self._valid(answer, capacity):
-                self.failures += 1  # not tokens of this model: never verified
+            invalid = self._invalid(answer, capacity)
+            if invalid is not None:  # not tokens of this model: never verified
+                self._discard(request, invalid, len(answer) if isinstance(answer, list) else 0)
                 continue
             proposals[request] = answer
         return proposals
 
-    def _valid(self, answer: object, capacity: int) -> bool:
-        """At most ``capacity`` ids of this model's vocabulary (one outside it would make
-        llama.cpp abort the engine). Checked with ``min``/``max`` in C, not per token in Python:
-        this runs every step, and the plugin is trusted code, so a wrong type is its bug."""
+    def _invalid(self, answer: object, capacity: int) -> DiscardReason | None:
+        """Why ``answer`` is not at most ``capacity`` ids of this model's vocabulary (one
+        outside it would make llama.cpp abort the engine), or None. Checked with ``min``/``max``
+        in C, not per token in Python: this runs every step, and the plugin is trusted code, so
+        a wrong type is its bug."""
         if not isinstance(answer, list) or len(answer) > capacity:
-            return False
+            return DiscardReason.INVALID_TOKEN_COUNT
         try:
-            return bool(min(answer) >= 0 and max(answer) < self._n_vocab)
+            valid = bool(min(answer) >= 0 and max(answer) < self._n_vocab)
         except TypeError:  # ids that do not compare with ints
-            return False
+            valid = False
+        return None if valid else DiscardReason.INVALID_TOKEN_ID
+
+    def _discard(self, request: str, reason: DiscardReason, proposed: int) -> None:
+        """Count a discard and tell the plugin (an outcome of kind ``discarded``)."""
+        self.discards[reason] += 1
+        self._tell(request, ProposalOutcome(OutcomeKind.DISCARDED, proposed, 0, reason))
 
     def late(self) -> frozenset[str]:
         """Nobody: the plugin answers before :meth:`propose` returns."""
         return _NOBODY_LATE
 
-    def outcome(self, request: str, proposed: int, accepted: int) -> None:
+    def outcome(
+        self,
+        request: str,
+        proposed: int,
+        accepted: int,
+        kind: OutcomeKind,
+        reason: DiscardReason | None = None,
+    ) -> None:
+        proposed, accepted = max(0, proposed), max(0, accepted)
+        if kind is OutcomeKind.DISCARDED:
+            reason = reason or DiscardReason.EXECUTION_FAILED
+            self._discard(request, reason, proposed)
+            return
+        self._tell(request, ProposalOutcome(kind, proposed, accepted))
+
+    def _tell(self, request: str, outcome: ProposalOutcome) -> None:
         stream = self._streams.get(request)
         if stream is None:
             return
-        proposed, accepted = max(0, proposed), max(0, accepted)
+        plugin = self._plugin
+        full = getattr(plugin, "proposal_outcome", None)
         try:
-            self._plugin.outcome(stream.ids, proposed, accepted, max(0, proposed - accepted))
+            if full is not None:
+                full(stream.ids, outcome)
+            elif outcome.kind is not OutcomeKind.DISCARDED:
+                plugin.outcome(stream.ids, outcome.proposed, outcome.accepted, outcome.rejected)
         except Exception:  # noqa: BLE001 - counted; the request is over for the plugin
             self._failed(request)
 

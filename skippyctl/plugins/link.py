@@ -28,10 +28,20 @@ Proposals (``propose``): one query per (plugin, request with capacity > 0), all 
 once; the call returns when every one is answered or at the deadline (``deadline_ms`` after the
 call), whichever is first. An unanswered query is ``late`` and its answer, if it ever comes, is
 dropped. A request whose capacity is 0 is not queried, and its pending run stays with the link.
-Answers are validated: ``0 <= id < n_vocab`` and ``len <= capacity``, else the whole answer is
-dropped and counted a failure (``invalid_tokens``). With several plugins, the first one in spec
-order that proposes something for a request wins. Only requests with a proposal are in the
-result.
+Answers are validated: ``len <= capacity`` and ``0 <= id < n_vocab``, else the whole answer is
+discarded (reason ``invalid_token_count`` / ``invalid_token_id``). A discard — those, a late
+answer (``deadline_exceeded``, counted as ``late``), a query whose pending run did not continue
+the plugin's stream (``position_mismatch``) — is counted by reason and told to the plugin as an
+outcome of kind ``discarded``; it is never a failure, so it never disables the plugin (the
+plugin contract: only crashes, raised exceptions or error statuses and protocol errors are).
+With several plugins, the first one in spec order that proposes something for a request wins.
+Only requests with a proposal are in the result.
+
+Activation: every sidecar process gets an ACTIVATE frame first (the model id, its geometry, the
+speculation mode, the deadline and ``load --plugin-config``), before anything of a request.
+
+Counters leave through ``on_counters``: a thread (``skippy-plugin-counters``) hands each
+plugin's counters over every :data:`COUNTERS_INTERVAL_S` when they changed (counts only).
 """
 
 from __future__ import annotations
@@ -39,6 +49,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 import sys
+import threading
 import time
 from array import array
 from collections.abc import Callable, Mapping, Sequence
@@ -47,26 +58,62 @@ from typing import IO, Any, Final
 from skippyctl.events.envelope import StopReason
 from skippyctl.events.figures import GenerationFigures
 from skippyctl.plugins.abi import AbortReasonCode, IdsFlag
-from skippyctl.plugins.api import ABORT_REASON_CODES, plugin_stop_reason
+from skippyctl.plugins.api import (
+    ABORT_REASON_CODES,
+    DISCARD_REASON_CODES,
+    OUTCOME_KIND_CODES,
+    SPEC_MODE_CODES,
+    ActivationContext,
+    DiscardReason,
+    OutcomeKind,
+    plugin_stop_reason,
+)
 from skippyctl.plugins.sidecar_supervisor import (
-    LATE_STREAK_FAILURE,
     AwaitedAnswer,
     PluginReport,
     PluginSidecar,
     RequestStream,
     SidecarSupervisor,
 )
-from skippyctl.plugins.wire import AnswerStatus, Msg, encode, figure_fields
+from skippyctl.plugins.wire import AnswerStatus, Msg, activation_text, encode, figure_fields
 
 LOAD_TIMEOUT_S: Final = 10.0
 MAX_CAPACITY_TOKENS: Final = 1 << 16
+COUNTERS_INTERVAL_S: Final = 2.0
+"""How often the link hands changed counters to ``on_counters``."""
 
 _ANSWER_FAILURES: Final = {
     AnswerStatus.RAISED: "raised",
     AnswerStatus.ERROR: "error_status",
     AnswerStatus.INVALID_ARGUMENT: "error_status",
-    AnswerStatus.INVALID_TOKENS: "invalid_tokens",
 }
+_ANSWER_DISCARDS: Final = {
+    AnswerStatus.EXPIRED: DiscardReason.DEADLINE_EXCEEDED,
+    AnswerStatus.INVALID_TOKEN_COUNT: DiscardReason.INVALID_TOKEN_COUNT,
+    AnswerStatus.INVALID_TOKEN_ID: DiscardReason.INVALID_TOKEN_ID,
+    AnswerStatus.STREAM_GAP: DiscardReason.POSITION_MISMATCH,
+}
+
+
+def discard_counter(reason: DiscardReason) -> str:
+    """The counter of ``reason`` (``late`` for a missed deadline: its older name)."""
+    return "late" if reason is DiscardReason.DEADLINE_EXCEEDED else f"discarded_{reason.value}"
+
+
+def activation_frame(context: ActivationContext) -> bytes:
+    """``context`` as the ACTIVATE frame every sidecar gets first."""
+    return encode(
+        Msg.ACTIVATE,
+        int(SPEC_MODE_CODES.get(context.spec_mode, 0)),
+        max(0, context.n_vocab),
+        max(0, context.n_ctx_per_lane),
+        max(0, context.lanes),
+        max(0, round(context.proposal_deadline_ms * 1e6)),
+        text=activation_text(context.model_id, context.config),
+    )
+
+
+_DISCARDED: Final = OutcomeKind.DISCARDED
 
 
 class PluginLink(SidecarSupervisor):
@@ -83,6 +130,8 @@ class PluginLink(SidecarSupervisor):
         python: str,
         env: Mapping[str, str] | None,
         stderr: int | IO[Any] | None,
+        activation: ActivationContext | None = None,
+        on_counters: Callable[[str, Mapping[str, int]], None] | None = None,
     ) -> None:
         if n_vocab < 1 or deadline_ms <= 0 or queue_capacity < 1:
             raise ValueError("need n_vocab >= 1, deadline_ms > 0 and queue_capacity >= 1")
@@ -90,12 +139,27 @@ class PluginLink(SidecarSupervisor):
         self._deadline_ns = int(deadline_ms * 1e6)
         self._capacity = queue_capacity
         self._requests: dict[str, tuple[int, int | None]] = {}
+        self._used: dict[str, PluginSidecar] = {}
+        """Request → the plugin whose answer its current proposals came from (a discard the
+        engine decides is counted on it)."""
         self._next_request = 1
         self._next_query = 1
         self._session_key = secrets.token_bytes(16)
         self._closed = False
         self._last_late: frozenset[str] = frozenset()
-        super().__init__(specs, on_report=on_report, python=python, env=env, stderr=stderr)
+        self._on_counters = on_counters
+        self._counters_stop = threading.Event()
+        self._counters_thread: threading.Thread | None = None
+        if activation is None:
+            activation = ActivationContext("", n_vocab, 0, 0, "plugin", deadline_ms)
+        super().__init__(
+            specs,
+            on_report=on_report,
+            python=python,
+            env=env,
+            stderr=stderr,
+            activation=activation_frame(activation),
+        )
 
     @classmethod
     def start(
@@ -110,12 +174,17 @@ class PluginLink(SidecarSupervisor):
         env: Mapping[str, str] | None = None,
         stderr: int | IO[Any] | None = None,
         load_timeout_s: float = LOAD_TIMEOUT_S,
+        activation: ActivationContext | None = None,
+        on_counters: Callable[[str, Mapping[str, int]], None] | None = None,
+        counters_interval_s: float = COUNTERS_INTERVAL_S,
     ) -> PluginLink:
         """Start one sidecar per spec and wait (up to ``load_timeout_s`` in all) until each
         is loaded or has failed to load (reported ``load_failed``; the link works without it).
         ``env``: the sidecars' environment, without :data:`CREDENTIAL_VARIABLES` (default: this
         process's, inherited as it is); ``stderr``: where their stderr goes (default
-        /dev/null)."""
+        /dev/null); ``activation``: what each plugin is activated with (default: no model id,
+        no configuration); ``on_counters(plugin, counters)``: called from the link's own thread
+        every ``counters_interval_s`` for each plugin whose counters changed."""
         link = cls(
             specs,
             n_vocab=n_vocab,
@@ -125,6 +194,8 @@ class PluginLink(SidecarSupervisor):
             python=python,
             env=env,
             stderr=stderr,
+            activation=activation,
+            on_counters=on_counters,
         )
         try:
             for p in link._plugins:
@@ -135,10 +206,39 @@ class PluginLink(SidecarSupervisor):
                     with link._lock:
                         reports = link._disable(p, "timeout", load=True)
                     link._emit(reports)
+            if on_counters is not None:
+                link._counters_thread = threading.Thread(
+                    target=link._counters_loop,
+                    args=(counters_interval_s,),
+                    name="skippy-plugin-counters",
+                    daemon=True,
+                )
+                link._counters_thread.start()
         except BaseException:
             link.close()
             raise
         return link
+
+    def _counters_loop(self, interval_s: float) -> None:
+        sent: dict[str, dict[str, int]] = {}
+        while not self._counters_stop.wait(interval_s):
+            self.send_counters(sent)
+
+    def send_counters(self, sent: dict[str, dict[str, int]] | None = None) -> None:
+        """Hand each plugin's counters to ``on_counters`` (only those that changed since
+        ``sent``, which is updated). Never with the lock held."""
+        on_counters = self._on_counters
+        if on_counters is None:
+            return
+        for name, counts in self.counters().items():
+            if sent is not None:
+                if sent.get(name) == counts:
+                    continue
+                sent[name] = counts
+            try:
+                on_counters(name, counts)
+            except Exception:  # noqa: BLE001 - the engine's callback must not end the thread
+                continue
 
     # ---- the decode thread's calls ----
 
@@ -234,7 +334,10 @@ class PluginLink(SidecarSupervisor):
             late: set[str] = set()
             for qid in mine:
                 wait = self._waiting.pop(qid)
-                if wait.answer is None and not wait.gone and wait.plugin.state != "disabled":
+                answer = wait.answer
+                # no answer by the deadline, or the sidecar's own "it came too late" (EXPIRED)
+                missed = answer is None or int(answer.fields[1]) == AnswerStatus.EXPIRED
+                if missed and not wait.gone and wait.plugin.state != "disabled":
                     late.add(wait.request)
                 reports += self._take(wait, result)
             self._last_late = frozenset(late)
@@ -251,39 +354,68 @@ class PluginLink(SidecarSupervisor):
             return []
         frame = wait.answer
         if frame is None:
-            p.counts["late"] += 1
-            p.late_streak += 1
-            if p.late_streak >= LATE_STREAK_FAILURE:
-                p.late_streak = 0
-                return self._fail(p, "timeout")
+            self._discard(p, wait.request, DiscardReason.DEADLINE_EXCEEDED, 0)
             return []
-        p.late_streak = 0
         try:
             status = AnswerStatus(int(frame.fields[1]))
         except ValueError:
             p.counts["malformed"] += 1
-            return []
+            return self._fail(p, "protocol_error")
         if status in _ANSWER_FAILURES:
             return self._fail(p, _ANSWER_FAILURES[status])
-        if status is AnswerStatus.STREAM_GAP:
-            p.counts["malformed"] += 1
-            return []
         tokens: array[int] = frame.tokens
+        if status in _ANSWER_DISCARDS:
+            self._discard(p, wait.request, _ANSWER_DISCARDS[status], len(tokens))
+            return []
         if status is not AnswerStatus.OK or not tokens:
             return []
+        if len(tokens) > wait.capacity:
+            self._discard(p, wait.request, DiscardReason.INVALID_TOKEN_COUNT, len(tokens))
+            return []
         n_vocab = self._n_vocab
-        if len(tokens) > wait.capacity or not all(0 <= t < n_vocab for t in tokens):
-            return self._fail(p, "invalid_tokens")
+        if not (min(tokens) >= 0 and max(tokens) < n_vocab):
+            self._discard(p, wait.request, DiscardReason.INVALID_TOKEN_ID, len(tokens))
+            return []
         p.counts["proposals"] += 1
         p.counts["proposed_tokens"] += len(tokens)
-        result.setdefault(wait.request, tokens.tolist())
+        if wait.request not in result:
+            result[wait.request] = tokens.tolist()
+            self._used[wait.request] = p
         return []
 
-    def outcome(self, request: str, proposed: int, accepted: int) -> None:
-        """How verifying the last proposal for ``request`` went."""
+    def _discard(self, p: PluginSidecar, request: str, reason: DiscardReason, n: int) -> None:
+        """``p``'s proposal for ``request`` is discarded unverified: counted by reason and
+        told to the plugin (an outcome of kind ``discarded``; dropped when its FIFO is full).
+        Never a failure. With the lock held."""
+        p.counts[discard_counter(reason)] += 1
+        r = p.reqs.get(request)
+        if r is None or p.state != "up":
+            return
+        code = int(DISCARD_REASON_CODES[reason])
+        data = encode(Msg.OUTCOME, r.rid, n, 0, n, int(OUTCOME_KIND_CODES[_DISCARDED]), code)
+        if not self._put(p, data):
+            p.counts["dropped"] += 1
+
+    def outcome(
+        self,
+        request: str,
+        proposed: int,
+        accepted: int,
+        kind: OutcomeKind,
+        reason: DiscardReason | None = None,
+    ) -> None:
+        """How the last proposal for ``request`` ended (``kind``; a discard the engine decided
+        has its ``reason`` and is counted on the plugin whose proposal it was). Every plugin
+        that began the request is told."""
         proposed, accepted = max(0, proposed), max(0, accepted)
+        code = 0
         with self._lock:
-            data: bytes | None = None
+            if kind is OutcomeKind.DISCARDED:
+                reason = reason or DiscardReason.EXECUTION_FAILED
+                code = int(DISCARD_REASON_CODES[reason])
+                used = self._used.get(request)
+                if used is not None:
+                    used.counts[discard_counter(reason)] += 1
             for p in self._plugins:
                 r = p.reqs.get(request)
                 if r is None:
@@ -291,11 +423,11 @@ class PluginLink(SidecarSupervisor):
                 if len(p.queue) >= self._capacity:
                     p.counts["dropped"] += 1
                     continue
-                if data is None:
-                    data = encode(
-                        Msg.OUTCOME, r.rid, proposed, accepted, max(0, proposed - accepted)
-                    )
-                self._put(p, data)
+                rejected = max(0, proposed - accepted)
+                kind_code = int(OUTCOME_KIND_CODES[kind])
+                self._put(
+                    p, encode(Msg.OUTCOME, r.rid, proposed, accepted, rejected, kind_code, code)
+                )
 
     def finish(self, request: str, stop_reason: StopReason, figures: GenerationFigures) -> None:
         """The request finished: its final committed suffix (everything not yet handed over),
@@ -303,6 +435,7 @@ class PluginLink(SidecarSupervisor):
         fields = (int(plugin_stop_reason(stop_reason)), *figure_fields(figures))
         with self._lock:
             self._requests.pop(request, None)
+            self._used.pop(request, None)
             for p in self._plugins:
                 r = p.reqs.pop(request, None)
                 if r is None:
@@ -317,6 +450,7 @@ class PluginLink(SidecarSupervisor):
         code = int(ABORT_REASON_CODES.get(reason, AbortReasonCode.UNKNOWN))
         with self._lock:
             self._requests.pop(request, None)
+            self._used.pop(request, None)
             for p in self._plugins:
                 r = p.reqs.pop(request, None)
                 if r is not None:
@@ -342,12 +476,16 @@ class PluginLink(SidecarSupervisor):
                         code = int(AbortReasonCode.SHUTDOWN)
                         self._put(p, encode(Msg.ABORT, r.rid, code), reserved=True)
             self._requests.clear()
+            self._used.clear()
             for p in self._plugins:
                 p.closing = True
                 p.wake.notify_all()
             for wait in self._waiting.values():
                 wait.gone = True
             self._answered.notify_all()
+        self._counters_stop.set()
+        if self._counters_thread is not None:
+            self._counters_thread.join()
         self._join_sidecars()
 
     def __enter__(self) -> PluginLink:

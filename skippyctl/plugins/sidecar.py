@@ -2,7 +2,9 @@
 
 ``python -m skippyctl.plugins.sidecar --fd N SPEC`` loads the plugin SPEC names (a ``.so`` path:
 a C plugin through skippy_plugin.h; otherwise an entry point in the group ``skippyctl.plugins``),
-answers READY (or LOAD_FAILED with a reason word) on the stream socket ``N``, then serves the
+reads the link's ACTIVATE (the model and the operator's configuration) and activates the plugin
+with it, answers READY (or LOAD_FAILED with a reason word: ``activate_failed`` when activation
+failed) on the stream socket ``N``, then serves the
 frames of :mod:`skippyctl.plugins.wire` until end of stream, when it calls the plugin's
 ``destroy``/``close`` and exits 0. The engine's link starts it (``sidecar_supervisor.py``); a
 plugin that crashes takes only this process down.
@@ -32,12 +34,20 @@ import time
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from skippyctl.plugins import abi
 from skippyctl.plugins.api import (
     ABI_RECEIPT_FIELDS,
+    DISCARD_REASON_CODES,
+    OUTCOME_KIND_CODES,
+    SPEC_MODE_CODES,
+    ActivationContext,
+    DiscardReason,
+    OutcomeKind,
     PluginNotFound,
     PluginReceipt,
+    ProposalOutcome,
     ProposalQuery,
     RequestIds,
     SpecKind,
@@ -51,6 +61,7 @@ from skippyctl.plugins.wire import (
     Frame,
     Malformed,
     Msg,
+    activation_parts,
     encode,
     figures_from_fields,
     read_frame,
@@ -99,6 +110,15 @@ class PythonHost:
         except Exception:  # noqa: BLE001 - a plugin's exception is counted, never fatal
             raise CallbackFailed(Fault.RAISED) from None
 
+    def activate(self, context: ActivationContext) -> None:
+        activate = getattr(self._plugin, "activate", None)
+        if activate is None:
+            return
+        try:
+            activate(context)
+        except Exception:  # noqa: BLE001 - a plugin that cannot take its model does not load
+            raise LoadFailed("activate_failed") from None
+
     def begin(self, ids: RequestIds, prompt: array[int], reused: int) -> None:
         self._call(self._plugin.begin, ids, tuple(prompt), reused)
 
@@ -118,13 +138,21 @@ class PythonHost:
         try:
             tokens = array("i", answer)
         except (TypeError, OverflowError, ValueError):
-            return Proposal(AnswerStatus.INVALID_TOKENS, array("i"))
+            return Proposal(AnswerStatus.INVALID_TOKEN_ID, array("i"))
         if len(tokens) > capacity:
-            return Proposal(AnswerStatus.INVALID_TOKENS, array("i"))
+            return Proposal(AnswerStatus.INVALID_TOKEN_COUNT, array("i"))
         return Proposal(AnswerStatus.OK, tokens)
 
-    def outcome(self, ids: RequestIds, proposed: int, accepted: int, rejected: int) -> None:
-        self._call(self._plugin.outcome, ids, proposed, accepted, rejected)
+    def outcome(self, ids: RequestIds, outcome: ProposalOutcome) -> None:
+        """``proposal_outcome`` when the plugin has it; else ``outcome`` for a verified window
+        (a plugin written before outcome kinds never hears of a discard)."""
+        full = getattr(self._plugin, "proposal_outcome", None)
+        if full is not None:
+            self._call(full, ids, outcome)
+        elif outcome.kind is not OutcomeKind.DISCARDED:
+            self._call(
+                self._plugin.outcome, ids, outcome.proposed, outcome.accepted, outcome.rejected
+            )
 
     def finish(
         self, ids: RequestIds, start: int, suffix: array[int], receipt: PluginReceipt
@@ -177,9 +205,12 @@ class CHost:
             raise LoadFailed("abi_mismatch")
         if status != Status.OK:
             raise LoadFailed("init_failed")
-        if vt.abi_version != abi.PLUGIN_ABI_VERSION or vt.struct_size < abi.PLUGIN_V1_SIZE:
+        if vt.abi_version != abi.PLUGIN_ABI_VERSION or vt.struct_size < abi.PLUGIN_V1_BASE_SIZE:
             raise LoadFailed("abi_mismatch")
         self._vt = vt
+        self._extended = vt.struct_size >= abi.PLUGIN_V1_SIZE
+        """The plugin was built against a header with ``activate`` and outcome kinds: it is
+        activated and hears of discards (an 80-byte vtable is never read past its size)."""
         self.name = (vt.name or b"").decode("utf-8", "replace")[:64]
         self._ids = abi.skippy_plugin_ids_v1(struct_size=ctypes.sizeof(abi.skippy_plugin_ids_v1))
 
@@ -194,6 +225,25 @@ class CHost:
     def _check(status: int) -> None:
         if status not in (Status.OK, Status.NO_PROPOSAL):
             raise CallbackFailed(Fault.ERROR_STATUS)
+
+    def activate(self, context: ActivationContext) -> None:
+        if not self._extended or not self._vt.activate:
+            return
+        model_id = context.model_id.encode("utf-8")
+        config = context.config.encode("utf-8")
+        a = abi.skippy_plugin_activation_v1(
+            struct_size=ctypes.sizeof(abi.skippy_plugin_activation_v1),
+            spec_mode=SPEC_MODE_CODES.get(context.spec_mode, abi.SpecModeCode.UNKNOWN),
+            model_id=model_id,
+            config=config,
+            config_len=len(config),
+            n_vocab=context.n_vocab,
+            n_ctx_per_lane=context.n_ctx_per_lane,
+            lanes=context.lanes,
+            proposal_deadline_ns=round(context.proposal_deadline_ms * 1e6),
+        )
+        if self._vt.activate(self._vt.state, ctypes.byref(a)) != Status.OK:
+            raise LoadFailed("activate_failed")
 
     def begin(self, ids: RequestIds, prompt: array[int], reused: int) -> None:
         if not self._vt.begin:
@@ -242,17 +292,22 @@ class CHost:
             code = AnswerStatus.INVALID_ARGUMENT if status == Status.INVALID_ARGUMENT else None
             return Proposal(code or AnswerStatus.ERROR, array("i"))
         if q.out_count > capacity:
-            return Proposal(AnswerStatus.INVALID_TOKENS, array("i"))
+            return Proposal(AnswerStatus.INVALID_TOKEN_COUNT, array("i"))
         return Proposal(AnswerStatus.OK, out[: q.out_count])
 
-    def outcome(self, ids: RequestIds, proposed: int, accepted: int, rejected: int) -> None:
+    def outcome(self, ids: RequestIds, outcome: ProposalOutcome) -> None:
         if not self._vt.outcome:
             return
+        if outcome.kind is OutcomeKind.DISCARDED and not self._extended:
+            return  # a plugin built before outcome kinds would read it as a verified window
+        reason = outcome.discard_reason
         o = abi.skippy_plugin_outcome_v1(
             struct_size=ctypes.sizeof(abi.skippy_plugin_outcome_v1),
-            proposed=proposed,
-            accepted=accepted,
-            rejected=rejected,
+            proposed=outcome.proposed,
+            accepted=outcome.accepted,
+            rejected=outcome.rejected,
+            kind=OUTCOME_KIND_CODES[outcome.kind],
+            discard_reason=0 if reason is None else DISCARD_REASON_CODES[reason],
         )
         self._check(
             self._vt.outcome(self._vt.state, ctypes.byref(self._ids_of(ids)), ctypes.byref(o))
@@ -292,6 +347,24 @@ def receipt_struct(receipt: PluginReceipt) -> abi.skippy_plugin_receipt_v1:
         stop_reason=receipt.stop_reason,
         **{name: getattr(receipt, name) for name in ABI_RECEIPT_FIELDS},
     )
+
+
+_KINDS: Final = {int(code): kind for kind, code in OUTCOME_KIND_CODES.items()}
+_REASONS: Final = {int(code): reason for reason, code in DISCARD_REASON_CODES.items()}
+
+
+def outcome_of(proposed: int, accepted: int, kind: int, reason: int) -> ProposalOutcome:
+    """An OUTCOME's fields as a :class:`ProposalOutcome`; raises ValueError (a malformed
+    frame) for a kind or reason this sidecar does not know."""
+    known = _KINDS.get(kind)
+    if known is None:
+        raise ValueError("unknown outcome kind")
+    discard: DiscardReason | None = None
+    if known is OutcomeKind.DISCARDED:
+        discard = _REASONS.get(reason)
+        if discard is None:
+            raise ValueError("unknown discard reason")
+    return ProposalOutcome(known, proposed, accepted, discard)
 
 
 def load(spec: str) -> Host:
@@ -386,10 +459,10 @@ class Sidecar:
                     query_id, host.propose(stream.ids, capacity, deadline, start, frame.tokens)
                 )
             case Msg.OUTCOME:
-                request, proposed, accepted, rejected = (int(v) for v in f)
+                request, proposed, accepted, _rejected, kind, reason = (int(v) for v in f)
                 stream = self._stream(request, None, Msg.OUTCOME)
                 if stream is not None:
-                    host.outcome(stream.ids, proposed, accepted, rejected)
+                    host.outcome(stream.ids, outcome_of(proposed, accepted, kind, reason))
             case Msg.FINISH:
                 request, start = int(f[0]), int(f[1])
                 stream = self._stream(request, start, Msg.FINISH)
@@ -405,6 +478,10 @@ class Sidecar:
                 self._streams.pop(request, None)
                 if stream is not None:
                     host.abort(stream.ids, reason)
+            case Msg.ACTIVATE:
+                # once, before READY (main); another one later is the link's mistake
+                self.malformed += 1
+                self._fault(0, Fault.MALFORMED)
             case _:
                 # a sidecar → engine type sent the wrong way
                 self.malformed += 1
@@ -412,6 +489,31 @@ class Sidecar:
 
     def _answer(self, query_id: int, proposal: Proposal) -> None:
         self._send(encode(Msg.ANSWER, query_id, int(proposal.status), tokens=proposal.tokens))
+
+
+def read_activation(sock: socket.socket) -> ActivationContext | None:
+    """The link's first frame, ACTIVATE, as the plugin's context; None at end of stream.
+    Raises :class:`LoadFailed` (``protocol_error``) for any other first frame."""
+    try:
+        frame = read_frame(sock)
+    except Malformed:
+        raise LoadFailed("protocol_error") from None
+    except (EOFError, ConnectionError):
+        return None
+    if frame.kind is not Msg.ACTIVATE:
+        raise LoadFailed("protocol_error")
+    spec_code, n_vocab, n_ctx, lanes, deadline_ns = (int(v) for v in frame.fields)
+    model_id, config = activation_parts(frame.text)
+    modes = {int(code): name for name, code in SPEC_MODE_CODES.items()}
+    return ActivationContext(
+        model_id=model_id,
+        n_vocab=n_vocab,
+        n_ctx_per_lane=n_ctx,
+        lanes=lanes,
+        spec_mode=modes.get(spec_code, "unknown"),
+        proposal_deadline_ms=deadline_ns / 1e6,
+        config=config,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -423,6 +525,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         try:
             host = load(args.spec)
+            context = read_activation(sock)
+            if context is None:
+                return 0  # the link went away before it activated us
+            host.activate(context)
         except LoadFailed as failed:
             sock.sendall(encode(Msg.LOAD_FAILED, text=failed.reason))
             return 2

@@ -7,15 +7,16 @@ plugin (``python -m skippyctl.plugins.sidecar``), its two threads, its failures 
 the FIFO and what the answers mean is the link's job (:class:`~skippyctl.plugins.link.PluginLink`,
 its subclass).
 
-Failures and the disable rule: a failure is a sidecar that died (``crashed``), a Python plugin
-that raised (``raised``), a C callback that returned an error status (``error_status``), an
-invalid answer (``invalid_tokens``), or :data:`LATE_STREAK_FAILURE` consecutive late answers
-(``timeout``; an answer in time resets the streak, so a plugin that is only sometimes late keeps
-running). Each failure is reported (kind ``failed``); :data:`DISABLE_AFTER_FAILURES` failures
-within :data:`FAILURE_WINDOW_S` disable the plugin (kind ``disabled``: its sidecar is killed,
-nothing more is sent to it). A sidecar that died and is not disabled is restarted for new
-requests (kind ``restarted`` when it is ready again); the requests it had are over for it. Other
-plugins are never affected.
+Failures and the disable rule (the plugin contract): a failure is a sidecar that died
+(``crashed``), a Python plugin that raised (``raised``), a C callback that returned an error
+status (``error_status``), or a frame from the sidecar that breaks the wire protocol
+(``protocol_error``). A late or invalid answer is NOT a failure: the link discards it and
+counts it by reason (``late`` for a missed deadline, ``discarded_*`` for the others), and the
+plugin keeps serving. Each failure is reported (kind ``failed``);
+:data:`DISABLE_AFTER_FAILURES` failures within :data:`FAILURE_WINDOW_S` disable the plugin (kind
+``disabled``: its sidecar is killed, nothing more is sent to it). A sidecar that died and is not
+disabled is restarted for new requests (kind ``restarted`` when it is ready again); the requests
+it had are over for it. Other plugins are never affected.
 
 Privacy: token ids travel only to the sidecars. Reports, counters and exceptions carry plugin
 names (a basename or an entry-point name, never a path), counts and reason words. A sidecar's
@@ -42,8 +43,6 @@ from skippyctl.plugins.wire import Fault, Frame, Malformed, Msg, read_frame
 
 DISABLE_AFTER_FAILURES: Final = 3
 FAILURE_WINDOW_S: Final = 60.0
-LATE_STREAK_FAILURE: Final = 4
-"""Consecutive late answers that count as one failure (``timeout``)."""
 CLOSE_GRACE_S: Final = 2.0
 """How long ``close`` lets a sidecar finish its queue and exit before it is killed."""
 
@@ -60,7 +59,13 @@ COUNTER_NAMES: Final = (
     "restarts",
     "queries",
     "malformed",
+    "discarded_invalid_token_count",
+    "discarded_invalid_token_id",
+    "discarded_position_mismatch",
+    "discarded_execution_failed",
 )
+"""A plugin's counters. ``late`` is the discards for a missed deadline (the discard reason
+``deadline_exceeded``, under its older name); ``discarded_<reason>`` the other discard reasons."""
 
 
 CREDENTIAL_VARIABLES: Final = frozenset(
@@ -96,7 +101,8 @@ class PluginReport:
     """``loaded`` | ``failed`` | ``disabled`` | ``restarted`` | ``load_failed``."""
     reason: str
     """A short machine word: ``timeout``, ``crashed``, ``raised``, ``error_status``,
-    ``invalid_tokens``, ``abi_mismatch``, ``not_found``, ... (``ok`` for loaded/restarted)."""
+    ``protocol_error``, ``abi_mismatch``, ``activate_failed``, ``not_found``, ... (``ok`` for
+    loaded/restarted)."""
     failures: int
     """Failures counted so far for this plugin."""
 
@@ -154,7 +160,6 @@ class PluginSidecar:
     reqs: dict[str, RequestStream] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTER_NAMES, 0))
     failure_times: deque[float] = field(default_factory=deque)
-    late_streak: int = 0
     ready: threading.Event = field(default_factory=threading.Event)
     closing: bool = False
     writer: threading.Thread | None = None
@@ -175,8 +180,11 @@ class SidecarSupervisor:
         python: str,
         env: Mapping[str, str] | None,
         stderr: int | IO[Any] | None,
+        activation: bytes,
     ) -> None:
         self._on_report = on_report
+        self._activation = activation
+        """The ACTIVATE frame every sidecar process gets first (restarts too)."""
         self._python = python
         # None: the sidecars inherit this (engine) process's environment, which its host
         # started without credentials; this module never reads the environment.
@@ -225,6 +233,10 @@ class SidecarSupervisor:
             theirs.close()
             raise
         theirs.close()
+        # First on the wire, before the writer thread exists: a small frame on a fresh socket
+        # fits its buffer. A sidecar already dead is seen by the reader (end of stream).
+        with contextlib.suppress(OSError):
+            ours.sendall(self._activation)
         with self._lock:
             p.gen += 1
             return SidecarIncarnation(p.gen, proc, ours)
@@ -381,6 +393,8 @@ class SidecarSupervisor:
             except Malformed:
                 with self._lock:
                     p.counts["malformed"] += 1
+                    broke = self._fail(p, "protocol_error") if inc.gen == p.gen else []
+                self._emit(broke)
                 continue
             except (EOFError, OSError):
                 return
@@ -392,7 +406,6 @@ class SidecarSupervisor:
                     case Msg.READY:
                         restarted = p.counts["restarts"] > 0
                         p.state = "up"
-                        p.late_streak = 0
                         reports.append(
                             self._report(p, "restarted" if restarted else "loaded", "ok")
                         )
@@ -413,8 +426,9 @@ class SidecarSupervisor:
                             reports += self._fail(p, _FAULT_REASONS[fault])
                         else:
                             p.counts["malformed"] += 1
-                    case _:
+                    case _:  # an engine → sidecar type, sent the wrong way
                         p.counts["malformed"] += 1
+                        reports += self._fail(p, "protocol_error")
                 settled = p.state in ("up", "disabled")
             self._emit(reports)
             if settled:

@@ -5,7 +5,8 @@ Frame: ``<I`` body length (little-endian u32), then the body: one type byte, a f
 the token ids as a packed little-endian int32 array filling the rest of the body. No JSON: a
 commit of n tokens costs 4·n bytes and one ``array.frombytes``.
 
-Engine → sidecar: BEGIN, COMMIT, QUERY, OUTCOME, FINISH, ABORT (the C ABI's callbacks).
+Engine → sidecar: ACTIVATE (first, once per sidecar process), BEGIN, COMMIT, QUERY, OUTCOME,
+FINISH, ABORT (the C ABI's callbacks).
 Sidecar → engine: READY (loaded), LOAD_FAILED (a reason word), ANSWER (a query's status and
 tokens), FAULT (a callback failed: which one and a reason code).
 
@@ -42,6 +43,7 @@ class Msg(IntEnum):
     OUTCOME = 4
     FINISH = 5
     ABORT = 6
+    ACTIVATE = 7
     READY = 101
     LOAD_FAILED = 102
     ANSWER = 103
@@ -56,13 +58,17 @@ HEADERS: Final[dict[Msg, struct.Struct]] = {
     Msg.COMMIT: struct.Struct("<QQ"),
     # query id, request, capacity, deadline (CLOCK_MONOTONIC ns), pending start; pending ids follow
     Msg.QUERY: struct.Struct("<QQIQQ"),
-    # request, proposed, accepted, rejected
-    Msg.OUTCOME: struct.Struct("<QIII"),
+    # request, proposed, accepted, rejected, kind (OutcomeKindCode), discard reason
+    # (DiscardReasonCode)
+    Msg.OUTCOME: struct.Struct("<QIIIII"),
     # request, suffix start, stop reason code, then every figure in FIGURES' order (a count
     # u64, a measure f64 with NaN for None: :func:`figure_fields`); suffix ids
     Msg.FINISH: struct.Struct("<QQI" + "".join("Q" if f.count else "d" for f in FIGURES)),
     # request, reason code
     Msg.ABORT: struct.Struct("<QI"),
+    # spec mode (SpecModeCode), n_vocab, n_ctx per lane, lanes, proposal deadline ns; the model
+    # id, a NUL and the plugin configuration follow (utf-8: :func:`activation_text`)
+    Msg.ACTIVATE: struct.Struct("<IQQIQ"),
     # abi version; the plugin's own name (utf-8) follows
     Msg.READY: struct.Struct("<I"),
     # nothing; a reason word (ascii) follows
@@ -73,7 +79,18 @@ HEADERS: Final[dict[Msg, struct.Struct]] = {
     Msg.FAULT: struct.Struct("<BB"),
 }
 CARRIES_TOKENS: Final = frozenset({Msg.BEGIN, Msg.COMMIT, Msg.QUERY, Msg.FINISH, Msg.ANSWER})
-CARRIES_TEXT: Final = frozenset({Msg.READY, Msg.LOAD_FAILED})
+CARRIES_TEXT: Final = frozenset({Msg.READY, Msg.LOAD_FAILED, Msg.ACTIVATE})
+
+
+def activation_text(model_id: str, config: str) -> str:
+    """An ACTIVATE's text: the model id, a NUL, the configuration (neither holds a NUL)."""
+    return f"{model_id}\0{config}"
+
+
+def activation_parts(text: str) -> tuple[str, str]:
+    """The model id and the configuration of an ACTIVATE's text."""
+    model_id, _, config = text.partition("\0")
+    return model_id, config
 
 
 def figure_fields(figures: GenerationFigures) -> tuple[int | float, ...]:
@@ -101,10 +118,12 @@ class AnswerStatus(IntEnum):
     commit and the plugin was not asked."""
     RAISED = -2
     """The Python plugin raised."""
-    INVALID_TOKENS = -3
-    """Over capacity, or values that are not int32 token ids."""
+    INVALID_TOKEN_COUNT = -3
+    """More tokens than the query's capacity."""
     STREAM_GAP = -4
     """The query's pending run did not start where the request's stream was (never expected)."""
+    INVALID_TOKEN_ID = -5
+    """Values that are not int32 token ids."""
 
 
 class Fault(IntEnum):

@@ -33,7 +33,7 @@ from typing import Final
 from skippyctl.events.catalog import CATALOG, EventId
 from skippyctl.events.envelope import NO_SCOPE, Event, LogicalId, summaries
 from skippyctl.events.reasons import DeliveryClass, Severity
-from skippyctl.reducer import health, models, resources, serving, topology
+from skippyctl.reducer import health, models, plugins, resources, serving, topology
 from skippyctl.reducer.common import NO_TRANSITIONS, Handler, transition
 from skippyctl.reducer.immutable import Draft, activate, deactivate, evolve, revise
 from skippyctl.reducer.node import derive_node
@@ -49,7 +49,7 @@ from skippyctl.reducer.state import (
 
 Transitions = tuple[Event, ...]
 
-FAMILIES: Final = (health, models, topology, serving, resources)
+FAMILIES: Final = (health, models, topology, serving, resources, plugins)
 
 
 def merge_handlers(*maps: Mapping[EventId, Handler]) -> dict[EventId, Handler]:

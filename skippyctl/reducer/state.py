@@ -125,6 +125,35 @@ class KvView:
     exhausted: int = 0
 
 
+class PluginState(StrEnum):
+    """A serving plugin of a model (reducer.plugins has the table)."""
+
+    SERVING = "serving"
+    LOAD_FAILED = "load_failed"
+    DISABLED = "disabled"
+
+
+@dataclass(frozen=True, slots=True)
+class PluginView:
+    """One serving plugin of a model: its state (``serving_plugin_*``), its failures and
+    restarts, and its delivery counters (the latest ``serving_plugin_observed``)."""
+
+    plugin_id: LogicalId
+    state: PluginState
+    reason_code: ReasonCode | None = None
+    failures: int = 0
+    restarts: int = 0
+    delivered: int = 0
+    deferred: int = 0
+    dropped: int = 0
+    late: int = 0
+    """Proposals discarded for a missed deadline (discard reason ``deadline_exceeded``)."""
+    discarded_invalid_token_count: int = 0
+    discarded_invalid_token_id: int = 0
+    discarded_position_mismatch: int = 0
+    discarded_execution_failed: int = 0
+
+
 @dataclass(frozen=True, slots=True)
 class ModelView:
     model_id: LogicalId
@@ -171,6 +200,8 @@ class ModelView:
     idle_expires_wall_ns: int | None = None
     """When an idle model unloads unless a request comes (``model_idle_timer_started``'s time
     plus its ``idle_ttl_ms``); None: in use, or no idle TTL."""
+    plugins: tuple[PluginView, ...] = ()
+    """Its serving plugins, by plugin id (reducer.plugins)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -84,6 +84,7 @@ from skippyctl.engine.protocol_messages import (
     LoadPhase,
     LoadReturned,
     MemoryAllocated,
+    PluginCounters,
     PluginReported,
     Pong,
     ProtocolError,
@@ -499,7 +500,7 @@ class EngineProcess:
             case Link():
                 if self.topology is not None:
                     self.topology.engine_link(message)
-            case PluginReported():
+            case PluginReported() | PluginCounters():
                 for event in plugin_events(message, self.model_id):
                     self._authority(Observed(event))
             case (

@@ -15,8 +15,9 @@ appears in both, with the same help text, kind, labels and values. A row states:
   exporter exist only while it runs: without OTLP, `/metrics` leaves them out.
 
 A reader yields `(label values, value)` in the order of the row's labels, sorted, so a scrape
-reads the same twice. Label values are bounded: model ids, outcomes, reason codes, event
-categories, delivery classes, signals, failure kinds — never text, paths or credentials.
+reads the same twice. Label values are bounded: model ids, serving plugin ids, outcomes, reason
+codes, event categories, delivery classes, signals, failure kinds — never text, paths or
+credentials.
 """
 
 from __future__ import annotations
@@ -127,6 +128,9 @@ CLASS: Final = Label("class", "class")
 SIGNAL: Final = Label("signal", "signal")
 FAILURE_KIND: Final = Label("kind", "kind")
 DROP_REASON: Final = Label("reason", "reason")
+PLUGIN: Final = Label("plugin", "plugin_id")
+RESULT: Final = Label("result", "result")
+DISCARD_REASON: Final = Label("reason", "reason")
 
 
 def _by_key(counts: Mapping[str, int]) -> list[Sample]:
@@ -201,6 +205,42 @@ def _kv_cells_total(state: RuntimeView) -> list[Sample]:
         for m in state.models.values()
         if m.kv.cells_total is not None
     ]
+
+
+def _plugin_messages(state: RuntimeView) -> list[Sample]:
+    return sorted(
+        ((str(m.model_id), str(p.plugin_id), result), float(getattr(p, result)))
+        for m in state.models.values()
+        for p in m.plugins
+        for result in ("delivered", "deferred", "dropped")
+    )
+
+
+_DISCARD_COUNTERS: Final = (
+    ("deadline_exceeded", "late"),
+    ("invalid_token_count", "discarded_invalid_token_count"),
+    ("invalid_token_id", "discarded_invalid_token_id"),
+    ("position_mismatch", "discarded_position_mismatch"),
+    ("execution_failed", "discarded_execution_failed"),
+)
+"""A discard reason (the label) and the plugin counter that counts it."""
+
+
+def _plugin_discards(state: RuntimeView) -> list[Sample]:
+    return sorted(
+        ((str(m.model_id), str(p.plugin_id), reason), float(getattr(p, counter)))
+        for m in state.models.values()
+        for p in m.plugins
+        for reason, counter in _DISCARD_COUNTERS
+    )
+
+
+def _plugin_failures(state: RuntimeView) -> list[Sample]:
+    return sorted(
+        ((str(m.model_id), str(p.plugin_id)), float(p.failures))
+        for m in state.models.values()
+        for p in m.plugins
+    )
 
 
 # -- pipeline ------------------------------------------------------------------------------------
@@ -284,6 +324,17 @@ METRICS: Final[tuple[Metric[Any], ...]] = (
            "KV cells in use at the last report.", (MODEL,), Source.STATE, _kv_cells_used),
     Metric("skippy_kv_cells_total", "skippy.kv.cells_total", _G, "{cell}",
            "KV cells available.", (MODEL,), Source.STATE, _kv_cells_total),
+    Metric("skippy_plugin_messages_total", "skippy.plugin.messages", _C, "{message}",
+           "Messages to a serving plugin: delivered, deferred (a commit that went with a later "
+           "message) or dropped (its queue was full).",
+           (MODEL, PLUGIN, RESULT), Source.STATE, _plugin_messages),
+    Metric("skippy_plugin_discarded_proposals_total", "skippy.plugin.discarded_proposals", _C,
+           "{proposal}", "A serving plugin's proposals discarded unverified, by reason "
+           "(deadline_exceeded: late).", (MODEL, PLUGIN, DISCARD_REASON), Source.STATE,
+           _plugin_discards),
+    Metric("skippy_plugin_failures_total", "skippy.plugin.failures", _C, "{failure}",
+           "A serving plugin's failures (crashes, raised exceptions or error statuses, "
+           "protocol errors).", (MODEL, PLUGIN), Source.STATE, _plugin_failures),
     Metric("skippy_events_dropped_total", "skippy.events.dropped", _C, "{event}",
            "Events dropped, by delivery class.", (CLASS,), Source.PIPELINE, _events_dropped),
     Metric("skippy_events_coalesced_total", "skippy.events.coalesced", _C, "{event}",

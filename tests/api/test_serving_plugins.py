@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,7 @@ TOKENS = 160
 def plugins(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("built-plugins")
     built = {"ngram": _cc(EXAMPLES / "c" / "ngram_plugin.c", out / "ngram_plugin.so")}
-    for name in ("crashy", "sleepy"):
+    for name in ("crashy", "sleepy", "garbage"):
         built[name] = _cc(
             HERE / "fault_plugin.c", out / f"{name}.so", f"-DFAULT_MODE={FAULT_MODES[name]}"
         )
@@ -103,11 +104,15 @@ def _text(body: dict[str, Any]) -> str:
     return str(body["choices"][0]["text"])
 
 
-def _plugin_events(server: Server, model: str) -> list[dict[str, Any]]:
+def _plugin_events(server: Server, model: str, observed: bool = False) -> list[dict[str, Any]]:
+    """The model's ``serving_plugin_*`` events; the counters (``serving_plugin_observed``, sent
+    as they change) only when ``observed``."""
     return [
         e
         for e in server.events()
-        if e["kind"].startswith("serving_plugin_") and e["scope"].get("model_id") == model
+        if e["kind"].startswith("serving_plugin_")
+        and e["scope"].get("model_id") == model
+        and observed == (e["kind"] == "serving_plugin_observed")
     ]
 
 
@@ -191,6 +196,13 @@ def test_the_built_in_ngram_plugin_runs_by_its_entry_point_and_in_the_engine(
     assert [(e["kind"], e["scope"]["plugin_id"]) for e in loaded] == [
         ("serving_plugin_loaded", "ngram")
     ]
+    # Part of the load: it carries the load's operation (so `load --json` shows it).
+    (requested,) = [
+        e
+        for e in server.events()
+        if e["kind"] == "model_load_requested" and e["scope"].get("model_id") == "builtin"
+    ]
+    assert loaded[0]["operation"]["root"] == requested["operation"]["root"]
     # In the engine process: no sidecar, so no plugin events.
     assert _plugin_events(server, "inproc") == []
 
@@ -253,6 +265,66 @@ def test_a_plugin_that_misses_every_deadline_costs_only_its_proposals(
     assert body["usage"]["completion_tokens"] == TOKENS
     figures = body["receipt"]["speculative"]
     assert figures["late"] > 0 and figures["accepted"] == 0, figures
+    # Late is a discard, not a failure (the plugin contract): never failed, never disabled.
+    body = _complete(server, "sleepy")
+    assert body["receipt"]["speculative"]["late"] > 0
+    kinds = [e["kind"] for e in _plugin_events(server, "sleepy")]
+    assert kinds == ["serving_plugin_loaded"], kinds
+    # Its counters leave the engine (serving_plugin_observed, at most every 2 s): the state
+    # document's model lists the plugin, serving, with its late discards; /metrics too.
+    plugin = _plugin_entry(server, "sleepy", lambda p: p.get("late", 0) >= 2)
+    assert plugin["plugin_id"] == "sleepy.so" and plugin["state"] == "serving", plugin
+    assert plugin["late"] >= 2 and plugin["failures"] == 0, plugin
+    assert plugin["discarded"]["deadline_exceeded"] == plugin["late"]
+    assert plugin["delivered"] > 0
+    with server.http() as http:
+        metrics = http.get("/metrics").text
+    assert (
+        'skippy_plugin_discarded_proposals_total{model="sleepy",plugin="sleepy.so",'
+        'reason="deadline_exceeded"}'
+    ) in metrics
+
+
+def _plugin_entry(server: Server, model: str, ready: Callable[[dict[str, Any]], bool]) -> Any:
+    """The model's first plugin in the state document once ``ready`` says its counters (sent
+    by the engine at most every 2 s) arrived; the last one seen after a minute."""
+    plugin: dict[str, Any] = {}
+    until = time.monotonic() + 60
+    while time.monotonic() < until:
+        (entry,) = [m for m in _models(server) if m["model_id"] == model]
+        plugin = (entry.get("plugins") or [{}])[0]
+        if ready(plugin):
+            break
+        time.sleep(0.2)
+    return plugin
+
+
+def test_a_plugin_answering_garbage_is_discarded_by_reason_and_stays_enabled(
+    server: Server, plugins: dict[str, Path]
+) -> None:
+    """Invalid proposals (ids outside the vocabulary, negative, over capacity) through the real
+    engine: never verified, so the text is the plain one; counted as discards by reason, not as
+    failures: the plugin is never failed, never disabled, and keeps being asked."""
+    _serving(server, "plain")
+    _plugged(server, "garbage", str(plugins["garbage"]))
+    plain = _text(_complete(server, "plain"))
+    for _ in range(2):
+        body = _complete(server, "garbage")
+        assert _text(body) == plain
+        assert body["receipt"]["speculative"]["accepted"] == 0
+    kinds = [e["kind"] for e in _plugin_events(server, "garbage")]
+    assert kinds == ["serving_plugin_loaded"], kinds
+
+    def counted(p: dict[str, Any]) -> bool:
+        discarded = p.get("discarded", {})
+        return bool(
+            discarded.get("invalid_token_id", 0) >= 2
+            and discarded.get("invalid_token_count", 0) >= 1
+        )
+
+    plugin = _plugin_entry(server, "garbage", counted)
+    assert counted(plugin), plugin
+    assert plugin["state"] == "serving" and plugin["failures"] == 0, plugin
 
 
 def _models(server: Server) -> list[dict[str, Any]]:

@@ -380,3 +380,21 @@ def test_a_foreign_native_library_is_rejected_and_the_host_serves_without_it(
     )
     assert "native_library_loaded" not in events and events.count("model_available") == 1
     assert str(foreign) not in result.stdout  # no path in any record
+
+
+def test_load_json_shows_the_serving_plugin_loaded_as_part_of_the_load(fixture_dir: Path) -> None:
+    """Issue 29: a plugin's ``serving_plugin_loaded`` carries the load's operation id, so the
+    load's own record stream has it (attached to the runtime the command started); its
+    ``--plugin-config`` is stated as a length only."""
+    result = run_cli(
+        "load", str(fixture_dir / "tiny.gguf"), "--plugin", "ngram",
+        "--plugin-config", "secret-ish=1", "--json",
+    )  # fmt: skip
+    assert result.code == 0, result.stderr
+    records = result.records()
+    (loaded,) = [r for r in records if r["event"] == "serving_plugin_loaded"]
+    (requested,) = [r for r in records if r["event"] == "model_load_requested"]
+    assert loaded["operation_id"] == requested["operation_id"]
+    assert loaded["plugin_id"] == "ngram" and loaded["model_id"] == "tiny"
+    assert requested["settings"]["plugin_config"] == len("secret-ish=1")
+    assert "secret-ish" not in result.stdout + result.stderr

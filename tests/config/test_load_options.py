@@ -193,3 +193,16 @@ def test_paths_and_endpoints_are_shown_as_ids_and_counts() -> None:
         "plugins": 2,
         "draft": "draft-model",
     }
+
+
+def test_plugin_config_is_bounded_and_shown_as_its_length_only() -> None:
+    secret = "api_key=s3cret mode=fast"
+    options = LoadOptions("m.gguf", plugin_config=secret)
+    assert options.problem() is None
+    assert dict(shown_settings(options)) == {"plugin_config": len(secret)}
+    assert secret not in repr(shown_settings(options))
+    too_long = LoadOptions("m.gguf", plugin_config="x" * 4097).problem()
+    assert too_long == "--plugin-config: at most 4096 characters"
+    assert LoadOptions("m.gguf", plugin_config="x" * 4096).problem() is None
+    assert LoadOptions("m.gguf", plugin_config="a\x00b").problem() is not None
+    assert LoadOptions("m.gguf", plugin_config="").problem() is not None

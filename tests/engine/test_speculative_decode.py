@@ -24,7 +24,7 @@ from skippyctl.engine.protocol_messages import EngineMessage, GenDone, GenSpecSw
 from skippyctl.engine.spec_gate import StepCosts
 from skippyctl.engine.speculation import ServingPlugins, SpecConfig
 from skippyctl.fixtures import TINY_SUCCESSOR, TINY_SUCCESSOR_DRAFT, make_model, successor_cycles
-from skippyctl.plugins.api import PluginReceipt, RequestIds
+from skippyctl.plugins.api import DiscardReason, OutcomeKind, PluginReceipt, RequestIds
 from skippyctl.plugins.builtin.ngram import NgramPlugin
 from skippyctl.plugins.inprocess import InProcessPlugin
 
@@ -232,6 +232,7 @@ class OracleProposals:
         self.queries = 0
         self.right = right
         self.finished: set[str] = set()
+        self.outcomes: list[tuple[OutcomeKind, DiscardReason | None, int, int]] = []
 
     def begin(self, request: str, session: str | None, prompt: Any, reused: int) -> None:
         self.last[request] = int(prompt[-1])
@@ -253,8 +254,16 @@ class OracleProposals:
     def late(self) -> frozenset[str]:
         return frozenset()
 
-    def outcome(self, request: str, proposed: int, accepted: int) -> None:
-        pass
+    def outcome(
+        self,
+        request: str,
+        proposed: int,
+        accepted: int,
+        kind: OutcomeKind,
+        reason: DiscardReason | None = None,
+    ) -> None:
+        assert request not in self.finished, "an outcome after the request's end"
+        self.outcomes.append((kind, reason, proposed, accepted))
 
     def finish(self, request: str, stop_reason: Any, figures: Any) -> None:
         self.finished.add(request)
@@ -297,6 +306,13 @@ def test_plugin_windows_verify_and_run_ahead_saves_queries(model: Any, ahead: in
     assert done.figures.spec_accepted == done.figures.spec_proposed > n // 2
     assert done.figures.spec_discarded == 0
     assert plugins.finished == {"r"}
+    # Every window's outcome was delivered, the last one (max_tokens ended the request inside
+    # it) as ``stopped`` before the finish (OracleProposals refuses an outcome after the end).
+    kinds = [kind for kind, *_ in plugins.outcomes]
+    assert len(kinds) == done.figures.spec_windows
+    assert kinds[-1] is OutcomeKind.STOPPED
+    assert set(kinds[:-1]) == {OutcomeKind.FULL_ACCEPT}  # the oracle is always right
+    assert sum(accepted for *_, accepted in plugins.outcomes) == done.figures.spec_accepted
     if ahead == 0:
         assert plugins.queries >= done.figures.spec_windows  # fixed depth: a query per window
     else:
@@ -316,6 +332,10 @@ def test_stale_run_ahead_is_discarded_and_never_changes_the_text(model: Any) -> 
     # A window of 4 verified whole, but the token after it is not the run-ahead's first:
     # the other 16 are dropped unexecuted, every time.
     assert done.figures.spec_discarded > 0 and done.figures.spec_discarded % 16 == 0
+    # each stale run-ahead reached the proposer as a discard with its reason
+    stale = [o for o in plugins.outcomes if o[0] is OutcomeKind.DISCARDED]
+    assert {reason for _, reason, *_ in stale} == {DiscardReason.POSITION_MISMATCH}
+    assert sum(proposed for _, _, proposed, _ in stale) == done.figures.spec_discarded
 
 
 @pytest.fixture(scope="module")
@@ -503,3 +523,48 @@ def test_a_failed_draft_decode_is_reported_and_costs_only_its_proposals(
         assert (draft.failures, failures) == (1, [(1, 1)])
     finally:
         draft.free()
+
+
+class _FailingDecode:
+    """llama_cpp, except that decode call number ``fail_at`` returns -3 (a failed compute)
+    without running: the step's proposals are never verified."""
+
+    def __init__(self, fail_at: int) -> None:
+        self.calls = 0
+        self.fail_at = fail_at
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(llama_cpp, name)
+
+    def llama_decode(self, context: Any, batch: Any) -> Any:
+        self.calls += 1
+        if self.calls == self.fail_at:
+            return -3
+        return llama_cpp.llama_decode(context, batch)
+
+
+def test_proposals_of_a_failed_step_reach_the_proposer_as_execution_failed(model: Any) -> None:
+    params = llama_cpp.llama_context_default_params()
+    params.n_ctx = 512
+    params.n_seq_max = 1
+    context = llama_cpp.llama_init_from_model(model, params)
+    assert context
+    run = Run()
+    plugins = OracleProposals()
+    engine = BatchEngine(
+        _FailingDecode(fail_at=3), model, context, lanes=1, emit=run, n_threads=1,  # type: ignore[arg-type]  # a duck-typed llama_cpp
+        speculation=SpecConfig(SpecMode.PLUGIN, draft_tokens=8), plugins=plugins,
+    )  # fmt: skip
+    engine.start()
+    try:
+        engine.submit(_request("r", "fox", 100))
+        run.wait(1)
+        assert engine.proposal_failures == 0
+    finally:
+        engine.stop()
+        llama_cpp.llama_free(context)
+    assert run.done["r"].outcome.value == "failed"
+    assert plugins.finished == {"r"}  # aborted, after the outcome (asserted in outcome)
+    kind, reason, proposed, accepted = plugins.outcomes[-1]
+    assert (kind, reason, accepted) == (OutcomeKind.DISCARDED, DiscardReason.EXECUTION_FAILED, 0)
+    assert proposed > 0

@@ -43,6 +43,7 @@ TEST_ENTRY_POINTS = {
     "raising": "plugin_faults:RaisingPlugin",
     "raising-lifecycle": "plugin_faults:RaisingLifecyclePlugin",
     "receipt-recorder": "plugin_recorders:ReceiptRecorder",
+    "contract-recorder": "plugin_recorders:ContractRecorder",
 }
 
 
@@ -191,6 +192,8 @@ class Stream:
     finished: bool = False
     aborted: bool = False
     generated: int = -1
+    outcomes: list[tuple[int, int, int, int]] = field(default_factory=list)
+    """(kind, discard reason, proposed, accepted) of each outcome, in order (ABI codes)."""
 
 
 def read_streams(path: Path) -> dict[int, Stream]:
@@ -200,7 +203,11 @@ def read_streams(path: Path) -> dict[int, Stream]:
     if not path.exists():
         return streams
     for line in path.read_text().splitlines():
+        if line.startswith("{"):
+            continue  # a Python recorder's JSON line in the same file
         what, request, *rest = line.split()
+        if what == "activate":
+            continue  # read_activations
         rid = int(request)
         if what == "begin":
             assert rid not in streams, line
@@ -214,9 +221,38 @@ def read_streams(path: Path) -> dict[int, Stream]:
             assert len(ids) == count
             stream.tokens += ids
             stream.runs.append((what, start, count))
+        elif what == "outcome":
+            kind, reason, proposed, accepted = (int(v) for v in rest)
+            stream.outcomes.append((kind, reason, proposed, accepted))
         elif what == "finish":
             stream.finished = True
             stream.generated = int(rest[0])
         elif what == "abort":
             stream.aborted = True
     return streams
+
+
+@dataclass(frozen=True)
+class Activation:
+    model_id: str
+    n_vocab: int
+    n_ctx_per_lane: int
+    lanes: int
+    spec_mode: int
+    config: str
+
+
+def read_activations(path: Path) -> list[Activation]:
+    """The ``activate`` lines of a record file (one per sidecar process), in order."""
+    found = []
+    if not path.exists():
+        return found
+    for line in path.read_text().splitlines():
+        if line.startswith("activate "):
+            _, model_id, n_vocab, n_ctx, lanes, mode, config_len, *config = line.split(" ")
+            text = " ".join(config)
+            assert len(text.encode()) == int(config_len), line
+            found.append(
+                Activation(model_id, int(n_vocab), int(n_ctx), int(lanes), int(mode), text)
+            )
+    return found

@@ -78,10 +78,12 @@ SKIPPY_PLUGIN_EXPORT int32_t skippy_plugin_init_v1(uint32_t host_abi_version,
     return SKIPPY_PLUGIN_UNSUPPORTED;
 #else
     if (host_abi_version != SKIPPY_PLUGIN_ABI_VERSION) return SKIPPY_PLUGIN_UNSUPPORTED;
-    if (out == NULL || out_size < sizeof(skippy_plugin_v1)) return SKIPPY_PLUGIN_INVALID_ARGUMENT;
-    memset(out, 0, sizeof(*out));
+    /* The first, 80-byte vtable (no activate): a plugin built before the extension, which the
+     * host must keep serving and never call past its struct_size. */
+    if (out == NULL || out_size < SKIPPY_PLUGIN_V1_BASE_SIZE) return SKIPPY_PLUGIN_INVALID_ARGUMENT;
+    memset(out, 0, SKIPPY_PLUGIN_V1_BASE_SIZE);
     out->abi_version = SKIPPY_PLUGIN_ABI_VERSION;
-    out->struct_size = sizeof(skippy_plugin_v1);
+    out->struct_size = SKIPPY_PLUGIN_V1_BASE_SIZE;
     out->name = "fault";
     out->commit = on_commit;
     out->propose = on_propose;

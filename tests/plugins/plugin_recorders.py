@@ -9,7 +9,14 @@ import math
 import os
 from collections.abc import Sequence
 
-from skippyctl.plugins.api import BasePlugin, PluginReceipt, RequestIds
+from skippyctl.plugins.api import (
+    ActivationContext,
+    BasePlugin,
+    PluginReceipt,
+    ProposalOutcome,
+    ProposalQuery,
+    RequestIds,
+)
 
 
 def _json_number(value: object) -> object:
@@ -31,3 +38,26 @@ class ReceiptRecorder(BasePlugin):
         fields["figures"] = dataclasses.asdict(receipt.figures)
         with open(os.environ["SKIPPY_PLUGIN_RECORD"], "a", encoding="utf-8") as record:
             record.write(json.dumps(fields) + "\n")
+
+
+class ContractRecorder(BasePlugin):
+    """Its activation and every outcome as JSON lines in ``$SKIPPY_PLUGIN_RECORD``
+    (``{"activate": {...}}``, ``{"outcome": {...}}``); proposes ``[1]`` for every query."""
+
+    def _write(self, record: dict[str, object]) -> None:
+        with open(os.environ["SKIPPY_PLUGIN_RECORD"], "a", encoding="utf-8") as out:
+            out.write(json.dumps(record) + "\n")
+
+    def activate(self, context: ActivationContext) -> None:
+        self._write({"activate": dataclasses.asdict(context)})
+
+    def propose(self, query: ProposalQuery) -> list[int] | None:
+        return [1]
+
+    def proposal_outcome(self, ids: RequestIds, outcome: ProposalOutcome) -> None:
+        self._write({"outcome": dataclasses.asdict(outcome), "request": ids.request})
+
+    def finish(
+        self, ids: RequestIds, start: int, suffix: Sequence[int], receipt: PluginReceipt
+    ) -> None:
+        self._write({"finish": ids.request})

@@ -78,8 +78,13 @@ def test_versions_sizes_and_symbol_mirror_the_header() -> None:
     text = HEADER.read_text()
     defines = dict(re.findall(r"#define SKIPPY_PLUGIN_(\w+) (\d+)u\b", text))
     assert int(defines["ABI_VERSION"]) == abi.PLUGIN_ABI_VERSION == 1
+    assert int(defines["V1_BASE_SIZE"]) == abi.PLUGIN_V1_BASE_SIZE
+    assert abi.skippy_plugin_v1.activate.offset == abi.PLUGIN_V1_BASE_SIZE  # appended
+    assert int(defines["OUTCOME_V1_BASE_SIZE"]) == abi.PLUGIN_OUTCOME_V1_BASE_SIZE
+    assert abi.skippy_plugin_outcome_v1.kind.offset == abi.PLUGIN_OUTCOME_V1_BASE_SIZE
     sizes = {
         "V1_SIZE": (abi.PLUGIN_V1_SIZE, abi.skippy_plugin_v1),
+        "ACTIVATION_V1_SIZE": (abi.PLUGIN_ACTIVATION_V1_SIZE, abi.skippy_plugin_activation_v1),
         "IDS_V1_SIZE": (abi.PLUGIN_IDS_V1_SIZE, abi.skippy_plugin_ids_v1),
         "TOKENS_V1_SIZE": (abi.PLUGIN_TOKENS_V1_SIZE, abi.skippy_plugin_tokens_v1),
         "BEGIN_V1_SIZE": (abi.PLUGIN_BEGIN_V1_SIZE, abi.skippy_plugin_begin_v1),
@@ -104,6 +109,9 @@ def _c_enum(prefix: str) -> dict[str, int]:
     [
         ("SKIPPY_PLUGIN_STOP_", abi.StopReasonCode),
         ("SKIPPY_PLUGIN_ABORT_", abi.AbortReasonCode),
+        ("SKIPPY_PLUGIN_OUTCOME_", abi.OutcomeKindCode),
+        ("SKIPPY_PLUGIN_DISCARD_", abi.DiscardReasonCode),
+        ("SKIPPY_PLUGIN_SPEC_", abi.SpecModeCode),
     ],
 )
 def test_reason_enums_mirror_the_header(prefix: str, enum: type[IntEnum]) -> None:
@@ -112,7 +120,9 @@ def test_reason_enums_mirror_the_header(prefix: str, enum: type[IntEnum]) -> Non
 
 def test_status_codes_mirror_the_header() -> None:
     statuses = {
-        k: v for k, v in _c_enum("SKIPPY_PLUGIN_").items() if not k.startswith(("STOP_", "ABORT_"))
+        k: v
+        for k, v in _c_enum("SKIPPY_PLUGIN_").items()
+        if not k.startswith(("STOP_", "ABORT_", "OUTCOME_", "DISCARD_", "SPEC_"))
     }
     assert statuses == {member.name: member.value for member in abi.PluginStatus}
     assert abi.PluginStatus.OK.value == 0

@@ -1,6 +1,8 @@
 """The in-process plugin adapter (skippyctl/plugins/inprocess.py): the engine's serving-plugin
 calls made directly on a Plugin object keep the plugin contract — a contiguous, complete
-committed stream, opaque ids, validated answers, a failure that ends only its own request."""
+committed stream, opaque ids in a bounded session map, activation first, validated answers
+discarded by reason (never a failure), outcome kinds, a failure that ends only its own
+request."""
 
 from __future__ import annotations
 
@@ -14,8 +16,12 @@ from skippyctl.events.envelope import StopReason
 from skippyctl.events.figures import GenerationFigures
 from skippyctl.plugins.api import (
     AbortReasonCode,
+    ActivationContext,
     BasePlugin,
+    DiscardReason,
+    OutcomeKind,
     PluginReceipt,
+    ProposalOutcome,
     ProposalQuery,
     RequestIds,
     StopReasonCode,
@@ -89,6 +95,25 @@ class Recorder(BasePlugin):
         self.closed = True
 
 
+class OutcomeRecorder(Recorder):
+    """A plugin written against outcome kinds and activation: records both."""
+
+    def __init__(self, answer: object = None, refuse_activation: bool = False) -> None:
+        super().__init__(answer)
+        self.full_outcomes: list[ProposalOutcome] = []
+        self.activations: list[ActivationContext] = []
+        self.refuse_activation = refuse_activation
+
+    def activate(self, context: ActivationContext) -> None:
+        if self.refuse_activation:
+            raise ValueError("not my kind of model")
+        self.activations.append(context)
+
+    def proposal_outcome(self, ids: RequestIds, outcome: ProposalOutcome) -> None:
+        self._live(ids)
+        self.full_outcomes.append(outcome)
+
+
 def _figures(generated: int) -> GenerationFigures:
     return GenerationFigures(
         prompt_tokens=3,
@@ -112,7 +137,7 @@ def test_the_committed_stream_arrives_contiguous_and_complete_with_the_receipt()
     plugins.commit("req-a", [])  # nothing committed: not a run
     plugins.commit("req-a", [5, 6])
     assert plugins.propose({"req-a": 3}) == {"req-a": [7, 8]}
-    plugins.outcome("req-a", 2, 1)
+    plugins.outcome("req-a", 2, 1, OutcomeKind.FIRST_MISMATCH)
     plugins.commit("req-a", [7, 9])
     plugins.finish("req-a", StopReason.LENGTH, _figures(5))
 
@@ -147,20 +172,83 @@ def test_requests_and_sessions_reach_the_plugin_as_opaque_numbers() -> None:
 
 
 @pytest.mark.parametrize(
-    "answer",
+    ("answer", "reason"),
     [
-        [1, 2, 3, 4],  # more than the capacity
-        [1, N_VOCAB],  # not a token of this model
-        [-1],
-        [1, "2"],  # not ids
-        (1, 2),  # not a list
+        ([1, 2, 3, 4], DiscardReason.INVALID_TOKEN_COUNT),  # more than the capacity
+        ([1, N_VOCAB], DiscardReason.INVALID_TOKEN_ID),  # not a token of this model
+        ([-1], DiscardReason.INVALID_TOKEN_ID),
+        ([1, "2"], DiscardReason.INVALID_TOKEN_ID),  # not ids
+        ((1, 2), DiscardReason.INVALID_TOKEN_COUNT),  # not a list
     ],
 )
-def test_an_invalid_answer_is_dropped_and_counted(answer: object) -> None:
-    plugins = InProcessPlugin(Recorder(answer=answer), N_VOCAB)
+def test_an_invalid_answer_is_discarded_and_counted_by_reason_not_as_a_failure(
+    answer: object, reason: DiscardReason
+) -> None:
+    recorder = OutcomeRecorder(answer=answer)
+    plugins = InProcessPlugin(recorder, N_VOCAB)
     plugins.begin("r", None, [1], 0)
     assert plugins.propose({"r": 3}) == {}
-    assert plugins.failures == 1
+    assert plugins.failures == 0
+    assert plugins.discards[reason] == 1
+    assert sum(plugins.discards.values()) == 1
+    # the plugin hears of it, and the request goes on for it
+    (outcome,) = recorder.full_outcomes
+    assert (outcome.kind, outcome.discard_reason, outcome.accepted) == (
+        OutcomeKind.DISCARDED,
+        reason,
+        0,
+    )
+    assert plugins.requests() == 1
+
+
+def test_outcome_kinds_reach_proposal_outcome_and_verified_windows_reach_outcome() -> None:
+    full = OutcomeRecorder(answer=[1])
+    old = Recorder(answer=[1])  # no proposal_outcome of its own: BasePlugin's forwards
+    for plugin in (full, old):
+        plugins = InProcessPlugin(plugin, N_VOCAB)
+        plugins.begin("r", None, [1], 0)
+        plugins.outcome("r", 4, 4, OutcomeKind.FULL_ACCEPT)
+        plugins.outcome("r", 4, 1, OutcomeKind.FIRST_MISMATCH)
+        plugins.outcome("r", 3, 2, OutcomeKind.STOPPED)
+        plugins.outcome("r", 5, 0, OutcomeKind.DISCARDED, DiscardReason.POSITION_MISMATCH)
+        assert plugins.discards[DiscardReason.POSITION_MISMATCH] == 1
+        assert plugins.failures == 0
+    assert [(o.kind, o.proposed, o.accepted) for o in full.full_outcomes] == [
+        (OutcomeKind.FULL_ACCEPT, 4, 4),
+        (OutcomeKind.FIRST_MISMATCH, 4, 1),
+        (OutcomeKind.STOPPED, 3, 2),
+        (OutcomeKind.DISCARDED, 5, 0),
+    ]
+    # a plugin without proposal_outcome sees the verified windows only, as before kinds existed
+    (seen,) = old.seen.values()
+    assert seen.outcomes == [(4, 4, 0), (4, 1, 3), (3, 2, 1)]
+
+
+def test_activation_reaches_the_plugin_once_and_a_raising_one_is_a_failure() -> None:
+    context = ActivationContext("tiny", N_VOCAB, 512, 4, "ngram", 8.0, "k=v")
+    recorder = OutcomeRecorder()
+    plugins = InProcessPlugin(recorder, N_VOCAB)
+    assert plugins.activate(context)
+    assert recorder.activations == [context]
+    refusing = InProcessPlugin(OutcomeRecorder(refuse_activation=True), N_VOCAB)
+    assert not refusing.activate(context)
+    assert refusing.failures == 1
+    assert InProcessPlugin(NgramPlugin(), N_VOCAB).activate(context)  # BasePlugin's no-op
+
+
+def test_the_session_map_is_bounded_and_evictions_are_counted() -> None:
+    recorder = Recorder()
+    plugins = InProcessPlugin(recorder, N_VOCAB, max_sessions=2)
+    for n, session in enumerate(["a", "b", "a", "c", "d"]):
+        plugins.begin(f"r-{n}", session, [1], 0)
+        plugins.abort(f"r-{n}", "cancelled")
+    assert plugins.sessions() == 2
+    assert plugins.sessions_evicted == 2  # b (least recently used), then a
+    ids = [seen.ids.session for seen in recorder.seen.values()]
+    assert ids[0] == ids[2]  # a, still remembered the second time
+    assert len(set(ids)) == 4  # a, b, c, d: ids are never reused
+    plugins.begin("r-9", "b", [1], 0)  # evicted: it comes back with a new id
+    assert list(recorder.seen.values())[-1].ids.session not in ids
 
 
 def test_nothing_is_asked_for_an_unknown_request_or_no_room() -> None:

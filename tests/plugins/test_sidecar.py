@@ -1,5 +1,6 @@
-"""The sidecar and its wire: a malformed frame is counted and answered with a fault, never
-fatal; the next good frame is served; end of stream ends the sidecar cleanly."""
+"""The sidecar and its wire: activation comes first (another first frame is a load failure); a
+malformed frame is counted and answered with a fault, never fatal; the next good frame is
+served; end of stream ends the sidecar cleanly."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from skippyctl.plugins.api import ActivationContext
+from skippyctl.plugins.link import activation_frame
 from skippyctl.plugins.wire import (
     AnswerStatus,
     Fault,
@@ -26,18 +29,26 @@ from skippyctl.plugins.wire import (
 )
 from tests.plugins.conftest import Built
 
+CONTEXT = ActivationContext("tiny", 1000, 256, 2, "plugin", 8.0, "k=v")
 
-@pytest.fixture
-def sidecar(built: Built, plugin_env: dict[str, str]) -> Iterator[socket.socket]:
+
+def _spawn(spec: str, env: dict[str, str]) -> tuple[socket.socket, subprocess.Popen[bytes]]:
     ours, theirs = socket.socketpair()
     proc = subprocess.Popen(
         [sys.executable, "-m", "skippyctl.plugins.sidecar", "--fd", str(theirs.fileno())]
-        + ["--", str(built.ngram)],
+        + ["--", spec],
         pass_fds=[theirs.fileno()],
-        env=plugin_env,
+        env=env,
     )
     theirs.close()
+    return ours, proc
+
+
+@pytest.fixture
+def sidecar(built: Built, plugin_env: dict[str, str]) -> Iterator[socket.socket]:
+    ours, proc = _spawn(str(built.ngram), plugin_env)
     try:
+        ours.sendall(activation_frame(CONTEXT))
         ready = read_frame(ours)
         assert ready.kind is Msg.READY and ready.text == "ngram"
         yield ours
@@ -65,6 +76,9 @@ def test_malformed_frames_are_counted_not_fatal(sidecar: socket.socket) -> None:
         struct.pack("<IBI", 5, Msg.COMMIT, 1),  # short header
         struct.pack("<I", len(odd_tokens)) + odd_tokens,  # a token part of 3 bytes
         encode(Msg.READY, 1, text="wrong direction"),  # a sidecar → engine type
+        activation_frame(CONTEXT),  # activation again: only the first frame activates
+        encode(Msg.OUTCOME, 1, 1, 0, 1, 99, 0),  # an outcome kind nobody knows
+        encode(Msg.OUTCOME, 1, 1, 0, 1, 4, 99),  # a discard reason nobody knows
     ]
     for frame in garbage:
         sidecar.sendall(frame)
@@ -119,3 +133,32 @@ def test_token_frames_round_trip(kind: Msg, tokens: list[int]) -> None:
     decoded = decode(frame[4:])
     assert decoded.fields == fields
     assert decoded.tokens.tolist() == tokens
+
+
+@pytest.mark.parametrize(
+    ("config", "first", "expected"),
+    [
+        ("k=v", "activate", (Msg.READY, "ngram")),
+        ("refuse", "activate", (Msg.LOAD_FAILED, "activate_failed")),  # the plugin refuses it
+        ("k=v", "begin", (Msg.LOAD_FAILED, "protocol_error")),  # not activated first
+    ],
+)
+def test_activation_comes_first_and_a_refused_one_is_a_load_failure(
+    built: Built, plugin_env: dict[str, str], config: str, first: str, expected: tuple[Msg, str]
+) -> None:
+    ours, proc = _spawn(str(built.ngram), plugin_env)
+    try:
+        if first == "activate":
+            context = ActivationContext("tiny", 1000, 256, 2, "plugin", 8.0, config)
+            ours.sendall(activation_frame(context))
+        else:
+            ours.sendall(encode(Msg.BEGIN, 1, 0, 0, 0, tokens=[1]))
+        frame = read_frame(ours)
+        assert (frame.kind, frame.text) == expected
+        ours.shutdown(socket.SHUT_WR)
+        assert proc.wait(timeout=60) == (0 if expected[0] is Msg.READY else 2)
+    finally:
+        ours.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

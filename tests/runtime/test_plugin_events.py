@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from skippyctl.engine.protocol_messages import GenDone, PluginReported
+from skippyctl.engine.protocol_messages import GenDone, PluginCounters, PluginReported
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import LogicalId, StopReason, SummaryKey
 from skippyctl.events.figures import GenerationFigures
@@ -105,3 +105,40 @@ def test_a_speculating_request_ends_with_its_speculation_summary() -> None:
 def test_a_request_that_did_not_speculate_has_no_speculation_summary() -> None:
     emitted = done_emissions(_done(0, 0, 0, 0), has_session=False, duration_ms=5.0)
     assert all(e.event_id is not EventId.SPECULATION_SUMMARIZED for e in emitted)
+
+
+def test_a_report_made_during_the_load_is_part_of_the_load_operation() -> None:
+    (during,) = plugin_events(
+        PluginReported("ngram_plugin.so", "loaded", "ok", 0, operation_id="op-7"), MODEL
+    )
+    assert during.operation_id == "op-7"
+    (after,) = plugin_events(PluginReported("ngram_plugin.so", "failed", "crashed", 1), MODEL)
+    assert after.operation_id is None  # the load's terminal is past: not part of it
+
+
+def test_counters_are_one_progress_event_with_counts_only() -> None:
+    message = PluginCounters("ngram_plugin.so", 10, 2, 1, 3, 0, 4, 5, 6, 7)
+    (event,) = plugin_events(message, MODEL)
+    assert event.id is EventId.SERVING_PLUGIN_OBSERVED
+    assert event.operation_id is None
+    assert event.scope.plugin_id == "ngram_plugin.so"
+    assert {s.key.value: s.value for s in event.summaries} == {
+        "plugin_delivered": 10,
+        "plugin_deferred": 2,
+        "plugin_dropped": 1,
+        "plugin_late": 3,
+        "plugin_failures": 0,
+        "plugin_discarded_invalid_token_count": 4,
+        "plugin_discarded_invalid_token_id": 5,
+        "plugin_discarded_position_mismatch": 6,
+        "plugin_discarded_execution_failed": 7,
+    }
+    assert plugin_events(PluginCounters("/abs/p.so", 1, 0, 0, 0, 0, 0, 0, 0, 0), MODEL) == []
+
+
+def test_the_counters_summary_names_each_count() -> None:
+    (event,) = plugin_events(PluginCounters("ngram", 1234, 1, 2, 3, 1, 0, 2, 0, 4), MODEL)
+    assert render_summary(event) == (
+        "serving plugin: 1234 delivered, 1 deferred, 2 dropped, 3 late, 6 discarded otherwise, "
+        "1 failures"
+    )

@@ -12,7 +12,14 @@ from skippyctl.events.envelope import LogicalId, Scope, make_event, summaries
 from skippyctl.events.reasons import ReasonCode
 from skippyctl.pipeline.dispatch import Dispatched, Dispatcher
 from skippyctl.pipeline.pipeline import Pipeline
-from skippyctl.reducer.state import KvView, ModelState, ModelView, RuntimeView
+from skippyctl.reducer.state import (
+    KvView,
+    ModelState,
+    ModelView,
+    PluginState,
+    PluginView,
+    RuntimeView,
+)
 from skippyctl.telemetry.metric_table import METRICS, Metric, MetricKind, Source
 from skippyctl.telemetry.metrics import MetricsCollector
 from skippyctl.telemetry.otlp import OtlpConfig, Signal, SignalConfig
@@ -59,10 +66,19 @@ def _collector() -> MetricsCollector:
 
 
 def _state() -> RuntimeView:
-    """Two models, one with every KV figure, so every state row has samples."""
+    """Two models, one with every KV figure and a serving plugin, so every state row has
+    samples."""
+    plugin = PluginView(
+        LogicalId("ngram"), PluginState.SERVING, failures=1, delivered=12, dropped=2, late=3
+    )
     return RuntimeView(
         models={
-            TINY: ModelView(TINY, ModelState.AVAILABLE, kv=KvView(cells_total=256, cells_used=40)),
+            TINY: ModelView(
+                TINY,
+                ModelState.AVAILABLE,
+                kv=KvView(cells_total=256, cells_used=40),
+                plugins=(plugin,),
+            ),
             IDLE: ModelView(IDLE, ModelState.LOADING),
         }
     )
@@ -134,6 +150,14 @@ def test_prometheus_and_otlp_expose_exactly_the_table_with_the_same_values(
     assert ({"model_id": "idle", "state": "loading"}, 0.0) in receiver.metric_points(
         "skippy.model.up"
     )
+    # a plugin's counters, by result and by discard reason (late is deadline_exceeded)
+    messages = families(text)["skippy_plugin_messages_total"].samples
+    assert ({"model": "tiny", "plugin": "ngram", "result": "dropped"}, 2.0) in messages
+    discarded = families(text)["skippy_plugin_discarded_proposals_total"].samples
+    assert ({"model": "tiny", "plugin": "ngram", "reason": "deadline_exceeded"}, 3.0) in discarded
+    assert len(discarded) == 5
+    failures = families(text)["skippy_plugin_failures_total"].samples
+    assert failures == [({"model": "tiny", "plugin": "ngram"}, 1.0)]
 
 
 def test_without_an_exporter_metrics_leaves_out_only_the_exporter_rows() -> None:

@@ -408,3 +408,24 @@ async def test_a_pinned_model_says_so_in_its_detail() -> None:
         await settle(pilot)
         detail = cell_text(_models(app), "tiny", "Detail")
         assert detail.startswith("ready in ") and detail.endswith(" · pinned"), detail
+
+
+async def test_a_models_serving_plugins_show_their_counters_in_its_detail() -> None:
+    from skippyctl.engine.protocol_messages import PluginCounters, PluginReported
+    from skippyctl.events.envelope import LogicalId
+    from skippyctl.runtime.plugin_events import plugin_events
+
+    tiny = LogicalId("tiny")
+    events = demo.available()
+    events += plugin_events(PluginReported("ngram", "loaded", "ok", 0), tiny)
+    events += plugin_events(PluginCounters("ngram", 1234, 0, 0, 3, 1, 0, 2, 0, 0), tiny)
+    events += plugin_events(PluginReported("crashy.so", "loaded", "ok", 0), tiny)
+    events += plugin_events(PluginReported("crashy.so", "disabled", "crashed", 3), tiny)
+    app = scripted(demo.script(events))
+    async with app.run_test(size=(200, 40)) as pilot:
+        await settle(pilot)
+        detail = cell_text(_models(app), "tiny", "Detail")
+        assert detail.startswith("ready in "), detail
+        # sorted by plugin id: crashy.so first
+        expected = " · crashy.so disabled · ngram: 1,234 sent, 3 late, 2 discarded, 1 failed"
+        assert detail.endswith(expected), detail

@@ -6,10 +6,15 @@
  * the history's last NGRAM_MAX..NGRAM_MIN tokens and proposes what followed it (continued
  * cyclically when the match is so recent that its continuation runs into the present).
  *
+ * It is built against the whole v1 vtable (activate included) but works with a host that offers
+ * only the first 80 bytes (SKIPPY_PLUGIN_V1_BASE_SIZE): it fills what the host has room for.
+ *
  * When SKIPPY_PLUGIN_RECORD names a file, it appends one line per stream event it saw, so a
  * test can check the stream is contiguous, prefix-consistent and complete:
+ *     activate <model_id> <n_vocab> <n_ctx_per_lane> <lanes> <spec_mode> <config_len> <config>
  *     begin <request> <prompt_count> <reused>
  *     commit|pending|suffix <request> <start> <count> <id> <id> ...
+ *     outcome <request> <kind> <discard_reason> <proposed> <accepted>
  *     finish <request> <generated_tokens> | abort <request> <reason>
  * (token ids go into that file: it is the plugin's own output, for tests.)
  *
@@ -145,6 +150,40 @@ static int32_t on_propose(void *state, const skippy_plugin_ids_v1 *ids,
     return SKIPPY_PLUGIN_NO_PROPOSAL;
 }
 
+static int32_t on_activate(void *state, const skippy_plugin_activation_v1 *activation) {
+    plugin_state *s = state;
+    if (activation == NULL || activation->struct_size < SKIPPY_PLUGIN_ACTIVATION_V1_SIZE)
+        return SKIPPY_PLUGIN_INVALID_ARGUMENT;
+    /* A configuration this plugin cannot take is refused: the model serves without it. */
+    if (activation->config != NULL && strcmp(activation->config, "refuse") == 0)
+        return SKIPPY_PLUGIN_INVALID_ARGUMENT;
+    if (s->record != NULL) {
+        fprintf(s->record, "activate %s %llu %llu %u %u %llu %s\n",
+                activation->model_id != NULL ? activation->model_id : "",
+                (unsigned long long)activation->n_vocab,
+                (unsigned long long)activation->n_ctx_per_lane, activation->lanes,
+                activation->spec_mode, (unsigned long long)activation->config_len,
+                activation->config != NULL ? activation->config : "");
+        fflush(s->record);
+    }
+    return SKIPPY_PLUGIN_OK;
+}
+
+static int32_t on_outcome(void *state, const skippy_plugin_ids_v1 *ids,
+                          const skippy_plugin_outcome_v1 *outcome) {
+    plugin_state *s = state;
+    /* kind and discard_reason exist only in an outcome that is large enough */
+    uint32_t kind = outcome->struct_size >= SKIPPY_PLUGIN_OUTCOME_V1_SIZE ? outcome->kind : 0;
+    uint32_t reason =
+        outcome->struct_size >= SKIPPY_PLUGIN_OUTCOME_V1_SIZE ? outcome->discard_reason : 0;
+    if (s->record != NULL) {
+        fprintf(s->record, "outcome %llu %u %u %u %u\n", (unsigned long long)ids->request_id,
+                kind, reason, outcome->proposed, outcome->accepted);
+        fflush(s->record);
+    }
+    return SKIPPY_PLUGIN_OK;
+}
+
 static int32_t on_finish(void *state, const skippy_plugin_ids_v1 *ids,
                          const skippy_plugin_tokens_v1 *suffix,
                          const skippy_plugin_receipt_v1 *receipt) {
@@ -181,21 +220,29 @@ static void on_destroy(void *state) {
 SKIPPY_PLUGIN_EXPORT int32_t skippy_plugin_init_v1(uint32_t host_abi_version,
                                                    skippy_plugin_v1 *out, size_t out_size) {
     if (host_abi_version != SKIPPY_PLUGIN_ABI_VERSION) return SKIPPY_PLUGIN_UNSUPPORTED;
-    if (out == NULL || out_size < sizeof(skippy_plugin_v1)) return SKIPPY_PLUGIN_INVALID_ARGUMENT;
+    if (out == NULL || out_size < SKIPPY_PLUGIN_V1_BASE_SIZE) return SKIPPY_PLUGIN_INVALID_ARGUMENT;
+    /* Fill what the host has room for: the whole vtable, or its first 80 bytes for a host that
+     * predates activate (it then never calls it). */
+    size_t size = out_size < sizeof(skippy_plugin_v1) ? SKIPPY_PLUGIN_V1_BASE_SIZE
+                                                      : sizeof(skippy_plugin_v1);
     plugin_state *s = calloc(1, sizeof(*s));
     if (s == NULL) return SKIPPY_PLUGIN_ERROR;
     const char *path = getenv("SKIPPY_PLUGIN_RECORD");
     if (path != NULL && *path != '\0') s->record = fopen(path, "a");
-    memset(out, 0, sizeof(*out));
-    out->abi_version = SKIPPY_PLUGIN_ABI_VERSION;
-    out->struct_size = sizeof(skippy_plugin_v1);
-    out->name = "ngram";
-    out->state = s;
-    out->begin = on_begin;
-    out->commit = on_commit;
-    out->propose = on_propose;
-    out->finish = on_finish;
-    out->abort = on_abort;
-    out->destroy = on_destroy;
+    skippy_plugin_v1 vt;
+    memset(&vt, 0, sizeof(vt));
+    vt.abi_version = SKIPPY_PLUGIN_ABI_VERSION;
+    vt.struct_size = (uint32_t)size;
+    vt.name = "ngram";
+    vt.state = s;
+    vt.begin = on_begin;
+    vt.commit = on_commit;
+    vt.propose = on_propose;
+    vt.outcome = on_outcome;
+    vt.finish = on_finish;
+    vt.abort = on_abort;
+    vt.destroy = on_destroy;
+    vt.activate = on_activate;
+    memcpy(out, &vt, size);
     return SKIPPY_PLUGIN_OK;
 }

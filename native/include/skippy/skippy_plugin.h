@@ -28,6 +28,24 @@
  *   bounded queue: a slow plugin makes observations wait or be dropped, never inference);
  * - a NULL callback is "not implemented": the host skips it (a NULL `propose` never proposes).
  *
+ * Activation: after init and before any other callback, the host calls `activate` once per
+ * plugin process (a restarted sidecar is activated again) with the model it serves and the
+ * operator's configuration for it (`load --plugin-config`). `activate` is an append-only
+ * extension of the vtable: the host calls it only when the plugin's `struct_size` covers it
+ * (>= SKIPPY_PLUGIN_V1_SIZE); a plugin built against the first, 80-byte vtable
+ * (SKIPPY_PLUGIN_V1_BASE_SIZE) keeps working and is never called it. A status other than OK
+ * from `activate` is a load failure: the model serves without the plugin.
+ *
+ * Outcomes: after the engine verified a proposal of the plugin, `outcome` says how it went
+ * (kind FULL_ACCEPT, FIRST_MISMATCH, or STOPPED when the request ended inside the window);
+ * the last window's outcome comes before `finish`/`abort`. A proposal the engine did not
+ * verify is an outcome of kind DISCARDED with a discard reason (deadline exceeded, invalid
+ * token count, invalid token id, position mismatch, execution failed). A discard is counted,
+ * never a failure of the plugin: only a crash, an error status and a protocol error are.
+ * The kind and reason fields are an append-only extension of the outcome struct (read them
+ * only when its struct_size covers them); discards are sent only to a plugin whose vtable
+ * covers `activate` (built against this header), so an older plugin sees verified windows only.
+ *
  * Identity: requests and sessions are opaque u64 ids, stable for the plugin process' lifetime
  * (a session id is the same for every request of that session). They carry no prompt-derived
  * value. Token ids are llama.cpp token ids (int32); they reach the plugin and nothing else.
@@ -59,14 +77,18 @@ extern "C" {
 #define SKIPPY_PLUGIN_ABI_VERSION 1u
 /* The entry point's name, for dlsym. */
 #define SKIPPY_PLUGIN_INIT_SYMBOL "skippy_plugin_init_v1"
-/* Sizes of the version-1 structs (each pinned below). */
-#define SKIPPY_PLUGIN_V1_SIZE 80u
+/* Sizes of the version-1 structs (each pinned below). A struct that grew keeps its first size
+ * as *_BASE_SIZE: a reader accepts any struct_size from it up and reads only what is inside. */
+#define SKIPPY_PLUGIN_V1_BASE_SIZE 80u
+#define SKIPPY_PLUGIN_V1_SIZE 88u
 #define SKIPPY_PLUGIN_IDS_V1_SIZE 24u
 #define SKIPPY_PLUGIN_TOKENS_V1_SIZE 24u
 #define SKIPPY_PLUGIN_BEGIN_V1_SIZE 32u
 #define SKIPPY_PLUGIN_QUERY_V1_SIZE 56u
-#define SKIPPY_PLUGIN_OUTCOME_V1_SIZE 16u
+#define SKIPPY_PLUGIN_OUTCOME_V1_BASE_SIZE 16u
+#define SKIPPY_PLUGIN_OUTCOME_V1_SIZE 24u
 #define SKIPPY_PLUGIN_RECEIPT_V1_SIZE 112u
+#define SKIPPY_PLUGIN_ACTIVATION_V1_SIZE 64u
 
 /* ---- status codes (explicit values; the wire contract) ---- */
 
@@ -98,6 +120,36 @@ typedef enum skippy_plugin_abort_reason {
     SKIPPY_PLUGIN_ABORT_SHUTDOWN = 4,   /* the engine is unloading or shutting down */
     SKIPPY_PLUGIN_ABORT_RESTARTED = 5   /* reserved: the host restarted the plugin */
 } skippy_plugin_abort_reason;
+
+/* How a proposal of the plugin ended (outcome.kind; 0 in a 16-byte outcome: not said). */
+typedef enum skippy_plugin_outcome_kind {
+    SKIPPY_PLUGIN_OUTCOME_UNKNOWN = 0,
+    SKIPPY_PLUGIN_OUTCOME_FULL_ACCEPT = 1,    /* every proposed token was committed */
+    SKIPPY_PLUGIN_OUTCOME_FIRST_MISMATCH = 2, /* committed up to the first mismatch */
+    SKIPPY_PLUGIN_OUTCOME_STOPPED = 3,        /* the request stopped inside the window
+                                                 (end of generation, stop string, max tokens) */
+    SKIPPY_PLUGIN_OUTCOME_DISCARDED = 4       /* never verified: see discard_reason */
+} skippy_plugin_outcome_kind;
+
+/* Why a proposal was discarded unverified (outcome.discard_reason with kind DISCARDED). */
+typedef enum skippy_plugin_discard_reason {
+    SKIPPY_PLUGIN_DISCARD_NONE = 0,
+    SKIPPY_PLUGIN_DISCARD_DEADLINE_EXCEEDED = 1,   /* the answer missed the query's deadline */
+    SKIPPY_PLUGIN_DISCARD_INVALID_TOKEN_COUNT = 2, /* more tokens than the query's capacity */
+    SKIPPY_PLUGIN_DISCARD_INVALID_TOKEN_ID = 3,    /* an id outside the model's vocabulary */
+    SKIPPY_PLUGIN_DISCARD_POSITION_MISMATCH = 4,   /* it no longer follows the committed text */
+    SKIPPY_PLUGIN_DISCARD_EXECUTION_FAILED = 5     /* the step that would verify it failed */
+} skippy_plugin_discard_reason;
+
+/* How the model speculates (activation.spec_mode: `load --spec`). */
+typedef enum skippy_plugin_spec_mode {
+    SKIPPY_PLUGIN_SPEC_UNKNOWN = 0,
+    SKIPPY_PLUGIN_SPEC_OFF = 1,
+    SKIPPY_PLUGIN_SPEC_NGRAM = 2,
+    SKIPPY_PLUGIN_SPEC_PLUGIN = 3,  /* the plugins' proposals are verified */
+    SKIPPY_PLUGIN_SPEC_DRAFT = 4,
+    SKIPPY_PLUGIN_SPEC_AUTO = 5
+} skippy_plugin_spec_mode;
 
 /* skippy_plugin_ids_v1.flags */
 #define SKIPPY_PLUGIN_IDS_HAS_SESSION (1u << 0)
@@ -145,13 +197,33 @@ typedef struct skippy_plugin_query_v1 {
     uint32_t reserved;                /* 52  0 */
 } skippy_plugin_query_v1;
 
-/* outcome: how the engine's verification of the plugin's last proposal for a request went. */
+/* outcome: how the engine's verification of the plugin's last proposal for a request went, or
+ * that it was discarded unverified. `kind` and `discard_reason` are an append-only extension:
+ * present when struct_size >= SKIPPY_PLUGIN_OUTCOME_V1_SIZE. */
 typedef struct skippy_plugin_outcome_v1 {
-    uint32_t struct_size; /*  0  sizeof(skippy_plugin_outcome_v1) */
-    uint32_t proposed;    /*  4  tokens verified */
-    uint32_t accepted;    /*  8  committed (they also arrive as committed tokens) */
-    uint32_t rejected;    /* 12  proposed - accepted */
+    uint32_t struct_size;    /*  0  sizeof(skippy_plugin_outcome_v1) */
+    uint32_t proposed;       /*  4  tokens verified (a discard: tokens proposed, 0 if unknown) */
+    uint32_t accepted;       /*  8  committed (they also arrive as committed tokens) */
+    uint32_t rejected;       /* 12  proposed - accepted */
+    uint32_t kind;           /* 16  skippy_plugin_outcome_kind */
+    uint32_t discard_reason; /* 20  skippy_plugin_discard_reason (kind DISCARDED), else NONE */
 } skippy_plugin_outcome_v1;
+
+/* activate: the model the plugin serves and the operator's configuration for it. Every
+ * pointer is borrowed for the call. No path: model_id is the model's alias or its file's
+ * basename. */
+typedef struct skippy_plugin_activation_v1 {
+    uint32_t struct_size;          /*  0  sizeof(skippy_plugin_activation_v1) */
+    uint32_t spec_mode;            /*  4  skippy_plugin_spec_mode */
+    const char *model_id;          /*  8  NUL-terminated */
+    const char *config;            /* 16  NUL-terminated, `load --plugin-config`; "" if none */
+    uint64_t config_len;           /* 24  bytes of config before its NUL */
+    uint64_t n_vocab;              /* 32  token ids are 0 <= id < n_vocab */
+    uint64_t n_ctx_per_lane;       /* 40  tokens of context each lane (sequence) has */
+    uint32_t lanes;                /* 48  parallel sequences the engine serves */
+    uint32_t reserved;             /* 52  0 */
+    uint64_t proposal_deadline_ns; /* 56  how long a step waits for a proposal (relative) */
+} skippy_plugin_activation_v1;
 
 /* finish: the request's generation receipt. A timing that does not apply is NaN. */
 typedef struct skippy_plugin_receipt_v1 {
@@ -193,11 +265,14 @@ typedef int32_t (*skippy_plugin_abort_fn)(void *state, const skippy_plugin_ids_v
                                           uint32_t reason);
 /* the plugin is unloaded: free `state`. Called once, last; never after a crash. */
 typedef void (*skippy_plugin_destroy_fn)(void *state);
+/* the model and its configuration (see Activation above); once, before any other callback */
+typedef int32_t (*skippy_plugin_activate_fn)(void *state,
+                                             const skippy_plugin_activation_v1 *activation);
 
 /* The vtable skippy_plugin_init_v1 fills. The host zeroes it and sets nothing else first. */
 typedef struct skippy_plugin_v1 {
     uint32_t abi_version;             /*  0  SKIPPY_PLUGIN_ABI_VERSION the plugin implements */
-    uint32_t struct_size;             /*  4  bytes the plugin filled (>= SKIPPY_PLUGIN_V1_SIZE) */
+    uint32_t struct_size;             /*  4  bytes the plugin filled (>= *_V1_BASE_SIZE) */
     const char *name;                 /*  8  NUL-terminated, static, short, for diagnostics */
     void *state;                      /* 16  opaque, passed to every callback */
     skippy_plugin_begin_fn begin;     /* 24 */
@@ -207,12 +282,13 @@ typedef struct skippy_plugin_v1 {
     skippy_plugin_finish_fn finish;   /* 56 */
     skippy_plugin_abort_fn abort;     /* 64 */
     skippy_plugin_destroy_fn destroy; /* 72 */
+    skippy_plugin_activate_fn activate; /* 80  extension: called when struct_size >= 88 */
 } skippy_plugin_v1;
 
 /* The entry point. host_abi_version: the ABI the host speaks (SKIPPY_PLUGIN_ABI_VERSION);
  * a plugin that does not speak it returns SKIPPY_PLUGIN_UNSUPPORTED. out_size: the bytes at
- * `out` (a plugin writes at most that many; smaller than SKIPPY_PLUGIN_V1_SIZE:
- * SKIPPY_PLUGIN_INVALID_ARGUMENT). Returns SKIPPY_PLUGIN_OK with `out` filled, or an error
+ * `out` (a plugin writes at most that many and sets struct_size to what it filled; smaller than
+ * SKIPPY_PLUGIN_V1_BASE_SIZE: SKIPPY_PLUGIN_INVALID_ARGUMENT). Returns SKIPPY_PLUGIN_OK with `out` filled, or an error
  * status (the host then unloads the library without calling anything else). */
 typedef int32_t (*skippy_plugin_init_v1_fn)(uint32_t host_abi_version, skippy_plugin_v1 *out,
                                             size_t out_size);
@@ -255,8 +331,25 @@ _Static_assert(offsetof(skippy_plugin_outcome_v1, struct_size) == 0, "outcome.st
 _Static_assert(offsetof(skippy_plugin_outcome_v1, proposed) == 4, "outcome.proposed");
 _Static_assert(offsetof(skippy_plugin_outcome_v1, accepted) == 8, "outcome.accepted");
 _Static_assert(offsetof(skippy_plugin_outcome_v1, rejected) == 12, "outcome.rejected");
+_Static_assert(offsetof(skippy_plugin_outcome_v1, kind) == SKIPPY_PLUGIN_OUTCOME_V1_BASE_SIZE,
+               "outcome.kind: the extension starts where the first outcome ended");
+_Static_assert(offsetof(skippy_plugin_outcome_v1, discard_reason) == 20, "outcome.reason");
 _Static_assert(sizeof(skippy_plugin_outcome_v1) == SKIPPY_PLUGIN_OUTCOME_V1_SIZE,
                "outcome size");
+
+_Static_assert(offsetof(skippy_plugin_activation_v1, struct_size) == 0, "activation.size");
+_Static_assert(offsetof(skippy_plugin_activation_v1, spec_mode) == 4, "activation.spec_mode");
+_Static_assert(offsetof(skippy_plugin_activation_v1, model_id) == 8, "activation.model_id");
+_Static_assert(offsetof(skippy_plugin_activation_v1, config) == 16, "activation.config");
+_Static_assert(offsetof(skippy_plugin_activation_v1, config_len) == 24, "activation.config_len");
+_Static_assert(offsetof(skippy_plugin_activation_v1, n_vocab) == 32, "activation.n_vocab");
+_Static_assert(offsetof(skippy_plugin_activation_v1, n_ctx_per_lane) == 40, "activation.n_ctx");
+_Static_assert(offsetof(skippy_plugin_activation_v1, lanes) == 48, "activation.lanes");
+_Static_assert(offsetof(skippy_plugin_activation_v1, reserved) == 52, "activation.reserved");
+_Static_assert(offsetof(skippy_plugin_activation_v1, proposal_deadline_ns) == 56,
+               "activation.proposal_deadline_ns");
+_Static_assert(sizeof(skippy_plugin_activation_v1) == SKIPPY_PLUGIN_ACTIVATION_V1_SIZE,
+               "activation size");
 
 _Static_assert(offsetof(skippy_plugin_receipt_v1, abi_version) == 0, "receipt.abi_version");
 _Static_assert(offsetof(skippy_plugin_receipt_v1, struct_size) == 4, "receipt.struct_size");
@@ -288,6 +381,8 @@ _Static_assert(offsetof(skippy_plugin_v1, outcome) == 48, "plugin.outcome");
 _Static_assert(offsetof(skippy_plugin_v1, finish) == 56, "plugin.finish");
 _Static_assert(offsetof(skippy_plugin_v1, abort) == 64, "plugin.abort");
 _Static_assert(offsetof(skippy_plugin_v1, destroy) == 72, "plugin.destroy");
+_Static_assert(offsetof(skippy_plugin_v1, activate) == SKIPPY_PLUGIN_V1_BASE_SIZE,
+               "plugin.activate: the extension starts where the first vtable ended");
 _Static_assert(sizeof(skippy_plugin_v1) == SKIPPY_PLUGIN_V1_SIZE, "plugin size");
 
 #ifdef __cplusplus
