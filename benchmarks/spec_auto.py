@@ -276,11 +276,12 @@ def _measure(workload: str, variant: Variant, sessions: int, requests: int, thre
             llama_server_args=variant.llama_server_args,
         )
         server = start(variant.server, spec, Path(temp))
+        replies: tuple[str, ...] = ()
         try:
             warm_up(server, work)
             if successor:
                 sample = asyncio.run(run_sessions(server, work, sessions))
-                rate, replies = sample.tokens_per_s, ()
+                rate = sample.tokens_per_s
             else:
                 prompts = CHAT_PROMPTS if workload == "chat" else REPETITIVE_PROMPTS
                 wall, made, replies = asyncio.run(

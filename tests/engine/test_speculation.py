@@ -41,3 +41,16 @@ def test_the_window_doubles_while_all_is_accepted_and_shrinks_to_what_held() -> 
     assert window.window == 1  # a miss: one proposal next time, never none
     window.verified(1, 1, most=16)
     assert window.window == 2
+
+
+def test_auto_takes_only_the_batch_a_whole_prompt_chunk_leaves_and_is_off_without_any() -> None:
+    """The default never shortens a prompt chunk nor fails a load; a mode asked for by name
+    keeps its budget (the core refuses a batch it does not fit)."""
+    auto = SpecConfig(SpecMode.AUTO)
+    roomy = auto.within_batch(n_batch=2048, lanes=4, chunk=512)
+    assert roomy.step_proposals == STEP_PROPOSALS and roomy.enabled
+    tight = auto.within_batch(n_batch=600, lanes=2, chunk=512)
+    assert tight.step_proposals == 600 - 2 - 512 - 1 and tight.step_slots(2) == 2 + 85
+    assert not auto.within_batch(n_batch=512, lanes=1, chunk=512).enabled
+    ngram = SpecConfig(SpecMode.NGRAM)
+    assert ngram.within_batch(n_batch=512, lanes=1, chunk=512) is ngram

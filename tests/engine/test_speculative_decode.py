@@ -70,10 +70,15 @@ class Run:
 
 
 def _generate(
-    model: Any, spec: SpecConfig, requests: list[GenerateRequest], lanes: int, sequential: bool
+    model: Any,
+    spec: SpecConfig,
+    requests: list[GenerateRequest],
+    lanes: int,
+    sequential: bool,
+    tokens_per_lane: int = 512,
 ) -> Run:
     params = llama_cpp.llama_context_default_params()
-    params.n_ctx = 512 * lanes
+    params.n_ctx = tokens_per_lane * lanes
     params.n_seq_max = lanes
     context = llama_cpp.llama_init_from_model(model, params)
     assert context
@@ -164,7 +169,9 @@ def test_auto_verifies_proposals_once_they_pay_and_never_changes_the_text(
     table = successor_cycles(TINY_SUCCESSOR)
     n = 200
     requests = [_request(f"r{i}", word, n) for i, word in enumerate(WORDS[:lanes])]
-    speculated = _generate(model, AUTO, requests, lanes, sequential=False)
+    # 1024 tokens a lane: a one-lane context of 512 has a batch of 512, all of it the prompt
+    # chunk's, and --spec auto then stays off (SpecConfig.within_batch).
+    speculated = _generate(model, AUTO, requests, lanes, sequential=False, tokens_per_lane=1024)
     for request, word in zip(requests, WORDS, strict=False):
         expected = table.text(table.continuation(table.word_id(word), n))
         assert speculated.text[request.request_id] == expected
@@ -186,7 +193,7 @@ def test_auto_verifies_nothing_where_proposals_cost_more_than_they_could_add(
     table = successor_cycles(TINY_SUCCESSOR)
     n = 120
     requests = [_request(f"r{i}", word, n) for i, word in enumerate(WORDS[:2])]
-    run = _generate(model, AUTO, requests, 2, sequential=False)
+    run = _generate(model, AUTO, requests, 2, sequential=False, tokens_per_lane=1024)
     for request, word in zip(requests, WORDS, strict=False):
         assert run.text[request.request_id] == table.text(
             table.continuation(table.word_id(word), n)
