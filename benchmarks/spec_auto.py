@@ -21,8 +21,10 @@ Workloads, each at every S of --sessions (successor: 1 and 4 only):
 
 Every variant is started fresh (benchmarks/servers.py: the same model, threads, flash
 attention, S parallel sequences, split KV), warmed up, driven by S concurrent sessions each
-sending R sequential requests, and stopped. Measured: aggregate completion tokens per second
-(usage.completion_tokens over the S-session run's wall time). Rounds rotate the order of the
+sending R sequential requests (default: enough that they ask every prompt, up to 8, at least
+once: chat 8, 2, 1 and repetitive 4, 1, 1 requests at 1, 4, 8 sessions), and stopped.
+Measured: aggregate completion tokens per second (usage.completion_tokens over the S-session
+run's wall time). Rounds rotate the order of the
 variants. Each ratio is the ratio of the median rates and the median (min..max) of the
 per-round ratios; a target is met only when both reach it. Greedy replies of skippy's variants
 are compared byte for byte (speculation must not change the text).
@@ -60,6 +62,7 @@ TARGET_PEER: Final = 1.0
 REQUEST_TIMEOUT_S: Final = 600.0
 PROMPT_ROOM: Final = 768
 SUCCESSOR_TOKENS: Final = 400
+MAX_PROMPTS: Final = 8
 
 CHAT_PROMPTS: Final = (
     "What are three tips for staying focused while studying?",
@@ -263,6 +266,9 @@ def _measure(workload: str, variant: Variant, sessions: int, requests: int, thre
     path = model_path("mid-f16-successor" if successor else "real")
     max_tokens = 192 if workload == "chat" else 256
     tokens = SUCCESSOR_TOKENS if successor else max_tokens
+    prompts = CHAT_PROMPTS if workload == "chat" else REPETITIVE_PROMPTS
+    if not requests:  # enough that the sessions ask every prompt (up to 8) at least once
+        requests = -(-min(len(prompts), MAX_PROMPTS) // sessions)
     work = Workload(
         requests=requests if not successor else 1, tokens=tokens, banned=banned_tokens(path)
     )
@@ -279,11 +285,13 @@ def _measure(workload: str, variant: Variant, sessions: int, requests: int, thre
         replies: tuple[str, ...] = ()
         try:
             warm_up(server, work)
+            if not successor:
+                # The chat path too (a server may prepare its chat template on first use).
+                asyncio.run(_chat_sessions(server.url, server.headers, prompts[:1], 1, 1, 4))
             if successor:
                 sample = asyncio.run(run_sessions(server, work, sessions))
                 rate = sample.tokens_per_s
             else:
-                prompts = CHAT_PROMPTS if workload == "chat" else REPETITIVE_PROMPTS
                 wall, made, replies = asyncio.run(
                     _chat_sessions(
                         server.url, server.headers, prompts, sessions, requests, max_tokens
@@ -392,7 +400,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--sessions", default="1,4,8")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
-    parser.add_argument("--requests", type=int, default=2, help="sequential requests a session")
+    parser.add_argument(
+        "--requests",
+        type=int,
+        default=0,
+        help="sequential requests a session (0: enough that the sessions ask every prompt, up "
+        "to 8, at least once)",
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--llama-server-types", default=",".join(DEFAULT_TYPES))
     args = parser.parse_args(argv)

@@ -248,7 +248,7 @@ class LoadOptions:
     spec_draft_tokens: int = _option(
         MAX_DRAFT_TOKENS,
         help="Most proposed tokens a lane verifies in one step (a lane starts at 4 and doubles "
-        "while every proposal is accepted; a step verifies at most 192 over all lanes).",
+        "while every proposal is accepted; a step verifies at most 256 over all lanes).",
         minimum=1,
         maximum=MAX_DRAFT_TOKENS,
     )

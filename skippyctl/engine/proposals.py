@@ -193,6 +193,7 @@ class Proposals:
         chunks, which share its passes)."""
         self._step_plan = None
         limit = self._spec.lane_limit(len(decoding))
+        gated = self._gate is not None
         tokens_per_lane = self._kv.tokens_per_lane
         wants: dict[str, int] = {}
         for r in decoding:
@@ -201,9 +202,11 @@ class Proposals:
             if window is None or lane is None:
                 continue
             # pending_token goes to len(lane.tokens); proposals to the positions after it.
+            # With --spec auto the gate picks each window's length from its acceptance and
+            # costs; the adaptive window bounds the other modes.
             room = min(
                 limit,
-                window.window,
+                limit if gated else window.window,
                 tokens_per_lane - len(lane.tokens) - 1,
                 r.spec.max_tokens - r.generated_tokens - 1,
             )

@@ -6,6 +6,9 @@ verifying them adds to the step, on this machine, for this model, at this batch 
 - **Worth.** A window of ``k`` proposals at per-token acceptance ``p`` adds
   ``p + p² + … + pᵏ`` tokens on average (verification stops at the first mismatch), each worth
   what a plain step spends per lane: ``plain(d) / d`` seconds with ``d`` lanes decoding.
+- **Length.** A window grows while its next token still pays on its own (``pᵏ`` of a token's
+  worth against ``c``), or takes the length of a window already in the step when that saves
+  a forward pass.
 - **Cost.** What a step's proposals add to its time: ``c`` seconds a proposed token and ``e``
   seconds a forward pass they add (with one KV stream per lane, llama.cpp verifies lanes of
   unequal lengths in several passes: ``engine/batch.py``'s :func:`forward_passes`). Both are
@@ -25,6 +28,7 @@ Decode thread only; no llama.cpp, no tokens leave (only counts and a percentage)
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -220,6 +224,22 @@ class SpecGate:
             1.0 if accepted < proposed else 0.0
         )
 
+    def best_length(self, gate: LaneGate, proposed: int, lanes: int) -> int:
+        """The window of at most ``proposed`` that pays best on its own: its ``k``-th token
+        adds ``pᵏ`` tokens worth ``plain / lanes`` each for ``c`` more seconds, so a window
+        grows while ``pᵏ · plain / lanes > c``."""
+        plain = self.costs.plain(lanes)
+        per_token = self.costs.cost(1, 0)
+        acceptance = gate.acceptance(self.prior)
+        if plain is None or per_token is None or per_token <= 0 or acceptance >= 1.0:
+            return proposed
+        if acceptance <= 0.0:
+            return 1
+        value = plain / lanes
+        if per_token >= value:
+            return 1
+        return max(1, min(proposed, int(math.log(per_token / value) / math.log(acceptance))))
+
     def worth(self, gate: LaneGate, proposed: int, lanes: int) -> float | None:
         """Seconds a window of ``proposed`` saves on average with ``lanes`` lanes decoding."""
         plain = self.costs.plain(lanes)
@@ -246,9 +266,10 @@ class SpecGate:
         passes = self._passes(rows)
         for _rank, candidate in ranked:
             best: tuple[float, int, int] | None = None
-            lengths = {candidate.proposed} | {
-                taken for taken in chosen.values() if taken < candidate.proposed
-            }
+            lengths = {
+                candidate.proposed,
+                self.best_length(candidate.gate, candidate.proposed, lanes),
+            } | {taken for taken in chosen.values() if taken < candidate.proposed}
             for length in lengths:
                 trial = dict(current)
                 trial[candidate.seq] = trial.get(candidate.seq, 0) + length

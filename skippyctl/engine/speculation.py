@@ -38,11 +38,12 @@ from skippyctl.events.envelope import StopReason
 from skippyctl.events.figures import GenerationFigures
 from skippyctl.plugins.api import DiscardReason, OutcomeKind
 
-STEP_PROPOSALS: Final = 192
-"""Proposed tokens one step verifies over all its lanes: one or two lanes take their whole
-window (64), four lanes 48 each, eight 24 (measured side by side on the 8-layer F16 models, 2
-threads, 4 sessions: windows of 48 a lane ran 1.06× windows of 16 on the successor model and
-1.04× on its random twin — llama-server's `ngram-simple` drafts 48 a slot too)."""
+STEP_PROPOSALS: Final = 256
+"""Proposed tokens one step verifies over all its lanes: one to four lanes take their whole
+window (64), eight 32 each. Measured side by side on the 8-layer F16 successor model, 2
+threads, 4 sessions (benchmarks/spec_auto.py, successor workload): 64 a lane ran 318 tok/s
+against 233 with 48 (the cap of 192 before), where llama-server's `ngram-mod` drafts 64 a slot
+(290 in the same runs); with 48 a lane it was 1.06× 16 (BENCHMARKS.md 7)."""
 FIRST_WINDOW: Final = 4
 """Proposals a request verifies in its first window; each window fully accepted doubles it (up
 to ``draft_tokens``), a rejection shrinks it to what was accepted plus one."""

@@ -86,20 +86,23 @@ def _steps(
 
 
 def test_a_lane_whose_proposals_are_right_speculates_and_one_whose_are_wrong_does_not() -> None:
-    gate = _gate(0.010, 1, 0.001, 0.0)
+    """A proposed token costs 3 ms, a token 10 ms: proposals that are right pay, those right
+    less than 30 % of the time do not, at any length (another model's gate: no shared prior)."""
+    gate = _gate(0.010, 1, 0.003, 0.0)
     good, bad = LaneGate(), LaneGate()
     _accepting(gate, good, 8, 8, 5)
     chosen, switched = gate.choose([(0, 1)], [Candidate(0, 8, good)], 1)
     assert chosen == {0: 8} and switched == [] and not good.on  # one step does not switch
     chosen, switched = _steps(gate, [(0, 1)], [Candidate(0, 8, good)], 1, 4)
     assert chosen == {0: 8} and switched == [good] and good.on
+    gate = _gate(0.010, 1, 0.003, 0.0)
     _accepting(gate, bad, 8, 0, 5)
     chosen, switched = _steps(gate, [(0, 1)], [Candidate(0, 8, bad)], 1, 5)
     assert chosen == {} and not bad.on and switched == []
 
 
 def test_a_lane_switches_off_when_its_acceptance_drops_and_on_again_when_it_recovers() -> None:
-    gate = _gate(0.010, 1, 0.003, 0.0)
+    gate = _gate(0.010, 1, 0.006, 0.0)
     lane = LaneGate()
     candidates = [Candidate(0, 8, lane)]
     _accepting(gate, lane, 8, 8, 5)
@@ -165,3 +168,19 @@ def test_every_lane_of_a_repetitive_batch_speculates_at_its_own_length() -> None
     candidates = [Candidate(seq, windows[seq], gates[seq]) for seq in range(lanes)]
     chosen, switched = _steps(gate, rows, candidates, lanes, 5)
     assert chosen == dict(enumerate(windows)) and len(switched) == lanes
+
+
+def test_a_window_is_as_long_as_its_next_token_still_pays() -> None:
+    """Half the proposals right, a proposed token at a tenth of a token's worth: the k-th
+    token adds 0.5^k, which pays while it is above 0.1 — three tokens, whatever was proposed;
+    proposals that are always right are taken whole."""
+    gate = _gate(0.010, 1, 0.001, 0.0)
+    half, sure = LaneGate(), LaneGate()
+    for _ in range(40):
+        gate.record(half, 2, 1)  # a mismatch after every accepted token: p = 1/2
+    assert half.acceptance(gate.prior) == pytest.approx(0.5, abs=0.05)
+    assert gate.best_length(half, 16, 1) == 3
+    chosen, _ = gate.choose([(0, 1)], [Candidate(0, 16, half)], 1)
+    assert chosen == {0: 3}
+    _accepting(gate, sure, 16, 16, 30)
+    assert gate.best_length(sure, 16, 1) == 16

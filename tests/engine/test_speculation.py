@@ -20,7 +20,7 @@ def test_config_bounds_and_the_slots_it_takes_in_a_batch() -> None:
     assert SpecConfig(SpecMode.NGRAM, 64).step_slots(8) == 8 + STEP_PROPOSALS
     # One lane may verify its whole window; many share the step's proposals.
     spec = SpecConfig(SpecMode.NGRAM, 64)
-    assert [spec.lane_limit(n) for n in (1, 2, 4, 8, 192, 193)] == [64, 64, 48, 24, 1, 0]
+    assert [spec.lane_limit(n) for n in (1, 2, 4, 8, 256, 257)] == [64, 64, 64, 32, 1, 0]
     assert SpecConfig(SpecMode.NGRAM, 8).lane_limit(1) == 8
     for bad in (0, MAX_DRAFT_TOKENS + 1):
         with pytest.raises(ValueError, match="draft_tokens"):

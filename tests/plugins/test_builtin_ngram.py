@@ -17,7 +17,7 @@ from skippyctl.plugins.api import (
     ProposalQuery,
     RequestIds,
 )
-from skippyctl.plugins.builtin.ngram import NgramIndex, NgramPlugin, StreamGap
+from skippyctl.plugins.builtin.ngram import NgramIndex, NgramPlugin, SharedNgrams, StreamGap
 from tests.plugins.conftest import ROOT
 
 
@@ -111,3 +111,18 @@ def test_the_entry_point_makes_the_built_in_plugin(plugin_env: dict[str, str]) -
         [sys.executable, "-c", code], env=plugin_env, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "NgramPlugin"
+
+
+def test_a_request_proposes_what_followed_its_last_ngram_in_another_request() -> None:
+    """Text one request wrote is proposed to the next from its first matching n-gram on, where
+    the request's own history has nothing yet; the pool is bounded, oldest first."""
+    shared = SharedNgrams(limit=64)
+    first = NgramIndex([1, 2, 3, 4, 5, 6, 7, 8, 9], shared=shared)
+    assert first.propose(4) == []  # its own n-grams never propose from itself through the pool
+    second = NgramIndex([20, 2, 3, 4, 5], shared=shared)
+    assert second.propose(3) == [6, 7, 8]
+    small = SharedNgrams(limit=2)
+    NgramIndex([1, 2, 3, 4, 5, 6, 7], shared=small)
+    assert len(small) == 2  # (2, 3, 4, 5) and (3, 4, 5, 6): (1, 2, 3, 4) went first
+    assert NgramIndex([9, 3, 4, 5, 6], shared=small).propose(1) == [7]
+    assert NgramIndex([8, 2, 3, 4, 5], shared=small).propose(1) == []  # forgotten since

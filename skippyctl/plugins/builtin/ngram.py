@@ -7,10 +7,12 @@ index of its n-grams: the longest suffix (of ``ngram_max`` down to ``ngram_min``
 history that occurred earlier in it proposes the tokens that followed that earlier occurrence
 (the latest one), continued cyclically when that occurrence is so recent that its continuation
 runs into the present (``a b a b`` proposes ``a b a b …``). Cost: O(``ngram_max``) dictionary
-work per committed token, one lookup per proposal; the history and the index live only as long
-as the request.
+work per committed token, one lookup per proposal; the index lives only as long as the request.
 
-:class:`NgramPlugin` keeps one index per begun request. It relies on the plugin contract's
+:class:`NgramPlugin` keeps one index per begun request, and :class:`SharedNgrams` across them:
+a request whose own text has no earlier match proposes what followed its last ``ngram_max``
+tokens in another request (as llama-server's ``ngram-mod`` pools n-grams across requests), so
+text that requests repeat is proposed from its first token on. It relies on the plugin contract's
 committed stream (``skippyctl.plugins.api``): a run that does not start where the last one
 ended raises (the host counts it a failure) instead of proposing from a history with a hole.
 """
@@ -28,24 +30,63 @@ from skippyctl.plugins.api import (
     RequestIds,
 )
 
-__all__ = ["NGRAM_MAX", "NGRAM_MIN", "NgramIndex", "NgramPlugin", "StreamGap"]
+__all__ = ["NGRAM_MAX", "NGRAM_MIN", "NgramIndex", "NgramPlugin", "SharedNgrams", "StreamGap"]
 
 NGRAM_MIN: Final = 2
 """A one-token match is mostly chance: a proposal needs the last two tokens seen before."""
 NGRAM_MAX: Final = 4
+SHARED_NGRAMS: Final = 65536
+"""Longest n-grams the plugin remembers across its requests (the oldest are forgotten first):
+about 6 MiB of Python objects at most."""
 
 
 class StreamGap(ValueError):
     """A committed run did not start where the request's stream stood."""
 
 
+class SharedNgrams:
+    """What every request of one plugin saw: each longest n-gram (``ngram_max`` tokens) → the
+    history it last occurred in and where the token after it is there. A request whose own
+    text has no earlier match proposes what followed the same n-gram in another request (a
+    text that several requests repeat, a reply another session is writing); a history stays
+    alive only while one of its n-grams is remembered. Bounded: the oldest n-gram goes first."""
+
+    __slots__ = ("_entries", "limit")
+
+    def __init__(self, limit: int = SHARED_NGRAMS) -> None:
+        self.limit = limit
+        self._entries: dict[tuple[int, ...], tuple[list[int], int]] = {}
+
+    def add(self, key: tuple[int, ...], history: list[int], end: int) -> None:
+        entries = self._entries
+        entries.pop(key, None)  # the latest occurrence, and the newest in the eviction order
+        entries[key] = (history, end)
+        if len(entries) > self.limit:
+            del entries[next(iter(entries))]
+
+    def propose(self, key: tuple[int, ...], history: list[int], limit: int) -> list[int]:
+        """Up to ``limit`` tokens that followed ``key`` in another request's history."""
+        found = self._entries.get(key)
+        if found is None or found[0] is history:
+            return []
+        other, start = found
+        return other[start : start + limit]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
 class NgramIndex:
     """One request's history and its n-gram index (module docstring)."""
 
-    __slots__ = ("_history", "_index", "_ngram_max", "_ngram_min", "committed")
+    __slots__ = ("_history", "_index", "_ngram_max", "_ngram_min", "_shared", "committed")
 
     def __init__(
-        self, prompt: Iterable[int] = (), ngram_min: int = NGRAM_MIN, ngram_max: int = NGRAM_MAX
+        self,
+        prompt: Iterable[int] = (),
+        ngram_min: int = NGRAM_MIN,
+        ngram_max: int = NGRAM_MAX,
+        shared: SharedNgrams | None = None,
     ) -> None:
         if not 1 <= ngram_min <= ngram_max:
             raise ValueError("need 1 <= ngram_min <= ngram_max")
@@ -53,6 +94,7 @@ class NgramIndex:
         self._ngram_max = ngram_max
         self._history: list[int] = []
         self._index: dict[tuple[int, ...], int] = {}
+        self._shared = shared
         """n-gram → where the token after its latest occurrence is (only occurrences that
         have a following token: the current suffix never finds itself)."""
         self.committed = 0
@@ -64,10 +106,14 @@ class NgramIndex:
         history = self._history
         index = self._index
         low, high = self._ngram_min, self._ngram_max
+        shared = self._shared
         for token in tokens:
             end = len(history)  # the new token's index: it follows the n-grams ending here
             for n in range(low, min(high, end) + 1):
-                index[tuple(history[end - n : end])] = end
+                key = tuple(history[end - n : end])
+                index[key] = end
+                if n == high and shared is not None:
+                    shared.add(key, history, end)
             history.append(token)
 
     def commit(self, start: int, tokens: Sequence[int]) -> None:
@@ -80,7 +126,8 @@ class NgramIndex:
 
     def propose(self, limit: int) -> list[int]:
         """Up to ``limit`` tokens that followed the longest earlier match of the history's
-        suffix; empty when nothing matches."""
+        suffix, else what followed its longest n-gram in another request (``shared``); empty
+        when nothing matches."""
         history = self._history
         size = len(history)
         if limit < 1:
@@ -95,6 +142,8 @@ class NgramIndex:
             while len(draft) < limit:
                 draft.append(draft[len(draft) - (size - start)])
             return draft
+        if self._shared is not None and size >= self._ngram_max:
+            return self._shared.propose(tuple(history[size - self._ngram_max :]), history, limit)
         return []
 
 
@@ -106,9 +155,13 @@ class NgramPlugin(BasePlugin):
         self._ngram_min = ngram_min
         self._ngram_max = ngram_max
         self._requests: dict[int, NgramIndex] = {}
+        self.shared = SharedNgrams()
+        """What its requests saw, for the next ones (bounded)."""
 
     def begin(self, ids: RequestIds, prompt: Sequence[int], reused: int) -> None:
-        self._requests[ids.request] = NgramIndex(prompt, self._ngram_min, self._ngram_max)
+        self._requests[ids.request] = NgramIndex(
+            prompt, self._ngram_min, self._ngram_max, self.shared
+        )
 
     def commit(self, ids: RequestIds, start: int, tokens: Sequence[int]) -> None:
         self._requests[ids.request].commit(start, tokens)
@@ -130,6 +183,7 @@ class NgramPlugin(BasePlugin):
 
     def close(self) -> None:
         self._requests.clear()
+        self.shared = SharedNgrams()
 
     def requests(self) -> int:
         """Requests it holds a history for (begun, not yet finished or aborted)."""
