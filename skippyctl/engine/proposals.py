@@ -270,7 +270,7 @@ class Proposals:
                 self._switched(lane_gate, decoding, gate)
         if not chunks:
             proposed = sum(chosen.values())
-            added = forward_passes_added(gate, rows, chosen) if proposed else 0
+            added = gate.added_passes(rows, chosen) if proposed else 0
             self._step_plan = (len(decoding), proposed, added)
 
     def _switched(self, lane_gate: LaneGate, decoding: list[RequestState], gate: SpecGate) -> None:
@@ -381,11 +381,3 @@ class Proposals:
 def _one_pass(_rows: Sequence[tuple[int, int]]) -> int:
     """A unified KV decodes any batch in one pass (``llama_batch_allocr::split_simple``)."""
     return 1
-
-
-def forward_passes_added(
-    gate: SpecGate, rows: Sequence[tuple[int, int]], chosen: dict[int, int]
-) -> int:
-    """The passes this step's verified proposals add to what its rows alone take."""
-    with_proposals = [(seq, tokens + chosen.get(seq, 0)) for seq, tokens in rows]
-    return gate.passes(with_proposals) - gate.passes(rows)

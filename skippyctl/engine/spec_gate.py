@@ -29,7 +29,7 @@ Decode thread only; no llama.cpp, no tokens leave (only counts and a percentage)
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -90,14 +90,16 @@ class StepCosts:
         )
         if self._cost is None:
             # The prior until speculating steps say otherwise: a proposed token costs a quarter
-            # of a one-lane step and an added pass half of one — pessimistic on a CPU, so a
+            # of a lane's share of the step, and an added forward pass as much as the whole
+            # step (a pass reads every weight, as a one-lane step does) — pessimistic, so a
             # lane speculates first where it clearly pays, and the fit learns from there.
-            base = self._plain[lanes] / lanes
-            self._cost = [base / 4.0, base / 2.0]
+            step = self._plain[lanes]
+            token, added_pass = step / lanes / 4.0, step
+            self._cost = [token, added_pass]
             # In units of a step's noise (about a tenth of it), each prior as uncertain as it
             # is large: a few speculating steps outweigh it.
-            noise = STEP_NOISE * self._plain[lanes]
-            self._covariance = [[(base / 4.0 / noise) ** 2, 0.0], [0.0, (base / 2.0 / noise) ** 2]]
+            noise = STEP_NOISE * step
+            self._covariance = [[(token / noise) ** 2, 0.0], [0.0, (added_pass / noise) ** 2]]
 
     def observe_speculated(
         self, lanes: int, proposed: int, added_passes: int, seconds: float
@@ -292,6 +294,7 @@ class SpecGate:
         ]
         return chosen, switched
 
-    def passes(self, rows: Sequence[tuple[int, int]]) -> int:
-        """Forward passes a step of these ``(sequence, tokens)`` rows takes."""
-        return self._passes(rows)
+    def added_passes(self, rows: Sequence[tuple[int, int]], chosen: Mapping[int, int]) -> int:
+        """The forward passes the ``chosen`` windows add to what the step's rows alone take."""
+        with_proposals = [(seq, tokens + chosen.get(seq, 0)) for seq, tokens in rows]
+        return self._passes(with_proposals) - self._passes(rows)
