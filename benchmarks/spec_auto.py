@@ -51,6 +51,7 @@ import orjson
 from benchmarks.loadgen import Workload, banned_tokens, run_sessions, warm_up
 from benchmarks.models import model_path
 from benchmarks.servers import LLAMA_SERVER, MODEL_ALIAS, SEED, SKIPPY, ServerSpec, start
+from benchmarks.speculation import Verdict, verdict
 
 DEFAULT: Final = "skippy (default)"
 OFF: Final = "skippy --spec off"
@@ -171,19 +172,6 @@ class Row:
     tokens_per_s: float
     tokens_per_s_min: float
     tokens_per_s_max: float
-
-
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    workload: str
-    sessions: int
-    what: str
-    ratio_of_medians: float
-    paired_median: float
-    paired_min: float
-    paired_max: float
-    target: float
-    met: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,29 +304,6 @@ def _acceptance(url: str, headers: dict[str, str]) -> str:
     return f"  (drafted {counts['drafted']:.0f}, accepted {counts['accepted']:.0f})"
 
 
-def _verdict(
-    workload: str,
-    sessions: int,
-    what: str,
-    ours: list[float],
-    theirs: list[float],
-    target: float,
-) -> Verdict:
-    paired = [a / b for a, b in zip(ours, theirs, strict=True)]
-    of_medians = statistics.median(ours) / statistics.median(theirs)
-    return Verdict(
-        workload,
-        sessions,
-        what,
-        round(of_medians, 3),
-        round(statistics.median(paired), 3),
-        round(min(paired), 3),
-        round(max(paired), 3),
-        target,
-        of_medians >= target and statistics.median(paired) >= target,
-    )
-
-
 def run(
     workloads: tuple[str, ...],
     sessions: tuple[int, ...],
@@ -383,14 +348,12 @@ def run(
             ours = rates[DEFAULT]
             if OFF in rates:
                 target = TARGET_CHAT if workload == "chat" else TARGET_REPETITIVE
-                verdicts.append(
-                    _verdict(workload, count, "default / off", ours, rates[OFF], target)
-                )
+                verdicts.append(verdict(workload, count, "default / off", ours, rates[OFF], target))
             peers = [name for name in rates if name.startswith("llama-server ")]
             if peers:
                 best = max(peers, key=lambda name: statistics.median(rates[name]))
                 verdicts.append(
-                    _verdict(workload, count, f"default / {best}", ours, rates[best], TARGET_PEER)
+                    verdict(workload, count, f"default / {best}", ours, rates[best], TARGET_PEER)
                 )
     return rows, verdicts, differences
 
@@ -429,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     for v in verdicts:
         mark = "met" if v.met else "NOT met"
         sys.stderr.write(
-            f"{v.workload} S={v.sessions} {v.what}: {v.ratio_of_medians:.3f}x (paired "
+            f"{v.model} S={v.sessions} {v.what}: {v.ratio_of_medians:.3f}x (paired "
             f"{v.paired_median:.3f}, {v.paired_min:.3f}..{v.paired_max:.3f}; target "
             f"{v.target}) {mark}\n"
         )

@@ -92,6 +92,8 @@ class Row:
 @dataclass(frozen=True, slots=True)
 class Verdict:
     model: str
+    """The model, or what else the runs are told apart by (benchmarks/spec_auto.py: the
+    workload)."""
     sessions: int
     what: str
     ratio_of_medians: float
@@ -162,7 +164,7 @@ def _measure(
     return sample.tokens_per_s
 
 
-def _verdict(
+def verdict(
     model: str, sessions: int, what: str, ours: list[float], theirs: list[float], target: float
 ) -> Verdict:
     paired = [a / b for a, b in zip(ours, theirs, strict=True)]
@@ -227,39 +229,35 @@ def run(
             on, off = rates[SKIPPY_NGRAM], rates[SKIPPY_OFF]
             if SKIPPY_DRAFT in rates:
                 verdicts.append(
-                    _verdict(model, count, "draft / off", rates[SKIPPY_DRAFT], off, TARGET_SPEEDUP)
+                    verdict(model, count, "draft / off", rates[SKIPPY_DRAFT], off, TARGET_SPEEDUP)
                 )
             if SKIPPY_PLUGIN in rates:
                 verdicts.append(
-                    _verdict(
-                        model, count, "plugin / ngram", rates[SKIPPY_PLUGIN], on, TARGET_PLUGIN
-                    )
+                    verdict(model, count, "plugin / ngram", rates[SKIPPY_PLUGIN], on, TARGET_PLUGIN)
                 )
                 ahead = rates[SKIPPY_PLUGIN_AHEAD]
+                verdicts.append(verdict(model, count, "runahead / ngram", ahead, on, TARGET_PLUGIN))
                 verdicts.append(
-                    _verdict(model, count, "runahead / ngram", ahead, on, TARGET_PLUGIN)
-                )
-                verdicts.append(
-                    _verdict(
+                    verdict(
                         model, count, "runahead / plugin", ahead, rates[SKIPPY_PLUGIN], TARGET_PEER
                     )
                 )
                 if wire_stages:
                     verdicts.append(
-                        _verdict(
+                        verdict(
                             model, count, "plugin / off", rates[SKIPPY_PLUGIN], off, TARGET_SPEEDUP
                         )
                     )
             if successor:
-                verdicts.append(_verdict(model, count, "ngram / off", on, off, TARGET_SPEEDUP))
+                verdicts.append(verdict(model, count, "ngram / off", on, off, TARGET_SPEEDUP))
                 peers = [name for name in rates if name.startswith("llama-server ")]
                 if peers:
                     best = max(peers, key=lambda name: statistics.median(rates[name]))
                     verdicts.append(
-                        _verdict(model, count, f"ngram / {best}", on, rates[best], TARGET_PEER)
+                        verdict(model, count, f"ngram / {best}", on, rates[best], TARGET_PEER)
                     )
             else:
-                verdicts.append(_verdict(model, count, "ngram / off", on, off, TARGET_NO_MATCH))
+                verdicts.append(verdict(model, count, "ngram / off", on, off, TARGET_NO_MATCH))
     return rows, verdicts
 
 
