@@ -51,7 +51,7 @@ import orjson
 from benchmarks.loadgen import Workload, banned_tokens, run_sessions, warm_up
 from benchmarks.models import model_path
 from benchmarks.servers import LLAMA_SERVER, MODEL_ALIAS, SEED, SKIPPY, ServerSpec, start
-from benchmarks.speculation import Verdict, verdict
+from benchmarks.speculation import Row, Variant, Verdict, verdict
 
 DEFAULT: Final = "skippy (default)"
 OFF: Final = "skippy --spec off"
@@ -153,25 +153,6 @@ REPETITIVE_PROMPTS: Final = (
 nearly whole, part of the third, and falls into a loop of its own on the recipe — all of it
 the kind of output prompt lookup exists for."""
 WORKLOADS: Final = ("chat", "repetitive", "successor")
-
-
-@dataclass(frozen=True, slots=True)
-class Variant:
-    name: str
-    server: str
-    skippy_args: tuple[str, ...] = ()
-    llama_server_args: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class Row:
-    workload: str
-    sessions: int
-    variant: str
-    rounds: int
-    tokens_per_s: float
-    tokens_per_s_min: float
-    tokens_per_s_max: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -385,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.stderr.write(f"\n{'workload':>10} {'S':>2} {'variant':>28} {'tok/s':>8}  min..max\n")
     for row in rows:
         sys.stderr.write(
-            f"{row.workload:>10} {row.sessions:>2} {row.variant:>28} {row.tokens_per_s:8.1f}  "
+            f"{row.model:>10} {row.sessions:>2} {row.variant:>28} {row.tokens_per_s:8.1f}  "
             f"{row.tokens_per_s_min:.1f}..{row.tokens_per_s_max:.1f}\n"
         )
     sys.stderr.write("\n")

@@ -81,6 +81,7 @@ class Variant:
 @dataclass(frozen=True, slots=True)
 class Row:
     model: str
+    """As :attr:`Verdict.model`."""
     sessions: int
     variant: str
     rounds: int

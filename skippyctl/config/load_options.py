@@ -247,8 +247,9 @@ class LoadOptions:
     )
     spec_draft_tokens: int = _option(
         MAX_DRAFT_TOKENS,
-        help="Most proposed tokens a lane verifies in one step (a lane starts at 4 and doubles "
-        "while every proposal is accepted; a step verifies at most 256 over all lanes).",
+        help="Most proposed tokens a lane verifies in one step (with 'auto' each window is as "
+        "long as it pays, up to this; other modes start a lane at 4 and double while every "
+        "proposal is accepted; a step verifies at most 256 over all lanes).",
         minimum=1,
         maximum=MAX_DRAFT_TOKENS,
     )

@@ -140,18 +140,10 @@ class Proposals:
             gate = r.gate
             if gate is not None and gate.shadow:
                 decided = gate.committed(pending)
-                if decided is not None:
-                    self._shadow_verified(r, gate, *decided)
-
-    def _shadow_verified(
-        self, r: RequestState, gate: LaneGate, proposed: int, accepted: int
-    ) -> None:
-        """A proposal ``r`` did not verify turned out right for ``accepted`` of ``proposed``
-        tokens: it counts for the lane's acceptance and window as a verified one would."""
-        assert self._gate is not None
-        self._gate.record(gate, proposed, accepted)
-        if r.window is not None:
-            r.window.verified(proposed, accepted, self._spec.draft_tokens)
+                if decided is not None and self._gate is not None:
+                    # A proposal it did not verify: it counts for the lane's acceptance as a
+                    # verified one would.
+                    self._gate.record(gate, *decided)
 
     def end(self, r: RequestState, done: GenDone) -> None:
         """The plugins' last word on ``r``: the outcome of a window it ended inside
