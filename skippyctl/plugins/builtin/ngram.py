@@ -36,8 +36,10 @@ NGRAM_MIN: Final = 2
 """A one-token match is mostly chance: a proposal needs the last two tokens seen before."""
 NGRAM_MAX: Final = 4
 SHARED_NGRAMS: Final = 65536
-"""Longest n-grams the plugin remembers across its requests (the oldest are forgotten first):
-about 6 MiB of Python objects at most."""
+"""Longest n-grams the plugin remembers across its requests (the oldest are forgotten first).
+Every committed token adds one, so what stays alive is the histories of the requests that wrote
+the newest 65,536 (about that many tokens, plus the requests still running) and the entries:
+a few tens of MiB of Python objects at most."""
 
 
 class StreamGap(ValueError):
