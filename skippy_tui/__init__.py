@@ -7,6 +7,10 @@ Public API:
   `RuntimeDown`, `RuntimeBack`, `DecodeSkipped`, `SourceEnded`, and `LoadableModels`
   (`skippy_tui.sources`).
 - `RuntimeControl` (`skippy_tui.control`): load/unload seam for the command palette.
+- The fleet dashboard: `FleetDashboard(source, control=None, title=...)` (`skippy_tui.fleet_app`)
+  over a `FleetEventSource` (`skippy_tui.fleet_source`: `FleetReplaySource`,
+  `FleetScriptedSource`; `skippy_tui.fleet_live.FleetLiveSource`), reduced by
+  `skippy_tui.fleet_store.FleetStore`; `FleetControl` (`skippy_tui.control`) for load/unload.
 - `event_from_record`, `decode_record`, `decode_line`: `--json` record → `Event` (the wire
   codec's, `skippyctl.output.codec`, re-exported: one decoder for every client).
 
@@ -35,10 +39,12 @@ from skippyctl.output.codec import decode_line, decode_record, event_from_record
 
 if TYPE_CHECKING:
     from skippy_tui.app import SkippyDashboard
+    from skippy_tui.fleet_app import FleetDashboard
 
 __all__ = [
     "DecodeSkipped",
     "EventSource",
+    "FleetDashboard",
     "LoadableModels",
     "PushSource",
     "ReplaySource",
@@ -59,4 +65,8 @@ def __getattr__(name: str) -> Any:
         from skippy_tui.app import SkippyDashboard
 
         return SkippyDashboard
+    if name == "FleetDashboard":
+        from skippy_tui.fleet_app import FleetDashboard
+
+        return FleetDashboard
     raise AttributeError(name)

@@ -12,6 +12,9 @@ so resuming shows the current state at once. The header's connection status stay
 Control: "Load model…" and "Unload model…" in the command palette (`:` or ctrl+p) call the
 `RuntimeControl` given to the constructor on a worker thread and report the result as a
 notification; without one they say "not connected".
+
+`DashboardBase` is what this app and the fleet's (`skippy_tui.fleet_app.FleetDashboard`) share:
+the keys, pause, help, the command palette's entries and running a control call.
 """
 
 from __future__ import annotations
@@ -27,13 +30,13 @@ from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
 from skippy_tui.control import RuntimeControl
-from skippy_tui.screens.dashboard import DashboardScreen
+from skippy_tui.screens.dashboard import DashboardScreen, PaneScreen
 from skippy_tui.screens.help import HelpScreen
 from skippy_tui.screens.load_model import LoadModelScreen
 from skippy_tui.screens.unload_model import UnloadModelScreen
 from skippy_tui.sources import EventSource
 from skippy_tui.store import DashboardSnapshot, SnapshotStore
-from skippyctl.reducer.state import SERVING_MODEL_STATES, ModelState
+from skippyctl.reducer.state import SERVING_MODEL_STATES, ModelState, RuntimeView
 
 POLL_INTERVAL_S: Final = 1 / 8
 NOT_CONNECTED: Final = "Not connected to a runtime: this dashboard is read-only (replay or demo)."
@@ -42,8 +45,14 @@ CONTROL_GROUP: Final = "runtime-control"
 _UNLOADABLE: Final = SERVING_MODEL_STATES | {ModelState.UNAVAILABLE}
 
 
-class SkippyDashboard(App[None]):
-    """Models, stages, sessions, event health and recent events of one runtime."""
+def unloadable_models(view: RuntimeView) -> list[str]:
+    """The models of `view` an unload would be accepted for, by id."""
+    return sorted(str(m.model_id) for m in view.models.values() if m.state in _UNLOADABLE)
+
+
+class DashboardBase(App[None]):
+    """Keys, pause, help and control plumbing shared by the dashboards; a subclass owns the
+    source, the store, the screen (`dashboard`) and what a poll draws."""
 
     CSS_PATH = "app.tcss"
     TITLE = "skippy"
@@ -57,22 +66,10 @@ class SkippyDashboard(App[None]):
 
     paused: reactive[bool] = reactive(False)
 
-    def __init__(
-        self,
-        source: EventSource,
-        control: RuntimeControl | None = None,
-        title: str = "skippy",
-        *,
-        store: SnapshotStore | None = None,
-    ) -> None:
+    def __init__(self, dashboard: PaneScreen, title: str) -> None:
         super().__init__()
-        self.source = source
-        self.control = control
         self.title = title
-        self.store = store if store is not None else SnapshotStore()
-        self.dashboard = DashboardScreen(title, source.description)
-        self.shown: DashboardSnapshot = DashboardSnapshot()
-        """The snapshot the panes last drew (frozen while paused)."""
+        self.dashboard = dashboard
         self._paused_at_total = 0
         self._started = False
 
@@ -80,31 +77,34 @@ class SkippyDashboard(App[None]):
         return self.dashboard
 
     def on_mount(self) -> None:
-        self.source.start(self.store.deliver)
+        self._start_source()
         self._started = True
         self.set_interval(POLL_INTERVAL_S, self.poll, name="snapshot-poll")
         self.poll()
 
     def on_unmount(self) -> None:
         if self._started:
-            self.source.stop()
+            self._stop_source()
+
+    def _start_source(self) -> None:
+        raise NotImplementedError
+
+    def _stop_source(self) -> None:
+        raise NotImplementedError
+
+    def _events_total(self) -> int:
+        """Events delivered so far (the PAUSED banner counts those since the pause)."""
+        raise NotImplementedError
 
     def poll(self) -> None:
         """Apply the store's latest snapshot (the only path from events to widgets)."""
-        snapshot = self.store.snapshot()
-        if self.paused:
-            self.dashboard.show_header(self.shown, snapshot)
-            self.dashboard.banner.show(snapshot.events_total - self._paused_at_total)
-            return
-        if snapshot is not self.shown and self.dashboard.show(snapshot):
-            self.shown = snapshot
-        self.dashboard.show_header(self.shown, snapshot)
+        raise NotImplementedError
 
     def watch_paused(self, paused: bool) -> None:
         self.dashboard.banner.display = paused
         self.dashboard.set_class(paused, "-paused")
         if paused:
-            self._paused_at_total = self.store.snapshot().events_total
+            self._paused_at_total = self._events_total()
             self.dashboard.banner.show(0)
         else:
             self.poll()
@@ -114,7 +114,10 @@ class SkippyDashboard(App[None]):
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
-            self.push_screen(HelpScreen())
+            self.push_screen(self._help_screen())
+
+    def _help_screen(self) -> HelpScreen:
+        return HelpScreen()
 
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
         yield SystemCommand(
@@ -126,6 +129,66 @@ class SkippyDashboard(App[None]):
         yield from super().get_system_commands(screen)
 
     def action_load_model(self) -> None:
+        raise NotImplementedError
+
+    def action_unload_model(self) -> None:
+        raise NotImplementedError
+
+    def _control_call(self, call: Callable[[], None], what: str) -> None:
+        """Run a control call on a worker thread; its outcome arrives as a worker state change."""
+        self.run_worker(call, name=what, group=CONTROL_GROUP, thread=True, exit_on_error=False)
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        worker = event.worker
+        if worker.group != CONTROL_GROUP:
+            return
+        if event.state is WorkerState.SUCCESS:
+            self.notify(f"Runtime accepted: {worker.name}", title="Runtime control")
+        elif event.state is WorkerState.ERROR:
+            self.notify(
+                f"{worker.name} failed: {worker.error}", title="Runtime control", severity="error"
+            )
+
+
+class SkippyDashboard(DashboardBase):
+    """Models, stages, sessions, event health and recent events of one runtime."""
+
+    def __init__(
+        self,
+        source: EventSource,
+        control: RuntimeControl | None = None,
+        title: str = "skippy",
+        *,
+        store: SnapshotStore | None = None,
+    ) -> None:
+        super().__init__(DashboardScreen(title, source.description), title)
+        self.dashboard: DashboardScreen
+        self.source = source
+        self.control = control
+        self.store = store if store is not None else SnapshotStore()
+        self.shown: DashboardSnapshot = DashboardSnapshot()
+        """The snapshot the panes last drew (frozen while paused)."""
+
+    def _start_source(self) -> None:
+        self.source.start(self.store.deliver)
+
+    def _stop_source(self) -> None:
+        self.source.stop()
+
+    def _events_total(self) -> int:
+        return self.store.snapshot().events_total
+
+    def poll(self) -> None:
+        snapshot = self.store.snapshot()
+        if self.paused:
+            self.dashboard.show_header(self.shown, snapshot)
+            self.dashboard.banner.show(snapshot.events_total - self._paused_at_total)
+            return
+        if snapshot is not self.shown and self.dashboard.show(snapshot):
+            self.shown = snapshot
+        self.dashboard.show_header(self.shown, snapshot)
+
+    def action_load_model(self) -> None:
         if self.control is None:
             self.notify(NOT_CONNECTED, title="Load model", severity="warning")
             return
@@ -135,8 +198,7 @@ class SkippyDashboard(App[None]):
         if self.control is None:
             self.notify(NOT_CONNECTED, title="Unload model", severity="warning")
             return
-        models = self.store.snapshot().view.models
-        ids = sorted(str(m.model_id) for m in models.values() if m.state in _UNLOADABLE)
+        ids = unloadable_models(self.store.snapshot().view)
         if not ids:
             self.notify("No model is loaded or loading.", title="Unload model")
             return
@@ -155,18 +217,3 @@ class SkippyDashboard(App[None]):
         model_id, force = choice
         verb = "force unload" if force else "unload"
         self._control_call(lambda: control.unload(model_id, force), f"{verb} {model_id}")
-
-    def _control_call(self, call: Callable[[], None], what: str) -> None:
-        """Run a control call on a worker thread; its outcome arrives as a worker state change."""
-        self.run_worker(call, name=what, group=CONTROL_GROUP, thread=True, exit_on_error=False)
-
-    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
-        worker = event.worker
-        if worker.group != CONTROL_GROUP:
-            return
-        if event.state is WorkerState.SUCCESS:
-            self.notify(f"Runtime accepted: {worker.name}", title="Runtime control")
-        elif event.state is WorkerState.ERROR:
-            self.notify(
-                f"{worker.name} failed: {worker.error}", title="Runtime control", severity="error"
-            )

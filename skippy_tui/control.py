@@ -1,4 +1,5 @@
-"""The dashboard's seam for acting on the runtime: `RuntimeControl`.
+"""The dashboard's seam for acting on the runtime: `RuntimeControl` (and `FleetControl`, the
+fleet dashboard's, which names the node).
 
 Contract: the dashboard calls these from a worker thread, never the UI thread, so they may block on
 I/O (an HTTP call to the management API). They return once the runtime has accepted the request —
@@ -21,4 +22,17 @@ class RuntimeControl(Protocol):
 
     def unload(self, model_id: str, force: bool) -> None:
         """Ask the runtime to unload `model_id`; `force` cancels its in-flight requests."""
+        ...
+
+
+class FleetControl(Protocol):
+    """Load and unload models on one member of the fleet the dashboard watches (same contract
+    as `RuntimeControl`, with the node's name first)."""
+
+    def load(self, node: str, path: str) -> None:
+        """Ask `node`'s runtime to load the GGUF model at `path` (on that node's machine)."""
+        ...
+
+    def unload(self, node: str, model_id: str, force: bool) -> None:
+        """Ask `node`'s runtime to unload `model_id`; `force` cancels its in-flight requests."""
         ...

@@ -10,6 +10,10 @@ load failed), `sessions` (sessions and requests in every state), `pressure` (dro
 load), `topology` (a model split over three stages, one link lost), `flood(n)` (many events).
 `script(events, delay_s)` turns a scenario into a `ScriptedSource` script; `demo_script()` is a
 paced tour of all of them for `python -m skippy_tui --demo`.
+
+For the fleet dashboard, `fleet()` is three runtimes' items (`FLEET_NODES`: one serving, one
+restarted and serving sessions, one unreachable) and `fleet_script(pace_s)` their script for
+`python -m skippy_tui --demo --fleet`.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Final
 
-from skippy_tui.sources import SourceItem
+from skippy_tui.fleet_source import FleetSourceItem, NodeDown, NodeGap, NodeItem, NodeUp
+from skippy_tui.sources import DecodeSkipped, SourceItem
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import (
     Event,
@@ -30,6 +35,7 @@ from skippyctl.events.envelope import (
     summaries,
 )
 from skippyctl.events.reasons import Outcome, Producer, ProgressUnit, ReasonCode
+from skippyctl.output.codec import SkipReason
 
 T0_NS: Final = 1_768_467_600_000_000_000  # 2026-01-15T09:00:00Z
 MONO0_NS: Final = 5_000_000_000
@@ -513,3 +519,33 @@ def demo_script(pace_s: float = 0.15) -> list[tuple[float, SourceItem]]:
     add(pressure(), 0.0)
     add(topology(), pace_s)
     return items
+
+
+FLEET_NODES: Final = ("local", "gpu1", "gpu2")
+FLEET_VERSION: Final = "0.1.0"
+
+
+def fleet() -> list[FleetSourceItem]:
+    """Three runtimes. `local` serves `tiny` (its stream once resumed past what it retained: a
+    replay gap; and one record of it could not be decoded); `gpu1` was loading when its runtime
+    restarted, and the new instance serves sessions; `gpu2` cannot be reached."""
+    local, gpu1, gpu2 = FLEET_NODES
+    items: list[FleetSourceItem] = [NodeUp(local, "rt-local", FLEET_VERSION)]
+    items += [NodeItem(local, event) for event in available()]
+    items.append(NodeGap(local, "evicted"))
+    items.append(NodeItem(local, DecodeSkipped(SkipReason.UNKNOWN_EVENT)))
+    items.append(NodeUp(gpu1, "rt-gpu1-a", FLEET_VERSION))
+    items += [NodeItem(gpu1, event) for event in loading()]
+    items.append(NodeDown(gpu1, "node_stream_closed", "gpu1 closed its event stream", 1, 0.25))
+    items.append(NodeUp(gpu1, "rt-gpu1-b", FLEET_VERSION, restarted=True))
+    items += [NodeItem(gpu1, event) for event in sessions()]
+    items += [
+        NodeDown(gpu2, "node_unreachable", "connection refused", attempt, wait_s)
+        for attempt, wait_s in ((1, 0.25), (2, 0.5), (3, 1.0))
+    ]
+    return items
+
+
+def fleet_script(pace_s: float = 0.0) -> list[tuple[float, FleetSourceItem]]:
+    """A `FleetScriptedSource` script of `fleet()`, `pace_s` before each item."""
+    return [(pace_s, item) for item in fleet()]

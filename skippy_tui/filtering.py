@@ -7,7 +7,8 @@ Syntax: whitespace-separated terms, all of which must match (AND), case-insensit
 - `model:NAME`                  the model id contains NAME
 - `sev:LEVEL` / `severity:LEVEL` severity at least LEVEL (`sev:warning` → warning, error, fatal)
 - `reason:NAME`                 the reason code contains NAME
-- anything else                 contained in the id, category, model id or reason code
+- `node:NAME`                   the node's name contains NAME (the fleet dashboard's events)
+- anything else                 contained in the id, category, model id, reason code or node
 
 It filters only what is shown; it never changes what is reduced or buffered.
 """
@@ -30,6 +31,7 @@ _FIELDS: Final = {
     "sev": "severity",
     "severity": "severity",
     "reason": "reason",
+    "node": "node",
 }
 
 
@@ -61,8 +63,9 @@ class EventFilter:
     def active(self) -> bool:
         return bool(self.terms)
 
-    def matches(self, event: Event) -> bool:
-        return all(_match(term, event) for term in self.terms)
+    def matches(self, event: Event, node: str | None = None) -> bool:
+        """Whether `event` (of `node`, in the fleet dashboard) matches every term."""
+        return all(_match(term, event, node) for term in self.terms)
 
 
 def _at_least(severity: Severity, level: str) -> bool:
@@ -72,9 +75,10 @@ def _at_least(severity: Severity, level: str) -> bool:
     return _SEVERITY_ORDER.index(severity) >= _SEVERITY_ORDER.index(floor)
 
 
-def _match(term: Term, event: Event) -> bool:
+def _match(term: Term, event: Event, node: str | None) -> bool:
     model = event.scope.model_id or ""
     reason = event.reason_code.value if event.reason_code is not None else ""
+    node_name = node.lower() if node is not None else ""
     match term.field:
         case "category":
             return term.value in event.category.value
@@ -86,6 +90,8 @@ def _match(term: Term, event: Event) -> bool:
             return _at_least(event.severity, term.value)
         case "reason":
             return term.value in reason
+        case "node":
+            return node is not None and term.value in node_name
         case _:
             value = term.value
             return (
@@ -93,4 +99,5 @@ def _match(term: Term, event: Event) -> bool:
                 or value in event.category.value
                 or value in model.lower()
                 or value in reason
+                or value in node_name
             )

@@ -30,6 +30,9 @@ thread — read SSE frames, decode each event with the wire codec (`skippyctl.ou
 `RuntimeDown(attempt)`, reconnect with backoff resuming from the last cursor, then deliver
 `RuntimeBack(state=...)` with a reduced state when the cursor fell out of the replay window (or
 `RuntimeBack()` when the stream resumed without a gap). Nothing in the dashboard changes.
+
+The fleet dashboard's sources (`skippy_tui.fleet_source`, `skippy_tui.fleet_live`) follow the
+same contract with items that name their node; `ThreadedSource` is the plumbing both share.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, Protocol
+from typing import Final, Generic, Protocol, TypeVar
 
 from skippyctl.events.envelope import Event
 from skippyctl.output.codec import SkipReason, decode_line
@@ -105,9 +108,12 @@ class EventSource(Protocol):
 
 DEFAULT_STOP_TIMEOUT_S: Final = 2.0
 
+ItemT = TypeVar("ItemT")
 
-class _ThreadedSource:
-    """Shared start/stop plumbing: one named daemon thread, a stop flag, a `done` event."""
+
+class ThreadedSource(Generic[ItemT]):
+    """Shared start/stop plumbing: one named daemon thread, a stop flag, a `done` event. The
+    item type is the source's (`SourceItem` here; the fleet sources deliver fleet items)."""
 
     thread_name = "skippy-tui-source"
 
@@ -117,7 +123,7 @@ class _ThreadedSource:
         self.done = threading.Event()
         """Set once the source has delivered its last item (or was stopped)."""
 
-    def start(self, sink: Sink) -> None:
+    def start(self, sink: Callable[[ItemT], None]) -> None:
         if self._thread is not None:
             raise RuntimeError("source already started")
         self._thread = threading.Thread(
@@ -131,13 +137,13 @@ class _ThreadedSource:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout_s)
 
-    def _main(self, sink: Sink) -> None:
+    def _main(self, sink: Callable[[ItemT], None]) -> None:
         try:
             self._run(sink)
         finally:
             self.done.set()
 
-    def _run(self, sink: Sink) -> None:
+    def _run(self, sink: Callable[[ItemT], None]) -> None:
         raise NotImplementedError
 
     def _wait(self, delay_s: float) -> bool:
@@ -147,7 +153,7 @@ class _ThreadedSource:
         return not self._stop.is_set()
 
 
-class ScriptedSource(_ThreadedSource):
+class ScriptedSource(ThreadedSource[SourceItem]):
     """Delivers a fixed script of (delay_s, item): wait `delay_s`, deliver `item`, next."""
 
     thread_name = "skippy-tui-scripted"
@@ -182,7 +188,14 @@ class ScriptedSource(_ThreadedSource):
 MAX_REPLAY_GAP_S: Final = 5.0
 
 
-class ReplaySource(_ThreadedSource):
+def replay_delay_s(previous_ns: int, wall_ns: int, speed: float, max_gap_s: float) -> float:
+    """How long a replay waits before a record stamped `wall_ns` after one stamped
+    `previous_ns`: the recorded gap divided by `speed`, never negative, at most `max_gap_s`."""
+    gap_s = (wall_ns - previous_ns) / 1e9 / speed
+    return min(max(gap_s, 0.0), max_gap_s)
+
+
+class ReplaySource(ThreadedSource[SourceItem]):
     """Plays an NDJSON file of `event_record` lines, paced by their `ts` divided by `speed`.
 
     `speed` 1.0 is real time, 10 is ten times faster, `math.inf` is as fast as possible. A gap
@@ -238,8 +251,7 @@ class ReplaySource(_ThreadedSource):
                 self.delivered += 1
 
     def _delay_s(self, previous_ns: int, event: Event) -> float:
-        gap_s = (event.wall_ns - previous_ns) / 1e9 / self.speed
-        return min(max(gap_s, 0.0), self.max_gap_s)
+        return replay_delay_s(previous_ns, event.wall_ns, self.speed, self.max_gap_s)
 
 
 class PushSource:

@@ -1,10 +1,13 @@
-"""The main screen: header, PAUSED banner, the five panes, footer; pane focus and layout.
+"""The main screen: header, PAUSED banner, the panes, footer; pane focus and layout.
 
 Layout (app.tcss): on a large terminal a grid — Models across the top, Stages | Sessions, then
 Event health | Events. On a small one (narrower than `WIDE_MIN_COLUMNS` or shorter than
 `TALL_MIN_ROWS`, e.g. 80×24) Models stays on top and the four detail panes share the space below,
 one at a time: the focused one (Events by default). Keys `1`–`5`, tab and shift+tab move focus
 between panes in both layouts, bringing a hidden detail pane into view.
+
+`PaneScreen` is what the single-runtime screen (`DashboardScreen`, here) and the fleet's
+(`skippy_tui.screens.fleet_dashboard`) share: the banner, the body of panes, focus and layout.
 
 Contract: `show(snapshot)` fans a snapshot out to the panes (UI thread only); `show_header`
 updates only the header, whose connection status the app keeps live while paused.
@@ -38,8 +41,8 @@ TALL_MIN_ROWS: Final = 32
 DEFAULT_DETAIL: Final = "events"
 
 
-class DashboardScreen(Screen[None]):
-    """The dashboard proper."""
+class PaneScreen(Screen[None]):
+    """A header, the PAUSED banner, a body of numbered panes and the footer."""
 
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (WIDE_MIN_COLUMNS, "-wide")]
     VERTICAL_BREAKPOINTS = [(0, "-short"), (TALL_MIN_ROWS, "-tall")]
@@ -55,25 +58,16 @@ class DashboardScreen(Screen[None]):
         Binding("slash", "filter", "Filter"),
     ]
 
-    def __init__(self, title: str, source: str) -> None:
+    def __init__(self, header: Widget, panes: tuple[Pane, ...], events: EventsLog) -> None:
+        """`panes` in focus order (the first is focused at start); `events` is among them."""
         super().__init__(id="dashboard")
-        self.header = NodeHeader(title, source, id="node-header")
+        self.header_line = header
         self.banner = PausedBanner(id="paused-banner")
-        self.models = ModelsPane(id="models")
-        self.stages = StagesPane(id="stages")
-        self.sessions = SessionsPane(id="sessions")
-        self.health = HealthPane(id="health")
-        self.events = EventsLog(id="events")
-        self.panes: tuple[Pane, ...] = (
-            self.models,
-            self.stages,
-            self.sessions,
-            self.health,
-            self.events,
-        )
+        self.panes = panes
+        self.events = events
 
     def compose(self) -> ComposeResult:
-        yield self.header
+        yield self.header_line
         yield self.banner
         with Container(id="body"):
             yield from self.panes
@@ -82,19 +76,10 @@ class DashboardScreen(Screen[None]):
     def on_mount(self) -> None:
         self.banner.display = False
         self._show_detail(self.events)
-        self.models.focus_pane()
+        self.panes[0].focus_pane()
 
-    def show(self, snapshot: DashboardSnapshot) -> bool:
-        """Draw `snapshot` in every pane; False (nothing drawn) until all panes are mounted."""
-        if not all(pane.is_mounted for pane in self.panes):
-            return False
-        for pane in self.panes:
-            pane.show(snapshot)
-        return True
-
-    def show_header(self, shown: DashboardSnapshot, live: DashboardSnapshot) -> None:
-        if self.header.is_mounted:
-            self.header.show(shown, live)
+    def panes_mounted(self) -> bool:
+        return all(pane.is_mounted for pane in self.panes)
 
     def current_pane(self) -> Pane | None:
         node: Widget | None = self.focused
@@ -112,15 +97,19 @@ class DashboardScreen(Screen[None]):
         for other in self.panes:
             other.set_class(other is pane, "-shown")
 
-    def action_focus_pane(self, number: int) -> None:
-        pane = self.panes[number - 1]
+    def _focus(self, pane: Pane) -> None:
         self._show_detail(pane)
         pane.focus_pane()
+
+    def action_focus_pane(self, number: int) -> None:
+        pane = next((p for p in self.panes if number == p.NUMBER), None)
+        if pane is not None:
+            self._focus(pane)
 
     def _step(self, delta: int) -> None:
         current = self.current_pane()
         index = self.panes.index(current) if current is not None else -delta
-        self.action_focus_pane((index + delta) % len(self.panes) + 1)
+        self._focus(self.panes[(index + delta) % len(self.panes)])
 
     def action_next_pane(self) -> None:
         self._step(1)
@@ -137,3 +126,33 @@ class DashboardScreen(Screen[None]):
         pane = self.current_pane()
         if pane is not None:
             self._show_detail(pane)
+
+
+class DashboardScreen(PaneScreen):
+    """The dashboard of one runtime."""
+
+    def __init__(self, title: str, source: str) -> None:
+        header = NodeHeader(title, source, id="node-header")
+        models = ModelsPane(id="models")
+        stages = StagesPane(id="stages")
+        sessions = SessionsPane(id="sessions")
+        health = HealthPane(id="health")
+        events = EventsLog(id="events")
+        super().__init__(header, (models, stages, sessions, health, events), events)
+        self.header = header
+        self.models = models
+        self.stages = stages
+        self.sessions = sessions
+        self.health = health
+
+    def show(self, snapshot: DashboardSnapshot) -> bool:
+        """Draw `snapshot` in every pane; False (nothing drawn) until all panes are mounted."""
+        if not self.panes_mounted():
+            return False
+        for pane in self.panes:
+            pane.show(snapshot)
+        return True
+
+    def show_header(self, shown: DashboardSnapshot, live: DashboardSnapshot) -> None:
+        if self.header.is_mounted:
+            self.header.show(shown, live)

@@ -1,4 +1,5 @@
-"""The `?` help screen: keys, panes, and what the colours mean. Escape, `?` or `q` close it."""
+"""The `?` help screen: keys, panes, and what the colours mean. Escape, `?` or `q` close it.
+The fleet dashboard's (`HelpScreen(fleet=True)`) begins with its own keys and panes."""
 
 from __future__ import annotations
 
@@ -31,6 +32,17 @@ PANES: Final = (
     ("5 Events", "recent events, newest first, coloured by severity"),
 )
 
+FLEET_KEYS: Final = (
+    ("n", "node filter: every node → each node in turn → every node (titles say which)"),
+    ("0", "focus Nodes"),
+    ("node:NAME", "in the events filter: that node's events"),
+)
+
+FLEET_PANES: Final = (
+    ("0 Nodes", "each runtime: reachable or down (reason, retry), version, models, load, stream"),
+    ("1 – 5", "as for one runtime, with a node column; load/unload act on the filtered node"),
+)
+
 STATES: Final = (
     ("loading", "cyan", "requested, loading weights, initializing serving — never 'down'"),
     ("available", "green", "serving requests"),
@@ -41,16 +53,17 @@ STATES: Final = (
 )
 
 
-def help_text() -> Table:
+def help_text(fleet: bool = False) -> Table:
+    """The help as a table; the fleet dashboard's keys and panes first when `fleet`."""
     table = Table.grid(padding=(0, 2))
     table.add_column(style="bold", no_wrap=True)
     table.add_column()
     table.add_row(Text("Keys", style="bold underline"), "")
-    for key, what in KEYS:
+    for key, what in (*FLEET_KEYS, *KEYS) if fleet else KEYS:
         table.add_row(Text(key, style="bold cyan"), what)
     table.add_row("", "")
     table.add_row(Text("Panes", style="bold underline"), "")
-    for name, what in PANES:
+    for name, what in (*FLEET_PANES, *PANES) if fleet else PANES:
         table.add_row(name, what)
     table.add_row("", "")
     table.add_row(Text("Model states", style="bold underline"), "")
@@ -68,8 +81,14 @@ class HelpScreen(ModalScreen[None]):
         Binding("q", "dismiss", "Close", show=False),
     ]
 
+    def __init__(self, fleet: bool = False) -> None:
+        super().__init__()
+        self.fleet = fleet
+
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="help-body") as body:
-            body.border_title = "skippy dashboard — help"
+            body.border_title = (
+                "skippy fleet dashboard — help" if self.fleet else ("skippy dashboard — help")
+            )
             body.border_subtitle = "escape closes"
-            yield Static(help_text(), id="help-text")
+            yield Static(help_text(self.fleet), id="help-text")

@@ -1,7 +1,8 @@
 """The "Load model…" dialog: asks for a GGUF path and returns it (None when cancelled).
 
-The path is the runtime's: the dialog does not check it exists here, the runtime answers with
-events (`model_load_failed` with `missing_artifact` when it does not).
+The path is the runtime's (in the fleet dashboard, the chosen node's, named in the title): the
+dialog does not check it exists here, the runtime answers with events (`model_load_failed` with
+`missing_artifact` when it does not).
 """
 
 from __future__ import annotations
@@ -19,9 +20,16 @@ class LoadModelScreen(ModalScreen[str | None]):
 
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
+    def __init__(self, node: str | None = None) -> None:
+        """`node`: the fleet member the load is for (named in the title)."""
+        super().__init__()
+        self.node = node
+
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog", classes="dialog") as dialog:
-            dialog.border_title = "Load model"
+            dialog.border_title = (
+                "Load model" if self.node is None else f"Load model on {self.node}"
+            )
             yield Label("Path to a GGUF file (first part of a split set):")
             yield Input(placeholder="models/tiny.gguf", id="load-path")
             with Horizontal(classes="dialog-buttons"):

@@ -20,13 +20,17 @@ class UnloadModelScreen(ModalScreen[tuple[str, bool] | None]):
 
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
-    def __init__(self, model_ids: Sequence[str]) -> None:
+    def __init__(self, model_ids: Sequence[str], node: str | None = None) -> None:
+        """`node`: the fleet member the models are on (named in the title)."""
         super().__init__()
         self.model_ids = tuple(model_ids)
+        self.node = node
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog", classes="dialog") as dialog:
-            dialog.border_title = "Unload model"
+            dialog.border_title = (
+                "Unload model" if self.node is None else f"Unload model on {self.node}"
+            )
             yield Label("Model to unload:")
             yield OptionList(*self.model_ids, id="unload-models")
             yield Checkbox("Force (cancel in-flight requests, no draining)", id="unload-force")

@@ -8,13 +8,15 @@ end in an ellipsis.
 
 Contract: `set_rows(rows)` replaces the rows (newest first, each with its sequence number). A view
 scrolled to the top keeps showing the newest; a view scrolled down keeps the same event at the top
-of the screen as newer ones arrive.
+of the screen as newer ones arrive. In the fleet dashboard a row also names its node, drawn in a
+column of its own after the time (`header_line(fleet=True)`); sequence numbers are then the fleet
+log's, unique across nodes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Final
+from typing import Final, NamedTuple
 
 from rich.text import Text
 from textual.cache import LRUCache
@@ -28,24 +30,46 @@ from skippyctl.output.summary import render_summary
 
 EVENT_ID_WIDTH: Final = 26
 MODEL_WIDTH: Final = 10
+NODE_WIDTH: Final = 8
 LINE_CACHE_SIZE: Final = 512
 
-Row = tuple[int, Event]
+
+class Row(NamedTuple):
+    """A line of the log: the event's sequence number (what keeps the view in place as newer
+    events arrive) and the event."""
+
+    seq: int
+    event: Event
 
 
-def header_line() -> Text:
+class NodeRow(NamedTuple):
+    """A line of the fleet dashboard's log: a `Row` and the event's node."""
+
+    seq: int
+    event: Event
+    node: str
+
+
+def header_line(fleet: bool = False) -> Text:
     text = Text(style="bold")
-    text.append(f"{'Time (UTC)':<12} {'Sev':<3} {'Event':<{EVENT_ID_WIDTH}} ")
+    text.append(f"{'Time (UTC)':<12} ")
+    if fleet:
+        text.append(f"{'Node':<{NODE_WIDTH}} ")
+    text.append(f"{'Sev':<3} {'Event':<{EVENT_ID_WIDTH}} ")
     text.append(f"{'Model':<{MODEL_WIDTH}} Reason · summary")
     return text
 
 
-def event_line(event: Event) -> Text:
-    """One event as a line of fixed-width columns (a pure function; the width is applied later)."""
+def event_line(event: Event, node: str | None = None) -> Text:
+    """One event as a line of fixed-width columns (a pure function; the width is applied later),
+    with its node after the time when it has one."""
     style = fmt.SEVERITY_STYLES[event.severity]
     text = Text(no_wrap=True, overflow="ellipsis")
     text.append(fmt.clock(event.wall_ns), style="grey62")
     text.append(" ")
+    if node is not None:
+        text.append(_fit(node, NODE_WIDTH), style="magenta")
+        text.append(" ")
     text.append(fmt.SEVERITY_LABELS[event.severity], style=style)
     text.append(" ")
     text.append(_fit(event.id.value, EVENT_ID_WIDTH), style=style or "bold")
@@ -69,15 +93,15 @@ class EventLines(ScrollView, can_focus=True):
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
-        self.rows: tuple[Row, ...] = ()
+        self.rows: tuple[Row | NodeRow, ...] = ()
         self._cache: LRUCache[tuple[int, int], Strip] = LRUCache(LINE_CACHE_SIZE)
 
-    def set_rows(self, rows: Sequence[Row]) -> None:
-        top = self.rows[int(self.scroll_y)][0] if self.scroll_y > 0 and self.rows else None
+    def set_rows(self, rows: Sequence[Row | NodeRow]) -> None:
+        top = self.rows[int(self.scroll_y)].seq if self.scroll_y > 0 and self.rows else None
         self.rows = tuple(rows)
         self.virtual_size = Size(self._width(), len(self.rows))
         if top is not None:
-            index = next((i for i, (seq, _) in enumerate(self.rows) if seq <= top), 0)
+            index = next((i for i, row in enumerate(self.rows) if row.seq <= top), 0)
             self.scroll_to(y=index, animate=False, immediate=True)
         self.refresh()
 
@@ -94,11 +118,11 @@ class EventLines(ScrollView, can_focus=True):
         style = self.rich_style
         if index >= len(self.rows) or width <= 0:
             return Strip.blank(width, style)
-        seq, event = self.rows[index]
-        key = (seq, width)
+        row = self.rows[index]
+        key = (row.seq, width)
         strip = self._cache.get(key)
         if strip is None:
-            text = event_line(event)
+            text = event_line(row.event, row.node if isinstance(row, NodeRow) else None)
             text.truncate(width, overflow="ellipsis", pad=True)
             strip = Strip(text.render(self.app.console), width).simplify()
             self._cache[key] = strip

@@ -5,10 +5,16 @@ and disconnects, unknown native events, sequence gaps, reducer errors), ingress 
 the client reducer's own rejections, and records the client could not decode — then two
 sparklines over the last `RATE_WINDOW_S` seconds of event time: events/s and drops/s. Nonzero drop
 counts are drawn as alerts; the pane gets the `-alert` class while any were reported.
+
+In the fleet dashboard the counters are a grid with a row per node the filter selects (its
+node first, then events, drops of every class summed, subscribers lagging or dropped, sequence
+gaps, reducer errors and local rejections summed, records skipped), and the sparklines add up
+those nodes' per-second counts.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from typing import Final
 
 from rich.console import Group, RenderableType
@@ -19,8 +25,9 @@ from textual.containers import Horizontal
 from textual.widgets import Sparkline, Static
 
 from skippy_tui import format as fmt
+from skippy_tui.fleet_store import FleetSnapshot, NodeSnapshot
 from skippy_tui.store import DEFAULT_RATE_WINDOW_S, DashboardSnapshot, RateSample
-from skippy_tui.widgets.pane import Pane
+from skippy_tui.widgets.pane import Pane, node_cell
 from skippyctl.output.codec import RECORD_SKIPS
 
 RATE_WINDOW_S: Final = DEFAULT_RATE_WINDOW_S
@@ -99,6 +106,70 @@ def health_table(snapshot: DashboardSnapshot) -> RenderableType:
     return Group(grid, depth)
 
 
+FLEET_COLUMNS: Final = ("node", "events", "drops", "lag", "gaps", "rej.", "skips")
+"""Short labels: the pane is 46 columns wide on a large terminal (`?` help says what they are)."""
+NODE_LABEL_WIDTH: Final = 8
+
+
+def drops_of(snapshot: DashboardSnapshot) -> int:
+    """Events the runtime reported dropped, every delivery class and the native ring summed."""
+    health = snapshot.view.event_system
+    return (
+        health.dropped_terminal
+        + health.dropped_state
+        + health.dropped_progress
+        + health.dropped_diagnostic
+        + health.dropped_native
+    )
+
+
+def node_health_row(name: str, snapshot: DashboardSnapshot) -> tuple[Text, ...]:
+    """A node's counters in the fleet dashboard: events, drops (every class), subscribers
+    lagging or dropped, sequence gaps, reducer errors and local rejections, records skipped."""
+    health = snapshot.view.event_system
+    rejects = health.reducer_errors + snapshot.view.counters.rejected_transitions
+    return (
+        node_cell(name, snapshot),
+        _n(snapshot.events_total, ""),
+        _n(drops_of(snapshot)),
+        _n(health.lagging_subscribers + health.disconnected_subscribers, "yellow"),
+        _n(health.sequence_gaps, "yellow"),
+        _n(rejects, "yellow"),
+        _n(sum(snapshot.skipped.values()), "yellow"),
+    )
+
+
+def fleet_health_table(nodes: Sequence[NodeSnapshot]) -> RenderableType:
+    """The fleet's counters: a row per node (a pure function of the snapshots)."""
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(no_wrap=True, max_width=NODE_LABEL_WIDTH, overflow="ellipsis")
+    for _ in FLEET_COLUMNS[1:]:
+        grid.add_column(justify="right", no_wrap=True)
+    grid.add_row(*(Text(label, style="grey62") for label in FLEET_COLUMNS))
+    for node in nodes:
+        grid.add_row(*node_health_row(node.name, node.dashboard))
+    return grid
+
+
+def merged_rates(
+    rates: Iterable[tuple[RateSample, ...]], window: int = RATE_WINDOW_S
+) -> tuple[RateSample, ...]:
+    """Several runtimes' per-second samples added up, second by second, over the `window`
+    seconds up to the newest second any of them has (seconds none has count as zero)."""
+    totals: dict[int, tuple[int, int]] = {}
+    for samples in rates:
+        for sample in samples:
+            events, drops = totals.get(sample.second, (0, 0))
+            totals[sample.second] = (events + sample.events, drops + sample.drops)
+    if not totals:
+        return ()
+    last = max(totals)
+    return tuple(
+        RateSample(second, *totals.get(second, (0, 0)))
+        for second in range(last - window + 1, last + 1)
+    )
+
+
 def series(rates: tuple[RateSample, ...], drops: bool, window: int = RATE_WINDOW_S) -> list[float]:
     """The last `window` per-second values, zero-padded in front so the x axis is time."""
     values = [float(s.drops if drops else s.events) for s in rates[-window:]]
@@ -118,14 +189,15 @@ class HealthPane(Pane):
     TITLE = "Event health"
     can_focus = True
 
-    def __init__(self, *, id: str | None = None) -> None:
-        super().__init__(id=id)
+    def __init__(self, *, id: str | None = None, fleet: bool = False) -> None:
+        super().__init__(id=id, fleet=fleet)
         self._counters = Static(id="health-counters")
         self._events_spark = Sparkline([], id="events-spark")
         self._drops_spark = Sparkline([], id="drops-spark")
         self._events_rate = Static("", classes="spark-value")
         self._drops_rate = Static("", classes="spark-value")
         self._version = -1
+        self._drawn: tuple[int, str | None] | None = None
 
     def compose(self) -> ComposeResult:
         yield self._counters
@@ -146,21 +218,30 @@ class HealthPane(Pane):
             return
         self._version = snapshot.version
         self._counters.update(health_table(snapshot))
-        events = series(snapshot.rates, drops=False)
-        drops = series(snapshot.rates, drops=True)
+        self._show_rates(snapshot.rates, alert=_alert(snapshot))
+
+    def show_fleet(self, fleet: FleetSnapshot, node_filter: str | None) -> None:
+        key = (fleet.version, node_filter)
+        if key == self._drawn:
+            return
+        self._drawn = key
+        nodes = fleet.shown(node_filter)
+        self._counters.update(fleet_health_table(nodes))
+        rates = merged_rates(n.dashboard.rates for n in nodes)
+        self._show_rates(rates, alert=any(_alert(n.dashboard) for n in nodes))
+        dropping = sum(1 for n in nodes if drops_of(n.dashboard))
+        self.border_subtitle = f"{fmt.plural(dropping, 'node')} dropping" if dropping else ""
+
+    def _show_rates(self, rates: Sequence[RateSample], alert: bool) -> None:
+        events = series(tuple(rates), drops=False)
+        drops = series(tuple(rates), drops=True)
         self._events_spark.data = events
         self._drops_spark.data = drops
         self._events_rate.update(_rate_label(events, "/s"))
         self._drops_rate.update(_rate_label(drops, "/s"))
-        health = snapshot.view.event_system
-        self.set_class(
-            bool(
-                health.dropped_terminal
-                or health.dropped_state
-                or health.dropped_progress
-                or health.dropped_diagnostic
-                or health.dropped_native
-                or any(s.drops for s in snapshot.rates)
-            ),
-            "-alert",
-        )
+        self.set_class(alert, "-alert")
+
+
+def _alert(snapshot: DashboardSnapshot) -> bool:
+    """Whether the runtime reported drops (in its totals or in the rate window)."""
+    return bool(drops_of(snapshot) or any(s.drops for s in snapshot.rates))

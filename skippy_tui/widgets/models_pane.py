@@ -13,12 +13,15 @@ and rate while it runs. Last, a row per model the runtime
 may load on demand (`loadable`: where it comes from, pinned, its idle TTL once loaded), up to
 `MAX_LOADABLE_ROWS`; one that the client's state already shows loading or serving is not
 repeated (the list comes from the state document, read less often than events arrive).
+
+In the fleet dashboard the first column is the node (red while the node is down: its rows are
+then its last known state) and every node the filter selects has its rows, node by node.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from rich.text import Text
@@ -28,7 +31,7 @@ from textual.widgets import DataTable
 from skippy_tui import format as fmt
 from skippy_tui.store import DashboardSnapshot, Download, model_phase
 from skippy_tui.tables import Cells, KeyedRows, SizedTable
-from skippy_tui.widgets.pane import Pane
+from skippy_tui.widgets.pane import NODE_COLUMN, NodePart, Pane, node_cell, row_key, same_inputs
 from skippyctl.config.durations import format_duration_s
 from skippyctl.events.envelope import LogicalId
 from skippyctl.output.state_reader import LoadableEntry
@@ -39,7 +42,6 @@ from skippyctl.reducer.state import (
     ModelView,
     PluginState,
     PluginView,
-    RuntimeView,
     lanes_in_use,
     queue_depth,
 )
@@ -223,53 +225,70 @@ class ModelsPane(Pane):
     TITLE = "Models"
     DETAIL = False
 
-    def __init__(self, *, id: str | None = None) -> None:
-        super().__init__(id=id)
+    def __init__(self, *, id: str | None = None, fleet: bool = False) -> None:
+        super().__init__(id=id, fleet=fleet)
         self._table: DataTable[Any] = SizedTable(
             id="models-table", cursor_type="row", zebra_stripes=True
         )
         self._rows = KeyedRows(self._table)
-        self._inputs: tuple[object, ...] = ()
+        self._inputs: tuple[object, ...] | None = None
 
     def compose(self) -> ComposeResult:
         yield self._table
 
     def on_mount(self) -> None:
-        for label in COLUMNS:
+        for label in (NODE_COLUMN, *COLUMNS) if self.fleet else COLUMNS:
             self._table.add_column(label, key=label)
 
-    def show(self, snapshot: DashboardSnapshot) -> None:
-        view: RuntimeView = snapshot.view
-        inputs = (
-            view.models,
-            view.requests,
-            snapshot.phases,
-            snapshot.downloads,
-            snapshot.loadable,
+    def show_parts(self, parts: Sequence[NodePart]) -> None:
+        inputs = tuple(
+            value
+            for name, snapshot in parts
+            for value in (
+                name,
+                snapshot.view.models,
+                snapshot.view.requests,
+                snapshot.phases,
+                snapshot.downloads,
+                snapshot.loadable,
+                snapshot.connection if name is not None else None,
+            )
         )
-        if len(inputs) == len(self._inputs) and all(
-            a is b for a, b in zip(inputs, self._inputs, strict=True)
-        ):
+        if same_inputs(inputs, self._inputs):
             return
         self._inputs = inputs
-        models: Mapping[LogicalId, ModelView] = view.models
-        rows = [
-            (str(model_id), model_row(snapshot, models[model_id])) for model_id in sorted(models)
-        ]
-        rows += [
-            (f"download:{key}", download_row(download))
-            for key, download in sorted(snapshot.downloads.items())
-        ]
-        loadable = _unloaded(snapshot)
-        rows += [
-            (f"{LOADABLE_KEY}{entry.model_id}", loadable_row(entry))
-            for entry in loadable[:MAX_LOADABLE_ROWS]
-        ]
-        if len(loadable) > MAX_LOADABLE_ROWS:
-            rows.append((f"{LOADABLE_KEY}+more", _more_row(len(loadable) - MAX_LOADABLE_ROWS)))
+        rows: list[tuple[str, Cells]] = []
+        serving = total = loadable_count = 0
+        for name, snapshot in parts:
+            node_rows, loadable = _node_rows(snapshot)
+            if name is not None:
+                node = node_cell(name, snapshot)
+                node_rows = [(row_key(name, key), (node, *cells)) for key, cells in node_rows]
+            rows += node_rows
+            models = snapshot.view.models.values()
+            serving += sum(1 for m in models if m.state in SERVING_MODEL_STATES)
+            total += len(snapshot.view.models)
+            loadable_count += len(loadable)
         self._rows.show(rows)
-        serving = sum(1 for m in models.values() if m.state in SERVING_MODEL_STATES)
-        parts = [f"{serving}/{len(models)} serving"] if models else []
-        if loadable:
-            parts.append(f"{len(loadable)} loadable")
-        self.border_subtitle = " · ".join(parts) or "no models"
+        subtitle = [f"{serving}/{total} serving"] if total else []
+        if loadable_count:
+            subtitle.append(f"{loadable_count} loadable")
+        self.border_subtitle = " · ".join(subtitle) or "no models"
+
+
+def _node_rows(snapshot: DashboardSnapshot) -> tuple[list[tuple[str, Cells]], list[LoadableEntry]]:
+    """One runtime's rows (models, downloads, loadable models) and the loadable models."""
+    models: Mapping[LogicalId, ModelView] = snapshot.view.models
+    rows = [(str(model_id), model_row(snapshot, models[model_id])) for model_id in sorted(models)]
+    rows += [
+        (f"download:{key}", download_row(download))
+        for key, download in sorted(snapshot.downloads.items())
+    ]
+    loadable = _unloaded(snapshot)
+    rows += [
+        (f"{LOADABLE_KEY}{entry.model_id}", loadable_row(entry))
+        for entry in loadable[:MAX_LOADABLE_ROWS]
+    ]
+    if len(loadable) > MAX_LOADABLE_ROWS:
+        rows.append((f"{LOADABLE_KEY}+more", _more_row(len(loadable) - MAX_LOADABLE_ROWS)))
+    return rows, loadable

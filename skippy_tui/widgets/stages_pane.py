@@ -15,12 +15,13 @@ one engine process: it has no stages) is one row, `model ▸ one process`, with 
 state in the stage words (`ready` for available) and its reason — no stage is made up for it.
 Topologies and stages the reducer knows without a model (yet) are listed too. An ended
 topology of a model that was loaded again since is history: the subtitle counts it (`N ended`)
-and the state document keeps it, but it gets no rows.
+and the state document keeps it, but it gets no rows. In the fleet dashboard the first column is
+the node, and every node the filter selects has its rows, node by node.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
 from rich.text import Text
@@ -28,9 +29,8 @@ from textual.app import ComposeResult
 from textual.widgets import DataTable
 
 from skippy_tui import format as fmt
-from skippy_tui.store import DashboardSnapshot
 from skippy_tui.tables import Cells, KeyedRows, SizedTable
-from skippy_tui.widgets.pane import Pane
+from skippy_tui.widgets.pane import NODE_COLUMN, NodePart, Pane, node_cell, row_key, same_inputs
 from skippyctl.events.envelope import LogicalId
 from skippyctl.events.reasons import ReasonCode
 from skippyctl.reducer.state import (
@@ -49,6 +49,8 @@ COLUMN_WIDTHS: Final = (20, 8, 10, 6, 16, 6)
 """Fixed, so the layout never depends on which texts a row held first (a table measured as
 its rows arrive and change drew the same state as `fail…` or `failed · …` by timing); a longer
 cell is cut with an ellipsis, and `ps` shows it whole."""
+NODE_WIDTH: Final = 8
+"""The node column's width in the fleet dashboard (a longer name is cut with an ellipsis)."""
 SHORT_ID_CHARS: Final = len("stage-") + 8
 LOST_STATES: Final = frozenset({StageState.UNAVAILABLE, StageState.FAILED})
 LOST_STYLE: Final = "bold red"
@@ -233,35 +235,57 @@ class StagesPane(Pane):
     NUMBER = 2
     TITLE = "Stages"
 
-    def __init__(self, *, id: str | None = None) -> None:
-        super().__init__(id=id)
+    def __init__(self, *, id: str | None = None, fleet: bool = False) -> None:
+        super().__init__(id=id, fleet=fleet)
         self._table: DataTable[Any] = SizedTable(id="stages-table", cursor_type="row")
         self._rows = KeyedRows(self._table)
-        self._inputs: tuple[object, ...] = ()
+        self._inputs: tuple[object, ...] | None = None
 
     def compose(self) -> ComposeResult:
         yield self._table
 
     def on_mount(self) -> None:
+        if self.fleet:
+            self._table.add_column(NODE_COLUMN, key=NODE_COLUMN, width=NODE_WIDTH)
         for label, width in zip(COLUMNS, COLUMN_WIDTHS, strict=True):
             self._table.add_column(label, key=label, width=width)
 
-    def show(self, snapshot: DashboardSnapshot) -> None:
-        view = snapshot.view
-        inputs = (view.models, view.stages, view.topologies)
-        if self._inputs and all(a is b for a, b in zip(inputs, self._inputs, strict=True)):
+    def show_parts(self, parts: Sequence[NodePart]) -> None:
+        inputs = tuple(
+            value
+            for name, snapshot in parts
+            for value in (
+                name,
+                snapshot.view.models,
+                snapshot.view.stages,
+                snapshot.view.topologies,
+                snapshot.connection if name is not None else None,
+            )
+        )
+        if same_inputs(inputs, self._inputs):
             return
         self._inputs = inputs
-        self._rows.show(stage_rows(view))
-        ended = len(superseded_topologies(view))
-        topologies = len(view.topologies) - ended
-        one_process = sum(1 for m in view.models.values() if m.topology_id is None)
-        parts = [f"{fmt.plural(one_process, 'model')} in {ONE_PROCESS}"] if one_process else []
+        rows: list[tuple[str, Cells]] = []
+        ended = topologies = one_process = stages = 0
+        for name, snapshot in parts:
+            view = snapshot.view
+            node_rows = stage_rows(view)
+            if name is not None:
+                node = node_cell(name, snapshot)
+                node_rows = [(row_key(name, key), (node, *cells)) for key, cells in node_rows]
+            rows += node_rows
+            node_ended = len(superseded_topologies(view))
+            ended += node_ended
+            topologies += len(view.topologies) - node_ended
+            one_process += sum(1 for m in view.models.values() if m.topology_id is None)
+            stages += len(view.stages)
+        self._rows.show(rows)
+        subtitle = [f"{fmt.plural(one_process, 'model')} in {ONE_PROCESS}"] if one_process else []
         if topologies or not one_process:
-            parts.append(
+            subtitle.append(
                 f"{topologies} topolog{'y' if topologies == 1 else 'ies'} · "
-                f"{fmt.plural(len(view.stages), 'stage')}"
+                f"{fmt.plural(stages, 'stage')}"
             )
         if ended:
-            parts.append(f"{ended} ended")
-        self.border_subtitle = " · ".join(parts)
+            subtitle.append(f"{ended} ended")
+        self.border_subtitle = " · ".join(subtitle)

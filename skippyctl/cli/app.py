@@ -33,6 +33,7 @@ COMMANDS: Final = {
     "runtime": CommandRef("skippyctl.cli.runtime", "runtime_app"),
     "stage": CommandRef("skippyctl.cli.stage", "stage_app"),
     "diagnostics": CommandRef("skippyctl.cli.diagnostics", "diagnostics_app"),
+    "fleet": CommandRef("skippyctl.cli.fleet", "fleet_app"),
 }
 """Every command by name, in the order `--help` lists them (`status` and `top` are aliases)."""
 

@@ -174,7 +174,8 @@ def _devices(library: Any) -> list[Finding]:
 
 def _runtime(settings: RuntimeSettings) -> tuple[list[Finding], bool]:
     from skippyctl.client.discovery import DiscoveryProblem, discovery_path, read_discovery
-    from skippyctl.client.http import RuntimeClient, RuntimeUnreachable
+    from skippyctl.client.http import RuntimeUnreachable
+    from skippyctl.client.launch import runtime_client
 
     path = discovery_path(settings)
     try:
@@ -207,9 +208,12 @@ def _runtime(settings: RuntimeSettings) -> tuple[list[Finding], bool]:
         )
     else:
         findings.append(Finding("discovery", "ok", f"mode {mode:04o}, pid {discovery.pid} alive"))
-    client = RuntimeClient(discovery)
     try:
-        code, health = client.health()
+        client = runtime_client(discovery)
+        try:
+            code, health = client.health()
+        finally:
+            client.close()
     except RuntimeUnreachable as error:
         findings.append(
             Finding(
@@ -220,8 +224,6 @@ def _runtime(settings: RuntimeSettings) -> tuple[list[Finding], bool]:
             )
         )
         return findings, False
-    finally:
-        client.close()
     models = health.get("models") or {}
     findings.append(
         Finding(

@@ -20,10 +20,12 @@ from rich.table import Table
 from skippyctl.cli.attach import attach_or_exit
 from skippyctl.cli.exit_codes import ExitCode
 from skippyctl.cli.feeds import LiveStream, StreamEnded, StreamItem
+from skippyctl.cli.fleet_flags import FleetFileOption
 from skippyctl.cli.follow import InterruptRequests, follow
 from skippyctl.cli.output import stderr_console
 from skippyctl.cli.presenters import records_or_lines
 from skippyctl.events.catalog import CATALOG, EventId
+from skippyctl.events.envelope import Event
 from skippyctl.events.reasons import Category
 
 events_app = typer.Typer(invoke_without_command=True)  # help: events_command's docstring
@@ -168,6 +170,23 @@ def events_command(
             "after the N-th.",
         ),
     ] = None,
+    fleet: Annotated[
+        bool,
+        typer.Option(
+            "--fleet",
+            help="Every fleet member's events as one stream (`skippyctl fleet`), each record "
+            'with its "node"; unreachable nodes are node_status records.',
+        ),
+    ] = False,
+    nodes: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--node",
+            metavar="NAME",
+            help="Only these fleet members (repeatable; implies --fleet).",
+        ),
+    ] = None,
+    fleet_file: FleetFileOption = None,
 ) -> None:
     """Replay the retained events; with --follow, keep following new ones.
 
@@ -184,11 +203,39 @@ def events_command(
         skippyctl events --since 5m --model tiny
 
         skippyctl events --follow --event model_available --limit 1 --json
+
+        skippyctl events --follow --fleet --json | jq -c '[.node, .event // .state]'
+
+    With --fleet, `--since` takes a duration or the NODE=CURSOR,… list printed at exit; exit 3
+    without --follow when a node could not be reached (its node_status record says why).
     """
     if ctx.invoked_subcommand is not None:
         return
     wanted_ids = parse_event_ids(event_ids or ())
     wanted_categories = frozenset(category or ())
+    if fleet or nodes:
+        raise typer.Exit(
+            int(
+                _fleet_events(
+                    fleet_file,
+                    nodes,
+                    since,
+                    follow_on,
+                    limit,
+                    json_output,
+                    lambda event, not_before: (
+                        (not wanted_ids or event.id in wanted_ids)
+                        and (not wanted_categories or event.category in wanted_categories)
+                        and (
+                            model is None
+                            or event.scope.model_id is not None
+                            and str(event.scope.model_id) == model
+                        )
+                        and (not_before is None or event.wall_ns / 1e9 >= not_before)
+                    ),
+                )
+            )
+        )
     client = attach_or_exit("events", json_output)
     cursor, not_before = _since(since, client.discovery.process_instance_id)
     err = stderr_console()
@@ -231,6 +278,65 @@ def events_command(
     if stream.last_cursor:
         err.print(f"{run.shown} event(s); resume with --since {stream.last_cursor}")
     raise typer.Exit(int(code))
+
+
+def _fleet_events(
+    fleet_file: str | None,
+    nodes: list[str] | None,
+    since: str | None,
+    follow_on: bool,
+    limit: int | None,
+    json_output: bool,
+    relevant: Callable[[Event, float | None], bool],
+) -> ExitCode:
+    """`events --fleet` (skippyctl.cli.fleet_events)."""
+    from skippyctl.cli.fleet_events import (
+        follow_fleet,
+        parse_fleet_since,
+        resume_hint,
+        shown_events,
+    )
+    from skippyctl.cli.fleet_flags import fleet_failure, read_fleet_or_exit
+    from skippyctl.cli.settings import runtime_settings
+    from skippyctl.client.fleet import FleetStream, fleet_factories
+    from skippyctl.config.fleet import FleetError
+
+    fleet = read_fleet_or_exit("events", fleet_file, json_output)
+    cursors: dict[str, str] = {}
+    not_before: float | None = None
+    if since is not None:
+        match = _DURATION.match(since)
+        if match is not None:
+            not_before = time.time() - float(match.group(1)) * _UNITS_S[match.group(2)]
+        else:
+            try:
+                cursors = parse_fleet_since(since)
+            except ValueError:
+                raise typer.BadParameter(
+                    f"{since!r}: with --fleet, give a duration (30s, 5m) or NODE=CURSOR,… "
+                    "as printed at exit",
+                    param_hint="--since",
+                ) from None
+    try:
+        factories = fleet_factories(fleet, runtime_settings("events", json_output), nodes)
+    except FleetError as error:
+        fleet_failure("events", error, json_output)
+    prepare = shown_events(lambda event: relevant(event, not_before), json_output)
+    stream = FleetStream(factories, since=cursors, prepare=prepare)
+    try:
+        code = follow_fleet(
+            stream,
+            follow_on=follow_on,
+            limit=limit,
+            json_output=json_output,
+            console=Console(highlight=False, soft_wrap=True),
+        )
+    finally:
+        stream.close()
+    resume = stream.cursors()
+    if resume:
+        stderr_console().print(f"resume with --since {resume_hint(resume)}", highlight=False)
+    return code
 
 
 class _Run:

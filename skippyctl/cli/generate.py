@@ -21,9 +21,9 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from skippyctl.cli.attach import attach_or_exit
 from skippyctl.cli.exit_codes import ExitCode, exit_code_for_text
 from skippyctl.cli.feeds import LiveStream, StreamEnded, StreamItem
+from skippyctl.cli.fleet_flags import FleetFileOption, NodeOption, attach_node_or_exit
 from skippyctl.cli.follow import InterruptRequests, follow
 from skippyctl.cli.output import RECORD_SCHEMA_VERSION, emit_json, error_record
 from skippyctl.events.catalog import EventId
@@ -56,13 +56,15 @@ class _Completion:
 
     def __init__(self, client: RuntimeClient, body: dict[str, Any], session: str | None) -> None:
         self.queue: SimpleQueue[tuple[str, Any]] = SimpleQueue()
-        headers = {"Authorization": f"Bearer {client.discovery.token}"}
+        token = client.discovery.token
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
         if session:
             headers["X-Session-Id"] = session
         self._http = httpx.Client(
             base_url=client.discovery.url,
             headers=headers,
             timeout=httpx.Timeout(30.0, read=None),
+            verify=client.ssl_context or True,
             trust_env=False,  # the runtime is reached directly, never through a proxy
         )
         self._body = body
@@ -213,6 +215,8 @@ def generate_command(
             "and stop reason.",
         ),
     ] = False,
+    node: NodeOption = None,
+    fleet_file: FleetFileOption = None,
 ) -> None:
     """Generate a completion of PROMPT with MODEL, streaming the text to stdout.
 
@@ -228,7 +232,7 @@ def generate_command(
         skippyctl generate tiny "Hello" --json | jq -r 'select(.record=="output") | .text'
     """
     err = Console(stderr=True, highlight=False, soft_wrap=True)
-    client = attach_or_exit("generate", json_output)
+    client = attach_node_or_exit("generate", json_output, node, fleet_file)
     body: dict[str, Any] = {
         "model": model,
         "prompt": prompt,

@@ -22,10 +22,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
 from importlib import import_module
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import typer
 from typer import main as typer_main
+from typer._coercion import RuntimeParam
 from typer.core import TyperCommand, TyperGroup, TyperOption
 from typer.models import CommandInfo, TyperInfo
 
@@ -44,9 +45,29 @@ class CommandRef:
     attribute: str
 
 
+@dataclass(frozen=True)
+class _Text(RuntimeParam):
+    """A text option's value as click gives it (a str, or None when absent)."""
+
+    def _coerce_value(self, value: Any, param: Any, ctx: Any) -> Any:
+        return value
+
+
+_TEXT: Final = (str, str | None)
+
+
 def _settle_flags(params: list[Any]) -> list[Any]:
-    """Flags as flags: no value shown in help, and False when absent."""
+    """Flags as flags: no value shown in help, and False when absent. Text options as text:
+    Typer would build a pydantic adapter to coerce their value, even an absent one (importing
+    pydantic, ~30 ms), into the str click already gives."""
     for param in params:
+        if (
+            isinstance(param, TyperOption)
+            and param.type_descriptor.annotation in _TEXT
+            and param._runtime_param is None
+        ):
+            annotation = param.type_descriptor.annotation
+            param._runtime_param = _Text(param.type_descriptor.parameter_info, annotation)
         if not isinstance(param, TyperOption) or not (param.is_flag or param.count):
             continue
         if param.metavar is None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -18,6 +18,7 @@ from skippyctl.acquisition.artifacts import split_parts
 from skippyctl.acquisition.references import is_remote_ref
 from skippyctl.cli.exit_codes import ExitCode, exit_code_for, exit_code_for_text
 from skippyctl.cli.feeds import EventFeed, LiveStream, StreamItem, SubscriptionFeed
+from skippyctl.cli.fleet_flags import FleetFileOption, NodeOption, attach_node_or_exit
 from skippyctl.cli.follow import CancelThenForce, InterruptRequests, every_event, follow
 from skippyctl.cli.load_flags import load_flags
 from skippyctl.cli.output import fail
@@ -30,12 +31,16 @@ from skippyctl.cli.presenters import (
 )
 from skippyctl.cli.pull import PullResult, pull_ref
 from skippyctl.cli.settings import runtime_settings
+from skippyctl.config.fleet import LOCAL_NODE
 from skippyctl.config.load_options import LoadOptions, SpecMode
 from skippyctl.config.runtime_settings import RuntimeSettings
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event
 from skippyctl.events.reasons import Category, ReasonCode
 from skippyctl.output.summary import format_bytes, reason_message, render_summary
+
+if TYPE_CHECKING:
+    from skippyctl.client.http import RuntimeClient
 
 TERMINALS = frozenset(
     {EventId.MODEL_AVAILABLE, EventId.MODEL_LOAD_FAILED, EventId.MODEL_LOAD_CANCELLED}
@@ -80,6 +85,8 @@ def load_command(
             " nothing.",
         ),
     ] = False,
+    node: NodeOption = None,
+    fleet_file: FleetFileOption = None,
 ) -> None:
     """Load MODEL and stream its load events until it is available or has failed.
 
@@ -87,14 +94,33 @@ def load_command(
     (see the README's exit code table). Ctrl-C cancels the load. The options are those of
     `POST /api/runtime/models/load`.
 
+    With --node NAME (a `skippyctl fleet` member) the load happens on that runtime: MODEL and
+    --draft are then paths (or model ids) on that machine, taken as given.
+
     Example:
 
         skippyctl load fixtures/tiny.gguf --json | jq -r .event
+
+        skippyctl load /models/qwen.gguf --node gpu1 --json | jq -r .event
     """
     assert options is not None  # given by load_flags
     stderr = Console(stderr=True)
     options = options.replace(plugins=plugin_specs(list(options.plugins)))
-    if options.draft is not None:
+    remote = node is not None and node != LOCAL_NODE
+    if remote and (embedded or is_remote_ref(model) or estimate):
+        what = "--embedded" if embedded else "--estimate" if estimate else "a hub reference"
+        fail(
+            "load",
+            ExitCode.INVALID_CONFIGURATION,
+            f"{what} works on this machine only, not with --node (pull on that node, then "
+            "load the file or its id)",
+            json_output,
+            ReasonCode.INVALID_CONFIGURATION.value,
+        )
+    if options.draft is not None and remote:
+        spec = SpecMode.DRAFT if options.spec is SpecMode.OFF else options.spec
+        options = options.replace(spec=spec)
+    elif options.draft is not None:
         # A draft implies its mode; it is a file on this machine, named for the runtime.
         spec = SpecMode.DRAFT if options.spec is SpecMode.OFF else options.spec
         options = options.replace(draft=str(Path(options.draft).expanduser().resolve()), spec=spec)
@@ -141,8 +167,20 @@ def load_command(
     with InterruptRequests() as interrupts:
         if embedded:
             code, message = _embedded(options, settings, json_output, interrupts)
+        elif remote:
+            code, message = _attached(
+                options,
+                lambda: attach_node_or_exit("load", json_output, node, fleet_file),
+                json_output,
+                wait,
+                interrupts,
+            )
         else:
-            code, message = _attached(options, settings, json_output, wait, interrupts)
+            from skippyctl.client.launch import connect
+
+            code, message = _attached(
+                _absolute_if_here(options), lambda: connect(settings), json_output, wait, interrupts
+            )
     if code is ExitCode.SUCCESS:
         stderr.print(f"[green]✓[/] {message}", soft_wrap=True, highlight=False)
     else:
@@ -235,23 +273,27 @@ def _estimate(options: LoadOptions, settings: RuntimeSettings, json_output: bool
     return ExitCode.SUCCESS
 
 
+def _absolute_if_here(options: LoadOptions) -> LoadOptions:
+    """The runtime resolves relative paths against its model root; a path that exists from here
+    is made absolute so it means what the user typed."""
+    if Path(options.model).expanduser().exists():
+        return options.replace(model=str(Path(options.model).resolve()))
+    return options
+
+
 def _attached(
     options: LoadOptions,
-    settings: RuntimeSettings,
+    reach: Callable[[], RuntimeClient],
     json_output: bool,
     wait: bool,
     interrupts: InterruptRequests,
 ) -> tuple[ExitCode, str]:
+    """The load in the runtime `reach` connects to (local, or a fleet node)."""
     from skippyctl.client.http import ApiError, RuntimeUnreachable
-    from skippyctl.client.launch import connect
 
-    # The runtime resolves relative paths against its model root; a path that exists from here
-    # is made absolute so it means what the user typed.
     model = options.model
-    if Path(model).expanduser().exists():
-        options = options.replace(model=str(Path(model).resolve()))
     try:
-        client = connect(settings)
+        client = reach()
     except RuntimeUnreachable as error:
         return ExitCode.RUNTIME_UNREACHABLE, str(error)
     try:

@@ -61,8 +61,8 @@ _SEVERITY_STYLES: Final[dict[Severity, str]] = {
 }
 
 
-def event_line(event: Event, console: Console) -> None:
-    """One coloured line per event: time, severity, id, scope, summary."""
+def event_line(event: Event, console: Console, node: str | None = None) -> None:
+    """One coloured line per event: time, (the fleet node,) severity, id, scope, summary."""
     record = event_record(event)
     stamp = record["ts"][11:23]
     style = _SEVERITY_STYLES[event.severity]
@@ -72,7 +72,8 @@ def event_line(event: Event, console: Console) -> None:
         if key in record
     )
     console.print(
-        f"[dim]{stamp}[/] [{style}]{event.severity.value:<7} {event.id.value}[/]"
+        f"[dim]{stamp}[/] {'[bold]' + escape(node) + '[/] ' if node else ''}"
+        f"[{style}]{event.severity.value:<7} {event.id.value}[/]"
         f"{' [cyan]' + escape(scope) + '[/]' if scope else ''} [dim]·[/] "
         f"{escape(str(record['summary']))}"
     )

@@ -6,13 +6,18 @@ document goes to stdout as it came. The tables for people are `skippyctl.cli.sta
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from skippyctl.cli.attach import attach_or_exit
 from skippyctl.cli.exit_codes import ExitCode
+from skippyctl.cli.fleet_flags import FleetFileOption
 from skippyctl.cli.output import emit_json, fail
+
+if TYPE_CHECKING:
+    from skippyctl.config.fleet import Fleet
+    from skippyctl.config.runtime_settings import RuntimeSettings
 
 
 def ps_command(
@@ -20,6 +25,15 @@ def ps_command(
         bool,
         typer.Option("--json", help="Print the state document as exactly one JSON line."),
     ] = False,
+    fleet: Annotated[
+        bool,
+        typer.Option(
+            "--fleet",
+            help="Every fleet member's state (`skippyctl fleet`): the local runtime and each "
+            "node, or why it cannot be reached.",
+        ),
+    ] = False,
+    fleet_file: FleetFileOption = None,
 ) -> None:
     """Show the runtime's models, node state and event-system health.
 
@@ -40,7 +54,16 @@ def ps_command(
     Example:
 
         skippyctl ps --json | jq -r '.models[] | "\\(.model_id) \\(.state)"'
+
+    `--fleet` asks every member at once (the local runtime is not started for it); `--json`
+    is then one line, `{"record": "fleet_state", "nodes": [...]}`, each node with `reachable`
+    and its `state` document or a `reason_code` and `message`. Exit 0 when every node
+    answered, 3 when one did not.
+
+        skippyctl ps --fleet --json | jq -r '.nodes[] | "\\(.node) \\(.reachable)"'
     """
+    if fleet:
+        raise typer.Exit(int(_fleet_ps(fleet_file, json_output)))
     from skippyctl.client.http import ApiError, RuntimeUnreachable
 
     client = attach_or_exit("ps", json_output)
@@ -63,3 +86,57 @@ def ps_command(
         client.discovery.url,
         Console(highlight=False, soft_wrap=True),
     )
+
+
+FLEET_STATE_TIMEOUT_S = 5.0
+
+
+def _fleet_ps(fleet_file: str | None, json_output: bool) -> ExitCode:
+    """`ps --fleet`: every member's state document, asked in parallel."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from skippyctl.cli.fleet_flags import read_fleet_or_exit
+    from skippyctl.cli.settings import runtime_settings
+
+    fleet = read_fleet_or_exit("ps", fleet_file, json_output)
+    settings = runtime_settings("ps", json_output)
+    names = fleet.names()
+    with ThreadPoolExecutor(max_workers=min(8, len(names))) as pool:
+        rows = list(pool.map(lambda name: _node_state(fleet, name, settings), names))
+    if json_output:
+        emit_json({"schema_version": 1, "record": "fleet_state", "nodes": rows})
+    else:
+        from rich.console import Console
+        from rich.markup import escape
+
+        from skippyctl.cli.state_tables import print_state
+        from skippyctl.output.state_reader import read_state_document
+
+        out = Console(highlight=False, soft_wrap=True)
+        for row in rows:
+            out.rule(f"[bold]{escape(row['node'])}[/]", align="left")
+            if row["reachable"]:
+                print_state(read_state_document(row["state"]), row["url"], out)
+            else:
+                out.print(f"[red]unreachable[/] ({row['reason_code']}): {escape(row['message'])}")
+    return ExitCode.SUCCESS if all(r["reachable"] for r in rows) else ExitCode.RUNTIME_UNREACHABLE
+
+
+def _node_state(fleet: Fleet, name: str, settings: RuntimeSettings) -> dict[str, Any]:
+    from skippyctl.client.fleet import node_client, reason_of
+    from skippyctl.client.http import ApiError, RuntimeUnreachable
+    from skippyctl.config.fleet import FleetError
+
+    entry = fleet.entry(name)
+    row: dict[str, Any] = {"node": name, "url": None if entry is None else entry.url}
+    try:
+        client = node_client(fleet, name, settings, autostart=False)
+        try:
+            client.timeout_s = FLEET_STATE_TIMEOUT_S
+            row["url"] = client.discovery.url
+            document = client.state()
+        finally:
+            client.close()
+    except (FleetError, RuntimeUnreachable, ApiError) as error:
+        return {**row, "reachable": False, "reason_code": reason_of(error), "message": str(error)}
+    return {**row, "reachable": True, "state": document}

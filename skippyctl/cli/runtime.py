@@ -73,6 +73,27 @@ QueueOption = Annotated[
 RemoteOption = Annotated[
     bool, typer.Option("--allow-remote", help="Allow listening on a non-loopback address.")
 ]
+TlsCertOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--tls-cert",
+        metavar="PEM",
+        show_default=False,
+        help="Serve the API over TLS (https) with this certificate (PEM; its chain after it)."
+        " Needs --tls-key. It must name the address clients use (--host); local commands"
+        " trust exactly it, through the discovery file. Does not replace --allow-remote.",
+    ),
+]
+TlsKeyOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--tls-key",
+        metavar="PEM",
+        show_default=False,
+        help="The private key of --tls-cert (PEM, not encrypted; keep it private). Only its"
+        " path is passed on, never the key.",
+    ),
+]
 ModelsDirOption = Annotated[
     Path | None,
     typer.Option(
@@ -224,6 +245,34 @@ def _on_demand_problem(
     return None
 
 
+def _absolute(path: Path | None) -> Path | None:
+    """A --tls-cert/--tls-key path made absolute: the discovery file names the certificate for
+    other commands, run from anywhere (and a background runtime runs from elsewhere)."""
+    return None if path is None else path.expanduser().absolute()
+
+
+def _tls_files(
+    cert: Path | None, key: Path | None, command: str, json_output: bool
+) -> tuple[Path | None, Path | None]:
+    """--tls-cert and --tls-key made absolute; exit 10 with the reason (`tls_incomplete`,
+    `tls_config_invalid`) when a runtime could not use them, before one is started only to
+    refuse them (`runtime serve` refuses them itself, after --allow-remote's check)."""
+    from skippyctl.client.launch import check_tls
+
+    cert, key = _absolute(cert), _absolute(key)
+    try:
+        check_tls(cert, key)
+    except ServeError as error:
+        fail(
+            command,
+            ExitCode.INVALID_CONFIGURATION,
+            f"{error.reason}: {error}",
+            json_output,
+            reason=error.reason,
+        )
+    return cert, key
+
+
 def _echo_json(record: dict[str, Any]) -> None:
     typer.echo(orjson.dumps(record).decode())
 
@@ -244,6 +293,13 @@ def _port(
             reason="invalid_configuration",
         )
     return flag
+
+
+_CONFIGURATION_REFUSALS = frozenset(
+    {"remote_not_allowed", "invalid_configuration", "tls_incomplete", "tls_config_invalid"}
+)
+"""The `ServeError` reasons `runtime serve` exits 10 (invalid_configuration) with; any other
+(address_in_use, already_running, …) is 3."""
 
 
 @runtime_app.command("serve", epilog=help_text())
@@ -268,12 +324,19 @@ def serve_command(
     ttl: TtlOption = -1.0,
     max_models: MaxModelsOption = None,
     memory_budget: MemoryBudgetOption = "auto",
+    tls_cert: TlsCertOption = None,
+    tls_key: TlsKeyOption = None,
 ) -> None:
     """Run the runtime host in the foreground (Ctrl-C stops it) and advertise it to other commands.
+
+    With --tls-cert and --tls-key the API is served over https only (a file missing or not
+    loading: exit 10, tls_incomplete or tls_config_invalid, before anything binds).
 
     Example:
 
         skippyctl runtime serve --port 8750 --model-root ~/models
+
+        skippyctl runtime serve --host gpu1.lan --allow-remote --tls-cert gpu1.pem --tls-key key.pem
     """
     if max_queue < 0 or session_ttl <= 0 or replay_records < 16:
         _err.print("[red]✗[/] --max-queue must be ≥ 0, --session-ttl > 0, --replay-records ≥ 16")
@@ -308,17 +371,21 @@ def serve_command(
         ttl_s=ttl,
         max_models=max_models,
         memory_budget=memory_budget,
+        tls_cert=_absolute(tls_cert),
+        tls_key=_absolute(tls_key),
     )
+    from rich.markup import escape
+
     from skippyctl.daemon.serve import serve
 
     try:
         serve(options, settings)
     except ServeError as error:
-        _err.print(f"[red]✗[/] {error}", soft_wrap=True)
+        _err.print(f"[red]✗[/] {error.reason}: {escape(str(error))}", soft_wrap=True)
         raise typer.Exit(
             int(
                 ExitCode.INVALID_CONFIGURATION
-                if error.reason in ("remote_not_allowed", "invalid_configuration")
+                if error.reason in _CONFIGURATION_REFUSALS
                 else ExitCode.RUNTIME_UNREACHABLE
             )
         ) from error
@@ -339,6 +406,8 @@ def start_command(
     ttl: TtlOption = -1.0,
     max_models: MaxModelsOption = None,
     memory_budget: MemoryBudgetOption = "auto",
+    tls_cert: TlsCertOption = None,
+    tls_key: TlsKeyOption = None,
     json_output: Annotated[
         bool, typer.Option("--json", help="Print the runtime's status as one JSON object.")
     ] = False,
@@ -347,6 +416,8 @@ def start_command(
 
     The port is --port, else SKIPPY_PORT, else 8750 (an invalid one: exit 10). A stale
     discovery file is replaced. Exit 0 when a runtime runs; 3 when none could be started.
+    With --tls-cert and --tls-key it serves https (files that do not load: exit 10 before it
+    starts; a certificate that does not name --host: exit 3, tls_verify_failed).
 
     Example:
 
@@ -362,6 +433,7 @@ def start_command(
     _check_otlp(settings, "runtime start", json_output)
     plugins = _plugins(plugin, "runtime start", json_output)
     _check_on_demand(models_dir, presets, ttl, "runtime start", json_output, memory_budget)
+    tls_cert, tls_key = _tls_files(tls_cert, tls_key, "runtime start", json_output)
     try:
         existing = read_discovery(settings)
     except DiscoveryProblem as problem:
@@ -389,15 +461,20 @@ def start_command(
             ttl_s=ttl,
             max_models=max_models,
             memory_budget=memory_budget,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
         )
         try:
             existing = launch(options, settings)
         except RuntimeUnreachable as error:
+            cause = error.__cause__
             fail(
                 "runtime start",
                 ExitCode.RUNTIME_UNREACHABLE,
                 str(error),
                 json_output,
+                # Why the runtime did not start, when it said (start_failed, tls_verify_failed…)
+                reason=cause.reason if isinstance(cause, ServeError) else None,
                 hint=runtime_dir_hint(settings),
             )
         _err.print(
@@ -486,7 +563,8 @@ def stop_command(
 
         skippyctl runtime stop
     """
-    from skippyctl.client.http import ApiError, RuntimeClient, RuntimeUnreachable
+    from skippyctl.client.http import ApiError, RuntimeUnreachable
+    from skippyctl.client.launch import runtime_client
 
     settings = runtime_settings("runtime stop", json_output)
     try:
@@ -501,15 +579,16 @@ def stop_command(
         else:
             _err.print("no runtime is running")
         return
-    client = RuntimeClient(discovery, timeout_s=min(max(timeout, 1.0), 30.0))
     via, refused = "api", ""
     try:
-        client.shutdown()
+        client = runtime_client(discovery, timeout_s=min(max(timeout, 1.0), 30.0))
+        try:
+            client.shutdown()
+        finally:
+            client.close()
     except (RuntimeUnreachable, ApiError) as error:
         refused = str(error)
         via = "sigterm"
-    finally:
-        client.close()
     if via == "sigterm" and not signal_runtime(discovery, signal.SIGTERM):
         verdict = verify_runtime(discovery)
         if verdict in (Verdict.GONE, Verdict.FOREIGN):
@@ -556,7 +635,8 @@ def stop_command(
 
 
 def _status_record(settings: RuntimeSettings) -> dict[str, Any]:
-    from skippyctl.client.http import RuntimeClient, RuntimeUnreachable
+    from skippyctl.client.http import RuntimeUnreachable
+    from skippyctl.client.launch import runtime_client
 
     record: dict[str, Any] = {"schema_version": 1, "record": "runtime_status"}
     try:
@@ -584,14 +664,15 @@ def _status_record(settings: RuntimeSettings) -> dict[str, Any]:
             "log": str(log_path(settings)),
         }
     )
-    client = RuntimeClient(discovery)
     try:
-        code, health = client.health()
+        client = runtime_client(discovery)
+        try:
+            code, health = client.health()
+        finally:
+            client.close()
     except RuntimeUnreachable:
         record.update({"state": "unreachable", "running": True})
         return record
-    finally:
-        client.close()
     record.update(
         {
             "state": health.get("status"),

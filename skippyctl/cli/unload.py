@@ -9,9 +9,9 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from skippyctl.cli.attach import attach_or_exit
 from skippyctl.cli.exit_codes import ExitCode, exit_code_for, exit_code_for_text
 from skippyctl.cli.feeds import LiveStream, StreamItem
+from skippyctl.cli.fleet_flags import FleetFileOption, NodeOption, attach_node_or_exit
 from skippyctl.cli.follow import InterruptRequests, follow
 from skippyctl.cli.output import emit_json, error_record
 from skippyctl.cli.presenters import records_or_lines
@@ -46,6 +46,8 @@ def unload_command(
     json_output: Annotated[
         bool, typer.Option("--json", help="NDJSON event records on stdout, one per line.")
     ] = False,
+    node: NodeOption = None,
+    fleet_file: FleetFileOption = None,
 ) -> None:
     """Unload MODEL and stream its unload events until it is unloaded or has failed.
 
@@ -64,7 +66,7 @@ def unload_command(
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     if drain_timeout is not None and drain_timeout < 0:
         raise typer.BadParameter("must not be negative", param_hint="--drain-timeout")
-    client = attach_or_exit("unload", json_output)
+    client = attach_node_or_exit("unload", json_output, node, fleet_file)
     code, message = ExitCode.FAILURE, "unload did not finish"
     try:
         stream = LiveStream(client)

@@ -15,9 +15,9 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from skippyctl.cli.attach import attach_or_exit
 from skippyctl.cli.exit_codes import ExitCode, exit_code_for
 from skippyctl.cli.feeds import LiveStream, StreamItem
+from skippyctl.cli.fleet_flags import FleetFileOption, NodeOption, attach_node_or_exit
 from skippyctl.cli.follow import Deadline, InterruptRequests, follow
 from skippyctl.cli.output import RECORD_SCHEMA_VERSION, emit_json
 from skippyctl.events.catalog import EventId
@@ -156,6 +156,8 @@ def wait_command(
     json_output: Annotated[
         bool, typer.Option("--json", help="One JSON record saying which condition ended it.")
     ] = False,
+    node: NodeOption = None,
+    fleet_file: FleetFileOption = None,
 ) -> None:
     """Wait until a condition holds: checks the current state first, then follows events.
 
@@ -186,7 +188,7 @@ def wait_command(
         raise typer.BadParameter("must not be negative", param_hint="--timeout")
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     started = time.monotonic()
-    client = attach_or_exit("wait", json_output)
+    client = attach_node_or_exit("wait", json_output, node, fleet_file)
     try:
         with InterruptRequests() as interrupts:
             record = _wait(LiveStream(client), wanted, failing, timeout, started, interrupts)

@@ -1,9 +1,13 @@
 """The discovery file: how every command finds the running runtime host.
 
 One JSON file per user, mode 0600, in a private runtime directory (or `SKIPPY_RUNTIME_DIR`):
-pid, base url, bearer token, version, process instance id, start time, and the identity of the
-host process (`boot_id` + `start_ticks`, the kernel's start time of that pid in clock ticks).
-Writes are atomic (temp file + rename).
+pid, base url, bearer token, version, process instance id, start time, the identity of the
+host process (`boot_id` + `start_ticks`, the kernel's start time of that pid in clock ticks),
+and for a runtime served over TLS (an https url) the absolute path of the certificate a local
+client trusts (`tls_cert`). Writes are atomic (temp file + rename).
+
+Fields are only ever added, never renamed, with the schema version unchanged: a reader ignores
+fields it does not know, and a field a file lacks reads as None (files of older versions).
 
 Invariants:
 
@@ -88,6 +92,9 @@ class Discovery:
     schema_version: int = SCHEMA_VERSION
     boot_id: str | None = None
     start_ticks: int | None = None
+    tls_cert: str | None = None
+    """The absolute path of the certificate (PEM) an https runtime presents: what a local
+    client verifies it against. None for plain http."""
 
 
 class DiscoveryProblem(Exception):
@@ -346,7 +353,12 @@ def parse_discovery(raw: bytes) -> Discovery:
         schema_version=_field(data, "schema_version", int, required=False) or SCHEMA_VERSION,
         boot_id=_field(data, "boot_id", str, required=False),
         start_ticks=_field(data, "start_ticks", int, required=False),
+        tls_cert=_field(data, "tls_cert", str, required=False),
     )
+    if discovery.tls_cert is not None and not (
+        discovery.tls_cert and os.path.isabs(discovery.tls_cert)
+    ):
+        raise DiscoveryProblem(CORRUPT, "the discovery file's tls_cert is not an absolute path")
     if pid > pid_limit():
         raise DiscoveryProblem(
             STALE, f"the discovery file names pid {pid}, above this system's pid_max: not running"

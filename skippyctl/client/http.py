@@ -17,8 +17,9 @@ discovery file names is reached directly.
 from __future__ import annotations
 
 import http.client
+import ssl
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from queue import Empty, SimpleQueue
 from typing import TYPE_CHECKING, Any, Final
@@ -62,14 +63,27 @@ class Frame:
 
 
 class RuntimeClient:
-    def __init__(self, discovery: Discovery, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        discovery: Discovery,
+        timeout_s: float = 30.0,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        """`ssl_context`: how an https runtime's certificate is verified (None: the system's
+        CA store). A discovery without a token (a fleet node that needs no key) sends none."""
         self.discovery = discovery
-        self._timeout_s = timeout_s
+        self.timeout_s = timeout_s
         self._url = urlsplit(discovery.url)
-        self._headers = {"Authorization": f"Bearer {discovery.token}"}
+        self._ssl_context = ssl_context
+        self._headers = {"Authorization": f"Bearer {discovery.token}"} if discovery.token else {}
         self._lock = threading.Lock()
         self._stream_http: httpx.Client | None = None
         self._closed = False
+
+    @property
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """How this client verifies an https runtime (None: the system's CA store)."""
+        return self._ssl_context
 
     def close(self) -> None:
         with self._lock:
@@ -88,12 +102,19 @@ class RuntimeClient:
         """One request and its whole answer on a connection of its own: (status, body); the
         answer's headers go into ``headers_out`` when given. Raises one of _TRANSPORT_ERRORS
         when the runtime cannot be reached or answers badly."""
-        https = self._url.scheme == "https"
-        connection = (http.client.HTTPSConnection if https else http.client.HTTPConnection)(
-            self._url.hostname or "",
-            self._url.port,
-            timeout=self._timeout_s if timeout_s is None else timeout_s,
-        )
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        connection: http.client.HTTPConnection
+        if self._url.scheme == "https":
+            connection = http.client.HTTPSConnection(
+                self._url.hostname or "",
+                self._url.port,
+                timeout=timeout,
+                context=self._ssl_context or ssl.create_default_context(),
+            )
+        else:
+            connection = http.client.HTTPConnection(
+                self._url.hostname or "", self._url.port, timeout=timeout
+            )
         try:
             target = quote(self._url.path.rstrip("/") + path, safe=_PATH_SAFE)
             connection.request(method, target, body=body, headers=self._headers)
@@ -230,7 +251,8 @@ class RuntimeClient:
                 self._stream_http = httpx.Client(
                     base_url=self.discovery.url,
                     headers=self._headers,
-                    timeout=self._timeout_s,
+                    timeout=self.timeout_s,
+                    verify=self._ssl_context or True,
                     trust_env=False,  # the runtime is reached directly, never through a proxy
                 )
             return self._stream_http
@@ -251,24 +273,62 @@ class RuntimeClient:
             ) as response:
                 if response.status_code != 200:
                     raise ApiError(response.status_code, {})
-                name, cursor, data = "message", None, b""
-                for line in response.iter_lines():
-                    if not line:
-                        if data:
-                            yield Frame(name, cursor, orjson.loads(data))
-                        name, cursor, data = "message", None, b""
-                    elif line.startswith(":"):
-                        continue
-                    elif line.startswith("event: "):
-                        name = line[7:]
-                    elif line.startswith("id: "):
-                        cursor = line[4:]
-                    elif line.startswith("data: "):
-                        data += line[6:].encode()
+                yield from sse_frames(response.iter_raw())
         except httpx.HTTPError as error:
             raise RuntimeUnreachable(
                 f"event stream from {self.discovery.url} broke: {error}"
             ) from error
+
+
+def sse_frames(chunks: Iterable[bytes]) -> Iterator[Frame]:
+    """The frames of an SSE byte stream, however it is cut into chunks: a frame ends at a blank
+    line; `event:`, `id:` and `data:` lines (one optional space after the colon; several data
+    lines joined by newlines), comments (`:`) and other fields ignored, CR LF and CR taken as
+    line ends. A frame without data is no frame. Read from the raw bytes rather than httpx's
+    line iterator: at thousands of frames a second (a fleet of busy runtimes) that iterator's
+    per-line work was most of a reader's time."""
+    pending = bytearray()
+    for chunk in chunks:
+        pending += chunk
+        if b"\r" in pending:
+            # A CR last may be the first half of a CR LF the chunking cut: it waits.
+            held = pending.endswith(b"\r")
+            text = bytes(pending[:-1] if held else pending).replace(b"\r\n", b"\n")
+            pending = bytearray(text.replace(b"\r", b"\n") + (b"\r" if held else b""))
+        yield from _complete_frames(pending)
+    if pending.endswith(b"\r"):  # the stream ended: a CR held back was a line end
+        pending[-1:] = b"\n"
+        yield from _complete_frames(pending)
+
+
+def _complete_frames(pending: bytearray) -> Iterator[Frame]:
+    """The frames complete in `pending`, removed from it."""
+    start = 0
+    while (end := pending.find(b"\n\n", start)) >= 0:
+        frame = _sse_frame(bytes(pending[start:end]))
+        start = end + 2
+        if frame is not None:
+            yield frame
+    del pending[:start]
+
+
+def _sse_frame(block: bytes) -> Frame | None:
+    name, cursor, data = "message", None, []
+    for line in block.split(b"\n"):
+        field, colon, value = line.partition(b":")
+        if not colon or not field:
+            continue  # a comment (":…"), or a line that is no field
+        if value.startswith(b" "):
+            value = value[1:]
+        if field == b"data":
+            data.append(value)
+        elif field == b"event":
+            name = value.decode("utf-8", "replace")
+        elif field == b"id":
+            cursor = value.decode("utf-8", "replace")
+    if not data:
+        return None
+    return Frame(name, cursor, orjson.loads(b"\n".join(data)))
 
 
 class FrameReader:

@@ -4,19 +4,23 @@
 background `skippyctl runtime serve` and attach. `ServeOptions` is what a runtime is started
 with (its command line, the environment's fallbacks resolved): the composition root
 (`skippyctl.daemon.serve`) runs with them in the foreground, and `start_background` turns them
-into that command line (credentials through the environment, never argv). Where the runtime
-directory is and which port a runtime launched on demand takes come from the caller's
-`RuntimeSettings` (read once at its start); the background runtime inherits this process's
-environment and reads its own. Errors surface as `RuntimeUnreachable`, never as a raw
-traceback — also for an unusable runtime directory or a stale file that cannot be replaced.
-Messages carry no absolute path (they may become JSON error records), except the runtime log's,
-which the operator needs to read.
+into that command line (credentials through the environment, never argv: a TLS key goes by its
+file's path). Where the runtime directory is and which port a runtime launched on demand takes
+come from the caller's `RuntimeSettings` (read once at its start); the background runtime
+inherits this process's environment and reads its own. Errors surface as `RuntimeUnreachable`,
+never as a raw traceback — also for an unusable runtime directory or a stale file that cannot
+be replaced. Messages carry no absolute path (they may become JSON error records), except the
+runtime log's, which the operator needs to read.
+
+A runtime served over TLS advertises an https url and its certificate's path (`tls_cert`);
+`runtime_client` verifies it against exactly that certificate, hostname checked.
 
 This module starts a process; it imports nothing of the runtime itself.
 """
 
 from __future__ import annotations
 
+import ssl
 import subprocess
 import time
 from dataclasses import dataclass, replace
@@ -44,6 +48,7 @@ from skippyctl.config.runtime_settings import (
 
 LOOPBACK_HOSTS: Final = frozenset({"127.0.0.1", "localhost", "::1"})
 START_TIMEOUT_S: Final = 60.0
+STOP_TIMEOUT_S: Final = 15.0
 
 
 class ServeError(Exception):
@@ -87,6 +92,92 @@ class ServeOptions:
     memory_budget: str = "auto"
     """What the loaded models may take in memory together: a size (``8G``), ``auto`` (a share
     of the memory available when the runtime starts) or ``off``."""
+    tls_cert: Path | None = None
+    """The API's certificate (PEM, chain after it); with `tls_key`, the API is served over
+    TLS and advertised as https. Absolute: the discovery file names it for local clients."""
+    tls_key: Path | None = None
+    """The private key of `tls_cert` (PEM, unencrypted; its path only ever goes on a command
+    line, never the key)."""
+
+
+def check_tls(cert: Path | None, key: Path | None) -> None:
+    """Refuse a TLS configuration the server could not use (ServeError): one of the two files
+    without the other (`tls_incomplete`), files that cannot be read or do not load as a
+    certificate and its private key (`tls_config_invalid`: an encrypted key is refused too, a
+    background runtime could not be asked for its pass phrase). Neither given: plain http.
+    Messages name the files without their directories."""
+    if cert is None and key is None:
+        return
+    if cert is None or key is None:
+        given, missing = ("--tls-cert", "--tls-key") if key is None else ("--tls-key", "--tls-cert")
+        raise ServeError("tls_incomplete", f"{given} needs {missing} as well (TLS takes both)")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        # A pass phrase callback that gives none: OpenSSL would otherwise prompt on the terminal.
+        context.load_cert_chain(cert, key, password=lambda: b"")
+    except ssl.SSLError as error:
+        raise ServeError(
+            "tls_config_invalid",
+            f"--tls-cert {cert.name} and --tls-key {key.name} do not load as a certificate and "
+            f"its unencrypted private key ({error.reason or error.library or 'not PEM'})",
+        ) from error
+    except OSError as error:
+        raise ServeError(
+            "tls_config_invalid",
+            f"--tls-cert {cert.name} or --tls-key {key.name} cannot be read "
+            f"({error.strerror or type(error).__name__})",
+        ) from error
+
+
+def trust_only(certificate: Path | str) -> ssl.SSLContext:
+    """A client context that trusts exactly the certificates in ``certificate`` (a PEM file;
+    OSError or ssl.SSLError when it cannot be used), with hostnames checked. A server's own
+    certificate is accepted as the anchor (partial chain): it need not be a CA's."""
+    context = ssl.create_default_context(cafile=str(certificate))
+    context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
+    return context
+
+
+def runtime_client(discovery: Discovery, timeout_s: float = 30.0) -> RuntimeClient:
+    """A client of the runtime ``discovery`` names; one served over TLS is verified against
+    the certificate its file names. RuntimeUnreachable when that certificate cannot be read."""
+    if discovery.tls_cert is None:
+        return RuntimeClient(discovery, timeout_s=timeout_s)
+    try:
+        context = trust_only(discovery.tls_cert)
+    except OSError as error:  # ssl.SSLError is one: a file that holds no certificate
+        raise RuntimeUnreachable(
+            f"the certificate of the runtime at {discovery.url} cannot be used "
+            f"({Path(discovery.tls_cert).name}: {error.strerror or type(error).__name__})"
+        ) from error
+    return RuntimeClient(discovery, timeout_s=timeout_s, ssl_context=context)
+
+
+def certificate_refused(client: RuntimeClient) -> str | None:
+    """Why a runtime served over TLS is not reached: its certificate's verification failure
+    (OpenSSL's message, e.g. that it is not valid for the url's address), else None (not TLS,
+    or it answers, or it fails for another reason). A refused certificate is not transient:
+    waiting for that runtime, or starting another, cannot help."""
+    if client.discovery.tls_cert is None:
+        return None
+    try:
+        client.health()
+    except RuntimeUnreachable as error:
+        cause: BaseException | None = error.__cause__
+        while cause is not None:
+            if isinstance(cause, ssl.SSLCertVerificationError):
+                return cause.verify_message or str(cause)
+            cause = cause.__cause__ or cause.__context__
+    except ValueError:  # it answered, with something other than JSON: not refused
+        pass
+    return None
+
+
+def _refused_message(discovery: Discovery, refused: str) -> str:
+    return (
+        f"the runtime at {discovery.url} presents a certificate that does not verify "
+        f"({refused}); its certificate must name the address it listens on (--host)"
+    )
 
 
 def _remove_stale(problem: DiscoveryProblem, settings: RuntimeSettings) -> None:
@@ -114,17 +205,20 @@ def connect(
         _remove_stale(problem, settings)
         discovery = None
     if discovery is not None:
-        client = RuntimeClient(discovery)
+        client = runtime_client(discovery)
         if client.reachable():
             return client
+        refused = certificate_refused(client)
         client.close()
+        if refused is not None:
+            raise RuntimeUnreachable(_refused_message(discovery, refused))
         if not autostart:
             raise RuntimeUnreachable(f"the runtime at {discovery.url} does not answer")
     if not autostart:
         raise RuntimeUnreachable("no runtime is running (start one with `skippyctl runtime start`)")
     if options is None:
         options = ServeOptions(port=settings.port)
-    return RuntimeClient(launch(options, settings, fall_back_to_any_port=True))
+    return runtime_client(launch(options, settings, fall_back_to_any_port=True))
 
 
 def launch(
@@ -190,6 +284,10 @@ def start_background(options: ServeOptions, settings: RuntimeSettings) -> Discov
         args += ["--max-models", str(options.max_models)]
     if options.memory_budget != "auto":
         args += ["--memory-budget", options.memory_budget]
+    if options.tls_cert is not None:
+        args += ["--tls-cert", str(options.tls_cert)]
+    if options.tls_key is not None:
+        args += ["--tls-key", str(options.tls_key)]  # the key file's path, never the key
     env = inherited_environment()
     if options.api_key:
         env["SKIPPY_API_KEY"] = options.api_key
@@ -216,12 +314,23 @@ def start_background(options: ServeOptions, settings: RuntimeSettings) -> Discov
         except DiscoveryProblem:
             discovery = None
         if discovery is not None and discovery.pid == process.pid:
-            probe = RuntimeClient(discovery)
+            probe = runtime_client(discovery)
             try:
                 if probe.reachable():
                     return discovery
+                refused = certificate_refused(probe)
             finally:
                 probe.close()
+            if refused is not None:
+                # It serves, but no local command could trust it: not a runtime to keep. SIGTERM
+                # is its orderly stop (it removes its discovery file); SIGKILL if that hangs.
+                process.terminate()
+                try:
+                    process.wait(STOP_TIMEOUT_S)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+                raise ServeError("tls_verify_failed", _refused_message(discovery, refused))
         time.sleep(0.05)
     process.kill()
     raise ServeError("start_timeout", f"the runtime did not answer within {START_TIMEOUT_S:.0f} s")

@@ -337,6 +337,14 @@ class RuntimeSettings:
         "Test fault injection: engines run under an address-space limit (RLIMIT_AS) this many"
         " MiB above what they map once llama.cpp is loaded.",
     )
+    fleet_file: Path | None = _setting(
+        None,
+        "SKIPPY_FLEET_FILE",
+        _path,
+        "FILE",
+        "The fleet file `fleet`, `--fleet` views and `--node` read (default: fleet.toml in the"
+        " user's config directory, ~/.config/skippyctl on Linux).",
+    )
     otel_environment: Mapping[str, str] = field(
         default_factory=lambda: MappingProxyType({}), repr=False
     )
@@ -385,6 +393,13 @@ def read_runtime_settings() -> RuntimeSettings:
     """This process's settings, from its environment; call once, at the process's entry
     (module docstring). Raises :class:`InvalidSettings`."""
     return RuntimeSettings.from_environment(os.environ)
+
+
+def variable_a_file_names(name: str) -> str | None:
+    """The value of a variable a configuration file names by its name (a fleet entry's
+    `key_env`: where that node's API key is), read when it is needed. Not a setting: which
+    variable it is, is the operator's choice."""
+    return os.environ.get(name)
 
 
 def inherited_environment(

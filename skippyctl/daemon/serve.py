@@ -13,9 +13,11 @@ socket, builds the runtime (`build_runtime`: pipeline and host, scheduler, metri
 export), the HTTP server and its API (`_build_server`), runs it (`_run`) and shuts down
 (`_shut_down`).
 
-Binds loopback unless told otherwise. Writes the discovery file once the socket accepts
-connections and removes it on the way out (SIGINT/SIGTERM shut down in order: API, scheduler,
-engines, pipeline).
+Binds loopback unless told otherwise. Serves over TLS when given a certificate and its key
+(`--tls-cert`, `--tls-key`: checked to load before anything binds), then advertising an https
+url and the certificate's path for local clients to verify it against. Writes the discovery
+file once the socket accepts connections and removes it on the way out (SIGINT/SIGTERM shut
+down in order: API, scheduler, engines, pipeline).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from skippyctl.client.discovery import (
     take_crashed_host,
     write_discovery,
 )
-from skippyctl.client.launch import LOOPBACK_HOSTS, ServeError, ServeOptions
+from skippyctl.client.launch import LOOPBACK_HOSTS, ServeError, ServeOptions, check_tls
 from skippyctl.config.runtime_settings import RuntimeSettings
 from skippyctl.events.catalog import EventId
 from skippyctl.events.envelope import Event, InvalidLogicalId, LogicalId, make_event
@@ -114,13 +116,15 @@ class Runtime:
 
 
 def _check_can_serve(options: ServeOptions, settings: RuntimeSettings) -> OtlpConfig | None:
-    """Refuse what needs nothing started to refuse: a remote address without --allow-remote,
-    OTLP that is configured wrong (ServeError, `invalid_configuration`). Returns OTLP's
-    configuration (None: off)."""
+    """Refuse what needs nothing started to refuse: a remote address without --allow-remote
+    (TLS or not), a TLS certificate and key that do not load (`tls_incomplete`,
+    `tls_config_invalid`), OTLP that is configured wrong (ServeError,
+    `invalid_configuration`). Returns OTLP's configuration (None: off)."""
     if options.host not in LOOPBACK_HOSTS and not options.allow_remote:
         raise ServeError(
             "remote_not_allowed", f"{options.host} is not loopback; pass --allow-remote"
         )
+    check_tls(options.tls_cert, options.tls_key)
     # OTLP is configured by the standard OTEL_* variables only (telemetry/otlp.py), as read at
     # start; this check imports nothing from OpenTelemetry: the SDK is loaded only when OTLP is on.
     from skippyctl.telemetry.otlp import TelemetryConfigError, otlp_config
@@ -302,9 +306,9 @@ def _build_server(
     from skippyctl.api.direct_stream import expose_transport
 
     token = options.api_key or secrets.token_urlsafe(32)
-    config = _uvicorn_config()
+    config = _uvicorn_config(options)
     server = uvicorn.Server(config)
-    discovery = _discovery(runtime, options.host, sock, token)
+    discovery = _discovery(runtime, options, sock, token)
 
     def request_shutdown() -> None:
         server.should_exit = True
@@ -327,23 +331,30 @@ def _build_server(
     return server
 
 
-def _discovery(runtime: Runtime, host: str, sock: socket.socket, token: str) -> Discovery:
-    """What the runtime advertises once it accepts connections."""
+def _discovery(
+    runtime: Runtime, options: ServeOptions, sock: socket.socket, token: str
+) -> Discovery:
+    """What the runtime advertises once it accepts connections: over TLS, an https url and the
+    certificate local clients verify it against (its absolute path; the file is private)."""
     port = sock.getsockname()[1]
+    host = options.host
     shown_host = f"[{host}]" if ":" in host else host
+    tls_cert = None if options.tls_cert is None else str(options.tls_cert.absolute())
     return Discovery(
         pid=os.getpid(),
-        url=f"http://{shown_host}:{port}",
+        url=f"{'http' if tls_cert is None else 'https'}://{shown_host}:{port}",
         token=token,
         version=__version__,
         process_instance_id=str(runtime.host.pipeline.dispatcher.instance_id),
         started_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        tls_cert=tls_cert,
     )
 
 
-def _uvicorn_config() -> uvicorn.Config:
+def _uvicorn_config(options: ServeOptions) -> uvicorn.Config:
     import uvicorn
 
+    tls = options.tls_cert is not None and options.tls_key is not None
     return uvicorn.Config(
         "skippyctl.api.app:create_app",  # replaced by _build_server; uvicorn needs an app ref
         log_level="warning",
@@ -355,6 +366,11 @@ def _uvicorn_config() -> uvicorn.Config:
         # (docs/BENCHMARKS.md section 5).
         loop="asyncio",
         http="h11",
+        # TLS: uvicorn wraps each connection in its context (TLS 1.2 or later; the key loads
+        # without a pass phrase, check_tls refused an encrypted one). A direct stream never
+        # writes to a TLS connection's socket itself (api/direct_stream.py `transport`).
+        ssl_certfile=str(options.tls_cert) if tls else None,
+        ssl_keyfile=str(options.tls_key) if tls else None,
     )
 
 

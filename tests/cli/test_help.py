@@ -41,6 +41,9 @@ COMMANDS = [
     ("stage", "serve"),
     ("stage", "relay"),
     ("diagnostics", "record"),
+    ("fleet", "add"),
+    ("fleet", "rm"),
+    ("fleet", "list"),
 ]
 
 

@@ -41,6 +41,7 @@ VARIABLES: Final = (
     "SKIPPY_TEST_DECODE_DELAY_MS",
     "SKIPPY_TEST_TEMPLATE_DATE",
     "SKIPPY_TEST_ENGINE_AS_LIMIT_MB",
+    "SKIPPY_FLEET_FILE",
 )
 """Every variable the settings read: names are contracts (add, never rename or drop)."""
 

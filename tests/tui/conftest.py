@@ -11,8 +11,12 @@ from rich.console import Console
 from textual.pilot import Pilot
 from textual.widgets import DataTable
 
+from skippy_tui import demo
 from skippy_tui.app import SkippyDashboard
+from skippy_tui.control import FleetControl
 from skippy_tui.demo import script
+from skippy_tui.fleet_app import FleetDashboard
+from skippy_tui.fleet_source import FleetScriptedSource, FleetSourceItem
 from skippy_tui.sources import ScriptedSource, SourceItem
 from skippyctl.events.envelope import Event
 
@@ -38,12 +42,23 @@ def scripted(items: Sequence[tuple[float, SourceItem]]) -> SkippyDashboard:
     return SkippyDashboard(ScriptedSource(items, description="scripted"), title="skippy")
 
 
+def fleet_dashboard(
+    items: Sequence[FleetSourceItem] | None = None,
+    control: FleetControl | None = None,
+    nodes: Sequence[str] = demo.FLEET_NODES,
+) -> FleetDashboard:
+    """A fleet dashboard whose source delivers `items` (default: `demo.fleet()`) at once."""
+    script = [(0.0, item) for item in (demo.fleet() if items is None else items)]
+    source = FleetScriptedSource(script, nodes=nodes, description="scripted fleet")
+    return FleetDashboard(source, control, title="skippy fleet")
+
+
 async def settle(pilot: Pilot[None]) -> None:
     """Wait until the scripted source has delivered everything, then draw the final snapshot."""
     app = pilot.app
-    assert isinstance(app, SkippyDashboard)
+    assert isinstance(app, SkippyDashboard | FleetDashboard)
     source = app.source
-    assert isinstance(source, ScriptedSource)
+    assert isinstance(source, ScriptedSource | FleetScriptedSource)
     delivered = await asyncio.to_thread(source.done.wait, SETTLE_TIMEOUT_S)
     assert delivered, "the scripted source did not finish"
     app.poll()

@@ -35,7 +35,8 @@ def test_the_dashboard_never_imports_the_cli() -> None:
 def test_decoder_sources_and_store_load_without_textual() -> None:
     code = (
         "import sys, skippy_tui, skippy_tui.sources, skippy_tui.store, skippy_tui.live, "
-        "skippy_tui.demo; print('textual' in sys.modules)"
+        "skippy_tui.demo, skippy_tui.fleet_source, skippy_tui.fleet_store, skippy_tui.fleet_live; "
+        "print('textual' in sys.modules)"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True

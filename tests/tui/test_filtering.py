@@ -35,3 +35,13 @@ def test_category_id_severity_and_reason_terms() -> None:
 def test_terms_combine_with_and_and_plain_words_search_everywhere() -> None:
     assert _ids("broken started") == {"model_load_started", "engine_process_started"}
     assert _ids("FAILED") == {"model_load_failed"}
+
+
+def test_node_term_matches_the_events_node_and_nothing_without_one() -> None:
+    event = EVENTS[0]
+    flt = EventFilter.parse("node:GPU")
+    assert flt.matches(event, "gpu1")
+    assert not flt.matches(event, "local")
+    assert not flt.matches(event)  # one runtime's events have no node
+    assert EventFilter.parse("gpu1").matches(event, "gpu1")  # a plain word searches it too
+    assert not EventFilter.parse("gpu1").matches(event)
