@@ -1,12 +1,16 @@
 """The merged fleet stream under generation load: throughput, lag and loss (issue 30).
 
 Three runtimes on loopback (distinct ports and runtime directories), each with the tiny fixture
-model; the first is the local member, the other two fleet nodes reached with key files. One
-`skippyctl events --follow --fleet --json` runs as a user runs it (a subprocess; this script
-reads its stdout as `jq` would). Meanwhile every node serves `--sessions` streamed completions
-at a time, request after request, for `--seconds`.
+model; the first is the local member, the other two fleet nodes reached with key files. The
+consumer runs as a user runs it, a subprocess whose stdout a small process of its own reads as
+`jq` would (stamping each line as it comes), side by side in one run:
 
-Per mode, measured in one run:
+- ``fleet``: one `skippyctl events --follow --fleet --json`;
+- ``separate``: one `skippyctl events --follow --json` per runtime (what an operator without
+  `--fleet` would run: the baseline the merge is measured against).
+
+Meanwhile every node serves `--sessions` streamed completions at a time (64 greedy tokens
+each), request after request, for `--seconds`. Per mode:
 
 - ``events``: the runtimes as they run by default;
 - ``token-events``: `runtime serve --debug-token-events` (one more event per sampled token: the
@@ -16,7 +20,8 @@ Figures: records received per node and per second (the merged stream's throughpu
 moment a record's line reached this script minus its event's own `ts` (the runtime's wall
 clock, the same machine), p50 / p99 / max; lost = sequences a node dispatched that never came
 (each node's stream is checked from 1 to its last sequence, read afterwards from a fresh
-connection), duplicates, replay gaps. Target: nothing lost, p99 lag ≤ 250 ms.
+connection), duplicates, replay gaps; the consumer's CPU per record (its processes, children
+included). Target: nothing lost, p99 lag ≤ 250 ms.
 
 Usage: ``.venv/bin/python -m benchmarks.fleet_stream [--seconds 20] [--sessions 2]``
 (prints one JSON object; progress on stderr).
@@ -89,9 +94,19 @@ class Reader:
 
 
 def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a live process (from /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU seconds of a live process and of its live children (a fleet follower
+    runs one follower process per node), from /proc."""
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[-1].split()
+        except OSError:
+            continue
+        if int(entry.name) == pid or int(fields[1]) == pid:
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 def _load(server: Server, stop: threading.Event, counter: list[int]) -> None:

@@ -214,6 +214,11 @@ def events_command(
     wanted_ids = parse_event_ids(event_ids or ())
     wanted_categories = frozenset(category or ())
     if fleet or nodes:
+        child_filters = [
+            *(f"--category={c.value}" for c in wanted_categories),
+            *(f"--event={e.value}" for e in wanted_ids),
+            *([f"--model={model}"] if model is not None else []),
+        ]
         raise typer.Exit(
             int(
                 _fleet_events(
@@ -223,6 +228,7 @@ def events_command(
                     follow_on,
                     limit,
                     json_output,
+                    child_filters,
                     lambda event, not_before: (
                         (not wanted_ids or event.id in wanted_ids)
                         and (not wanted_categories or event.category in wanted_categories)
@@ -287,9 +293,11 @@ def _fleet_events(
     follow_on: bool,
     limit: int | None,
     json_output: bool,
+    child_filters: list[str],
     relevant: Callable[[Event, float | None], bool],
 ) -> ExitCode:
-    """`events --fleet` (skippyctl.cli.fleet_events)."""
+    """`events --fleet`: one node in this process (skippyctl.cli.fleet_events), several in a
+    child process each, merged (skippyctl.cli.fleet_children)."""
     from skippyctl.cli.fleet_events import (
         follow_fleet,
         parse_fleet_since,
@@ -321,6 +329,17 @@ def _fleet_events(
         factories = fleet_factories(fleet, runtime_settings("events", json_output), nodes)
     except FleetError as error:
         fleet_failure("events", error, json_output)
+    if len(factories) > 1:
+        return _fleet_events_in_children(
+            fleet_file,
+            list(factories),
+            since,
+            cursors,
+            follow_on,
+            limit,
+            json_output,
+            child_filters,
+        )
     prepare = shown_events(lambda event: relevant(event, not_before), json_output)
     stream = FleetStream(factories, since=cursors, prepare=prepare)
     try:
@@ -334,6 +353,44 @@ def _fleet_events(
     finally:
         stream.close()
     resume = stream.cursors()
+    if resume:
+        stderr_console().print(f"resume with --since {resume_hint(resume)}", highlight=False)
+    return code
+
+
+def _fleet_events_in_children(
+    fleet_file: str | None,
+    nodes: list[str],
+    since: str | None,
+    cursors: dict[str, str],
+    follow_on: bool,
+    limit: int | None,
+    json_output: bool,
+    child_filters: list[str],
+) -> ExitCode:
+    from skippyctl.cli.fleet_children import follow_in_children
+    from skippyctl.cli.fleet_events import resume_hint
+    from skippyctl.cli.fleet_flags import fleet_path
+
+    path = str(fleet_path("events", fleet_file, json_output).absolute())
+    commands: dict[str, list[str]] = {}
+    for node in nodes:
+        arguments = ["events", "--json", "--node", node, "--fleet-file", path, *child_filters]
+        if follow_on:
+            arguments.append("--follow")
+        if node in cursors:
+            arguments.append(f"--since={node}={cursors[node]}")
+        elif since is not None and not cursors:
+            arguments.append(f"--since={since}")  # a duration
+        commands[node] = arguments
+    code, merged = follow_in_children(
+        commands,
+        limit=limit,
+        json_output=json_output,
+        console=Console(highlight=False, soft_wrap=True),
+    )
+    latest = {**cursors, **merged.cursors}
+    resume = {node: latest[node] for node in nodes if node in latest}  # in the fleet's order
     if resume:
         stderr_console().print(f"resume with --since {resume_hint(resume)}", highlight=False)
     return code

@@ -214,7 +214,13 @@ def _note_frame(item: NodeFrame, node: _NodeProgress, out: _Lines | None, err: C
 def _node_status(item: NodeUp | NodeDown, out: _Lines | None) -> None:
     if out is not None:
         out.write(node_status_record(item))
-        return
+    else:
+        node_status_line(item)
+
+
+def node_status_line(item: NodeUp | NodeDown) -> None:
+    """A node's reachability for people, on stderr (a node retried for long: every tenth
+    attempt)."""
     err = stderr_console()
     if isinstance(item, NodeUp):
         again = " (restarted: a new instance)" if item.restarted else ""

@@ -365,3 +365,44 @@ def test_events_fleet_refuses_a_bad_since(trio: Trio) -> None:
     result = trio.cli("events", "--fleet", "--since", "yesterday")
     assert result.code == 2
     assert "NODE=CURSOR" in result.stderr
+
+
+def _followers_of(parent: int) -> list[int]:
+    """The `skippyctl events` processes whose parent is `parent` (one per node)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[-1].split()[1]) == parent and b"events" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def test_limit_and_people_lines_and_no_follower_outlives_the_command(trio: Trio) -> None:
+    limited = trio.cli("events", "--fleet", "--json", "--limit", "5")
+    assert limited.code == 0, limited.stderr
+    assert len([r for r in limited.records() if "event" in r]) == 5
+    people = trio.cli("events", "--fleet", "--node", "local", "--node", "b")
+    assert people.code == 0, people.stderr
+    lines = people.stdout.splitlines()
+    assert any(" local " in line for line in lines) and any(" b " in line for line in lines)
+    assert not any(" c " in line for line in lines)
+    assert "resume with --since local=rt1:" in people.stderr
+    follower = Follower(trio)
+    try:
+        children = wait_for(
+            lambda: (
+                len(_followers_of(follower.process.pid)) == 3
+                and _followers_of(follower.process.pid)
+            )
+        )
+        follower.process.kill()  # no chance to stop its children: they must go by themselves
+        follower.process.wait()
+        wait_for(lambda: not any(Path(f"/proc/{pid}").exists() for pid in children), 10)
+    finally:
+        follower.stop()
