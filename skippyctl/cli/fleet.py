@@ -90,8 +90,10 @@ def add_command(
             key_env=key_env,
             cert=None if cert is None else cert.expanduser().resolve(),
         )
-        if entry.cert is not None and not entry.cert.is_file():
-            raise FleetError("fleet_cert_unreadable", f"node {name!r}: --cert is not a file")
+        if entry.cert is not None:
+            from skippyctl.client.fleet import ssl_context_for
+
+            ssl_context_for(entry)  # a file that holds no certificate is refused now, not later
         fleet = fleet.with_entry(entry, replace=replace)
         write_fleet(fleet, path)
     except FleetError as error:

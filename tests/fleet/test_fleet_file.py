@@ -167,3 +167,29 @@ def test_a_broken_fleet_file_ends_a_command_with_exit_10(tmp_path: Path) -> None
     )
     assert unknown.code == 10
     assert unknown.records()[-1]["reason_code"] == "fleet_node_unknown"
+
+
+def test_a_pinned_certificate_must_be_one(tmp_path: Path) -> None:
+    import trustme
+
+    env = {"SKIPPY_FLEET_FILE": str(tmp_path / "fleet.toml")}
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    (tmp_path / "not-a-cert.pem").write_text("hello")
+    for cert, code in (("ca.pem", 0), ("not-a-cert.pem", 10), ("absent.pem", 10)):
+        result = run_cli(
+            "fleet",
+            "add",
+            "n" + str(code) + cert[0],
+            "https://127.0.0.1:9",
+            "--cert",
+            str(tmp_path / cert),
+            "--json",
+            env=env,
+        )
+        assert result.code == code, result.stderr
+        if code:
+            assert result.records()[0]["reason_code"] == "fleet_cert_unreadable"
+            assert str(tmp_path) not in result.stdout
+    listed = run_cli("fleet", "list", "--json", env=env).records()
+    assert [(r["node"], r["cert"]) for r in listed] == [("local", False), ("n0c", True)]
