@@ -7,7 +7,9 @@ command does); a remote member is reached at its fleet entry's URL with the key 
 or the system's CA store.
 
 `FleetStream` reads every node's SSE stream on a thread of its own and hands the frames out of
-one queue, each with its node's name. A node whose stream breaks, or that cannot be reached, is
+one bounded queue, each with its node's name (a reader that would overfill it waits: its
+runtime then drops it as a lagging subscriber and reports the gap, rather than this process
+holding what nobody reads). A node whose stream breaks, or that cannot be reached, is
 reported (`NodeDown`, with a reason code) and retried with backoff for as long as the stream
 runs; it resumes after the last cursor it delivered (`Last-Event-ID`), or from the start of a
 new instance's retained events when the runtime there restarted (`NodeUp.restarted`). So every
@@ -22,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from queue import Empty, SimpleQueue
+from queue import Empty, Full, Queue
 from typing import TYPE_CHECKING, Any, Final
 
 from skippyctl.client.discovery import Discovery
@@ -34,6 +36,12 @@ if TYPE_CHECKING:
 
 BACKOFF_S: Final = (0.25, 0.5, 1.0, 2.0, 5.0)
 """Waits between a node's reconnection attempts (the last one repeats)."""
+MAX_PENDING: Final = 16384
+"""Items the merged queue holds before a node's reader waits for its reader to take some: a
+node read faster than the stream is consumed then falls behind in its runtime, which drops it
+as a lagging subscriber and says so (a replay gap), instead of this process growing without
+bound."""
+PUT_WAIT_S: Final = 0.1
 RATE_LIMITED_WAIT_S: Final = 2.0
 """The Retry-After of the runtime's 429 to a peer that reconnects too often (api/event_stream)."""
 
@@ -174,7 +182,7 @@ class _NodeFollower:
         self,
         name: str,
         factory: ClientFactory,
-        out: SimpleQueue[FleetItem],
+        out: Queue[FleetItem],
         stop: threading.Event,
         since: str | None,
         prepare: Prepare | None = None,
@@ -206,10 +214,19 @@ class _NodeFollower:
                 wait_s = BACKOFF_S[min(attempt, len(BACKOFF_S)) - 1]
                 if isinstance(error, ApiError) and error.status == 429:
                     wait_s = max(wait_s, RATE_LIMITED_WAIT_S)  # the stream's Retry-After
-                self._out.put(NodeDown(self.name, reason_of(error), str(error), attempt, wait_s))
+                self._put(NodeDown(self.name, reason_of(error), str(error), attempt, wait_s))
                 self._drop_client()
                 if self._stop.wait(wait_s):
                     return
+
+    def _put(self, item: FleetItem) -> None:
+        """Queue `item`, waiting while the queue is full (until the stream is closed)."""
+        while not self._stop.is_set():
+            try:
+                self._out.put(item, timeout=PUT_WAIT_S)
+                return
+            except Full:
+                continue
 
     def _drop_client(self) -> None:
         with self._lock:
@@ -238,12 +255,12 @@ class _NodeFollower:
         for frame in client.frames(self.cursor):
             if not announced:
                 # Connected: the first frame (the runtime_state frame) came.
-                self._out.put(NodeUp(self.name, instance, version, restarted))
+                self._put(NodeUp(self.name, instance, version, restarted))
                 announced = self.streaming = True
             if frame.name == "runtime_event" and frame.cursor:
                 self.cursor = frame.cursor
             prepared = None if self._prepare is None else self._prepare(self.name, frame)
-            self._out.put(NodeFrame(self.name, frame, prepared))
+            self._put(NodeFrame(self.name, frame, prepared))
             if self._stop.is_set():
                 return
 
@@ -257,7 +274,7 @@ class FleetStream:
         since: Mapping[str, str] | None = None,
         prepare: Prepare | None = None,
     ) -> None:
-        self._queue: SimpleQueue[FleetItem] = SimpleQueue()
+        self._queue: Queue[FleetItem] = Queue(MAX_PENDING)
         self._stop = threading.Event()
         since = since or {}
         self.followers = {

@@ -406,3 +406,24 @@ def test_limit_and_people_lines_and_no_follower_outlives_the_command(trio: Trio)
         wait_for(lambda: not any(Path(f"/proc/{pid}").exists() for pid in children), 10)
     finally:
         follower.stop()
+
+
+def test_an_unread_stream_holds_a_bounded_queue_and_still_closes(
+    trio: Trio, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from skippyctl.client import fleet as fleet_module
+
+    monkeypatch.setattr(fleet_module, "MAX_PENDING", 3)
+    b = trio.servers["b"]
+    entry = FleetEntry("b", b.url, key_file=trio.root / "b.key")
+    stream = fleet_module.FleetStream({"b": lambda: fleet_module.remote_client(entry)})
+    try:
+        # b retained far more than 3 records: its reader fills the queue, then waits
+        wait_for(lambda: stream._queue.full(), 10)
+        time.sleep(0.5)
+        assert stream._queue.qsize() == 3
+    finally:
+        started = time.monotonic()
+        stream.close()
+        assert time.monotonic() - started < 3
+        assert not stream.followers["b"].thread.is_alive()
