@@ -101,7 +101,8 @@ def follow_in_children(
                 for key, _ in selector.select(POLL_S):
                     child = key.data
                     if _read(child, selector) and _take_lines(child, show, merged, limit):
-                        outcome = ExitCode.SUCCESS  # the --limit-th event
+                        outcome = ExitCode.SUCCESS  # the --limit-th event: nothing after it
+                        break
                 show(None)
     finally:
         _stop(children, selector, show, merged, outcome)
