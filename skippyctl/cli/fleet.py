@@ -7,17 +7,14 @@ written. How other commands reach a member is `skippyctl.cli.fleet_flags`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 
 from skippyctl.cli.exit_codes import ExitCode
 from skippyctl.cli.fleet_flags import FleetFileOption, fleet_failure, fleet_path, read_fleet_or_exit
 from skippyctl.cli.output import emit_json, fail
-from skippyctl.config.fleet import LOCAL_NODE, FleetEntry, FleetError
-
-if TYPE_CHECKING:
-    pass
+from skippyctl.config.fleet import LOCAL_NODE, Fleet, FleetEntry, FleetError
 
 fleet_app = typer.Typer(
     no_args_is_help=True, help="Name the runtimes `--fleet` views watch and `--node` steers."
@@ -78,8 +75,6 @@ def add_command(
         skippyctl fleet add gpu1 https://10.0.0.5:8421 --key-file ~/.config/skippyctl/gpu1.key \\
             --cert ~/.config/skippyctl/gpu1.pem
     """
-    from skippyctl.config.fleet import write_fleet
-
     path = fleet_path("fleet add", fleet_file, json_output)
     fleet = read_fleet_or_exit("fleet add", fleet_file, json_output)
     try:
@@ -95,17 +90,9 @@ def add_command(
 
             ssl_context_for(entry)  # a file that holds no certificate is refused now, not later
         fleet = fleet.with_entry(entry, replace=replace)
-        write_fleet(fleet, path)
     except FleetError as error:
         fleet_failure("fleet add", error, json_output)
-    except OSError as error:
-        fail(
-            "fleet add",
-            ExitCode.FAILURE,
-            f"the fleet file cannot be written ({error.strerror})",
-            json_output,
-            "fleet_file_unwritable",
-        )
+    _write_or_exit("fleet add", fleet, path, json_output)
     if json_output:
         emit_json({"schema_version": 1, "record": "fleet_node", **entry_record(entry, name)})
     else:
@@ -125,24 +112,15 @@ def rm_command(
 
         skippyctl fleet rm gpu1
     """
-    from skippyctl.config.fleet import write_fleet
-
     path = fleet_path("fleet rm", fleet_file, json_output)
     fleet = read_fleet_or_exit("fleet rm", fleet_file, json_output)
     try:
         if name == LOCAL_NODE:
             raise FleetError("fleet_name_reserved", "the local runtime is always in the fleet")
-        write_fleet(fleet.without(name), path)
+        fleet = fleet.without(name)
     except FleetError as error:
         fleet_failure("fleet rm", error, json_output)
-    except OSError as error:
-        fail(
-            "fleet rm",
-            ExitCode.FAILURE,
-            f"the fleet file cannot be written ({error.strerror})",
-            json_output,
-            "fleet_file_unwritable",
-        )
+    _write_or_exit("fleet rm", fleet, path, json_output)
     if json_output:
         emit_json({"schema_version": 1, "record": "fleet_node_removed", "node": name})
     else:
@@ -177,6 +155,22 @@ def list_command(fleet_file: FleetFileOption = None, json_output: JsonOption = F
         )
         table.add_row(row["node"], row["url"] or "(discovery file)", row["key_source"], tls)
     Console(highlight=False).print(table)
+
+
+def _write_or_exit(command: str, fleet: Fleet, path: Path, json_output: bool) -> None:
+    """Write the fleet file; exit 1 (`fleet_file_unwritable`) when it cannot be."""
+    from skippyctl.config.fleet import write_fleet
+
+    try:
+        write_fleet(fleet, path)
+    except OSError as error:
+        fail(
+            command,
+            ExitCode.FAILURE,
+            f"the fleet file cannot be written ({error.strerror})",
+            json_output,
+            "fleet_file_unwritable",
+        )
 
 
 def _say(message: str) -> None:
