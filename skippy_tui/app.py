@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Generic, Protocol, TypeVar
 
 from textual.app import App, SystemCommand
 from textual.binding import Binding
@@ -50,9 +50,31 @@ def unloadable_models(view: RuntimeView) -> list[str]:
     return sorted(str(m.model_id) for m in view.models.values() if m.state in _UNLOADABLE)
 
 
-class DashboardBase(App[None]):
-    """Keys, pause, help and control plumbing shared by the dashboards; a subclass owns the
-    source, the store, the screen (`dashboard`) and what a poll draws."""
+class _Counted(Protocol):
+    @property
+    def events_total(self) -> int: ...
+
+
+CountedT = TypeVar("CountedT", bound=_Counted)
+_SnapshotT_co = TypeVar("_SnapshotT_co", bound=_Counted, covariant=True)
+
+
+class _Store(Protocol[_SnapshotT_co]):
+    """A dashboard's store (`SnapshotStore`, `FleetStore`): the source's sink, and snapshots."""
+
+    def deliver(self, item: Any, /) -> None: ...
+    def snapshot(self) -> _SnapshotT_co: ...
+
+
+class _Source(Protocol):
+    def start(self, sink: Any, /) -> None: ...
+    def stop(self, timeout_s: float = ..., /) -> None: ...
+
+
+class DashboardBase(App[None], Generic[CountedT]):
+    """Keys, pause, help, polling and control plumbing shared by the dashboards: the source
+    delivers to the store on its own thread, and a timer hands the store's snapshots to the
+    screen. A subclass gives them, and what control does."""
 
     CSS_PATH = "app.tcss"
     TITLE = "skippy"
@@ -66,10 +88,21 @@ class DashboardBase(App[None]):
 
     paused: reactive[bool] = reactive(False)
 
-    def __init__(self, dashboard: PaneScreen, title: str) -> None:
+    def __init__(
+        self,
+        dashboard: PaneScreen[CountedT],
+        title: str,
+        source: _Source,
+        store: _Store[CountedT],
+        empty: CountedT,
+    ) -> None:
         super().__init__()
         self.title = title
         self.dashboard = dashboard
+        self.source = source
+        self.store = store
+        self.shown: CountedT = empty
+        """The snapshot the panes last drew (frozen while paused)."""
         self._paused_at_total = 0
         self._started = False
 
@@ -87,18 +120,25 @@ class DashboardBase(App[None]):
             self._stop_source()
 
     def _start_source(self) -> None:
-        raise NotImplementedError
+        self.source.start(self.store.deliver)
 
     def _stop_source(self) -> None:
-        raise NotImplementedError
+        self.source.stop()
 
     def _events_total(self) -> int:
         """Events delivered so far (the PAUSED banner counts those since the pause)."""
-        raise NotImplementedError
+        return self.store.snapshot().events_total
 
     def poll(self) -> None:
         """Apply the store's latest snapshot (the only path from events to widgets)."""
-        raise NotImplementedError
+        snapshot = self.store.snapshot()
+        if self.paused:
+            self.dashboard.show_header(self.shown, snapshot)
+            self.dashboard.banner.show(snapshot.events_total - self._paused_at_total)
+            return
+        if snapshot is not self.shown and self.dashboard.show(snapshot):
+            self.shown = snapshot
+        self.dashboard.show_header(self.shown, snapshot)
 
     def watch_paused(self, paused: bool) -> None:
         self.dashboard.banner.display = paused
@@ -150,7 +190,7 @@ class DashboardBase(App[None]):
             )
 
 
-class SkippyDashboard(DashboardBase):
+class SkippyDashboard(DashboardBase[DashboardSnapshot]):
     """Models, stages, sessions, event health and recent events of one runtime."""
 
     def __init__(
@@ -161,32 +201,18 @@ class SkippyDashboard(DashboardBase):
         *,
         store: SnapshotStore | None = None,
     ) -> None:
-        super().__init__(DashboardScreen(title, source.description), title)
+        the_store = store if store is not None else SnapshotStore()
+        super().__init__(
+            DashboardScreen(title, source.description),
+            title,
+            source,
+            the_store,
+            DashboardSnapshot(),
+        )
         self.dashboard: DashboardScreen
-        self.source = source
+        self.source: EventSource = source
+        self.store: SnapshotStore = the_store
         self.control = control
-        self.store = store if store is not None else SnapshotStore()
-        self.shown: DashboardSnapshot = DashboardSnapshot()
-        """The snapshot the panes last drew (frozen while paused)."""
-
-    def _start_source(self) -> None:
-        self.source.start(self.store.deliver)
-
-    def _stop_source(self) -> None:
-        self.source.stop()
-
-    def _events_total(self) -> int:
-        return self.store.snapshot().events_total
-
-    def poll(self) -> None:
-        snapshot = self.store.snapshot()
-        if self.paused:
-            self.dashboard.show_header(self.shown, snapshot)
-            self.dashboard.banner.show(snapshot.events_total - self._paused_at_total)
-            return
-        if snapshot is not self.shown and self.dashboard.show(snapshot):
-            self.shown = snapshot
-        self.dashboard.show_header(self.shown, snapshot)
 
     def action_load_model(self) -> None:
         if self.control is None:

@@ -31,7 +31,7 @@ CHOOSE_NODE: Final = (
 )
 
 
-class FleetDashboard(DashboardBase):
+class FleetDashboard(DashboardBase[FleetSnapshot]):
     """Nodes, then models, stages, sessions, event health and recent events of every node."""
 
     def __init__(
@@ -42,32 +42,18 @@ class FleetDashboard(DashboardBase):
         *,
         store: FleetStore | None = None,
     ) -> None:
-        super().__init__(FleetDashboardScreen(title, source.description), title)
+        the_store = store if store is not None else FleetStore(source.nodes)
+        super().__init__(
+            FleetDashboardScreen(title, source.description),
+            title,
+            source,
+            the_store,
+            FleetSnapshot(),
+        )
         self.dashboard: FleetDashboardScreen
-        self.source = source
+        self.source: FleetEventSource = source
+        self.store: FleetStore = the_store
         self.control = control
-        self.store = store if store is not None else FleetStore(source.nodes)
-        self.shown: FleetSnapshot = FleetSnapshot()
-        """The snapshot the panes last drew (frozen while paused)."""
-
-    def _start_source(self) -> None:
-        self.source.start(self.store.deliver)
-
-    def _stop_source(self) -> None:
-        self.source.stop()
-
-    def _events_total(self) -> int:
-        return self.store.snapshot().events_total
-
-    def poll(self) -> None:
-        snapshot = self.store.snapshot()
-        if self.paused:
-            self.dashboard.show_header(self.shown, snapshot)
-            self.dashboard.banner.show(snapshot.events_total - self._paused_at_total)
-            return
-        if snapshot is not self.shown and self.dashboard.show(snapshot):
-            self.shown = snapshot
-        self.dashboard.show_header(self.shown, snapshot)
 
     def _help_screen(self) -> HelpScreen:
         return HelpScreen(fleet=True)

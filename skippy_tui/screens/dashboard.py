@@ -15,7 +15,7 @@ updates only the header, whose connection status the app keeps live while paused
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, Generic, TypeVar
 
 from textual import on
 from textual.app import ComposeResult
@@ -37,12 +37,15 @@ from skippy_tui.widgets.sessions_pane import SessionsPane
 from skippy_tui.widgets.stages_pane import StagesPane
 
 WIDE_MIN_COLUMNS: Final = 100
+SnapshotT = TypeVar("SnapshotT")
+"""What a dashboard screen draws: one runtime's snapshot, or a fleet's."""
 TALL_MIN_ROWS: Final = 32
 DEFAULT_DETAIL: Final = "events"
 
 
-class PaneScreen(Screen[None]):
-    """A header, the PAUSED banner, a body of numbered panes and the footer."""
+class PaneScreen(Screen[None], Generic[SnapshotT]):
+    """A header, the PAUSED banner, a body of numbered panes and the footer; a subclass draws
+    its kind of snapshot (`show`, `show_header`)."""
 
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (WIDE_MIN_COLUMNS, "-wide")]
     VERTICAL_BREAKPOINTS = [(0, "-short"), (TALL_MIN_ROWS, "-tall")]
@@ -77,6 +80,14 @@ class PaneScreen(Screen[None]):
         self.banner.display = False
         self._show_detail(self.events)
         self.panes[0].focus_pane()
+
+    def show(self, snapshot: SnapshotT) -> bool:
+        """Draw `snapshot` in every pane; False (nothing drawn) until all panes are mounted."""
+        raise NotImplementedError
+
+    def show_header(self, shown: SnapshotT, live: SnapshotT) -> None:
+        """The header: what the panes show (`shown`, frozen while paused) and the live state."""
+        raise NotImplementedError
 
     def panes_mounted(self) -> bool:
         return all(pane.is_mounted for pane in self.panes)
@@ -128,7 +139,7 @@ class PaneScreen(Screen[None]):
             self._show_detail(pane)
 
 
-class DashboardScreen(PaneScreen):
+class DashboardScreen(PaneScreen[DashboardSnapshot]):
     """The dashboard of one runtime."""
 
     def __init__(self, title: str, source: str) -> None:

@@ -30,7 +30,7 @@ from skippy_tui.widgets.sessions_pane import SessionsPane
 from skippy_tui.widgets.stages_pane import StagesPane
 
 
-class FleetDashboardScreen(PaneScreen):
+class FleetDashboardScreen(PaneScreen[FleetSnapshot]):
     """The dashboard of a fleet of runtimes."""
 
     BINDINGS = [
