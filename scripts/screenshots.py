@@ -23,6 +23,8 @@ if importlib.util.find_spec("skippy_tui") is None:  # not installed: run from a 
 
 from skippy_tui import demo  # noqa: E402  (after the checkout fallback above)
 from skippy_tui.app import SkippyDashboard  # noqa: E402
+from skippy_tui.fleet_app import FleetDashboard  # noqa: E402
+from skippy_tui.fleet_source import FleetScriptedSource  # noqa: E402
 from skippy_tui.sources import ScriptedSource  # noqa: E402
 from skippyctl.events.envelope import Event  # noqa: E402
 
@@ -74,12 +76,36 @@ async def render(shot: Shot) -> str:
         return app.export_screenshot(title=f"skippy dashboard — {shot.caption or shot.name}")
 
 
+FLEET_SHOTS = (
+    Shot("fleet", lambda: [], caption="three runtimes: one restarted, one unreachable"),
+    Shot("fleet-gpu1", lambda: [], keys=("n", "n"), caption="the fleet filtered to node gpu1"),
+)
+"""Shots of `tui --fleet` over `skippy_tui.demo.fleet()` (their `scenario` is unused)."""
+
+
+async def render_fleet(shot: Shot) -> str:
+    source = FleetScriptedSource(
+        demo.fleet_script(), nodes=demo.FLEET_NODES, description="demo fleet"
+    )
+    app = FleetDashboard(source, title="skippy fleet")
+    async with app.run_test(size=shot.size) as pilot:
+        if not await asyncio.to_thread(source.done.wait, SETTLE_TIMEOUT_S):
+            raise RuntimeError(f"{shot.name}: the scripted source did not finish")
+        app.poll()
+        await pilot.pause()
+        if shot.keys:
+            await pilot.press(*shot.keys)
+            await pilot.pause()
+        return app.export_screenshot(title=f"skippy fleet dashboard — {shot.caption}")
+
+
 def main(argv: Sequence[str]) -> int:
     out = Path(argv[0]) if argv else ROOT / "screenshots"
     out.mkdir(parents=True, exist_ok=True)
-    for shot in SHOTS:
+    shots = [(shot, render) for shot in SHOTS] + [(shot, render_fleet) for shot in FLEET_SHOTS]
+    for shot, draw in shots:
         path = out / f"{shot.name}.svg"
-        path.write_text(asyncio.run(render(shot)), encoding="utf-8")
+        path.write_text(asyncio.run(draw(shot)), encoding="utf-8")
         sys.stdout.write(f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}\n")
     return 0
 
