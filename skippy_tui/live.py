@@ -155,6 +155,7 @@ class LiveSource:
                 reader = FrameReader(self._client, _cursor_for(self._client, self.cursor))
                 flowing = self._pump(reader, announce_back=attempt > 0)
                 if self._stop.is_set():
+                    reader.close()  # its thread may wait for room nobody will make
                     return
                 # Drop this client's connections: a stopping runtime waits for open ones.
                 self._client.close()

@@ -21,7 +21,7 @@ import ssl
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from queue import Empty, SimpleQueue
+from queue import Empty, Full, Queue
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import quote, urlsplit
 
@@ -37,6 +37,7 @@ if TYPE_CHECKING:  # types only: the client imports what a command uses when it 
 _PATH_SAFE: Final = "/?=&:@!$'()*+,;%~"
 """Left as they are in a request path (what httpx leaves); anything else is percent-encoded."""
 _TRANSPORT_ERRORS: Final = (OSError, http.client.HTTPException)
+_PUT_WAIT_S: Final = 0.1
 
 
 class RuntimeUnreachable(Exception):
@@ -330,28 +331,56 @@ def _sse_frame(block: bytes) -> Frame | None:
     return Frame(name, cursor, orjson.loads(b"\n".join(data)))
 
 
-class FrameReader:
-    """Reads a stream's frames on a background thread into a queue (so a caller can also react
-    to Ctrl-C and timeouts while waiting)."""
+MAX_PENDING_FRAMES: Final = 16384
+"""Frames a reader holds before it stops reading its socket until some are taken: a runtime
+read faster than its stream is consumed then drops the lagging subscriber and says so (a
+replay gap), rather than this process holding what nobody reads."""
 
-    def __init__(self, client: RuntimeClient, last_event_id: str | None = None) -> None:
-        self.queue: SimpleQueue[Frame | Exception | None] = SimpleQueue()
+
+class FrameReader:
+    """Reads a stream's frames on a background thread into a bounded queue (so a caller can
+    also react to Ctrl-C and timeouts while waiting). `close()` lets a thread that waits for
+    room give up."""
+
+    def __init__(
+        self,
+        client: RuntimeClient,
+        last_event_id: str | None = None,
+        max_pending: int = MAX_PENDING_FRAMES,
+    ) -> None:
+        self.queue: Queue[Frame | Exception | None] = Queue(max_pending)
         self.connected = threading.Event()
+        self._closed = threading.Event()
         self._thread = threading.Thread(
             target=self._run, args=(client, last_event_id), name="skippy-sse-reader", daemon=True
         )
         self._thread.start()
 
+    def close(self) -> None:
+        """Nobody will read on: the thread stops waiting for room (it ends with its stream)."""
+        self._closed.set()
+
+    def _put(self, item: Frame | Exception | None) -> bool:
+        """Queue `item`, waiting for room; False once closed."""
+        while not self._closed.is_set():
+            try:
+                self.queue.put(item, timeout=_PUT_WAIT_S)
+                return True
+            except Full:
+                continue
+        return False
+
     def _run(self, client: RuntimeClient, last_event_id: str | None) -> None:
         try:
             for frame in client.frames(last_event_id):
                 self.connected.set()
-                self.queue.put(frame)
+                if not self._put(frame):
+                    return
         except Exception as error:  # noqa: BLE001 - handed to the reading thread as a value
-            self.queue.put(error)
+            self._put(error)
         finally:
             self.connected.set()
-            self.queue.put(None)
+            self._put(None)
 
     def get(self, timeout_s: float) -> Frame | Exception | None | bool:
         """A frame, an exception, None at end of stream, or False on timeout."""

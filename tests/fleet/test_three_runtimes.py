@@ -427,3 +427,23 @@ def test_an_unread_stream_holds_a_bounded_queue_and_still_closes(
         stream.close()
         assert time.monotonic() - started < 3
         assert not stream.followers["b"].thread.is_alive()
+
+
+def test_a_frame_reader_holds_a_bounded_queue_and_lets_go_when_closed(trio: Trio) -> None:
+    from skippyctl.client.http import FrameReader
+
+    server = trio.servers["b"]
+    client = server.client()
+    reader = FrameReader(client, f"rt1:{server.discovery.process_instance_id}:0", max_pending=3)
+    try:
+        wait_for(lambda: reader.queue.full(), 10)  # b retained far more than 3 frames
+        time.sleep(0.5)
+        assert reader.queue.qsize() == 3
+        assert reader._thread.is_alive()  # waiting for room, not dropping frames
+        frames = [reader.get(1.0) for _ in range(3)]
+        assert all(getattr(frame, "name", None) for frame in frames)
+    finally:
+        reader.close()
+        client.close()
+        reader._thread.join(5)
+    assert not reader._thread.is_alive()
