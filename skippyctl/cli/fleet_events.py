@@ -1,4 +1,5 @@
-"""`skippyctl events --fleet`: every fleet member's events as one stream.
+"""`skippyctl events --fleet` in one process: one node's events (several nodes: one such
+process each, merged by `skippyctl.cli.fleet_children`), or, from code, several nodes'.
 
 Each node's stream is followed on a thread of its own (`skippyctl.client.fleet.FleetStream`)
 and its events are printed as they come, each with its node's name: under `--json` the event's
