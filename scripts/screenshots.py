@@ -13,16 +13,18 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if importlib.util.find_spec("skippy_tui") is None:  # not installed: run from a checkout
     sys.path.insert(0, str(ROOT))
 
 from skippy_tui import demo  # noqa: E402  (after the checkout fallback above)
-from skippy_tui.app import SkippyDashboard  # noqa: E402
+from skippy_tui.app import DashboardBase, SkippyDashboard  # noqa: E402
 from skippy_tui.fleet_app import FleetDashboard  # noqa: E402
 from skippy_tui.fleet_source import FleetScriptedSource  # noqa: E402
 from skippy_tui.sources import ScriptedSource  # noqa: E402
@@ -64,16 +66,20 @@ SHOTS = (
 
 async def render(shot: Shot) -> str:
     source = ScriptedSource(demo.script(shot.scenario()), description="demo")
-    app = SkippyDashboard(source, title="skippy")
+    return await _shoot(shot, SkippyDashboard(source, title="skippy"), source.done, "")
+
+
+async def _shoot(shot: Shot, app: DashboardBase[Any], done: threading.Event, kind: str) -> str:
+    """Run `app` headless until its scripted source `done`, press the shot's keys, export."""
     async with app.run_test(size=shot.size) as pilot:
-        if not await asyncio.to_thread(source.done.wait, SETTLE_TIMEOUT_S):
+        if not await asyncio.to_thread(done.wait, SETTLE_TIMEOUT_S):
             raise RuntimeError(f"{shot.name}: the scripted source did not finish")
         app.poll()
         await pilot.pause()
         if shot.keys:
             await pilot.press(*shot.keys)
             await pilot.pause()
-        return app.export_screenshot(title=f"skippy dashboard — {shot.caption or shot.name}")
+        return app.export_screenshot(title=f"skippy {kind}dashboard — {shot.caption or shot.name}")
 
 
 FLEET_SHOTS = (
@@ -87,16 +93,7 @@ async def render_fleet(shot: Shot) -> str:
     source = FleetScriptedSource(
         demo.fleet_script(), nodes=demo.FLEET_NODES, description="demo fleet"
     )
-    app = FleetDashboard(source, title="skippy fleet")
-    async with app.run_test(size=shot.size) as pilot:
-        if not await asyncio.to_thread(source.done.wait, SETTLE_TIMEOUT_S):
-            raise RuntimeError(f"{shot.name}: the scripted source did not finish")
-        app.poll()
-        await pilot.pause()
-        if shot.keys:
-            await pilot.press(*shot.keys)
-            await pilot.pause()
-        return app.export_screenshot(title=f"skippy fleet dashboard — {shot.caption}")
+    return await _shoot(shot, FleetDashboard(source, title="skippy fleet"), source.done, "fleet ")
 
 
 def main(argv: Sequence[str]) -> int:
