@@ -117,13 +117,12 @@ def load_command(
             json_output,
             ReasonCode.INVALID_CONFIGURATION.value,
         )
-    if options.draft is not None and remote:
+    if options.draft is not None:
+        # A draft implies its mode; it is a file on this machine, named for the runtime (on
+        # a --node, a file on that one, as given).
         spec = SpecMode.DRAFT if options.spec is SpecMode.OFF else options.spec
-        options = options.replace(spec=spec)
-    elif options.draft is not None:
-        # A draft implies its mode; it is a file on this machine, named for the runtime.
-        spec = SpecMode.DRAFT if options.spec is SpecMode.OFF else options.spec
-        options = options.replace(draft=str(Path(options.draft).expanduser().resolve()), spec=spec)
+        draft = options.draft if remote else str(Path(options.draft).expanduser().resolve())
+        options = options.replace(draft=draft, spec=spec)
     problem = options.problem()
     if problem is not None:
         # Refused before any runtime is asked: no event says why, so with --json an error record
