@@ -14,7 +14,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from skippy_tui.fleet_store import FleetSnapshot, Reach
-from skippyctl.reducer.state import LOADING_MODEL_STATES, SERVING_MODEL_STATES
+from skippy_tui.widgets.node_header import append_model_counts
 
 
 def filter_label(node_filter: str | None) -> str:
@@ -45,13 +45,7 @@ def fleet_header_text(
     text.append("showing ", style="grey62")
     text.append(filter_label(node_filter), style="bold magenta")
     models = [m for n in shown.shown(node_filter) for m in n.dashboard.view.models.values()]
-    serving = sum(1 for m in models if m.state in SERVING_MODEL_STATES)
-    loading = sum(1 for m in models if m.state in LOADING_MODEL_STATES)
-    text.append("  │  ", style="grey37")
-    text.append(f"{serving} serving", style="green" if serving else "grey62")
-    if loading:
-        text.append(f" · {loading} loading", style="cyan")
-    text.append(f" · {len(models)} model{'' if len(models) == 1 else 's'}", style="grey62")
+    append_model_counts(text, models)
     text.append("  │  ", style="grey37")
     text.append(source, style="grey62")
     if live.ended:

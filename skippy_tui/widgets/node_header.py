@@ -9,12 +9,14 @@ state is then stale, not "down" (a loading model stays "loading").
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from rich.text import Text
 from textual.widgets import Static
 
 from skippy_tui import format as fmt
 from skippy_tui.store import Connection, DashboardSnapshot
-from skippyctl.reducer.state import LOADING_MODEL_STATES, SERVING_MODEL_STATES
+from skippyctl.reducer.state import LOADING_MODEL_STATES, SERVING_MODEL_STATES, ModelView
 
 
 def header_text(
@@ -32,15 +34,7 @@ def header_text(
     else:
         text.append("node ", style="grey62")
         text.append(view.node.value, style=fmt.NODE_STYLES[view.node])
-    models = view.models.values()
-    serving = sum(1 for m in models if m.state in SERVING_MODEL_STATES)
-    loading = sum(1 for m in models if m.state in LOADING_MODEL_STATES)
-    text.append("  │  ", style="grey37")
-    text.append(f"{serving} serving", style="green" if serving else "grey62")
-    if loading:
-        text.append(f" · {loading} loading", style="cyan")
-    total = len(view.models)
-    text.append(f" · {total} model{'' if total == 1 else 's'}", style="grey62")
+    append_model_counts(text, view.models.values())
     text.append("  │  ", style="grey37")
     text.append(source, style="grey62")
     if live.connection is Connection.CONNECTING:
@@ -48,6 +42,17 @@ def header_text(
     elif live.connection is Connection.ENDED:
         text.append(" · ended", style="grey62")
     return text
+
+
+def append_model_counts(text: Text, models: Collection[ModelView]) -> None:
+    """`  │  N serving · N loading · N models` (loading only when some are)."""
+    serving = sum(1 for m in models if m.state in SERVING_MODEL_STATES)
+    loading = sum(1 for m in models if m.state in LOADING_MODEL_STATES)
+    text.append("  │  ", style="grey37")
+    text.append(f"{serving} serving", style="green" if serving else "grey62")
+    if loading:
+        text.append(f" · {loading} loading", style="cyan")
+    text.append(f" · {len(models)} model{'' if len(models) == 1 else 's'}", style="grey62")
 
 
 class NodeHeader(Static):
