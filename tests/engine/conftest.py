@@ -20,15 +20,20 @@ from skippyctl.engine.generation import BatchEngine
 from tests.engine.generation_harness import EngineFactory, Harness, Recorder
 
 
-@pytest.fixture(scope="package")
-def model(fixture_dir: Path) -> Iterator[Any]:
+def loaded_model(path: Path) -> Iterator[Any]:
+    """The llama.cpp model at ``path``, freed after use (the body of a ``model`` fixture)."""
     llama_cpp.llama_backend_init()
     loaded = llama_cpp.llama_model_load_from_file(
-        os.fsencode(fixture_dir / "tiny.gguf"), llama_cpp.llama_model_default_params()
+        os.fsencode(path), llama_cpp.llama_model_default_params()
     )
     assert loaded
     yield loaded
     llama_cpp.llama_model_free(loaded)
+
+
+@pytest.fixture(scope="package")
+def model(fixture_dir: Path) -> Iterator[Any]:
+    yield from loaded_model(fixture_dir / "tiny.gguf")
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,7 @@ from skippyctl.fixtures import TINY_SUCCESSOR, TINY_SUCCESSOR_DRAFT, make_model,
 from skippyctl.plugins.api import DiscardReason, OutcomeKind, PluginReceipt, RequestIds
 from skippyctl.plugins.builtin.ngram import NgramPlugin
 from skippyctl.plugins.inprocess import InProcessPlugin
+from tests.engine.conftest import loaded_model
 
 WAIT_S = 60.0
 WORDS = ("fox", "the", "good", "about")  # prompts end on different words of the cycle
@@ -36,13 +37,7 @@ AUTO = SpecConfig(SpecMode.AUTO)
 
 @pytest.fixture(scope="module")
 def model(fixture_dir: Path) -> Iterator[Any]:
-    llama_cpp.llama_backend_init()
-    loaded = llama_cpp.llama_model_load_from_file(
-        os.fsencode(fixture_dir / "tiny-successor.gguf"), llama_cpp.llama_model_default_params()
-    )
-    assert loaded
-    yield loaded
-    llama_cpp.llama_model_free(loaded)
+    yield from loaded_model(fixture_dir / "tiny-successor.gguf")
 
 
 class Run:
