@@ -24,6 +24,9 @@ sessions and TTFT p50 ≤ llama-server's; `--watch-events` repeats the run with 
 subscriber reading skippy's event stream. `--skippy-defaults` loads skippy without --lanes and
 --ctx, as an operator would (target: 4 sessions ≥ 1.8× one session).
 
+The contender `llama-server-again` is llama-server once more, in the same rounds: its ratios to
+`llama-server` are what an identical server gets here, the benchmark's own noise.
+
 `--skippy-base DIR` with the contender `skippy-base` runs skippy from another checkout (e.g.
 `git worktree add DIR <previous head>`, its native library built with `python setup.py
 build_ext --inplace` there) in the same rounds: `skippy / skippy-base` is a change's effect,
@@ -58,6 +61,7 @@ from benchmarks.loadgen import (
 from benchmarks.models import model_path
 from benchmarks.servers import (
     LLAMA_SERVER,
+    LLAMA_SERVER_AGAIN,
     SERVER_NAMES,
     SKIPPY,
     SKIPPY_BASE,
@@ -100,7 +104,7 @@ class Row:
 
 @dataclass(frozen=True, slots=True)
 class Ratio:
-    """skippy / `peer` at `sessions`."""
+    """`server` / `peer` at `sessions`."""
 
     peer: str
     sessions: int
@@ -118,6 +122,8 @@ class Ratio:
     """The same for each session's first requests ..."""
     ttft_later_p50: float | None = None
     """... and for the later ones (None with one request per session)."""
+    server: str = SKIPPY
+    """The numerator: skippy, or llama-server-again (against llama-server: the noise)."""
 
 
 def _orders(contenders: tuple[str, ...]) -> list[tuple[str, ...]]:
@@ -229,32 +235,37 @@ def run(plan: Plan) -> tuple[list[Row], list[Ratio]]:
                 )
             )
     ratios: list[Ratio] = []
-    if SKIPPY in plan.contenders:
-        for peer in plan.contenders:
-            if peer == SKIPPY:
-                continue
-            for sessions in plan.sessions:
-                ours = [s.tokens_per_s for s in samples[SKIPPY][sessions]]
-                theirs = [s.tokens_per_s for s in samples[peer][sessions]]
-                rate, paired, low, high = _paired(ours, theirs)
-                ttft = ttft_p50[SKIPPY, sessions] / ttft_p50[peer, sessions]
-                targeted = peer == TARGET_PEER and sessions in TARGET_RATE_SESSIONS
-                ratios.append(
-                    Ratio(
-                        peer=peer,
-                        sessions=sessions,
-                        rate=round(rate, 3),
-                        rate_paired_median=round(paired, 3),
-                        rate_paired_min=round(low, 3),
-                        rate_paired_max=round(high, 3),
-                        ttft_p50=round(ttft, 3),
-                        target=TARGET_RATE if targeted else None,
-                        meets_target=min(rate, paired) >= TARGET_RATE if targeted else None,
-                        ttft_meets_target=ttft <= 1.0 if targeted else None,
-                        ttft_first_p50=_turn_ratio(turn_p50, peer, sessions, "first"),
-                        ttft_later_p50=_turn_ratio(turn_p50, peer, sessions, "later"),
-                    )
+    pairs = [(SKIPPY, peer) for peer in plan.contenders if SKIPPY in plan.contenders]
+    if LLAMA_SERVER_AGAIN in plan.contenders and LLAMA_SERVER in plan.contenders:
+        pairs.append((LLAMA_SERVER_AGAIN, LLAMA_SERVER))
+    for ours_name, peer in pairs:
+        if peer == ours_name:
+            continue
+        for sessions in plan.sessions:
+            ours = [s.tokens_per_s for s in samples[ours_name][sessions]]
+            theirs = [s.tokens_per_s for s in samples[peer][sessions]]
+            rate, paired, low, high = _paired(ours, theirs)
+            ttft = ttft_p50[ours_name, sessions] / ttft_p50[peer, sessions]
+            targeted = (
+                ours_name == SKIPPY and peer == TARGET_PEER and sessions in TARGET_RATE_SESSIONS
+            )
+            ratios.append(
+                Ratio(
+                    peer=peer,
+                    sessions=sessions,
+                    rate=round(rate, 3),
+                    rate_paired_median=round(paired, 3),
+                    rate_paired_min=round(low, 3),
+                    rate_paired_max=round(high, 3),
+                    ttft_p50=round(ttft, 3),
+                    target=TARGET_RATE if targeted else None,
+                    meets_target=min(rate, paired) >= TARGET_RATE if targeted else None,
+                    ttft_meets_target=ttft <= 1.0 if targeted else None,
+                    ttft_first_p50=_turn_ratio(turn_p50, ours_name, peer, sessions, "first"),
+                    ttft_later_p50=_turn_ratio(turn_p50, ours_name, peer, sessions, "later"),
+                    server=ours_name,
                 )
+            )
     return rows, ratios
 
 
@@ -263,9 +274,9 @@ def _rounded(value: float | None, digits: int = 1) -> float | None:
 
 
 def _turn_ratio(
-    turn_p50: dict[tuple[str, int, str], float], peer: str, sessions: int, turn: str
+    turn_p50: dict[tuple[str, int, str], float], server: str, peer: str, sessions: int, turn: str
 ) -> float | None:
-    ours, theirs = turn_p50.get((SKIPPY, sessions, turn)), turn_p50.get((peer, sessions, turn))
+    ours, theirs = turn_p50.get((server, sessions, turn)), turn_p50.get((peer, sessions, turn))
     return None if ours is None or theirs is None else round(ours / theirs, 3)
 
 
@@ -303,7 +314,7 @@ def _report(plan: Plan, model: str, rows: list[Row], ratios: list[Ratio]) -> Non
             f"{_pair(row.ttft_first_p50_ms, row.ttft_later_p50_ms, 1):>16}\n"
         )
     write(
-        f"{'skippy /':>16} {'S':>2} {'tok/s':>7} {'paired (min..max)':>24} {'TTFT p50':>9} "
+        f"{'server / peer':>36} {'S':>2} {'tok/s':>7} {'paired (min..max)':>24} {'TTFT p50':>9} "
         f"{'first/later':>13}\n"
     )
     for ratio in ratios:
@@ -318,7 +329,8 @@ def _report(plan: Plan, model: str, rows: list[Row], ratios: list[Ratio]) -> Non
                 f"TTFT ≤ 1: {'yes' if ratio.ttft_meets_target else 'NO'}"
             )
         write(
-            f"{ratio.peer:>16} {ratio.sessions:>2} {ratio.rate:>7.3f} {paired:>24} "
+            f"{ratio.server + ' / ' + ratio.peer:>36} {ratio.sessions:>2} {ratio.rate:>7.3f} "
+            f"{paired:>24} "
             f"{ratio.ttft_p50:>9.3f} {_pair(ratio.ttft_first_p50, ratio.ttft_later_p50, 3):>13}"
             f"{verdict}\n"
         )
@@ -345,7 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--threads", type=int, default=max(1, os.cpu_count() or 1))
     parser.add_argument(
-        "--contenders", default=",".join(n for n in SERVER_NAMES if n != SKIPPY_BASE)
+        "--contenders",
+        default=",".join(n for n in SERVER_NAMES if n not in (SKIPPY_BASE, LLAMA_SERVER_AGAIN)),
     )
     parser.add_argument(
         "--watch-events", action="store_true", help="a live SSE subscriber on skippy's events"

@@ -46,8 +46,11 @@ STOP_TIMEOUT_S: Final = 15.0
 SKIPPY: Final = "skippy"
 SKIPPY_BASE: Final = "skippy-base"
 LLAMA_SERVER: Final = "llama-server"
+LLAMA_SERVER_AGAIN: Final = "llama-server-again"
+"""The same llama-server once more, in the same rounds: against the first, the benchmark's own
+noise (a ratio an identical server gets)."""
 LLAMA_CPP_SERVER: Final = "llama_cpp.server"
-SERVER_NAMES: Final = (SKIPPY, SKIPPY_BASE, LLAMA_SERVER, LLAMA_CPP_SERVER)
+SERVER_NAMES: Final = (SKIPPY, SKIPPY_BASE, LLAMA_SERVER, LLAMA_SERVER_AGAIN, LLAMA_CPP_SERVER)
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,7 +296,7 @@ def start(name: str, spec: ServerSpec, directory: Path) -> Server:
         if spec.skippy_base is None:
             raise ValueError("skippy-base needs a checkout (--skippy-base DIR)")
         return start_skippy(spec, directory, checkout=spec.skippy_base)
-    if name == LLAMA_SERVER:
+    if name in (LLAMA_SERVER, LLAMA_SERVER_AGAIN):
         return start_llama_server(spec, directory)
     if name == LLAMA_CPP_SERVER:
         return start_llama_cpp_server(spec, directory)
