@@ -3,7 +3,7 @@
     .venv/bin/python -m benchmarks.concurrent [--rounds N] [--sessions 1,2,4,8] [--tokens N]
         [--requests R] [--model mid|tiny|real] [--context-per-session N] [--threads T]
         [--contenders skippy,llama-server,llama_cpp.server] [--watch-events] [--skippy-defaults]
-        [--skippy-base DIR]
+        [--skippy-base DIR] [--skippy-spec MODE]
 
 For every S in --sessions, each contender is started fresh (benchmarks/servers.py: same model,
 threads, flash attention, S parallel sequences with the same context each, split KV), warmed up
@@ -22,7 +22,8 @@ when both statistics reach it.
 Targets (issue 12), for the peer llama-server: aggregate tokens/s ≥ 1.00× at 1, 4 and 8
 sessions and TTFT p50 ≤ llama-server's; `--watch-events` repeats the run with a live SSE
 subscriber reading skippy's event stream. `--skippy-defaults` loads skippy without --lanes and
---ctx, as an operator would (target: 4 sessions ≥ 1.8× one session).
+--ctx, as an operator would (target: 4 sessions ≥ 1.8× one session). `--skippy-spec MODE` loads
+skippy (and skippy-base) with `--spec MODE` (default: the load's default, `auto`).
 
 The contender `llama-server-again` is llama-server once more, in the same rounds: its ratios to
 `llama-server` are what an identical server gets here, the benchmark's own noise.
@@ -172,6 +173,7 @@ class Plan:
     watch_events: bool
     skippy_defaults: bool
     skippy_base: Path | None = None
+    skippy_spec: str | None = None
 
 
 def run(plan: Plan) -> tuple[list[Row], list[Ratio]]:
@@ -190,6 +192,7 @@ def run(plan: Plan) -> tuple[list[Row], list[Ratio]]:
                 plan.threads,
                 plan.skippy_defaults,
                 skippy_base=plan.skippy_base,
+                skippy_load_args=("--spec", plan.skippy_spec) if plan.skippy_spec else (),
             )
             for name in orders[group % len(orders)]:
                 samples[name][sessions].append(
@@ -372,6 +375,11 @@ def main(argv: list[str] | None = None) -> int:
         metavar="DIR",
         help="the checkout the contender skippy-base runs (e.g. the previous head's worktree)",
     )
+    parser.add_argument(
+        "--skippy-spec",
+        choices=("off", "auto", "ngram"),
+        help="load skippy with --spec MODE (default: the load's default)",
+    )
     args = parser.parse_args(argv)
     sessions = tuple(sorted({int(s) for s in args.sessions.split(",") if s.strip()}))
     contenders = tuple(dict.fromkeys(c.strip() for c in args.contenders.split(",") if c.strip()))
@@ -396,6 +404,7 @@ def main(argv: list[str] | None = None) -> int:
         threads=args.threads,
         watch_events=args.watch_events,
         skippy_defaults=args.skippy_defaults,
+        skippy_spec=args.skippy_spec,
         skippy_base=args.skippy_base,
     )
     try:

@@ -400,7 +400,7 @@ class DecodeCore:
         chunks = self._prefill_chunks()
         stepping = [] if self._prompts_first(decoding, chunks) else decoding
         if self._spec.enabled and stepping:
-            self._proposals.propose(stepping, chunks)
+            self._proposals.propose(stepping, chunks, not self._lanes.all_busy())
         participants = self._batch.fill(stepping, chunks)
         n_seqs = len(participants)
         if n_seqs > 1:

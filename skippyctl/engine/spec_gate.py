@@ -47,6 +47,11 @@ STEP_NOISE: Final = 0.1
 """How much a step's time varies from one step to the next, as a share of it (2 busy cores)."""
 CHOSEN_WEIGHT: Final = 0.5
 """Weight of each step a lane had proposals in its share of such steps that verified them."""
+STEP_STRETCH: Final = 1.0
+"""With a lane free for a request that may come, what a step's proposals may add to it, as a
+share of a plain step: a request that arrives waits for the step under way before its prompt
+is decoded, so windows unbounded there made later turns' first tokens 2.3× slower at 4 sessions
+(``benchmarks/concurrent.py``, the real model)."""
 SWITCH_ON: Final = 0.6
 SWITCH_OFF: Final = 0.25
 """Shares of a lane's steps with proposals that verified them, at which it counts as
@@ -250,13 +255,20 @@ class SpecGate:
         return expected_accepted(gate.acceptance(self.prior), proposed) * plain / lanes
 
     def choose(
-        self, rows: list[tuple[int, int]], candidates: Sequence[Candidate], lanes: int
+        self,
+        rows: list[tuple[int, int]],
+        candidates: Sequence[Candidate],
+        lanes: int,
+        bounded: bool = False,
     ) -> tuple[dict[int, int], list[LaneGate]]:
         """Which candidates verify how many of their proposals this step: ``{seq: length}``,
         and the gates that switched on or off. ``rows`` are the step's ``(sequence, tokens)``
         without proposals; lanes are taken best worth-per-token first while each still pays
         for what it adds — a window may be cut to the length of one already taken, when
-        sharing that one's passes pays better."""
+        sharing that one's passes pays better. ``bounded`` (a lane is free): the proposals
+        add at most :data:`STEP_STRETCH` of a plain step, windows cut to fit."""
+        plain = self.costs.plain(lanes)
+        room = STEP_STRETCH * plain if bounded and plain is not None else math.inf
         chosen: dict[int, int] = {}
         ranked: list[tuple[float, Candidate]] = []
         for candidate in candidates:
@@ -267,7 +279,7 @@ class SpecGate:
         current = dict(rows)
         passes = self._passes(rows)
         for _rank, candidate in ranked:
-            best: tuple[float, int, int] | None = None
+            best: tuple[float, int, int, float] | None = None
             lengths = {
                 candidate.proposed,
                 self.best_length(candidate.gate, candidate.proposed, lanes),
@@ -277,16 +289,22 @@ class SpecGate:
                 trial[candidate.seq] = trial.get(candidate.seq, 0) + length
                 trial_passes = self._passes(list(trial.items()))
                 cost = self.costs.cost(length, trial_passes - passes)
+                while cost is not None and cost > room and length > 1:
+                    length = max(1, math.floor(length * room / cost))  # cut to fit the bound
+                    trial[candidate.seq] = current.get(candidate.seq, 0) + length
+                    trial_passes = self._passes(list(trial.items()))
+                    cost = self.costs.cost(length, trial_passes - passes)
                 worth = self.worth(candidate.gate, length, lanes)
-                if cost is None or worth is None:
+                if cost is None or worth is None or cost > room:
                     continue
                 net = worth - cost
                 if net > 0 and (best is None or net > best[0]):
-                    best = (net, length, trial_passes)
+                    best = (net, length, trial_passes, cost)
             if best is not None:
-                _net, length, passes = best
+                _net, length, passes, cost = best
                 current[candidate.seq] = current.get(candidate.seq, 0) + length
                 chosen[candidate.seq] = length
+                room -= cost
         switched = [
             candidate.gate
             for candidate in candidates

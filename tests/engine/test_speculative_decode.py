@@ -58,6 +58,14 @@ class Run:
                 self._cond.notify_all()
             elif isinstance(message, GenSpecSwitched):
                 self.switched.append(message)
+                self._cond.notify_all()
+
+    def wait_speculating(self, request_id: str) -> None:
+        with self._cond:
+            assert self._cond.wait_for(
+                lambda: any(m.request_id == request_id and m.speculating for m in self.switched),
+                WAIT_S,
+            )
 
     def wait(self, count: int) -> None:
         with self._cond:
@@ -71,7 +79,11 @@ def _generate(
     lanes: int,
     sequential: bool,
     tokens_per_lane: int = 512,
+    llama: Any = llama_cpp,
+    staggered: bool = False,
 ) -> Run:
+    """``sequential``: each request once the previous one ended; ``staggered``: once the previous
+    one speculates (it is running when the next one's prompt comes); else all at once."""
     params = llama_cpp.llama_context_default_params()
     params.n_ctx = tokens_per_lane * lanes
     params.n_seq_max = lanes
@@ -79,14 +91,17 @@ def _generate(
     assert context
     run = Run()
     engine = BatchEngine(
-        llama_cpp, model, context, lanes=lanes, emit=run, n_threads=1, speculation=spec
+        llama, model, context, lanes=lanes, emit=run, n_threads=1, speculation=spec
     )
     try:
-        if sequential:
+        if sequential or staggered:
             engine.start()
             for count, request in enumerate(requests, 1):
                 engine.submit(request)
-                run.wait(count)
+                if sequential:
+                    run.wait(count)
+                elif count < len(requests):
+                    run.wait_speculating(request.request_id)
         else:
             # All queued before the decode thread starts: its first step admits every one, so
             # the schedule (and the proposal counts the tests bound) does not depend on how
@@ -195,6 +210,61 @@ def test_auto_verifies_nothing_where_proposals_cost_more_than_they_could_add(
         )
         assert run.done[request.request_id].figures.spec_proposed == 0
     assert run.switched == []
+
+
+class BatchShapes:
+    """llama_cpp with the shape of every ``llama_decode``'s batch recorded: per sequence, its
+    tokens and how many of them ask for logits (a verified window asks for every one, a prompt
+    chunk for its last token at most)."""
+
+    def __init__(self) -> None:
+        self.steps: list[dict[int, tuple[int, int]]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(llama_cpp, name)
+
+    def llama_decode(self, context: Any, batch: Any) -> int:
+        shape: dict[int, tuple[int, int]] = {}
+        for i in range(batch.n_tokens):
+            tokens, logits = shape.get(batch.seq_id[i][0], (0, 0))
+            shape[batch.seq_id[i][0]] = (tokens + 1, logits + (1 if batch.logits[i] else 0))
+        self.steps.append(shape)
+        return int(llama_cpp.llama_decode(context, batch))
+
+
+def test_auto_verifies_nothing_in_a_step_that_carries_a_prompt(
+    model: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request that arrives while another lane speculates gets its prompt's step without
+    windows beside it (they would delay its first token by their forward pass); the lane
+    verifies again in the steps after."""
+    monkeypatch.setattr(spec_gate, "StepCosts", _KnownCosts)
+    monkeypatch.setattr(_KnownCosts, "token_s", 0.0001)
+    monkeypatch.setattr(_KnownCosts, "pass_s", 0.0002)
+    table = successor_cycles(TINY_SUCCESSOR)
+    shapes = BatchShapes()
+    requests = [
+        GenerateRequest(
+            f"r{i}",
+            prompt=word + table.text(table.continuation(table.word_id(word), 700)),
+            max_tokens=200,
+            sampling=SamplingParams(temperature=0.0),
+        )
+        for i, word in enumerate(WORDS[:3])
+    ]
+    # On two lanes, r1 comes once r0 speculates and r2 once r1 does (r0 may still run); their
+    # 700-token prompts take two steps each (the chunk is the context's n_ubatch, 512), and a
+    # lane decoding then joins both.
+    run = _generate(
+        model, AUTO, requests, 2, sequential=False, staggered=True, tokens_per_lane=2048,
+        llama=shapes,
+    )  # fmt: skip
+    assert sum(run.done[r.request_id].figures.spec_accepted for r in requests) > 200
+    with_prompt = [s for s in shapes.steps if any(t > 1 and n <= 1 for t, n in s.values())]
+    windows = [s for s in shapes.steps if any(n > 1 for _, n in s.values())]
+    assert len(with_prompt) >= 6 and len(windows) >= 3
+    assert any(len(step) > 1 for step in with_prompt)  # a decoding lane beside a chunk
+    assert all(n <= 1 for step in with_prompt for _, n in step.values()), with_prompt
 
 
 def test_a_session_continues_from_speculated_kv(model: Any) -> None:
