@@ -94,6 +94,10 @@ that may be coming back (``DecodeCore._gathering``)."""
 GATHER_WAIT_S: Final = 0.004
 """The most an idle engine holds the first of them for the others: about what the host takes
 for each request, far below one prefill step."""
+CONCURRENT_ARRIVALS_S: Final = 10.0
+"""How long after a request started beside decoding lanes another is expected to: meanwhile a
+step with a lane free keeps its proposals short (``spec_gate.STEP_STRETCH``); one client's
+requests, each after the last, never start beside decoding lanes and keep whole windows."""
 
 
 class DecodeCore:
@@ -220,6 +224,8 @@ class DecodeCore:
         self._board = RequestBoard()
         self._steps = 0
         """Decode steps so far (which step generations ended in)."""
+        self._concurrent_start = -math.inf
+        """When a request last started while other lanes were decoding (monotonic s)."""
         self._ended: list[tuple[int, float]] = []
         """The step and time at which generations ended lately (for gathering the sessions
         that come back)."""
@@ -388,6 +394,8 @@ class DecodeCore:
         r.phase = Phase.PREFILL
         now = time.monotonic()
         r.t_prefill_start = r.t_prefill_progress = now
+        if self._board.decoding:
+            self._concurrent_start = now
         self._board.prefilling.append(r)
         cache = cache_result(session is not None, keep, len(prompt))
         self.emit(GenStarted(r.id, lane.seq, session, len(prompt), r.reused, cache))
@@ -400,7 +408,7 @@ class DecodeCore:
         chunks = self._prefill_chunks()
         stepping = [] if self._prompts_first(decoding, chunks) else decoding
         if self._spec.enabled and stepping:
-            self._proposals.propose(stepping, chunks, not self._lanes.all_busy())
+            self._proposals.propose(stepping, chunks, self._arrival_may_wait())
         participants = self._batch.fill(stepping, chunks)
         n_seqs = len(participants)
         if n_seqs > 1:
@@ -442,6 +450,12 @@ class DecodeCore:
             for r in decoding:  # the ones still running: an ended one handed its tokens over
                 self._proposals.hand_commits(r)
         self._kv.check_pressure()
+
+    def _arrival_may_wait(self) -> bool:
+        """Whether a request may arrive during this step and wait for it: a lane is free and
+        requests came lately while others decoded."""
+        recent = time.monotonic() - self._concurrent_start < CONCURRENT_ARRIVALS_S
+        return recent and not self._lanes.all_busy()
 
     def _prompts_first(
         self, decoding: list[RequestState], chunks: list[tuple[RequestState, int]]

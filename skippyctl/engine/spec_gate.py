@@ -15,6 +15,12 @@ verifying them adds to the step, on this machine, for this model, at this batch 
   fitted as the step goes (recursive least squares, forgetting old steps) from how much
   longer speculating steps took than plain steps with as many lanes (:class:`StepCosts`).
 
+- **Bound.** A request that arrives waits for the step under way before its prompt is decoded.
+  So while a lane is free for one, a step's proposals may add at most :data:`STEP_STRETCH` of a
+  plain step (windows cut to fit), and a step that carries a prompt chunk verifies none
+  (``proposals.py``). With every lane busy the windows are as long as they pay: an arrival
+  waits for a lane anyway.
+
 Acceptance is measured per lane also while the lane does not speculate: the proposer is still
 asked (prompt lookup in this process costs microseconds), and its proposal is compared with
 the tokens the lane then commits — a shadow window that costs no decode (:class:`LaneGate`).
@@ -47,7 +53,7 @@ STEP_NOISE: Final = 0.1
 """How much a step's time varies from one step to the next, as a share of it (2 busy cores)."""
 CHOSEN_WEIGHT: Final = 0.5
 """Weight of each step a lane had proposals in its share of such steps that verified them."""
-STEP_STRETCH: Final = 1.0
+STEP_STRETCH: Final = 0.5
 """With a lane free for a request that may come, what a step's proposals may add to it, as a
 share of a plain step: a request that arrives waits for the step under way before its prompt
 is decoded, so windows unbounded there made later turns' first tokens 2.3× slower at 4 sessions
