@@ -178,15 +178,15 @@ class Proposals:
         self,
         decoding: list[RequestState],
         chunks: Sequence[tuple[RequestState, int]] = (),
-        lane_free: bool = False,
+        arrival_may_wait: bool = False,
     ) -> None:
         """Each decoding lane's proposals for this step, as many as its window, its lane's
         context and its ``max_tokens`` leave room for (every committed proposal and the token
         sampled after the last one count): the run-ahead of its last answer when that still
         holds, else one query to the proposer for all the lanes that need one. With ``--spec
         auto`` the gate then keeps the proposals that pay (``chunks``: the step's prompt
-        chunks, which share its passes; ``lane_free``: a request that comes now would wait
-        for this step, which the gate then keeps short)."""
+        chunks, which share its passes; ``arrival_may_wait``: a request that comes now would
+        wait for this step, which the gate then keeps short)."""
         self._step_plan = None
         limit = self._spec.lane_limit(len(decoding))
         gated = self._gate is not None
@@ -215,7 +215,7 @@ class Proposals:
         if wants:
             self._ask(decoding, wants)
         if self._gate is not None:
-            self._gate_step(decoding, chunks, lane_free)
+            self._gate_step(decoding, chunks, arrival_may_wait)
             return
         if not self._kv.unified and len(decoding) > 1:
             # With one KV stream per lane llama.cpp cuts a batch into micro-batches that take
@@ -234,7 +234,7 @@ class Proposals:
         self,
         decoding: list[RequestState],
         chunks: Sequence[tuple[RequestState, int]],
-        lane_free: bool,
+        arrival_may_wait: bool,
     ) -> None:
         """``--spec auto``: the lanes whose proposals pay verify them (as many as pay); the
         others' proposals become shadows, compared with what the lane commits next."""
@@ -255,7 +255,7 @@ class Proposals:
         if candidates:
             switched: list[LaneGate] = []
             if not chunks:
-                chosen, switched = gate.choose(rows, candidates, len(decoding), lane_free)
+                chosen, switched = gate.choose(rows, candidates, len(decoding), arrival_may_wait)
             # A step that carries a prompt verifies nothing: windows beside a chunk would delay
             # that request's first token by their forward pass (measured at 4 sessions: the
             # later turns' TTFT p50 2× llama-server's), for a step in a prompt's life.

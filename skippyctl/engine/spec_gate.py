@@ -16,10 +16,11 @@ verifying them adds to the step, on this machine, for this model, at this batch 
   longer speculating steps took than plain steps with as many lanes (:class:`StepCosts`).
 
 - **Bound.** A request that arrives waits for the step under way before its prompt is decoded.
-  So while a lane is free for one, a step's proposals may add at most :data:`STEP_STRETCH` of a
-  plain step (windows cut to fit), and a step that carries a prompt chunk verifies none
-  (``proposals.py``). With every lane busy the windows are as long as they pay: an arrival
-  waits for a lane anyway.
+  So while a lane is free for one and requests lately started beside decoding lanes
+  (``DecodeCore._arrival_may_wait``), a step's proposals may add at most
+  :data:`STEP_STRETCH` of a plain step (windows cut to fit); a step that carries a prompt chunk
+  verifies none (``proposals.py``). With every lane busy, or one client's requests one after
+  the other, the windows are as long as they pay.
 
 Acceptance is measured per lane also while the lane does not speculate: the proposer is still
 asked (prompt lookup in this process costs microseconds), and its proposal is compared with
@@ -54,10 +55,9 @@ STEP_NOISE: Final = 0.1
 CHOSEN_WEIGHT: Final = 0.5
 """Weight of each step a lane had proposals in its share of such steps that verified them."""
 STEP_STRETCH: Final = 0.5
-"""With a lane free for a request that may come, what a step's proposals may add to it, as a
-share of a plain step: a request that arrives waits for the step under way before its prompt
-is decoded, so windows unbounded there made later turns' first tokens 2.3× slower at 4 sessions
-(``benchmarks/concurrent.py``, the real model)."""
+"""What a step's proposals may add to it, as a share of a plain step, while a request may
+arrive and wait for the step (module docstring, "Bound"): windows unbounded there made later
+turns' first tokens 2.3× slower at 4 sessions (``benchmarks/concurrent.py``, the real model)."""
 SWITCH_ON: Final = 0.6
 SWITCH_OFF: Final = 0.25
 """Shares of a lane's steps with proposals that verified them, at which it counts as
@@ -271,8 +271,9 @@ class SpecGate:
         and the gates that switched on or off. ``rows`` are the step's ``(sequence, tokens)``
         without proposals; lanes are taken best worth-per-token first while each still pays
         for what it adds — a window may be cut to the length of one already taken, when
-        sharing that one's passes pays better. ``bounded`` (a lane is free): the proposals
-        add at most :data:`STEP_STRETCH` of a plain step, windows cut to fit."""
+        sharing that one's passes pays better. ``bounded`` (a request may arrive and wait for
+        this step): the proposals add at most :data:`STEP_STRETCH` of a plain step, windows
+        cut to fit."""
         plain = self.costs.plain(lanes)
         room = STEP_STRETCH * plain if bounded and plain is not None else math.inf
         chosen: dict[int, int] = {}
