@@ -1,9 +1,10 @@
 """Streams whose text the engine writes to the client's connection itself, against a real runtime
-(tiny.gguf): byte for byte what the host would have written, said by the receipt
-(``written_by``), and kept to the streams it may serve — plain text over HTTP/1.1 — while
-log-probabilities and tool-call reading stay on the host's path. A stream the host ends itself
-while the engine holds its connection (the engine stopped with SIGSTOP, a real stall) gets its
-end only after the engine let go, or is cut."""
+(tiny.gguf; texts compared across requests come from the successor model): byte for byte what
+the host would have written, said by the receipt (``written_by``), and kept to the streams it
+may serve — plain text over HTTP/1.1 — while log-probabilities and tool-call reading stay on
+the host's path. A stream the host ends itself while the engine holds its connection (the
+engine stopped with SIGSTOP, a real stall) gets its end only after the engine let go, or is
+cut."""
 
 from __future__ import annotations
 
