@@ -257,8 +257,7 @@ class Proposals:
             if not chunks:
                 chosen, switched = gate.choose(rows, candidates, len(decoding), arrival_may_wait)
             # A step that carries a prompt verifies nothing: windows beside a chunk would delay
-            # that request's first token by their forward pass (measured at 4 sessions: the
-            # later turns' TTFT p50 2× llama-server's), for a step in a prompt's life.
+            # that request's first token by their forward pass, for a step in a prompt's life.
             for seq, r in by_seq.items():
                 length = chosen.get(seq, 0)
                 lane_gate = r.gate

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -224,6 +225,7 @@ class BatchShapes:
         return getattr(llama_cpp, name)
 
     def llama_decode(self, context: Any, batch: Any) -> int:
+        time.sleep(0.002)  # a running request outlasts the test thread's next submit
         shape: dict[int, tuple[int, int]] = {}
         for i in range(batch.n_tokens):
             tokens, logits = shape.get(batch.seq_id[i][0], (0, 0))
@@ -247,7 +249,7 @@ def test_auto_verifies_nothing_in_a_step_that_carries_a_prompt(
         GenerateRequest(
             f"r{i}",
             prompt=word + table.text(table.continuation(table.word_id(word), 700)),
-            max_tokens=200,
+            max_tokens=600,
             sampling=SamplingParams(temperature=0.0),
         )
         for i, word in enumerate(WORDS[:3])
@@ -259,7 +261,7 @@ def test_auto_verifies_nothing_in_a_step_that_carries_a_prompt(
         model, AUTO, requests, 2, sequential=False, staggered=True, tokens_per_lane=2048,
         llama=shapes,
     )  # fmt: skip
-    assert sum(run.done[r.request_id].figures.spec_accepted for r in requests) > 200
+    assert sum(run.done[r.request_id].figures.spec_accepted for r in requests) > 600
     with_prompt = [s for s in shapes.steps if any(t > 1 and n <= 1 for t, n in s.values())]
     windows = [s for s in shapes.steps if any(n > 1 for _, n in s.values())]
     assert len(with_prompt) >= 6 and len(windows) >= 3
