@@ -63,6 +63,7 @@ from benchmarks.models import model_path
 from benchmarks.servers import (
     LLAMA_SERVER,
     LLAMA_SERVER_AGAIN,
+    LLAMA_SERVER_FA_OFF,
     SERVER_NAMES,
     SKIPPY,
     SKIPPY_BASE,
@@ -125,6 +126,10 @@ class Ratio:
     """... and for the later ones (None with one request per session)."""
     server: str = SKIPPY
     """The numerator: skippy, or llama-server-again (against llama-server: the noise)."""
+
+
+OPT_IN_CONTENDERS: Final = (SKIPPY_BASE, LLAMA_SERVER_AGAIN, LLAMA_SERVER_FA_OFF)
+"""Run only when --contenders names them."""
 
 
 def _orders(contenders: tuple[str, ...]) -> list[tuple[str, ...]]:
@@ -361,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=max(1, os.cpu_count() or 1))
     parser.add_argument(
         "--contenders",
-        default=",".join(n for n in SERVER_NAMES if n not in (SKIPPY_BASE, LLAMA_SERVER_AGAIN)),
+        default=",".join(n for n in SERVER_NAMES if n not in OPT_IN_CONTENDERS),
     )
     parser.add_argument(
         "--watch-events", action="store_true", help="a live SSE subscriber on skippy's events"

@@ -11,7 +11,8 @@ Three OpenAI-compatible servers over HTTP on 127.0.0.1, each in its own process 
 - `llama-server`: llama.cpp's own server, built from the llama.cpp that llama-cpp-python vendors
   (`benchmarks/llama_server_build.py`): `-np S -c S × per-session context -t T -tb T -fa on`
   (split KV: each slot its own per-session context, like skippy's lanes), warm-up off (every
-  server gets the same warm-up request instead), no web UI.
+  server gets the same warm-up request instead), no web UI. `llama-server-fa-off`: the same with
+  `-fa off` (what skippy's `--flash-attn auto` picks on a CPU).
 - `llama_cpp.server`: `python -m llama_cpp.server` from the installed llama-cpp-python, one
   request at a time behind its lock (it has no parallel slots): `--n_ctx` per-session context,
   the same threads, flash attention, `--logits_all False`, `--interrupt_requests False`.
@@ -49,8 +50,18 @@ LLAMA_SERVER: Final = "llama-server"
 LLAMA_SERVER_AGAIN: Final = "llama-server-again"
 """The same llama-server once more, in the same rounds: against the first, the benchmark's own
 noise (a ratio an identical server gets)."""
+LLAMA_SERVER_FA_OFF: Final = "llama-server-fa-off"
+"""llama-server with `-fa off`: the peer with the flash-attention setting skippy's `--flash-attn
+auto` picks on a CPU (llama-server's own default, `auto`, turns it on there)."""
 LLAMA_CPP_SERVER: Final = "llama_cpp.server"
-SERVER_NAMES: Final = (SKIPPY, SKIPPY_BASE, LLAMA_SERVER, LLAMA_SERVER_AGAIN, LLAMA_CPP_SERVER)
+SERVER_NAMES: Final = (
+    SKIPPY,
+    SKIPPY_BASE,
+    LLAMA_SERVER,
+    LLAMA_SERVER_AGAIN,
+    LLAMA_SERVER_FA_OFF,
+    LLAMA_CPP_SERVER,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,7 +255,7 @@ def start_skippy(
     return server
 
 
-def start_llama_server(spec: ServerSpec, directory: Path) -> Server:
+def start_llama_server(spec: ServerSpec, directory: Path, flash_attn: str = "on") -> Server:
     from benchmarks.llama_server_build import binary, is_built
 
     if not is_built():
@@ -255,7 +266,7 @@ def start_llama_server(spec: ServerSpec, directory: Path) -> Server:
     threads = str(spec.threads)
     command = [str(binary("llama-server")), "-m", str(spec.path), "-a", MODEL_ALIAS]
     command += ["-np", str(spec.sessions), "-c", str(spec.sessions * spec.context_per_session)]
-    command += ["-t", threads, "-tb", threads, "-fa", "on", "--no-kv-unified"]
+    command += ["-t", threads, "-tb", threads, "-fa", flash_attn, "--no-kv-unified"]
     command += ["--no-warmup", "--no-webui", "--seed", str(SEED)]
     command += ["--host", "127.0.0.1", "--port", str(port), *spec.llama_server_args]
     log_path = directory / "llama-server.log"
@@ -298,6 +309,8 @@ def start(name: str, spec: ServerSpec, directory: Path) -> Server:
         return start_skippy(spec, directory, checkout=spec.skippy_base)
     if name in (LLAMA_SERVER, LLAMA_SERVER_AGAIN):
         return start_llama_server(spec, directory)
+    if name == LLAMA_SERVER_FA_OFF:
+        return start_llama_server(spec, directory, flash_attn="off")
     if name == LLAMA_CPP_SERVER:
         return start_llama_cpp_server(spec, directory)
     raise ValueError(f"unknown server {name!r} ({', '.join(SERVER_NAMES)})")

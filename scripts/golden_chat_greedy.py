@@ -1,6 +1,6 @@
-"""Make tests/golden/chat_greedy.json: llama-server's greedy chat answers under vendored templates.
+"""Make tests/golden/chat_greedy*.json: llama-server's greedy chat answers under vendored templates.
 
-    .venv/bin/python -m scripts.golden_chat_greedy [--binary PATH] [--out FILE]
+    .venv/bin/python -m scripts.golden_chat_greedy [--binary PATH] [--flash-attn on|off] [--out FILE]
 
 For each template in TEMPLATES (llama.cpp's `models/templates`, vendored into
 fixtures/vendor/templates by `make fixtures`), starts llama-server (benchmarks/servers.py's
@@ -14,6 +14,10 @@ the same model with each template (`load --chat-template`) and compares through 
 `openai` client.
 
 `--binary`: a llama-server built elsewhere, used in place of benchmarks.llama_server_build's cache.
+`--flash-attn`: llama-server's `-fa` (default on, llama-server's own choice on a CPU: the file
+tests/golden/chat_greedy.json; off: tests/golden/chat_greedy_fa_off.json, what skippyctl's
+default `--flash-attn auto` computes on a CPU). Flash attention rounds differently, and a
+greedy text can part on it.
 """
 
 from __future__ import annotations
@@ -85,7 +89,7 @@ def requests_for(template: str) -> list[tuple[str, dict[str, Any]]]:
     return [(name, {**body, "max_tokens": MAX_TOKENS, "temperature": 0}) for name, body in cases]
 
 
-def _ask(template: str, scratch: Path) -> list[dict[str, Any]]:
+def _ask(template: str, scratch: Path, flash_attn: str) -> list[dict[str, Any]]:
     path = REPO / "fixtures" / "vendor" / "templates" / template
     spec = ServerSpec(
         MODEL,
@@ -95,7 +99,7 @@ def _ask(template: str, scratch: Path) -> list[dict[str, Any]]:
         llama_server_args=("--jinja", "--chat-template-file", str(path)),
     )
     cases = []
-    server = start_llama_server(spec, scratch)
+    server = start_llama_server(spec, scratch, flash_attn=flash_attn)
     try:
         with httpx.Client(base_url=server.url, timeout=300) as http:
             for name, request in requests_for(template):
@@ -110,19 +114,23 @@ def _ask(template: str, scratch: Path) -> list[dict[str, Any]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--binary", type=Path, help="a llama-server binary to use")
-    parser.add_argument("--out", type=Path, default=REPO / "tests" / "golden" / "chat_greedy.json")
+    parser.add_argument("--flash-attn", choices=("on", "off"), default="on")
+    parser.add_argument("--out", type=Path, help="default: tests/golden/chat_greedy[_fa_off].json")
     args = parser.parse_args(argv)
+    suffix = "" if args.flash_attn == "on" else "_fa_off"
+    out = args.out or REPO / "tests" / "golden" / f"chat_greedy{suffix}.json"
     use_binary(args.binary)
     templates = {}
     with tempfile.TemporaryDirectory(prefix="golden-chat-greedy-") as scratch:
         for template in TEMPLATES:
-            templates[template] = _ask(template, Path(scratch))
+            templates[template] = _ask(template, Path(scratch), args.flash_attn)
     write_golden(
-        args.out,
-        "golden_chat_greedy",
+        out,
+        "golden_chat_greedy" + ("" if args.flash_attn == "on" else " --flash-attn off"),
         args.binary,
         {
-            "peer": "llama-server (benchmarks/llama_server_build.py), --jinja, greedy, one slot",
+            "peer": "llama-server (benchmarks/llama_server_build.py), --jinja, greedy, one slot, "
+            f"-fa {args.flash_attn}",
             "model": MODEL.name,
             # Templates that print today's date saw this day: the test pins it too.
             "rendered_on": datetime.date.today().isoformat(),

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from skippyctl.config.load_options import LoadOptions, SpecMode
+from skippyctl.config.load_options import FlashAttention, LoadOptions, SpecMode
 from skippyctl.config.tool_call_format import tool_call_format
 from skippyctl.engine.geometry import available_memory_bytes, kv_bytes_per_token, plan_context
 from skippyctl.engine.options import EngineOptions
@@ -329,6 +329,8 @@ class ModelLoader:
         context_params.n_ctx = plan.context_tokens
         context_params.n_seq_max = plan.lanes
         context_params.n_threads = context_params.n_threads_batch = _threads(command.options)
+        flash = flash_attention(command.options, on_host)
+        context_params.flash_attn_type = _flash_attn_type(llama, flash)
         self._emit(LoadPhase(operation_id, LoadPhaseName.ALLOCATING))
         context = llama.llama_init_from_model(model, context_params)
         reply = ContextReturned(operation_id, ok=False)
@@ -350,7 +352,7 @@ class ModelLoader:
             # Raises for a context it cannot serve (e.g. more lanes than its batch): the load
             # then fails with ContextReturned ok=false (see _load).
             speculation = speculation_of(command)
-            loaded.draft = self._load_draft(command, draft_model, context, lanes)
+            loaded.draft = self._load_draft(command, draft_model, context, lanes, flash)
             activation = plugin_activation(
                 command,
                 n_vocab=_n_vocab(llama, model),
@@ -388,6 +390,7 @@ class ModelLoader:
                 context_tokens_per_lane=loaded.generation.context_tokens_per_lane(),
                 batch_tokens=int(llama.llama_n_batch(context)),
                 threads=int(llama.llama_n_threads(context)),
+                flash_attention=flash,
                 pooling=loaded.pooling,
                 # The template that renders a chat with tools: an override, else the GGUF's
                 # `tool_use` variant, else its default.
@@ -492,8 +495,11 @@ class ModelLoader:
         self._emit(LoadPhase(command.operation_id, LoadPhaseName.DRAFT_LOADED))
         return draft
 
-    def _load_draft(self, command: Load, draft: Any, context: Any, lanes: int) -> Any | None:
-        """The draft model's context, of the target's lanes and size (None without a draft).
+    def _load_draft(
+        self, command: Load, draft: Any, context: Any, lanes: int, flash: bool | None
+    ) -> Any | None:
+        """The draft model's context, of the target's lanes, size and flash attention (None
+        without a draft).
         Raises ValueError (the load then fails) when it cannot be created."""
         if draft is None:
             return None
@@ -505,6 +511,7 @@ class ModelLoader:
         context_params.n_seq_max = lanes
         context_params.n_batch = context_params.n_ubatch = DRAFT_BATCH_TOKENS
         context_params.n_threads = context_params.n_threads_batch = _threads(command.options)
+        context_params.flash_attn_type = _flash_attn_type(llama, flash)
         draft_context = llama.llama_init_from_model(draft, context_params)
         if not draft_context:
             llama.llama_model_free(draft)
@@ -655,6 +662,26 @@ def speculation_of(command: Load) -> SpecConfig:
     if options.spec is SpecMode.OFF:
         return SPEC_OFF
     return SpecConfig(options.spec, options.spec_draft_tokens, options.spec_runahead_tokens)
+
+
+def flash_attention(options: LoadOptions, on_host: bool) -> bool | None:
+    """Whether the load's contexts use flash attention (``load --flash-attn``): 'auto' is off
+    where the KV cache is in host memory — llama.cpp's CPU kernel decodes a step, and verifies
+    a window of fewer than 64 tokens, slower with it (docs/BENCHMARKS.md section 5) — and
+    llama.cpp's own choice elsewhere (None: not known here)."""
+    if options.flash_attn is FlashAttention.ON:
+        return True
+    if options.flash_attn is FlashAttention.OFF or on_host:
+        return False
+    return None
+
+
+def _flash_attn_type(llama: Any, flash: bool | None) -> int:
+    if flash is None:
+        return int(llama.LLAMA_FLASH_ATTN_TYPE_AUTO)
+    if flash:
+        return int(llama.LLAMA_FLASH_ATTN_TYPE_ENABLED)
+    return int(llama.LLAMA_FLASH_ATTN_TYPE_DISABLED)
 
 
 def _threads(options: LoadOptions) -> int:

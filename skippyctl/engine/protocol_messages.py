@@ -143,6 +143,9 @@ class ContextReturned:
     """``llama_n_batch``: the most tokens one ``llama_decode`` call takes."""
     threads: int | None = None
     """``llama_n_threads``: the threads that decode for the context."""
+    flash_attention: bool | None = None
+    """Whether the context uses flash attention (``load --flash-attn``); None when llama.cpp
+    chose (a GPU with 'auto')."""
     pooling: str | None = None
     """An embedding model's pooling (``mean``, ``cls``, ``last``, ``rank``: llama.cpp's, from the
     GGUF); None for a generative model. A pooling model serves embeddings, not generation."""

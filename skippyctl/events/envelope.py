@@ -118,6 +118,9 @@ class SummaryKey(StrEnum):
     ABI_VERSION = "abi_version"
     PORT = "port"
     THREADS = "threads"
+    FLASH_ATTENTION = "flash_attention"
+    """1 when a serving context uses llama.cpp's flash attention, 0 when not; absent when
+    llama.cpp chose (serving_backend_initialization_completed)."""
     MEMORY_LIMIT_BYTES = "memory_limit_bytes"
     STAGES = "stages"
     LAYER_START = "layer_start"

@@ -67,6 +67,8 @@ class ContextReturned:
     """The context's n_batch: the most tokens one decode call takes."""
     threads: int | None = None
     """The context's n_threads: the threads that decode for it."""
+    flash_attention: bool | None = None
+    """Whether the context uses flash attention; None when llama.cpp chose."""
 
 
 @dataclass(frozen=True, slots=True)

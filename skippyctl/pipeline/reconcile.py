@@ -227,6 +227,9 @@ class Reconciler:
                         context_tokens_per_lane=item.context_tokens_per_lane,
                         batch_tokens=item.batch_tokens,
                         threads=item.threads,
+                        flash_attention=(
+                            None if item.flash_attention is None else int(item.flash_attention)
+                        ),
                     ),
                 )
             ]

@@ -578,6 +578,7 @@ class EngineProcess:
                     reason=message.reason,
                     batch_tokens=message.batch_tokens,
                     threads=message.threads,
+                    flash_attention=message.flash_attention,
                 )
             )
             self._serving = message.ok and not cancelled

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 import pytest
 
-from skippyctl.config.load_options import LoadOptions
+from skippyctl.config.load_options import FlashAttention, LoadOptions
 from skippyctl.engine.channel import frame, host_side
 from skippyctl.engine.options import EngineOptions
 from skippyctl.engine.protocol import encode
@@ -291,5 +291,27 @@ def test_the_engine_is_configured_by_its_spawn_arguments_alone(
         kinds = {m["msg"] for m in fresh.until_done("o")}
         assert present <= kinds, kinds
         assert not absent & kinds, kinds
+    finally:
+        fresh.close()
+
+
+@pytest.mark.parametrize(
+    ("flash_attn", "expected"),
+    [(FlashAttention.AUTO, False), (FlashAttention.OFF, False), (FlashAttention.ON, True)],
+)
+def test_the_context_s_flash_attention_is_the_load_s_choice_on_the_cpu(
+    fixture_dir: Path, flash_attn: FlashAttention, expected: bool
+) -> None:
+    """'auto' is off with the KV cache in host memory, and the reply says what the context uses
+    (docs/LOG_COVERAGE.md checks it against llama.cpp's own log line)."""
+    fresh = Engine()
+    try:
+        options = LoadOptions(
+            str(fixture_dir / "tiny.gguf"), ctx=256, lanes=1, threads=1, flash_attn=flash_attn
+        )
+        fresh.send(load_message("load-fa", 3, options))
+        assert fresh.next("load_returned")["ok"] is True
+        serving = fresh.next("context_returned")
+        assert (serving["ok"], serving["flash_attention"]) == (True, expected)
     finally:
         fresh.close()

@@ -144,6 +144,21 @@ N_LAYER: Final = re.compile(r"^print_info: n_layer\s+=\s+(\d+)")
 N_CTX_TRAIN: Final = re.compile(r"^print_info: n_ctx_train\s+=\s+(\d+)")
 N_VOCAB: Final = re.compile(r"^print_info: n_vocab\s+=\s+(\d+)")
 N_BATCH: Final = re.compile(r"^llama_context: n_batch\s+=\s+(\d+)")
+FLASH_ATTN: Final = re.compile(r"^llama_context: flash_attn\s+=\s+(\w+)")
+FLASH_ATTN_LOGGED: Final = {"enabled": 1, "disabled": 0}
+
+
+def check_flash_attention(run: Run) -> Finding | None:
+    """The context's flash attention as llama.cpp logs it (``enabled``/``disabled``; ``auto``
+    where llama.cpp decides later) ↔ ``flash_attention`` 1/0, absent for ``auto``."""
+    found = run.matches(FLASH_ATTN)
+    if not found:
+        return None
+    logged = found[0].group(1)
+    events = run.of("serving_backend_initialization_completed")
+    value = summary_value(events[0], "flash_attention") if events else None
+    carried = kinds_of(events) if value == FLASH_ATTN_LOGGED.get(logged) else ()
+    return Finding(len(found), carried, f"flash_attn {logged} ↔ flash_attention {value}")
 
 
 TENSORS_LOADING: Final = re.compile(r"^load_tensors: loading model tensors")

@@ -17,6 +17,7 @@ from tests.api.log_coverage.checks import (
     FILE_OPEN,
     FILE_SIZE,
     FILE_TYPE,
+    FLASH_ATTN,
     GRAPH_RESERVE,
     KV_BUFFER,
     KV_CELLS,
@@ -44,6 +45,7 @@ from tests.api.log_coverage.checks import (
     check_ctx_below_train,
     check_file_open,
     check_file_size,
+    check_flash_attention,
     check_graph_reserved,
     check_kv_cells,
     check_layer_device,
@@ -217,6 +219,13 @@ FACTS: Final[tuple[Fact, ...]] = (
         check_returned(
             N_BATCH, "n_batch", "serving_backend_initialization_completed", "batch_tokens"
         ),
+        ("serving_backend_initialization_completed",),
+    ),
+    Fact(
+        "context",
+        "flash attention",
+        FLASH_ATTN,
+        check_flash_attention,
         ("serving_backend_initialization_completed",),
     ),
     Fact(
