@@ -2,7 +2,7 @@
 
     .venv/bin/python -m benchmarks.spec_auto [--rounds N] [--sessions 1,4,8]
         [--workloads chat,repetitive,successor] [--requests R] [--threads T]
-        [--llama-server-types ngram-simple,ngram-map-k,ngram-mod]
+        [--llama-server-types ngram-simple,ngram-map-k,ngram-mod] [--llama-server-flash-attn on,off]
 
 Workloads, each at every S of --sessions (successor: 1 and 4 only):
 
@@ -13,7 +13,9 @@ Workloads, each at every S of --sessions (successor: 1 and 4 only):
 - `repetitive`: the same model asked to repeat a given text or code with a small change (up
   to 256 tokens), the work prompt lookup exists for. Variants: skippy default, skippy
   `--spec off`, llama-server and llama-server with each `--spec-type` of
-  --llama-server-types. Targets: default ≥ 1.5 × off and ≥ 1.0 × llama-server's best mode.
+  --llama-server-types, each with every `-fa` of --llama-server-flash-attn (default on, its
+  choice on a CPU). Targets: default ≥ 1.5 × off and ≥ 1.0 × llama-server's best mode (the
+  fastest of its n-gram variants).
 - `successor`: the 8-layer F16 successor model (`mid-f16-successor`: its greedy output cycles)
   with streaming greedy `/v1/completions` of 400 tokens, end-of-generation banned (as
   benchmarks/speculation.py). Variants: skippy default and llama-server's n-gram modes. Target:
@@ -162,9 +164,21 @@ class Sample:
     """Each request's reply text, in (session, request) order (chat workloads)."""
 
 
-def variants(workload: str, types: tuple[str, ...]) -> list[Variant]:
+def _fa(flash: str) -> tuple[str, tuple[str, ...]]:
+    """A llama-server variant's name suffix and arguments for its `-fa` (on: as started)."""
+    return ("", ()) if flash == "on" else (f" -fa {flash}", ("-fa", flash))
+
+
+def variants(
+    workload: str, types: tuple[str, ...], flash: tuple[str, ...] = ("on",)
+) -> list[Variant]:
     peers = [
-        Variant(f"llama-server {t}", LLAMA_SERVER, llama_server_args=("--spec-type", t))
+        Variant(
+            f"llama-server {t}{_fa(f)[0]}",
+            LLAMA_SERVER,
+            llama_server_args=("--spec-type", t, *_fa(f)[1]),
+        )
+        for f in flash
         for t in types
     ]
     if workload == "chat":
@@ -173,7 +187,10 @@ def variants(workload: str, types: tuple[str, ...]) -> list[Variant]:
         return [
             Variant(DEFAULT, SKIPPY),
             Variant(OFF, SKIPPY, ("--spec", "off")),
-            Variant(PEER_OFF, LLAMA_SERVER),
+            *(
+                Variant(PEER_OFF + _fa(f)[0], LLAMA_SERVER, llama_server_args=_fa(f)[1])
+                for f in flash
+            ),
             *peers,
         ]
     return [Variant(DEFAULT, SKIPPY), *peers]
@@ -292,12 +309,13 @@ def run(
     requests: int,
     threads: int,
     types: tuple[str, ...],
+    flash: tuple[str, ...] = ("on",),
 ) -> tuple[list[Row], list[Verdict], list[str]]:
     rows: list[Row] = []
     verdicts: list[Verdict] = []
     differences: list[str] = []
     for workload in workloads:
-        chosen = variants(workload, types)
+        chosen = variants(workload, types, flash)
         counts = tuple(s for s in sessions if workload != "successor" or s <= 4)
         for count in counts:
             rates: dict[str, list[float]] = {v.name: [] for v in chosen}
@@ -330,7 +348,7 @@ def run(
             if OFF in rates:
                 target = TARGET_CHAT if workload == "chat" else TARGET_REPETITIVE
                 verdicts.append(verdict(workload, count, "default / off", ours, rates[OFF], target))
-            peers = [name for name in rates if name.startswith("llama-server ")]
+            peers = [v.name for v in chosen if "--spec-type" in v.llama_server_args]
             if peers:
                 best = max(peers, key=lambda name: statistics.median(rates[name]))
                 verdicts.append(
@@ -353,6 +371,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--llama-server-types", default=",".join(DEFAULT_TYPES))
+    parser.add_argument(
+        "--llama-server-flash-attn",
+        default="on",
+        help="llama-server's -fa for its variants, e.g. on,off: each mode with each (on: its "
+        "choice on a CPU; skippy's default turns flash attention off there)",
+    )
     args = parser.parse_args(argv)
     workloads = tuple(w for w in args.workloads.split(",") if w)
     unknown = [w for w in workloads if w not in WORKLOADS]
@@ -360,8 +384,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown workloads: {', '.join(unknown)} (known: {', '.join(WORKLOADS)})")
     sessions = tuple(int(s) for s in args.sessions.split(","))
     types = tuple(t for t in args.llama_server_types.split(",") if t)
+    flash = tuple(f for f in args.llama_server_flash_attn.split(",") if f)
+    if not flash or set(flash) - {"on", "off"}:
+        parser.error("--llama-server-flash-attn: on, off or on,off")
     rows, verdicts, differences = run(
-        workloads, sessions, args.rounds, args.requests, args.threads, types
+        workloads, sessions, args.rounds, args.requests, args.threads, types, flash
     )
     sys.stderr.write(f"\n{'workload':>10} {'S':>2} {'variant':>28} {'tok/s':>8}  min..max\n")
     for row in rows:
