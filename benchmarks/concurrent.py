@@ -3,7 +3,7 @@
     .venv/bin/python -m benchmarks.concurrent [--rounds N] [--sessions 1,2,4,8] [--tokens N]
         [--requests R] [--model mid|tiny|real] [--context-per-session N] [--threads T]
         [--contenders skippy,llama-server,llama_cpp.server] [--watch-events] [--skippy-defaults]
-        [--skippy-base DIR] [--skippy-spec MODE]
+        [--skippy-base DIR] [--skippy-spec MODE] [--skippy-flash-attn MODE]
 
 For every S in --sessions, each contender is started fresh (benchmarks/servers.py: same model,
 threads, flash attention, S parallel sequences with the same context each, split KV), warmed up
@@ -23,7 +23,9 @@ Targets (issue 12), for the peer llama-server: aggregate tokens/s ≥ 1.00× at 
 sessions and TTFT p50 ≤ llama-server's; `--watch-events` repeats the run with a live SSE
 subscriber reading skippy's event stream. `--skippy-defaults` loads skippy without --lanes and
 --ctx, as an operator would (target: 4 sessions ≥ 1.8× one session). `--skippy-spec MODE` loads
-skippy (and skippy-base) with `--spec MODE` (default: the load's default, `auto`).
+skippy (and skippy-base) with `--spec MODE` (default: the load's default, `auto`), and
+`--skippy-flash-attn MODE` with `--flash-attn MODE` (against the contender
+`llama-server-fa-off`: llama-server with `-fa off`).
 
 The contender `llama-server-again` is llama-server once more, in the same rounds: its ratios to
 `llama-server` are what an identical server gets here, the benchmark's own noise.
@@ -179,6 +181,12 @@ class Plan:
     skippy_defaults: bool
     skippy_base: Path | None = None
     skippy_spec: str | None = None
+    skippy_flash_attn: str | None = None
+
+    def skippy_load_args(self) -> tuple[str, ...]:
+        spec = ("--spec", self.skippy_spec) if self.skippy_spec else ()
+        flash = ("--flash-attn", self.skippy_flash_attn) if self.skippy_flash_attn else ()
+        return (*spec, *flash)
 
 
 def run(plan: Plan) -> tuple[list[Row], list[Ratio]]:
@@ -197,7 +205,7 @@ def run(plan: Plan) -> tuple[list[Row], list[Ratio]]:
                 plan.threads,
                 plan.skippy_defaults,
                 skippy_base=plan.skippy_base,
-                skippy_load_args=("--spec", plan.skippy_spec) if plan.skippy_spec else (),
+                skippy_load_args=plan.skippy_load_args(),
             )
             for name in orders[group % len(orders)]:
                 samples[name][sessions].append(
@@ -385,6 +393,11 @@ def main(argv: list[str] | None = None) -> int:
         choices=("off", "auto", "ngram"),
         help="load skippy with --spec MODE (default: the load's default)",
     )
+    parser.add_argument(
+        "--skippy-flash-attn",
+        choices=("off", "auto", "on"),
+        help="load skippy with --flash-attn MODE (default: the load's default)",
+    )
     args = parser.parse_args(argv)
     sessions = tuple(sorted({int(s) for s in args.sessions.split(",") if s.strip()}))
     contenders = tuple(dict.fromkeys(c.strip() for c in args.contenders.split(",") if c.strip()))
@@ -410,6 +423,7 @@ def main(argv: list[str] | None = None) -> int:
         watch_events=args.watch_events,
         skippy_defaults=args.skippy_defaults,
         skippy_spec=args.skippy_spec,
+        skippy_flash_attn=args.skippy_flash_attn,
         skippy_base=args.skippy_base,
     )
     try:

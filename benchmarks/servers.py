@@ -12,7 +12,7 @@ Three OpenAI-compatible servers over HTTP on 127.0.0.1, each in its own process 
   (`benchmarks/llama_server_build.py`): `-np S -c S × per-session context -t T -tb T -fa on`
   (split KV: each slot its own per-session context, like skippy's lanes), warm-up off (every
   server gets the same warm-up request instead), no web UI. `llama-server-fa-off`: the same with
-  `-fa off` (what skippy's `--flash-attn auto` picks on a CPU).
+  `-fa off` (against skippy `--flash-attn off`).
 - `llama_cpp.server`: `python -m llama_cpp.server` from the installed llama-cpp-python, one
   request at a time behind its lock (it has no parallel slots): `--n_ctx` per-session context,
   the same threads, flash attention, `--logits_all False`, `--interrupt_requests False`.
@@ -51,8 +51,8 @@ LLAMA_SERVER_AGAIN: Final = "llama-server-again"
 """The same llama-server once more, in the same rounds: against the first, the benchmark's own
 noise (a ratio an identical server gets)."""
 LLAMA_SERVER_FA_OFF: Final = "llama-server-fa-off"
-"""llama-server with `-fa off`: the peer with the flash-attention setting skippy's `--flash-attn
-auto` picks on a CPU (llama-server's own default, `auto`, turns it on there)."""
+"""llama-server with `-fa off` (its own default, `auto`, turns flash attention on on a CPU, as
+skippy's does): the peer of skippy `--flash-attn off`."""
 LLAMA_CPP_SERVER: Final = "llama_cpp.server"
 SERVER_NAMES: Final = (
     SKIPPY,

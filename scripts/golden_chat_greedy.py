@@ -1,6 +1,7 @@
 """Make tests/golden/chat_greedy*.json: llama-server's greedy chat answers under vendored templates.
 
-    .venv/bin/python -m scripts.golden_chat_greedy [--binary PATH] [--flash-attn on|off] [--out FILE]
+    .venv/bin/python -m scripts.golden_chat_greedy [--binary PATH] [--flash-attn on|off]
+        [--out FILE]
 
 For each template in TEMPLATES (llama.cpp's `models/templates`, vendored into
 fixtures/vendor/templates by `make fixtures`), starts llama-server (benchmarks/servers.py's
@@ -16,7 +17,7 @@ the same model with each template (`load --chat-template`) and compares through 
 `--binary`: a llama-server built elsewhere, used in place of benchmarks.llama_server_build's cache.
 `--flash-attn`: llama-server's `-fa` (default on, llama-server's own choice on a CPU: the file
 tests/golden/chat_greedy.json; off: tests/golden/chat_greedy_fa_off.json, what skippyctl's
-default `--flash-attn auto` computes on a CPU). Flash attention rounds differently, and a
+`--flash-attn off` computes). Flash attention rounds differently, and a
 greedy text can part on it.
 """
 

@@ -665,14 +665,16 @@ def speculation_of(command: Load) -> SpecConfig:
 
 
 def flash_attention(options: LoadOptions, on_host: bool) -> bool | None:
-    """Whether the load's contexts use flash attention (``load --flash-attn``): 'auto' is off
-    where the KV cache is in host memory — llama.cpp's CPU kernel decodes a step, and verifies
-    a window of fewer than 64 tokens, slower with it (docs/BENCHMARKS.md section 5) — and
-    llama.cpp's own choice elsewhere (None: not known here)."""
-    if options.flash_attn is FlashAttention.ON:
-        return True
-    if options.flash_attn is FlashAttention.OFF or on_host:
+    """Whether the load's contexts use flash attention (``load --flash-attn``): 'auto' is on
+    where the KV cache is in host memory (as llama.cpp's own 'auto' decides there) and
+    llama.cpp's choice elsewhere (None: not known here). On the CPU its kernel decodes slower
+    than the plain one (docs/BENCHMARKS.md section 5), but rounds each query alike whatever
+    the batch: without it a greedy text depends on speculation and on the requests decoding
+    beside it."""
+    if options.flash_attn is FlashAttention.OFF:
         return False
+    if options.flash_attn is FlashAttention.ON or on_host:
+        return True
     return None
 
 

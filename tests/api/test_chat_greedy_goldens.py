@@ -7,13 +7,13 @@ client. tests/golden/chat_greedy.json holds llama-server's answers to the same b
 template (`--jinja --chat-template-file`), made by `python -m scripts.golden_chat_greedy`: the
 text must be byte-identical and the prompt must be the same number of tokens.
 
-Twice: llama-server with flash attention (`-fa on`, its choice on a CPU) against a load with
-`--flash-attn on`, and llama-server `-fa off` (tests/golden/chat_greedy_fa_off.json) against the
-default load (`--flash-attn auto`: off on a CPU). The two kernels round differently, and a
-greedy text can part on that (5 of the 16 chats here do between llama-server's two goldens).
-With flash attention the texts are byte-identical. Without it one chat (Gemma 2's plain one)
-parts from llama-server's at its 17th token, where the two best tokens are 0.013 nats apart:
-the default's comparison allows a text to part only at such a near tie
+Twice: llama-server with flash attention (`-fa on`, its choice on a CPU) against the default
+load (`--flash-attn auto`: on on a CPU), and llama-server `-fa off`
+(tests/golden/chat_greedy_fa_off.json) against a load with `--flash-attn off`. The two kernels
+round differently, and a greedy text can part on that (5 of the 16 chats here do between
+llama-server's two goldens). With flash attention the texts are byte-identical. Without it one
+chat (Gemma 2's plain one) parts from llama-server's at its 17th token, where the two best
+tokens are 0.013 nats apart: that comparison allows a text to part only at such a near tie
 (:data:`NEAR_TIE_NATS`, checked with the reply's log-probabilities).
 """
 
@@ -38,10 +38,10 @@ from tests.api.conftest import (
 GOLDEN_DIR = Path(__file__).resolve().parents[1] / "golden"
 GOLDENS = {
     # The load's --flash-attn (None: the default) → llama-server's answers with that kernel.
-    "on": json.loads((GOLDEN_DIR / "chat_greedy.json").read_text()),
-    None: json.loads((GOLDEN_DIR / "chat_greedy_fa_off.json").read_text()),
+    None: json.loads((GOLDEN_DIR / "chat_greedy.json").read_text()),
+    "off": json.loads((GOLDEN_DIR / "chat_greedy_fa_off.json").read_text()),
 }
-GOLDEN = GOLDENS["on"]
+GOLDEN = GOLDENS[None]
 NEAR_TIE_NATS = 0.05
 """How close llama-server's token must be to ours where a default load's text parts from it."""
 CASES = [(template, case) for template, cases in GOLDEN["templates"].items() for case in cases]
@@ -56,10 +56,10 @@ def test_both_goldens_ask_the_same_chats() -> None:
     def asked(golden: dict[str, Any]) -> list[Any]:
         return [(t, c["request"]) for t, cases in golden["templates"].items() for c in cases]
 
-    assert asked(GOLDENS["on"]) == asked(GOLDENS[None])
+    assert asked(GOLDENS[None]) == asked(GOLDENS["off"])
 
 
-@pytest.fixture(scope="module", params=list(GOLDENS), ids=["fa-on", "default"])
+@pytest.fixture(scope="module", params=list(GOLDENS), ids=["default", "fa-off"])
 def flash_attn(request: pytest.FixtureRequest) -> str | None:
     """The load's --flash-attn; its golden is GOLDENS[flash_attn]."""
     return request.param  # type: ignore[no-any-return]
@@ -141,7 +141,7 @@ def test_greedy_chat_equals_llama_server_s_under_the_template(
     choice = completion.choices[0]
     assert completion.usage is not None
     content = choice.message.content or ""
-    if flash_attn is None and content != case["content"]:
+    if flash_attn == "off" and content != case["content"]:
         _assert_parts_at_a_near_tie(runtime, serving, template, case, content)
         return
     assert content == case["content"]
@@ -165,7 +165,7 @@ def _assert_parts_at_a_near_tie(
     """``content`` parts from llama-server's text only where llama-server's next token was within
     :data:`NEAR_TIE_NATS` of ours (the same request with log-probabilities, on a fresh load:
     a cached prompt is another computation)."""
-    alias = _alias_for(runtime, serving, template, None, "near-tie")
+    alias = _alias_for(runtime, serving, template, "off", "near-tie")
     completion = openai_client(runtime).chat.completions.create(
         model=alias, logprobs=True, top_logprobs=5, **case["request"]
     )
