@@ -375,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
         "--llama-server-flash-attn",
         default="on",
         help="llama-server's -fa for its variants, e.g. on,off: each mode with each (on: its "
-        "choice on a CPU; skippy's default turns flash attention off there)",
+        "choice on a CPU, as skippy's default)",
     )
     args = parser.parse_args(argv)
     workloads = tuple(w for w in args.workloads.split(",") if w)

@@ -149,15 +149,17 @@ FLASH_ATTN_LOGGED: Final = {"enabled": 1, "disabled": 0}
 
 
 def check_flash_attention(run: Run) -> Finding | None:
-    """The context's flash attention as llama.cpp logs it (``enabled``/``disabled``; ``auto``
-    where llama.cpp decides later) ↔ ``flash_attention`` 1/0, absent for ``auto``."""
+    """The context's flash attention as llama.cpp logs it (``enabled``/``disabled``) ↔
+    ``flash_attention`` 1/0; ``auto`` (llama.cpp decides later, on a GPU) is carried by
+    nothing."""
     found = run.matches(FLASH_ATTN)
     if not found:
         return None
     logged = found[0].group(1)
+    expected = FLASH_ATTN_LOGGED.get(logged)
     events = run.of("serving_backend_initialization_completed")
     value = summary_value(events[0], "flash_attention") if events else None
-    carried = kinds_of(events) if value == FLASH_ATTN_LOGGED.get(logged) else ()
+    carried = kinds_of(events) if expected is not None and value == expected else ()
     return Finding(len(found), carried, f"flash_attn {logged} ↔ flash_attention {value}")
 
 
