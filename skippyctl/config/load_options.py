@@ -259,8 +259,9 @@ class LoadOptions:
         "cache is in host memory (the CPU, as llama-server decides) and llama.cpp's choice on "
         "a GPU. 'off' on the CPU decoded 1.3-1.7x faster (a verify window of fewer than 64 "
         "tokens 1.6-1.9x, a 2,000-token prompt 1.1x slower), but a greedy text then depends "
-        "on speculation and on the requests decoding beside it (the rounding follows the "
-        "batch; with it on, the real quantized model's did not).",
+        "on speculation and on the requests decoding beside it more often (the rounding "
+        "follows the batch: chat replies on the real quantized model changed, which with "
+        "it on they did not).",
     )
     spec_draft_tokens: int = _option(
         MAX_DRAFT_TOKENS,

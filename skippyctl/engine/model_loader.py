@@ -668,9 +668,8 @@ def flash_attention(options: LoadOptions, on_host: bool) -> bool | None:
     """Whether the load's contexts use flash attention (``load --flash-attn``): 'auto' is on
     where the KV cache is in host memory (as llama.cpp's own 'auto' decides there) and
     llama.cpp's choice elsewhere (None: not known here). On the CPU its kernel decodes slower
-    than the plain one (docs/BENCHMARKS.md section 5), but rounds each query alike whatever
-    the batch: without it a greedy text depends on speculation and on the requests decoding
-    beside it."""
+    than the plain one (docs/BENCHMARKS.md section 5); without it greedy chat replies changed
+    with speculation and with the requests decoding beside them, with it they did not."""
     if options.flash_attn is FlashAttention.OFF:
         return False
     if options.flash_attn is FlashAttention.ON or on_host:
