@@ -250,7 +250,6 @@ class Proposals:
             if r.draft and r.gate is not None:
                 by_seq[lane.seq] = r
                 candidates.append(Candidate(lane.seq, len(r.draft), r.gate))
-        rows.extend((sequence.lane.seq, take) for sequence, take in chunks if sequence.lane)
         chosen: dict[int, int] = {}
         if candidates:
             switched: list[LaneGate] = []
