@@ -74,6 +74,14 @@ def _accepting(gate: SpecGate, lane: LaneGate, proposed: int, accepted: int, n: 
         gate.record(lane, proposed, accepted)
 
 
+def _accepting_lanes(gate: SpecGate, lanes: int, window: int) -> list[LaneGate]:
+    """``lanes`` lanes whose last 6 windows of ``window`` proposals were right."""
+    gates = [LaneGate() for _ in range(lanes)]
+    for lane in gates:
+        _accepting(gate, lane, window, window, 6)
+    return gates
+
+
 def _steps(
     gate: SpecGate, rows: list[tuple[int, int]], candidates: list[Candidate], lanes: int, n: int
 ) -> tuple[dict[int, int], list[LaneGate]]:
@@ -162,9 +170,7 @@ def test_every_lane_of_a_repetitive_batch_speculates_at_its_own_length() -> None
     lanes = 4
     rows = [(seq, 1) for seq in range(lanes)]
     gate = _gate(0.020, lanes, 0.0003, 0.004)
-    gates = [LaneGate() for _ in range(lanes)]
-    for lane in gates:
-        _accepting(gate, lane, 16, 16, 6)
+    gates = _accepting_lanes(gate, lanes, 16)
     windows = [16, 12, 16, 8]
     candidates = [Candidate(seq, windows[seq], gates[seq]) for seq in range(lanes)]
     chosen, switched = _steps(gate, rows, candidates, lanes, 5)
@@ -194,9 +200,7 @@ def test_with_a_lane_free_the_proposals_add_at_most_the_bound_of_a_plain_step() 
     lanes = 4
     rows = [(seq, 1) for seq in range(lanes)]
     gate = _gate(0.020, lanes, 0.0003, 0.0)
-    gates = [LaneGate() for _ in range(lanes)]
-    for lane in gates:
-        _accepting(gate, lane, 64, 64, 6)
+    gates = _accepting_lanes(gate, lanes, 64)
     candidates = [Candidate(seq, 64, gates[seq]) for seq in range(lanes)]
     whole, _ = gate.choose(rows, candidates, lanes)
     assert whole == dict.fromkeys(range(lanes), 64)
