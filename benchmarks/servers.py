@@ -255,8 +255,13 @@ def start_skippy(
     return server
 
 
-def start_llama_server(spec: ServerSpec, directory: Path, flash_attn: str = "on") -> Server:
+def start_llama_server(
+    spec: ServerSpec, directory: Path, flash_attn: str = "on", invariant_kernels: bool = False
+) -> Server:
+    """`invariant_kernels`: on the ggml CPU library skippy's engines without flash attention
+    use (built without llamafile's sgemm; skippyctl/engine/kernels.py), in place of its own."""
     from benchmarks.llama_server_build import binary, is_built
+    from skippyctl.engine.kernels import INVARIANT_KERNELS_DIR
 
     if not is_built():
         raise RuntimeError(
@@ -270,10 +275,17 @@ def start_llama_server(spec: ServerSpec, directory: Path, flash_attn: str = "on"
     command += ["--no-warmup", "--no-webui", "--seed", str(SEED)]
     command += ["--host", "127.0.0.1", "--port", str(port), *spec.llama_server_args]
     log_path = directory / "llama-server.log"
-    server = popen(LLAMA_SERVER, command, log_path)
+    env = None
+    if invariant_kernels:
+        # Its libraries' run path yields to LD_LIBRARY_PATH: libggml-cpu comes from there.
+        search = [str(INVARIANT_KERNELS_DIR), *filter(None, [os.environ.get("LD_LIBRARY_PATH")])]
+        env = dict(os.environ, LD_LIBRARY_PATH=os.pathsep.join(search))
+    server = popen(LLAMA_SERVER, command, log_path, env)
     server.url = f"http://127.0.0.1:{port}"
     try:
         _wait_ready(server, log_path, "/health")
+        if invariant_kernels and b"LLAMAFILE = 1" in log_path.read_bytes():
+            raise RuntimeError("llama-server did not take the invariant kernels")
     except BaseException:
         server.stop()
         raise

@@ -17,8 +17,9 @@ the same model with each template (`load --chat-template`) and compares through 
 `--binary`: a llama-server built elsewhere, used in place of benchmarks.llama_server_build's cache.
 `--flash-attn`: llama-server's `-fa` (default on, llama-server's own choice on a CPU: the file
 tests/golden/chat_greedy.json; off: tests/golden/chat_greedy_fa_off.json, what skippyctl's
-`--flash-attn off` computes). Flash attention rounds differently, and a
-greedy text can part on it.
+`--flash-attn off` computes, so llama-server then computes on the same ggml CPU library as
+skippyctl's engine: the one built without llamafile's sgemm, skippyctl/engine/kernels.py).
+Flash attention rounds differently, and a greedy text can part on it.
 """
 
 from __future__ import annotations
@@ -100,7 +101,9 @@ def _ask(template: str, scratch: Path, flash_attn: str) -> list[dict[str, Any]]:
         llama_server_args=("--jinja", "--chat-template-file", str(path)),
     )
     cases = []
-    server = start_llama_server(spec, scratch, flash_attn=flash_attn)
+    server = start_llama_server(
+        spec, scratch, flash_attn=flash_attn, invariant_kernels=flash_attn == "off"
+    )
     try:
         with httpx.Client(base_url=server.url, timeout=300) as http:
             for name, request in requests_for(template):
@@ -131,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         args.binary,
         {
             "peer": "llama-server (benchmarks/llama_server_build.py), --jinja, greedy, one slot, "
-            f"-fa {args.flash_attn}",
+            f"-fa {args.flash_attn}"
+            + (", on the batch-invariant ggml kernels" if args.flash_attn == "off" else ""),
             "model": MODEL.name,
             # Templates that print today's date saw this day: the test pins it too.
             "rendered_on": datetime.date.today().isoformat(),

@@ -435,6 +435,14 @@ def main(argv: list[str] | None = None) -> int:
         # libgomp's only input, read once when llama.cpp is mapped (in Worker, below); an
         # operator's own GOMP_SPINCOUNT or OMP_WAIT_POLICY wins.
         os.environ.setdefault("GOMP_SPINCOUNT", str(options.omp_spin_count))
+    if options.invariant_kernels:
+        # Before llama.cpp is mapped (in Worker, below). Where it cannot be, the engine computes
+        # with the stock kernels and its contexts say so (``batch_invariant`` 0).
+        from skippyctl.engine.kernels import preload_invariant_kernels
+
+        problem = preload_invariant_kernels()
+        if problem is not None:
+            sys.stderr.write(f"skippyctl-engine: {problem}\n")
     channel = engine_side(socket.socket(fileno=args.control_fd))
     streams = None if args.stream_fd is None else StreamSocket(socket.socket(fileno=args.stream_fd))
     worker = Worker(

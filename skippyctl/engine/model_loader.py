@@ -28,6 +28,7 @@ from typing import Any, Final
 from skippyctl.config.load_options import FlashAttention, LoadOptions, SpecMode
 from skippyctl.config.tool_call_format import tool_call_format
 from skippyctl.engine.geometry import available_memory_bytes, kv_bytes_per_token, plan_context
+from skippyctl.engine.kernels import batch_invariant
 from skippyctl.engine.options import EngineOptions
 from skippyctl.engine.protocol_commands import Load
 from skippyctl.engine.protocol_messages import (
@@ -391,6 +392,7 @@ class ModelLoader:
                 batch_tokens=int(llama.llama_n_batch(context)),
                 threads=int(llama.llama_n_threads(context)),
                 flash_attention=flash,
+                batch_invariant=on_host and batch_invariant(llama, flash),
                 pooling=loaded.pooling,
                 # The template that renders a chat with tools: an override, else the GGUF's
                 # `tool_use` variant, else its default.

@@ -51,6 +51,10 @@ class EngineOptions:
     it reads once, from GOMP_SPINCOUNT; an operator's own setting wins); None: libgomp's
     default. With compute turns, short: an engine's idle team must not spin through another's
     turn (engine/compute_turns.py)."""
+    invariant_kernels: bool = False
+    """Compute with the ggml CPU library built without llamafile's sgemm (engine/kernels.py):
+    the host asks for it for a load without flash attention, whose rows then decode the same
+    whatever is beside them."""
     test_progress_delay_us: int = 0
     """Test fault injection: the native load-progress callback waits this long each call."""
     test_decode_delay_ms: float = 0.0
@@ -95,6 +99,8 @@ class EngineOptions:
             args += ["--compute-turns", self.compute_turns]
         if self.omp_spin_count is not None:
             args += ["--omp-spin-count", str(self.omp_spin_count)]
+        if self.invariant_kernels:
+            args.append("--invariant-kernels")
         if self.test_progress_delay_us:
             args += ["--test-progress-delay-us", str(self.test_progress_delay_us)]
         if self.test_decode_delay_ms:
@@ -124,6 +130,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--capture-debug-log", action="store_true")
     parser.add_argument("--compute-turns", default=None)
     parser.add_argument("--omp-spin-count", type=int, default=None)
+    parser.add_argument("--invariant-kernels", action="store_true")
     parser.add_argument("--test-progress-delay-us", type=int, default=0)
     parser.add_argument("--test-decode-delay-ms", type=float, default=0.0)
     parser.add_argument("--test-template-date", default=None)
@@ -141,6 +148,7 @@ def from_arguments(args: argparse.Namespace) -> EngineOptions:
         capture_debug_log=args.capture_debug_log,
         compute_turns=args.compute_turns,
         omp_spin_count=None if args.omp_spin_count is None else max(0, args.omp_spin_count),
+        invariant_kernels=args.invariant_kernels,
         test_progress_delay_us=max(0, args.test_progress_delay_us),
         test_decode_delay_ms=max(0.0, args.test_decode_delay_ms),
         test_template_date=args.test_template_date,

@@ -146,6 +146,9 @@ class ContextReturned:
     flash_attention: bool | None = None
     """Whether the context uses flash attention (``load --flash-attn``); None when llama.cpp
     chose (a GPU with 'auto')."""
+    batch_invariant: bool | None = None
+    """Whether a row decodes bit for bit the same whatever is beside it (``engine/kernels.py``:
+    on the CPU, without flash attention, on the kernels without llamafile's sgemm)."""
     pooling: str | None = None
     """An embedding model's pooling (``mean``, ``cls``, ``last``, ``rank``: llama.cpp's, from the
     GGUF); None for a generative model. A pooling model serves embeddings, not generation."""

@@ -121,6 +121,10 @@ class SummaryKey(StrEnum):
     FLASH_ATTENTION = "flash_attention"
     """1 when a serving context uses llama.cpp's flash attention, 0 when not; absent when
     llama.cpp chose (serving_backend_initialization_completed)."""
+    BATCH_INVARIANT = "batch_invariant"
+    """1 when a serving context decodes a row bit for bit the same whatever is beside it (other
+    requests, a verify window), so greedy texts do not depend on them; 0 when not
+    (serving_backend_initialization_completed; engine/kernels.py)."""
     MEMORY_LIMIT_BYTES = "memory_limit_bytes"
     STAGES = "stages"
     LAYER_START = "layer_start"

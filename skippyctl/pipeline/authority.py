@@ -69,6 +69,8 @@ class ContextReturned:
     """The context's n_threads: the threads that decode for it."""
     flash_attention: bool | None = None
     """Whether the context uses flash attention; None when llama.cpp chose."""
+    batch_invariant: bool | None = None
+    """Whether a row decodes the same whatever is beside it (engine/kernels.py)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -230,6 +230,9 @@ class Reconciler:
                         flash_attention=(
                             None if item.flash_attention is None else int(item.flash_attention)
                         ),
+                        batch_invariant=(
+                            None if item.batch_invariant is None else int(item.batch_invariant)
+                        ),
                     ),
                 )
             ]

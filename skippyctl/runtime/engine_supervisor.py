@@ -579,6 +579,7 @@ class EngineProcess:
                     batch_tokens=message.batch_tokens,
                     threads=message.threads,
                     flash_attention=message.flash_attention,
+                    batch_invariant=message.batch_invariant,
                 )
             )
             self._serving = message.ok and not cancelled

@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
 from skippyctl.acquisition.artifacts import check_artifact
 from skippyctl.config.endpoints import parse_endpoints
-from skippyctl.config.load_options import LoadOptions, SpecMode, shown_settings
+from skippyctl.config.load_options import FlashAttention, LoadOptions, SpecMode, shown_settings
 from skippyctl.config.runtime_settings import EngineStderr, RuntimeSettings
 from skippyctl.engine.chat_template import read_template_file as read_chat_template
 from skippyctl.engine.options import EngineOptions
@@ -381,7 +381,9 @@ class RuntimeHost:
             self._on_hello,
             listener,
             self._on_retire,
-            self.options,
+            # Without flash attention the engine computes on the batch-invariant kernels
+            # (engine/kernels.py): its greedy texts then do not depend on the batch.
+            replace(self.options, invariant_kernels=options.flash_attn is FlashAttention.OFF),
             topology,
             inherit_stderr=self.settings.engine_stderr is EngineStderr.INHERIT,
         )

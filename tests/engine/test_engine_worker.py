@@ -315,3 +315,30 @@ def test_the_context_s_flash_attention_is_the_load_s_choice_on_the_cpu(
         assert (serving["ok"], serving["flash_attention"]) == (True, expected)
     finally:
         fresh.close()
+
+
+@pytest.mark.parametrize(
+    ("invariant_kernels", "flash_attn", "expected"),
+    [
+        (True, FlashAttention.OFF, True),
+        (True, FlashAttention.ON, False),
+        (False, FlashAttention.OFF, False),
+    ],
+)
+def test_a_context_is_batch_invariant_only_without_flash_attention_on_the_invariant_kernels(
+    fixture_dir: Path, invariant_kernels: bool, flash_attn: FlashAttention, expected: bool
+) -> None:
+    """The reply says whether a row decodes the same whatever is beside it: the engine computes
+    on the ggml built without llamafile's sgemm (engine/kernels.py) and flash attention is off.
+    The stock kernels (the engine not asked for the other ones) are not."""
+    fresh = Engine(tuple(EngineOptions(invariant_kernels=invariant_kernels).argv()))
+    try:
+        options = LoadOptions(
+            str(fixture_dir / "tiny.gguf"), ctx=256, lanes=1, threads=1, flash_attn=flash_attn
+        )
+        fresh.send(load_message("load-inv", 3, options))
+        assert fresh.next("load_returned")["ok"] is True
+        serving = fresh.next("context_returned")
+        assert (serving["ok"], serving["batch_invariant"]) == (True, expected)
+    finally:
+        fresh.close()
