@@ -7,10 +7,13 @@ window, and with F16, Q8_0 or Q4_0 weights so does every layer's product. The bo
 second copy of the library without llamafile's sgemm (``scripts/build_invariant_kernels.py``):
 every product is then per row, and a row's logits are bit for bit the same alone, beside other
 lanes and in a window of any length — with flash attention off (its kernel has other paths for
-long contexts and long batches). An engine whose load turns flash attention off maps that copy
-before llama.cpp is imported (``EngineOptions.invariant_kernels``): the dynamic loader then links
-llama.cpp's ggml to the library already mapped under the same name. Measured on which weight
-types it holds: docs/BENCHMARKS.md section 5.
+long contexts and long batches), and for the weight types measured so (F32, F16, Q4_0, Q4_1,
+Q5_0, Q5_1, Q8_0; not Q6_K or Q4_K, whose kernels take other paths for a batch). So a context's
+claim is measured when it is made (:func:`probe`).
+
+An engine whose load turns flash attention off maps that copy before llama.cpp is imported
+(``EngineOptions.invariant_kernels``): the dynamic loader then links llama.cpp's ggml to the
+library already mapped under the same name. Figures: docs/BENCHMARKS.md section 5.
 """
 
 from __future__ import annotations
@@ -49,8 +52,84 @@ def preload_invariant_kernels() -> str | None:
     return None
 
 
-def batch_invariant(llama: Any, flash_attention: bool | None) -> bool:
-    """Whether this engine's contexts decode a row the same whatever is beside it: flash
-    attention off and no llamafile sgemm in the ggml that llama.cpp linked to."""
+def batch_invariant(llama: Any, context: Any, n_vocab: int, flash_attention: bool | None) -> bool:
+    """Whether this context decodes a row the same whatever is beside it: flash attention off,
+    no llamafile sgemm in the ggml that llama.cpp linked to, and :func:`probe` agrees (some
+    weight types take another path for a batch even then: Q6_K in a window, Q4_K's repacked
+    layout beside other rows)."""
     info = bytes(llama.llama_print_system_info())
-    return flash_attention is False and b"LLAMAFILE = 1" not in info
+    if flash_attention is not False or b"LLAMAFILE = 1" in info:
+        return False
+    return probe(llama, context, n_vocab)
+
+
+PROBE_PROMPT: Final = 8
+PROBE_STEPS: Final = 16
+PROBE_WINDOW: Final = 64
+"""A verify window's most rows (``spec_draft_tokens`` is at most 64)."""
+PROBE_BESIDE: Final = 4
+
+
+def probe(llama: Any, context: Any, n_vocab: int) -> bool:
+    """Decode a token pattern several ways and compare every row's logits bit for bit: 16 rows
+    one at a time, as one window, 64 rows as windows of 16 and as one of 64, and (with two lanes
+    or more) 4 rows beside a second lane's. Leaves the context's memory empty. About 0.7 s on
+    the real model here; only a load without flash attention pays it."""
+    tokens = [(7 + 31 * i) % n_vocab for i in range(PROBE_PROMPT + PROBE_WINDOW)]
+    memory = llama.llama_get_memory(context)
+    lanes = int(llama.llama_n_seq_max(context))
+    batch = llama.llama_batch_init(PROBE_WINDOW + 2, 0, 1)
+    size = n_vocab * ctypes.sizeof(ctypes.c_float)
+    steps = list(enumerate(tokens[PROBE_PROMPT:], start=PROBE_PROMPT))
+
+    def decode(rows: list[tuple[int, int, int, bool]]) -> list[bytes]:
+        """``rows``: (token, position, lane, wants logits); the logits asked for, in order."""
+        for i, (token, position, lane, wanted) in enumerate(rows):
+            batch.token[i] = token
+            batch.pos[i] = position
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = lane
+            batch.logits[i] = wanted
+        batch.n_tokens = len(rows)
+        if llama.llama_decode(context, batch) != 0:
+            raise RuntimeError("llama_decode failed")
+        return [
+            ctypes.string_at(llama.llama_get_logits_ith(context, i), size)
+            for i, row in enumerate(rows)
+            if row[3]
+        ]
+
+    def fresh(*lanes_: int) -> None:
+        llama.llama_memory_clear(memory, True)
+        for lane in lanes_:
+            decode([(t, i, lane, False) for i, t in enumerate(tokens[:PROBE_PROMPT])])
+
+    def window(first: int, count: int) -> list[bytes]:
+        return decode([(t, p, 0, True) for p, t in steps[first : first + count]])
+
+    try:
+        fresh(0)
+        alone = [decode([(t, p, 0, True)])[0] for p, t in steps[:PROBE_STEPS]]
+        fresh(0)
+        if window(0, PROBE_STEPS) != alone:
+            return False
+        in_sixteens = alone + [
+            row
+            for first in range(PROBE_STEPS, PROBE_WINDOW, PROBE_STEPS)
+            for row in window(first, PROBE_STEPS)
+        ]
+        fresh(0)
+        if window(0, PROBE_WINDOW) != in_sixteens:
+            return False
+        if lanes >= 2:
+            fresh(0, 1)
+            beside = [
+                decode([(t, p, 0, True), (t, p, 1, True)])[0] for p, t in steps[:PROBE_BESIDE]
+            ]
+            return beside == alone[:PROBE_BESIDE]
+        return True
+    except RuntimeError:
+        return False
+    finally:
+        llama.llama_memory_clear(memory, True)
+        llama.llama_batch_free(batch)

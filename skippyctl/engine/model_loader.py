@@ -382,6 +382,10 @@ class ModelLoader:
                 plugin_activation=activation,
             )
             self._emit(self._memory_allocated(operation_id, model, context, kv_bytes, loaded.draft))
+            # Before any request can use the context: the probe leaves its memory empty.
+            invariant = on_host and loaded.pooling is None and batch_invariant(
+                llama, context, _n_vocab(llama, model), flash
+            )
             self._emit(LoadPhase(operation_id, LoadPhaseName.CONTEXT_READY))
             reply = ContextReturned(
                 operation_id,
@@ -392,7 +396,7 @@ class ModelLoader:
                 batch_tokens=int(llama.llama_n_batch(context)),
                 threads=int(llama.llama_n_threads(context)),
                 flash_attention=flash,
-                batch_invariant=on_host and batch_invariant(llama, flash),
+                batch_invariant=invariant,
                 pooling=loaded.pooling,
                 # The template that renders a chat with tools: an override, else the GGUF's
                 # `tool_use` variant, else its default.

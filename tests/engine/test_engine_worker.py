@@ -342,3 +342,43 @@ def test_a_context_is_batch_invariant_only_without_flash_attention_on_the_invari
         assert (serving["ok"], serving["batch_invariant"]) == (True, expected)
     finally:
         fresh.close()
+
+
+REAL_MODEL = Path(__file__).resolve().parents[2] / "fixtures/real/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="module")
+def q6_k_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The real model's weights requantized to Q6_K (its matrices Q6_K and Q8_0)."""
+    import llama_cpp
+
+    if not REAL_MODEL.exists():
+        pytest.fail("the real model is not in fixtures/real: run `make fixtures`")
+    out = tmp_path_factory.mktemp("q6k") / "real-q6_k.gguf"
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q6_K
+    params.allow_requantize = True
+    params.nthread = 2
+    assert llama_cpp.llama_model_quantize(str(REAL_MODEL).encode(), str(out).encode(), params) == 0
+    return out
+
+
+@pytest.mark.parametrize("lanes", [1, 2])
+def test_the_claim_is_measured_a_q6_k_model_is_not_batch_invariant_even_on_those_kernels(
+    q6_k_model: Path, lanes: int
+) -> None:
+    """ggml's Q6_K product takes another path for a window of rows than for one row (measured
+    here: a window of 8 parts from 8 single steps), so the load's probe (engine/kernels.py)
+    finds the context is not invariant, where the real model itself (Q4_1) is."""
+    for model, expected in ((q6_k_model, False), (REAL_MODEL, True)):
+        fresh = Engine(tuple(EngineOptions(invariant_kernels=True).argv()))
+        try:
+            options = LoadOptions(
+                str(model), ctx=512, lanes=lanes, threads=2, flash_attn=FlashAttention.OFF
+            )
+            fresh.send(load_message("load-q6k", 3, options))
+            assert fresh.next("load_returned")["ok"] is True
+            serving = fresh.next("context_returned")
+            assert (serving["ok"], serving["batch_invariant"]) == (True, expected), model.name
+        finally:
+            fresh.close()
