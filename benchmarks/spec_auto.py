@@ -3,6 +3,7 @@
     .venv/bin/python -m benchmarks.spec_auto [--rounds N] [--sessions 1,4,8]
         [--workloads chat,repetitive,successor] [--requests R] [--threads T]
         [--llama-server-types ngram-simple,ngram-map-k,ngram-mod] [--llama-server-flash-attn on,off]
+        [--skippy-flash-attn auto|on|off]
 
 Workloads, each at every S of --sessions (successor: 1 and 4 only):
 
@@ -170,8 +171,12 @@ def _fa(flash: str) -> tuple[str, tuple[str, ...]]:
 
 
 def variants(
-    workload: str, types: tuple[str, ...], flash: tuple[str, ...] = ("on",)
+    workload: str,
+    types: tuple[str, ...],
+    flash: tuple[str, ...] = ("on",),
+    skippy_flash: str = "auto",
 ) -> list[Variant]:
+    ours: tuple[str, ...] = () if skippy_flash == "auto" else ("--flash-attn", skippy_flash)
     peers = [
         Variant(
             f"llama-server {t}{_fa(f)[0]}",
@@ -182,18 +187,18 @@ def variants(
         for t in types
     ]
     if workload == "chat":
-        return [Variant(DEFAULT, SKIPPY), Variant(OFF, SKIPPY, ("--spec", "off"))]
+        return [Variant(DEFAULT, SKIPPY, ours), Variant(OFF, SKIPPY, ("--spec", "off", *ours))]
     if workload == "repetitive":
         return [
-            Variant(DEFAULT, SKIPPY),
-            Variant(OFF, SKIPPY, ("--spec", "off")),
+            Variant(DEFAULT, SKIPPY, ours),
+            Variant(OFF, SKIPPY, ("--spec", "off", *ours)),
             *(
                 Variant(PEER_OFF + _fa(f)[0], LLAMA_SERVER, llama_server_args=_fa(f)[1])
                 for f in flash
             ),
             *peers,
         ]
-    return [Variant(DEFAULT, SKIPPY), *peers]
+    return [Variant(DEFAULT, SKIPPY, ours), *peers]
 
 
 def _chat_body(prompt: str, max_tokens: int) -> dict[str, Any]:
@@ -310,12 +315,13 @@ def run(
     threads: int,
     types: tuple[str, ...],
     flash: tuple[str, ...] = ("on",),
+    skippy_flash: str = "auto",
 ) -> tuple[list[Row], list[Verdict], list[str]]:
     rows: list[Row] = []
     verdicts: list[Verdict] = []
     differences: list[str] = []
     for workload in workloads:
-        chosen = variants(workload, types, flash)
+        chosen = variants(workload, types, flash, skippy_flash)
         counts = tuple(s for s in sessions if workload != "successor" or s <= 4)
         for count in counts:
             rates: dict[str, list[float]] = {v.name: [] for v in chosen}
@@ -377,6 +383,13 @@ def main(argv: list[str] | None = None) -> int:
         help="llama-server's -fa for its variants, e.g. on,off: each mode with each (on: its "
         "choice on a CPU, as skippy's default)",
     )
+    parser.add_argument(
+        "--skippy-flash-attn",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="skippy's `load --flash-attn` in every skippy variant (auto: the default load; "
+        "off: the batch-invariant kernels)",
+    )
     args = parser.parse_args(argv)
     workloads = tuple(w for w in args.workloads.split(",") if w)
     unknown = [w for w in workloads if w not in WORKLOADS]
@@ -388,7 +401,14 @@ def main(argv: list[str] | None = None) -> int:
     if not flash or set(flash) - {"on", "off"}:
         parser.error("--llama-server-flash-attn: on, off or on,off")
     rows, verdicts, differences = run(
-        workloads, sessions, args.rounds, args.requests, args.threads, types, flash
+        workloads,
+        sessions,
+        args.rounds,
+        args.requests,
+        args.threads,
+        types,
+        flash,
+        args.skippy_flash_attn,
     )
     sys.stderr.write(f"\n{'workload':>10} {'S':>2} {'variant':>28} {'tok/s':>8}  min..max\n")
     for row in rows:
