@@ -2,7 +2,7 @@
 without it, for the shapes skippy serves (`load --flash-attn`).
 
     .venv/bin/python -m benchmarks.flash_attn [--model real] [--rounds 5] [--threads 2]
-        [--contexts 300,1100] [--windows 1,16,32,63,64] [--prompt 2000]
+        [--contexts 300,1100] [--windows 1,16,32,63,64] [--prompt 2000] [--invariant-kernels]
 
 Two contexts of the model (one with flash attention, one without), each one sequence, the same
 threads, side by side in one process. Each round, for each in turn (the order alternating):
@@ -99,9 +99,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--contexts", default="300,1100")
     parser.add_argument("--windows", default="1,16,32,63,64")
     parser.add_argument("--prompt", type=int, default=2000)
+    parser.add_argument(
+        "--invariant-kernels",
+        action="store_true",
+        help="both contexts on the ggml CPU library without llamafile's sgemm, as skippy's "
+        "engines with --flash-attn off (skippyctl/engine/kernels.py)",
+    )
     args = parser.parse_args(argv)
     contexts = [int(n) for n in args.contexts.split(",") if n.strip()]
     windows = [int(n) for n in args.windows.split(",") if n.strip()]
+    if args.invariant_kernels:
+        from skippyctl.engine.kernels import preload_invariant_kernels
+
+        problem = preload_invariant_kernels()
+        if problem is not None:
+            parser.error(problem)
 
     import llama_cpp
 

@@ -257,11 +257,13 @@ class LoadOptions:
         FlashAttention.AUTO,
         help="llama.cpp's flash attention for the model's contexts: 'auto' is on where the KV "
         "cache is in host memory (the CPU, as llama-server decides) and llama.cpp's choice on "
-        "a GPU. 'off' on the CPU decoded 1.3-1.7x faster (a verify window of fewer than 64 "
-        "tokens 1.6-1.9x, a 2,000-token prompt 1.1x slower), but a greedy text then depends "
-        "on speculation and on the requests decoding beside it more often (the rounding "
-        "follows the batch: chat replies on the real quantized model changed, which with "
-        "it on they did not).",
+        "a GPU. With it a greedy text past 512 tokens of context can change with speculation "
+        "and with the requests decoding beside it (its kernel takes other paths for them). "
+        "'off' on the CPU computes on ggml kernels built without llamafile's sgemm, where a "
+        "row decodes the same whatever is beside it (the load measures it: "
+        "'batch_invariant' 1 in its events), and decoded 1.3-1.7x faster (a verify window "
+        "1.5-1.7x); prompts prefill slower (2,000 tokens of the real model 1.4x, F16, Q8_0 "
+        "and Q4_0 weights about 2x) and the load takes about a second more.",
     )
     spec_draft_tokens: int = _option(
         MAX_DRAFT_TOKENS,

@@ -383,8 +383,10 @@ class ModelLoader:
             )
             self._emit(self._memory_allocated(operation_id, model, context, kv_bytes, loaded.draft))
             # Before any request can use the context: the probe leaves its memory empty.
-            invariant = on_host and loaded.pooling is None and batch_invariant(
-                llama, context, _n_vocab(llama, model), flash
+            invariant = (
+                on_host
+                and loaded.pooling is None
+                and batch_invariant(llama, context, _n_vocab(llama, model), flash)
             )
             self._emit(LoadPhase(operation_id, LoadPhaseName.CONTEXT_READY))
             reply = ContextReturned(
@@ -674,8 +676,9 @@ def flash_attention(options: LoadOptions, on_host: bool) -> bool | None:
     """Whether the load's contexts use flash attention (``load --flash-attn``): 'auto' is on
     where the KV cache is in host memory (as llama.cpp's own 'auto' decides there) and
     llama.cpp's choice elsewhere (None: not known here). On the CPU its kernel decodes slower
-    than the plain one (docs/BENCHMARKS.md section 5); without it greedy chat replies changed
-    with speculation and with the requests decoding beside them, with it they did not."""
+    than the plain one but prefills long prompts faster, and keeps llama-server's default
+    texts; without it the engine computes on the batch-invariant kernels (engine/kernels.py;
+    docs/BENCHMARKS.md section 5)."""
     if options.flash_attn is FlashAttention.OFF:
         return False
     if options.flash_attn is FlashAttention.ON or on_host:
