@@ -83,7 +83,7 @@ PROBE_BESIDE: Final = 4
 def probe(llama: Any, context: Any, n_vocab: int) -> bool:
     """Decode a token pattern several ways and compare every row's logits bit for bit: 16 rows
     one at a time, as one window, 64 rows as windows of 16 and as one of 64, and (with two lanes
-    or more) 4 rows beside a second lane's. Leaves the context's memory empty. About 0.7 s on
+    or more) 4 rows beside a second lane's. Leaves the context's memory empty. About 0.9 s on
     the real model here; only a load without flash attention pays it."""
     tokens = [(7 + 31 * i) % n_vocab for i in range(PROBE_PROMPT + PROBE_WINDOW)]
     memory = llama.llama_get_memory(context)
