@@ -61,9 +61,10 @@ def batch_invariant(llama: Any, context: Any, n_vocab: int, flash_attention: boo
     info = bytes(llama.llama_print_system_info())
     if flash_attention is not False or b"LLAMAFILE = 1" in info:
         return False
-    # On a thread of its own: llama.cpp's OpenMP team belongs to the thread that decodes, and a
-    # team left on the engine's control thread would spin beside the decode thread's (decode
-    # measured 3.4x slower). The team ends with its thread.
+    # On a thread of its own: llama.cpp's OpenMP team belongs to the thread that decodes, and
+    # libgomp lets it go when that thread ends. A team left on the engine's control thread
+    # stays beside the decode thread's, and libgomp, managing more threads than there are
+    # cores, stops spinning at its barriers (decode measured 3.4x slower).
     found: list[bool] = []
     thread = threading.Thread(
         target=lambda: found.append(probe(llama, context, n_vocab)), name="skippy-probe"
