@@ -24,8 +24,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tarfile
-import tempfile
 from pathlib import Path
 from typing import Final
 
@@ -92,37 +90,10 @@ def _log(message: str) -> None:
 
 def _source(into: Path) -> Path:
     """Unpack the sdist's vendored llama.cpp into `into`; returns its root."""
-    with tempfile.TemporaryDirectory(prefix="skippy-sdist-") as scratch:
-        _log(f"downloading the llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} source distribution")
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--quiet",
-                "--no-deps",
-                "--no-binary",
-                ":all:",
-                f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}",
-                "-d",
-                scratch,
-            ],
-            check=True,
-        )
-        (archive,) = Path(scratch).glob("llama_cpp_python-*.tar.gz")
-        prefix = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}/vendor/llama.cpp/"
-        with tarfile.open(archive) as tar:
-            # The sdist's vendor/llama.cpp/.git is a submodule pointer to a directory it lacks.
-            members = [
-                m
-                for m in tar.getmembers()
-                if m.name.startswith(prefix) and m.name != prefix + ".git"
-            ]
-            for member in members:
-                member.name = member.name[len(prefix) :]
-            tar.extractall(into, members=[m for m in members if m.name], filter="data")
-    return into
+    from scripts.build_invariant_kernels import unpack_vendored_llama_cpp
+
+    _log(f"downloading the llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} source distribution")
+    return unpack_vendored_llama_cpp(into)
 
 
 def build(jobs: int) -> Path:

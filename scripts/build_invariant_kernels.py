@@ -58,38 +58,37 @@ def cmake_options() -> list[str]:
     ]
 
 
-def _unpack_llama_cpp(into: Path) -> Path:
-    """The sdist's vendored llama.cpp, unpacked into ``into``; returns its root."""
-    download = into / "sdist"
-    download.mkdir()
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--quiet",
-            "--no-deps",
-            "--no-binary",
-            ":all:",
-            f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}",
-            "-d",
-            str(download),
-        ],
-        check=True,
-    )
-    (archive,) = download.glob("llama_cpp_python-*.tar.gz")
-    root = into / "llama.cpp"
-    with tarfile.open(archive) as tar:
-        # The sdist's vendor/llama.cpp/.git is a submodule pointer to a directory it lacks.
-        members = [
-            m
-            for m in tar.getmembers()
-            if m.name.startswith(VENDORED) and m.name != VENDORED + ".git"
-        ]
-        for member in members:
-            member.name = member.name[len(VENDORED) :]
-        tar.extractall(root, members=[m for m in members if m.name], filter="data")
+def unpack_vendored_llama_cpp(root: Path) -> Path:
+    """The pinned sdist's vendored llama.cpp, unpacked into ``root`` (also the peers' source:
+    benchmarks/llama_server_build.py); returns ``root``."""
+    with tempfile.TemporaryDirectory(prefix="skippy-sdist-") as download:
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}",
+                "-d",
+                download,
+            ],
+            check=True,
+        )
+        (archive,) = Path(download).glob("llama_cpp_python-*.tar.gz")
+        with tarfile.open(archive) as tar:
+            # The sdist's vendor/llama.cpp/.git is a submodule pointer to a directory it lacks.
+            members = [
+                m
+                for m in tar.getmembers()
+                if m.name.startswith(VENDORED) and m.name != VENDORED + ".git"
+            ]
+            for member in members:
+                member.name = member.name[len(VENDORED) :]
+            tar.extractall(root, members=[m for m in members if m.name], filter="data")
     return root
 
 
@@ -101,7 +100,7 @@ def build() -> Path:
         return library
     _say("building ggml's CPU library without llamafile's sgemm (under a minute on 2 cores)")
     with tempfile.TemporaryDirectory(prefix="skippy-kernels-") as scratch:
-        source = _unpack_llama_cpp(Path(scratch))
+        source = unpack_vendored_llama_cpp(Path(scratch) / "llama.cpp")
         build_dir = Path(scratch) / "build"
         # Compiler output goes to stderr with the rest of this log (errors must be readable).
         subprocess.run(

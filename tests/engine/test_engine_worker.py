@@ -296,6 +296,18 @@ def test_the_engine_is_configured_by_its_spawn_arguments_alone(
         fresh.close()
 
 
+def _served(
+    fresh: Engine, model: Path, flash_attn: FlashAttention, lanes: int = 1, threads: int = 1
+) -> Message:
+    """Load ``model`` into ``fresh`` with ``--flash-attn``; the engine's context reply."""
+    options = LoadOptions(str(model), ctx=512, lanes=lanes, threads=threads, flash_attn=flash_attn)
+    fresh.send(load_message("load-kernels", 3, options))
+    assert fresh.next("load_returned")["ok"] is True
+    serving = fresh.next("context_returned")
+    assert serving["ok"] is True, serving
+    return serving
+
+
 @pytest.mark.parametrize(
     ("flash_attn", "expected"),
     [(FlashAttention.AUTO, True), (FlashAttention.OFF, False), (FlashAttention.ON, True)],
@@ -307,13 +319,7 @@ def test_the_context_s_flash_attention_is_the_load_s_choice_on_the_cpu(
     (docs/LOG_COVERAGE.md checks it against llama.cpp's own log line)."""
     fresh = Engine()
     try:
-        options = LoadOptions(
-            str(fixture_dir / "tiny.gguf"), ctx=256, lanes=1, threads=1, flash_attn=flash_attn
-        )
-        fresh.send(load_message("load-fa", 3, options))
-        assert fresh.next("load_returned")["ok"] is True
-        serving = fresh.next("context_returned")
-        assert (serving["ok"], serving["flash_attention"]) == (True, expected)
+        assert _served(fresh, fixture_dir / "tiny.gguf", flash_attn)["flash_attention"] is expected
     finally:
         fresh.close()
 
@@ -334,13 +340,7 @@ def test_a_context_is_batch_invariant_only_without_flash_attention_on_the_invari
     The stock kernels (the engine not asked for the other ones) are not."""
     fresh = Engine(tuple(EngineOptions(invariant_kernels=invariant_kernels).argv()))
     try:
-        options = LoadOptions(
-            str(fixture_dir / "tiny.gguf"), ctx=256, lanes=1, threads=1, flash_attn=flash_attn
-        )
-        fresh.send(load_message("load-inv", 3, options))
-        assert fresh.next("load_returned")["ok"] is True
-        serving = fresh.next("context_returned")
-        assert (serving["ok"], serving["batch_invariant"]) == (True, expected)
+        assert _served(fresh, fixture_dir / "tiny.gguf", flash_attn)["batch_invariant"] is expected
     finally:
         fresh.close()
 
@@ -355,12 +355,8 @@ def test_the_load_s_probe_leaves_no_decode_threads_behind(fixture_dir: Path) -> 
     for invariant, flash_attn in ((False, FlashAttention.ON), (True, FlashAttention.OFF)):
         fresh = Engine(tuple(EngineOptions(invariant_kernels=invariant).argv()))
         try:
-            options = LoadOptions(
-                str(fixture_dir / "tiny.gguf"), ctx=256, lanes=2, threads=2, flash_attn=flash_attn
-            )
-            fresh.send(load_message("load-threads", 3, options))
-            assert fresh.next("load_returned")["ok"] is True
-            assert fresh.next("context_returned")["batch_invariant"] is invariant
+            served = _served(fresh, fixture_dir / "tiny.gguf", flash_attn, lanes=2, threads=2)
+            assert served["batch_invariant"] is invariant
             fresh.send({"op": "generate", "request_id": "t", "prompt": "The", "max_tokens": 2})
             fresh.until_done("t")
             tasks = f"/proc/{fresh.process.pid}/task"
@@ -403,12 +399,7 @@ def test_the_claim_is_measured_a_q6_k_model_is_not_batch_invariant_even_on_those
     for model, expected in ((q6_k_model, False), (REAL_MODEL, True)):
         fresh = Engine(tuple(EngineOptions(invariant_kernels=True).argv()))
         try:
-            options = LoadOptions(
-                str(model), ctx=512, lanes=lanes, threads=2, flash_attn=FlashAttention.OFF
-            )
-            fresh.send(load_message("load-q6k", 3, options))
-            assert fresh.next("load_returned")["ok"] is True
-            serving = fresh.next("context_returned")
-            assert (serving["ok"], serving["batch_invariant"]) == (True, expected), model.name
+            served = _served(fresh, model, FlashAttention.OFF, lanes=lanes, threads=2)
+            assert served["batch_invariant"] is expected, model.name
         finally:
             fresh.close()
