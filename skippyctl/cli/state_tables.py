@@ -101,6 +101,10 @@ def options_line(model: ModelEntry) -> str:
     """What the model's load asked for beyond the defaults, as `name=value` pairs (a line of
     its own under the table: a column would not fit 80 characters)."""
     pairs = " ".join(f"{key}={_setting(value)}" for key, value in model.settings)
+    if model.batch_invariant:
+        pairs += " · batch-invariant"
+    elif model.batch_invariant is False and ("flash_attn", "off") in model.settings:
+        pairs += " · not batch-invariant"
     return f"  [dim]{escape(model.model_id)} options:[/] {escape(pairs)}"
 
 

@@ -55,6 +55,7 @@ def model_document(state: RuntimeView, view: ModelView) -> dict[str, Any]:
             "context_tokens": view.context_tokens,
             "lanes": view.lanes,
             "context_tokens_per_lane": view.context_tokens_per_lane,
+            "batch_invariant": view.batch_invariant,
             "lanes_in_use": lanes_in_use(state, view.model_id),
             "queue_depth": queue_depth(state, view.model_id),
             "reason_code": None if view.reason_code is None else view.reason_code.value,

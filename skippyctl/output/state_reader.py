@@ -73,6 +73,10 @@ def _text(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def _flag(value: object) -> bool | None:
+    return value if isinstance(value, bool) else None
+
+
 def _float(value: object) -> float | None:
     number = _number(value)
     return None if number is None else float(number)
@@ -100,6 +104,8 @@ class ModelEntry:
     context_tokens: int | None = None
     lanes: int | None = None
     context_tokens_per_lane: int | None = None
+    batch_invariant: bool | None = None
+    """Whether its greedy texts do not depend on the batch (engine/kernels.py)."""
     lanes_in_use: int = 0
     queue_depth: int = 0
     decode_tokens_per_s: int | float | None = None
@@ -258,6 +264,7 @@ def _model(entry: Mapping[str, Any]) -> ModelEntry | None:
         context_tokens=_int(entry.get("context_tokens")),
         lanes=_int(entry.get("lanes")),
         context_tokens_per_lane=_int(entry.get("context_tokens_per_lane")),
+        batch_invariant=_flag(entry.get("batch_invariant")),
         lanes_in_use=_int(entry.get("lanes_in_use")) or 0,
         queue_depth=_int(entry.get("queue_depth")) or 0,
         decode_tokens_per_s=_number(entry.get("decode_tokens_per_s")),

@@ -391,12 +391,14 @@ def on_backend_completed(state: RuntimeView, event: Event) -> Step:
     ctx = event.summary_value(SummaryKey.CONTEXT_TOKENS)
     lanes = event.summary_value(SummaryKey.LANES)
     per_lane = event.summary_value(SummaryKey.CONTEXT_TOKENS_PER_LANE)
+    invariant = event.summary_value(SummaryKey.BATCH_INVARIANT)
     ready = evolve(
         view,
         backend_ready=True,
         context_tokens=None if ctx is None else int(ctx),
         lanes=None if lanes is None else int(lanes),
         context_tokens_per_lane=None if per_lane is None else int(per_lane),
+        batch_invariant=None if invariant is None else bool(invariant),
         updated_mono_ns=event.mono_ns,
     )
     if not _topology_ready(state, ready):

@@ -167,6 +167,9 @@ class ModelView:
     context_tokens: int | None = None
     lanes: int | None = None
     context_tokens_per_lane: int | None = None
+    batch_invariant: bool | None = None
+    """Whether the serving context decodes a row the same whatever is beside it (the load's
+    ``batch_invariant`` summary)."""
     queue_capacity: int | None = None
     model_size_bytes: int | None = None
     parameters: int | None = None

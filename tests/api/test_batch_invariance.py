@@ -93,13 +93,21 @@ def _chat(server: Server, model: str, content: str) -> tuple[str, dict[str, Any]
     return text, receipt.json()
 
 
-def test_both_loads_say_their_contexts_are_batch_invariant(server: Server) -> None:
+def test_both_loads_say_their_contexts_are_batch_invariant_in_events_and_state(
+    server: Server,
+) -> None:
     completed = [
         e for e in server.events() if e["kind"] == "serving_backend_initialization_completed"
     ]
     assert len(completed) == 2, completed
     assert [summary_value(e, "batch_invariant") for e in completed] == [1, 1]
     assert [summary_value(e, "flash_attention") for e in completed] == [0, 0]
+    with server.http() as http:
+        models = http.get("/api/runtime/state").json()["models"]
+    assert {m["model_id"]: m.get("batch_invariant") for m in models} == {
+        "plain": True,
+        "spec": True,
+    }
 
 
 @pytest.mark.parametrize("prompt", PROMPTS, ids=["repeat", "copy", "rewrite"])

@@ -17,6 +17,7 @@ from skippyctl.cli.exit_codes import ExitCode, exit_code_for, exit_code_for_text
 from skippyctl.cli.state_tables import (
     health_line,
     models_table,
+    options_line,
     sessions_table,
     speculation_line,
 )
@@ -198,4 +199,30 @@ def test_ps_shows_speculation_acceptance_per_model_and_per_session() -> None:
         ["session", "model", "state", "accept"],
         ["s-1", "tiny", "idle", "25%"],
         ["s-2", "plain", "idle", "-"],
+    ]
+
+
+def test_ps_says_whether_a_load_without_flash_attention_is_batch_invariant() -> None:
+    """Where the load turned flash attention off, the options line says what its probe found
+    (engine/kernels.py); other loads do not claim it either way."""
+    document = {
+        "models": [
+            {
+                "model_id": model_id,
+                "state": "available",
+                "settings": {"flash_attn": "off"} if flash_off else {"lanes": 2},
+                **({} if invariant is None else {"batch_invariant": invariant}),
+            }
+            for model_id, flash_off, invariant in (
+                ("inv", True, True),
+                ("q6k", True, False),
+                ("std", False, False),
+            )
+        ]
+    }
+    lines = [options_line(m) for m in read_state_document(document).models]
+    assert lines == [
+        "  [dim]inv options:[/] flash_attn=off · batch-invariant",
+        "  [dim]q6k options:[/] flash_attn=off · not batch-invariant",
+        "  [dim]std options:[/] lanes=2",
     ]
