@@ -21,6 +21,9 @@ from skippyctl.client.http import ApiError, Frame, RuntimeClient
 from tests.cli.conftest import stop_runtime
 
 ERROR_FIELDS = frozenset({"message", "type", "param", "code", "reason_code"})
+BAN_TINY_END: dict[str, float] = {"2": -100, "1023": -100}
+"""A `logit_bias` that bans tiny.gguf's two end-of-generation tokens (EOS and EOT): a sampled
+reply then runs to its `max_tokens`, where a test needs it to last."""
 
 
 def wait_for(check: Callable[[], Any], timeout_s: float = 30.0) -> Any:

@@ -19,7 +19,7 @@ import orjson
 import pytest
 
 from skippyctl.client.discovery import Discovery
-from tests.api.conftest import Server, start_server, stop_server
+from tests.api.conftest import BAN_TINY_END, Server, start_server, stop_server
 from tests.cli.discovery_files import discovery_fields, write_discovery_file
 from tests.cli.helpers import ndjson_objects, run_cli
 
@@ -58,7 +58,7 @@ def _complete(server: Server, tokens: int, n: int = 0) -> int:
             "model": "tiny",
             "prompt": f"w {n}",
             "max_tokens": tokens,
-            "logit_bias": {"2": -100},
+            "logit_bias": BAN_TINY_END,
         }
         return http.post("/v1/completions", json=body).status_code
 

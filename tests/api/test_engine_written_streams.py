@@ -22,9 +22,7 @@ import openai
 import pytest
 
 from skippyctl.api.openai import ENGINE_STREAM_GRACE_S
-from tests.api.conftest import Server
-
-BAN_END = {"2": -100, "1023": -100}  # tiny.gguf's end tokens: replies run to max_tokens
+from tests.api.conftest import BAN_TINY_END, Server
 
 
 @pytest.fixture
@@ -100,14 +98,14 @@ def test_a_streamed_chat_through_the_official_client_is_written_by_the_engine(
     client = _client(server)
     messages = [{"role": "user", "content": "hello there"}]
     whole = client.chat.completions.create(
-        model="tiny", messages=messages, max_tokens=20, temperature=0, logit_bias=BAN_END
+        model="tiny", messages=messages, max_tokens=20, temperature=0, logit_bias=BAN_TINY_END
     )
     raw = client.chat.completions.with_raw_response.create(
         model="tiny",
         messages=messages,
         max_tokens=20,
         temperature=0,
-        logit_bias=BAN_END,
+        logit_bias=BAN_TINY_END,
         stream=True,
         stream_options={"include_usage": True},
     )
@@ -170,7 +168,7 @@ def _stalled_stream(server: Server, stalled_s: float) -> tuple[list[str], BaseEx
         "max_tokens": 100000,
         "stream": True,
         "timeout": 1.0,
-        "logit_bias": BAN_END,
+        "logit_bias": BAN_TINY_END,
     }
     lines: list[str] = []
     error: BaseException | None = None

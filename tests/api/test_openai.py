@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from tests.api.conftest import Server
+from tests.api.conftest import BAN_TINY_END, Server
 
 
 def _client(server: Server) -> openai.OpenAI:
@@ -80,7 +80,7 @@ def test_concurrent_sessions_share_decode_steps(server: Server) -> None:
             max_tokens=160,
             temperature=0,
             user=f"user-{n}",
-            logit_bias={"2": -100, "1023": -100},
+            logit_bias=BAN_TINY_END,
         )
         return completion.id
 
@@ -187,7 +187,7 @@ def test_timeout_and_client_disconnect_end_requests(server: Server) -> None:
                 "max_tokens": 100000,
                 "timeout": 0.005,
                 "temperature": 1.0,
-                "logit_bias": {"2": -100},
+                "logit_bias": BAN_TINY_END,
             },
         )
         assert response.status_code == 504
@@ -200,7 +200,7 @@ def test_timeout_and_client_disconnect_end_requests(server: Server) -> None:
                 "prompt": "x",
                 "max_tokens": 100000,
                 "stream": True,
-                "logit_bias": {"2": -100},
+                "logit_bias": BAN_TINY_END,
             },
         ) as stream:
             for line in stream.iter_lines():

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from skippyctl.client.http import Frame
-from tests.api.conftest import Server, start_server, stop_server
+from tests.api.conftest import BAN_TINY_END, Server, start_server, stop_server
 
 CANARY = "CANARY-q7Zx"
 
@@ -42,7 +42,7 @@ def _generate(server: Server, model: str, **body: Any) -> httpx.Response:
 
 
 def _long(server: Server, model: str) -> httpx.Response:
-    return _generate(server, model, max_tokens=1500, logit_bias={"2": -100}, timeout=60)
+    return _generate(server, model, max_tokens=1500, logit_bias=BAN_TINY_END, timeout=60)
 
 
 def _wait_until_model(
@@ -122,7 +122,7 @@ def test_unload_drains_running_requests_first(ops: Server, fixture_dir: Path) ->
     assert ops.load(fixture_dir / "tiny.gguf", alias="drain", lanes=2)["state"] == "available"
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         running = pool.submit(
-            _generate, ops, "drain", max_tokens=200, logit_bias={"2": -100}, user="drain-chat"
+            _generate, ops, "drain", max_tokens=200, logit_bias=BAN_TINY_END, user="drain-chat"
         )
         _wait_until_model(ops, "drain", lambda m: m["lanes_in_use"] == 1, running=running)
         with ops.http() as http:
