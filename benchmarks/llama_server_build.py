@@ -27,15 +27,15 @@ import sys
 from pathlib import Path
 from typing import Final
 
-LLAMA_CPP_PYTHON_VERSION: Final = "0.3.36"
-"""Must match scripts/bootstrap.sh and pyproject.toml."""
+from scripts.build_invariant_kernels import (
+    BOOTSTRAP_CMAKE_ARGS,
+    LLAMA_CPP_PYTHON_VERSION,
+    unpack_vendored_llama_cpp,
+)
+
 TARGETS: Final = ("llama-server", "ggml-rpc-server")
 """CMake targets (and binary names): the server, and ggml's RPC stage worker."""
 _STAMP: Final = "skippy-build.stamp"
-
-
-BOOTSTRAP_CMAKE_ARGS: Final = Path(__file__).resolve().parents[1] / ".venv" / "llama-cmake-args"
-"""Written by scripts/bootstrap.sh: the CMAKE_ARGS it built llama-cpp-python with."""
 
 
 def cmake_options() -> list[str]:
@@ -90,8 +90,6 @@ def _log(message: str) -> None:
 
 def _source(into: Path) -> Path:
     """Unpack the sdist's vendored llama.cpp into `into`; returns its root."""
-    from scripts.build_invariant_kernels import unpack_vendored_llama_cpp
-
     _log(f"downloading the llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} source distribution")
     return unpack_vendored_llama_cpp(into)
 

@@ -32,10 +32,11 @@ from typing import Final
 from skippyctl.engine.kernels import INVARIANT_KERNELS_DIR, INVARIANT_KERNELS_LIBRARY
 
 LLAMA_CPP_PYTHON_VERSION: Final = "0.3.36"
-"""Must match scripts/bootstrap.sh."""
+"""Must match scripts/bootstrap.sh and pyproject.toml (the peers' build reads it from here)."""
 VENDORED: Final = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}/vendor/llama.cpp/"
 BOOTSTRAP_CMAKE_ARGS: Final = Path(sys.prefix) / "llama-cmake-args"
-"""Written by scripts/bootstrap.sh: the CMAKE_ARGS it built llama-cpp-python with."""
+"""Written by scripts/bootstrap.sh into the venv: the CMAKE_ARGS it built llama-cpp-python with
+(read here and by benchmarks/llama_server_build.py)."""
 STAMP: Final = "options"
 
 
