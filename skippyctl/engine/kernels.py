@@ -25,6 +25,8 @@ import threading
 from pathlib import Path
 from typing import Any, Final
 
+from skippyctl.config.load_options import MAX_DRAFT_TOKENS
+
 INVARIANT_KERNELS_DIR: Final = Path(sys.prefix) / "lib" / "skippy-invariant-kernels"
 """Where the bootstrap puts the invariant library (inside the venv)."""
 INVARIANT_KERNELS_LIBRARY: Final = "libggml-cpu.so.0"
@@ -76,15 +78,16 @@ def batch_invariant(llama: Any, context: Any, n_vocab: int, flash_attention: boo
 
 PROBE_PROMPT: Final = 8
 PROBE_STEPS: Final = 16
-PROBE_WINDOW: Final = 64
-"""A verify window's most rows (``spec_draft_tokens`` is at most 64)."""
+PROBE_WINDOW: Final = MAX_DRAFT_TOKENS + 1
+"""A verify window's most rows: the lane's next token and up to ``spec_draft_tokens``
+proposals."""
 PROBE_BESIDE: Final = 4
 
 
 def probe(llama: Any, context: Any, n_vocab: int) -> bool:
     """Decode a token pattern several ways and compare every row's logits bit for bit: 16 rows
-    one at a time, as one window, 64 rows as windows of 16 and as one of 64, and (with two lanes
-    or more) 4 rows beside a second lane's. Leaves the context's memory empty. About 0.9 s on
+    one at a time, as one window, 65 rows as windows of 16 and as one of 65, and (with two lanes
+    or more) 4 rows beside a second lane's. Leaves the context's memory empty. About 1 s on
     the real model here; only a load without flash attention pays it."""
     tokens = [(7 + 31 * i) % n_vocab for i in range(PROBE_PROMPT + PROBE_WINDOW)]
     memory = llama.llama_get_memory(context)
