@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--invariant-kernels",
         action="store_true",
-        help="both contexts on the ggml CPU library without llamafile's sgemm, as skippy's "
+        help="both contexts on the ggml CPU library with batch-invariant products, as skippy's "
         "engines with --flash-attn off (skippyctl/engine/kernels.py)",
     )
     args = parser.parse_args(argv)

@@ -259,7 +259,7 @@ def start_llama_server(
     spec: ServerSpec, directory: Path, flash_attn: str = "on", invariant_kernels: bool = False
 ) -> Server:
     """`invariant_kernels`: on the ggml CPU library skippy's engines without flash attention
-    use (built without llamafile's sgemm; skippyctl/engine/kernels.py), in place of its own."""
+    use (batch-invariant products; skippyctl/engine/kernels.py), in place of its own."""
     from benchmarks.llama_server_build import binary, is_built
     from skippyctl.engine.kernels import INVARIANT_KERNELS_DIR
 
@@ -284,7 +284,8 @@ def start_llama_server(
     server.url = f"http://127.0.0.1:{port}"
     try:
         _wait_ready(server, log_path, "/health")
-        if invariant_kernels and b"LLAMAFILE = 1" in log_path.read_bytes():
+        maps = Path(f"/proc/{server.process.pid}/maps").read_text()
+        if invariant_kernels and str(INVARIANT_KERNELS_DIR) not in maps:
             raise RuntimeError("llama-server did not take the invariant kernels")
     except BaseException:
         server.stop()

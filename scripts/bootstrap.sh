@@ -69,6 +69,6 @@ echo "$LLAMA_CMAKE_ARGS" > "$VENV/llama-cmake-args"
 echo "bootstrap: installing skippyctl (editable) with its native library and dev tools" >&2
 "$VENV/bin/python" -m pip install --quiet -e ".[dev]"
 
-# A second ggml CPU library, without llamafile's sgemm, for engines that run without flash
-# attention: their greedy texts then do not depend on the batch (skippyctl/engine/kernels.py).
+# A second ggml CPU library, with batch-invariant matrix products, for engines that run without
+# flash attention: their greedy texts then do not depend on the batch (skippyctl/engine/kernels.py).
 "$VENV/bin/python" scripts/build_invariant_kernels.py >/dev/null

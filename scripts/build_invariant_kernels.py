@@ -1,21 +1,24 @@
 """Builds the ggml CPU library that engines without flash attention run on: the same ggml as the
-venv's llama-cpp-python, built with the same options, but without llamafile's sgemm.
+venv's llama-cpp-python, built with the same options, with two changes to how it multiplies
+matrices (:func:`patch`), so that a row's result does not depend on the rows beside it.
 
     .venv/bin/python scripts/build_invariant_kernels.py      (scripts/bootstrap.sh runs it)
 
-Why: llamafile's sgemm takes a matrix product of two or more rows (a verify window, a prompt,
-attention without flash attention) and ggml's own dot products take one row, and the two round
-differently. Without it every product is ggml's per-row dot product, so a row's result does not
-depend on the rows beside it: a greedy text is the same alone, beside other requests and under
-speculation (docs/BENCHMARKS.md section 5, "Flash attention on the CPU"). The stock library stays
-the default for everything else: llamafile's sgemm prefills F16, Q8_0 and Q4_0 weights about
-twice as fast.
+Why: the stock library takes a matrix product of two or more rows (a verify window, a prompt,
+several lanes' attention) through llamafile's sgemm and a product of one row through ggml's dot
+products, and the two round differently, so a greedy text depends on the batch (docs/BENCHMARKS.md
+section 5, "Flash attention on the CPU"). sgemm computes each element of a product the same way
+whatever the tile, the thread or the number of rows (one accumulator per element, summed along
+the shared dimension in one order), so the patched library takes every product sgemm supports
+through it, one row too. Its products of one row cost more than ggml's dot products only when
+they come as many small products (one per attention head and lane), where sgemm's two barriers
+per product add up; the patch hands such products out a head per thread, without barriers.
 
 The source is the pinned `llama-cpp-python` source distribution (pip's HTTP cache answers the
-download after the bootstrap); its `vendor/llama.cpp` is configured and only the `ggml-cpu`
-target is built (under a minute on 2 cores). The result, `libggml-cpu.so.0` and its
-links, goes to `skippyctl.engine.kernels.INVARIANT_KERNELS_DIR` with a stamp of the options; a
-second run with the same options does nothing.
+download after the bootstrap); its `vendor/llama.cpp` is patched and configured and only the
+`ggml-cpu` target is built (under a minute on 2 cores). The result, `libggml-cpu.so.0` and its
+links, goes to `skippyctl.engine.kernels.INVARIANT_KERNELS_DIR` with a stamp of the options and
+the patch; a second run with the same stamp does nothing.
 """
 
 from __future__ import annotations
@@ -29,7 +32,11 @@ import tempfile
 from pathlib import Path
 from typing import Final
 
-from skippyctl.engine.kernels import INVARIANT_KERNELS_DIR, INVARIANT_KERNELS_LIBRARY
+from skippyctl.engine.kernels import (
+    INVARIANT_KERNELS_DIR,
+    INVARIANT_KERNELS_LIBRARY,
+    INVARIANT_KERNELS_MARKER,
+)
 
 LLAMA_CPP_PYTHON_VERSION: Final = "0.3.36"
 """Must match scripts/bootstrap.sh and pyproject.toml (the peers' build reads it from here)."""
@@ -38,6 +45,11 @@ BOOTSTRAP_CMAKE_ARGS: Final = Path(sys.prefix) / "llama-cmake-args"
 """Written by scripts/bootstrap.sh into the venv: the CMAKE_ARGS it built llama-cpp-python with
 (read here and by benchmarks/llama_server_build.py)."""
 STAMP: Final = "options"
+PATCH: Final = "skippy-invariant-kernels 2"
+"""Part of the stamp: a change to :func:`patch` bumps it, so that venvs rebuild."""
+PER_HEAD_ROWS: Final = 32
+"""Products of many heads with fewer rows than this go a head per thread (a figure of speed, not
+of results: either way every element is computed the same)."""
 
 
 def _say(message: str) -> None:
@@ -55,7 +67,7 @@ def cmake_options() -> list[str]:
         "-DLLAMA_BUILD_TESTS=OFF",
         "-DLLAMA_BUILD_EXAMPLES=OFF",
         "-DLLAMA_BUILD_SERVER=OFF",
-        "-DGGML_LLAMAFILE=OFF",
+        "-DGGML_LLAMAFILE=ON",
     ]
 
 
@@ -93,15 +105,130 @@ def unpack_vendored_llama_cpp(root: Path) -> Path:
     return root
 
 
+def _replace(text: str, old: str, new: str, count: int) -> str:
+    found = text.count(old)
+    if found != count:
+        raise SystemExit(f"build_invariant_kernels: the source has {found} of {old!r}, not {count}")
+    return text.replace(old, new)
+
+
+def _per_head(source: str, into: str, failed: str) -> str:
+    """Whole heads (or a thread's share of a head's rows) per thread, each the stock loop's call
+    on its own operands for one thread."""
+    return f"""        if (skippy_per_head) {{
+            const int64_t rows = ne01/skippy_parts;
+            for (int64_t job = ith; job < ne12*ne13*skippy_parts; job += nth) {{
+                const int64_t head = job / skippy_parts, i01 = job % skippy_parts * rows;
+                const int64_t i13 = head / ne12, i12 = head % ne12;
+                if (!llamafile_sgemm(&skippy_alone,
+                                     rows, ne11, ne00/ggml_blck_size(src0->type),
+                                     (const char *)src0->data
+                                         + i12/r2*nb02 + i13/r3*nb03 + i01*nb01,
+                                     nb01/ggml_type_size(src0->type),
+                                     {source},
+                                     {into},
+                                     (char *)dst->data + i12*nb2 + i13*nb3 + i01*nb0,
+                                     nb1/ggml_type_size(dst->type),
+                                     src0->type,
+                                     {failed}))
+                    goto {"UseGgmlGemm1" if "src1->type" in failed else "UseGgmlGemm2"};
+            }}
+            return;
+        }}
+"""
+
+
+def patch(root: Path) -> None:
+    """Change the unpacked llama.cpp at ``root``:
+
+    - ``llamafile_sgemm`` serves products of one row as well (the stock one declines them);
+    - its float kernels run without barriers when called for one thread;
+    - ``ggml_compute_forward_mul_mat`` hands a product of several heads with few rows each to
+      the threads a head (or an even share of a head's rows) at a time, each calling sgemm for
+      one thread;
+    - the library exports :data:`~skippyctl.engine.kernels.INVARIANT_KERNELS_MARKER`.
+
+    A source that does not read as expected stops the build (the pinned version changed)."""
+    sgemm = root / "ggml/src/ggml-cpu/llamafile/sgemm.cpp"
+    text = sgemm.read_text()
+    text = _replace(
+        text, "#if !defined(__MMA__)\n    if (n < 2)\n        return false;\n#endif\n", "", 1
+    )
+    alone = "if (params->nth > 1) "
+    text = _replace(
+        text,
+        "ggml_threadpool_chunk_set(params->threadpool, params->nth);",
+        alone + "ggml_threadpool_chunk_set(params->threadpool, params->nth);",
+        2,
+    )
+    text = _replace(
+        text,
+        "        ggml_barrier(params->threadpool);\n",
+        "        " + alone + "ggml_barrier(params->threadpool);\n",
+        4,
+    )
+    text = _replace(
+        text,
+        "job = ggml_threadpool_chunk_add(params->threadpool, 1);",
+        "job = params->nth > 1 ? ggml_threadpool_chunk_add(params->threadpool, 1) : job + 1;",
+        2,
+    )
+    sgemm.write_text(text)
+
+    cpu = root / "ggml/src/ggml-cpu/ggml-cpu.c"
+    text = cpu.read_text()
+    first = "    const bool src1_cont = ggml_is_contiguous(src1);\n\n    if (src1_cont) {\n"
+    text = _replace(
+        text,
+        first,
+        "    const bool src1_cont = ggml_is_contiguous(src1);\n"
+        # A head's rows are split between the threads where each share stays a multiple of 4
+        # rows (sgemm's float kernels want that), so that the threads' work is even.
+        "    const int64_t skippy_parts = ne01 % (4*nth) == 0 ? nth : 1;\n"
+        "    const bool skippy_per_head = nth > 1 && ne12*ne13 > 1\n"
+        f"        && ne12*ne13*skippy_parts >= nth && ne11 < {PER_HEAD_ROWS};\n"
+        "    struct ggml_compute_params skippy_alone = *params;\n"
+        "    skippy_alone.ith = 0;\n"
+        "    skippy_alone.nth = 1;\n\n"
+        "    if (src1_cont) {\n"
+        + _per_head(
+            "(const char *)src1->data + i12*nb12 + i13*nb13",
+            "nb11/ggml_type_size(src1->type)",
+            "src1->type,\n                                     dst->type",
+        ),
+        1,
+    )
+    second = (
+        "        const void* wdata = (src1->type == vec_dot_type) ? src1->data : params->wdata;\n"
+        "        const size_t row_size = ggml_row_size(vec_dot_type, ne10);\n\n"
+    )
+    text = _replace(
+        text,
+        second,
+        second
+        + _per_head(
+            "(const char *)wdata + (i12*ne11 + i13*ne12*ne11)*row_size",
+            "row_size/ggml_type_size(vec_dot_type)",
+            "vec_dot_type,\n                                     dst->type",
+        ),
+        1,
+    )
+    marker = INVARIANT_KERNELS_MARKER
+    text += f"\nGGML_BACKEND_API int {marker}(void);\nint {marker}(void) {{ return 1; }}\n"
+    cpu.write_text(text)
+
+
 def build() -> Path:
     options = cmake_options()
     stamp = INVARIANT_KERNELS_DIR / STAMP
+    stamped = " ".join([*options, PATCH])
     library = INVARIANT_KERNELS_DIR / INVARIANT_KERNELS_LIBRARY
-    if library.is_file() and stamp.is_file() and stamp.read_text() == " ".join(options):
+    if library.is_file() and stamp.is_file() and stamp.read_text() == stamped:
         return library
-    _say("building ggml's CPU library without llamafile's sgemm (under a minute on 2 cores)")
+    _say("building ggml's CPU library with batch-invariant products (under a minute on 2 cores)")
     with tempfile.TemporaryDirectory(prefix="skippy-kernels-") as scratch:
         source = unpack_vendored_llama_cpp(Path(scratch) / "llama.cpp")
+        patch(source)
         build_dir = Path(scratch) / "build"
         # Compiler output goes to stderr with the rest of this log (errors must be readable).
         subprocess.run(
@@ -116,14 +243,14 @@ def build() -> Path:
         )
         built = sorted(build_dir.rglob("libggml-cpu.so*"))
         real = [p for p in built if not p.is_symlink()]
-        if len(real) != 1 or ctypes.CDLL(str(real[0])).ggml_cpu_has_llamafile() != 0:
+        if len(real) != 1 or not hasattr(ctypes.CDLL(str(real[0])), INVARIANT_KERNELS_MARKER):
             raise SystemExit(f"build_invariant_kernels: unexpected build output {built}")
         if INVARIANT_KERNELS_DIR.exists():
             shutil.rmtree(INVARIANT_KERNELS_DIR)
         INVARIANT_KERNELS_DIR.mkdir(parents=True)
         for path in built:
             shutil.copy2(path, INVARIANT_KERNELS_DIR / path.name, follow_symlinks=False)
-    stamp.write_text(" ".join(options))
+    stamp.write_text(stamped)
     return library
 
 

@@ -2,14 +2,15 @@
 
 llama.cpp's stock CPU library takes a matrix product of two or more rows through llamafile's
 sgemm and a product of one row through ggml's dot products, and the two round differently. So
-without flash attention a row's attention depends on whether it is decoded alone or in a verify
-window, and with F16, Q8_0 or Q4_0 weights so does every layer's product. The bootstrap builds a
-second copy of the library without llamafile's sgemm (``scripts/build_invariant_kernels.py``):
-every product is then per row, and a row's logits are bit for bit the same alone, beside other
-lanes and in a window of any length — with flash attention off (its kernel has other paths for
-long contexts and long batches), and for the weight types measured so (F32, F16, Q4_0, Q4_1,
-Q5_0, Q5_1, Q8_0; not Q6_K or Q4_K, whose kernels take other paths for a batch). So a context's
-claim is measured when it is made (:func:`probe`).
+without flash attention a row's attention depends on whether it is decoded alone, beside other
+lanes or in a verify window, and with F16, Q8_0 or Q4_0 weights so does every layer's product.
+The bootstrap builds a second copy of the library (``scripts/build_invariant_kernels.py``) that
+takes every product sgemm supports through sgemm, one row too; sgemm computes an element the
+same way whatever the tile, thread or row count, so a row's logits are bit for bit the same
+alone, beside other lanes and in a window of any length — with flash attention off (its kernel
+has other paths for long contexts and long batches), and for the weight types measured so (F32,
+F16, Q4_0, Q4_1, Q5_0, Q8_0; not Q6_K or Q4_K, whose kernels take other paths for a batch). So a
+context's claim is measured when it is made (:func:`probe`).
 
 An engine whose load turns flash attention off maps that copy before llama.cpp is imported
 (``EngineOptions.invariant_kernels``): the dynamic loader then links llama.cpp's ggml to the
@@ -31,6 +32,8 @@ INVARIANT_KERNELS_DIR: Final = Path(sys.prefix) / "lib" / "skippy-invariant-kern
 """Where the bootstrap puts the invariant library (inside the venv)."""
 INVARIANT_KERNELS_LIBRARY: Final = "libggml-cpu.so.0"
 """The stock library's soname, which llama.cpp's ggml asks the dynamic loader for."""
+INVARIANT_KERNELS_MARKER: Final = "skippy_batch_invariant_kernels"
+"""A function only the invariant library exports."""
 
 
 def preload_invariant_kernels() -> str | None:
@@ -57,11 +60,9 @@ def preload_invariant_kernels() -> str | None:
 
 def batch_invariant(llama: Any, context: Any, n_vocab: int, flash_attention: bool | None) -> bool:
     """Whether this context decodes a row the same whatever is beside it: flash attention off,
-    no llamafile sgemm in the ggml that llama.cpp linked to, and :func:`probe` agrees (some
-    weight types take another path for a batch even then: Q6_K in a window, Q4_K's repacked
-    layout beside other rows)."""
-    info = bytes(llama.llama_print_system_info())
-    if flash_attention is not False or b"LLAMAFILE = 1" in info:
+    the invariant library mapped, and :func:`probe` agrees (some weight types take another path
+    for a batch even then: Q6_K in a window, Q4_K's repacked layout beside other rows)."""
+    if flash_attention is not False or not invariant_kernels_mapped():
         return False
     # On a thread of its own: llama.cpp's OpenMP team belongs to the thread that decodes, and
     # libgomp lets it go when that thread ends. A team left on the engine's control thread
@@ -74,6 +75,12 @@ def batch_invariant(llama: Any, context: Any, n_vocab: int, flash_attention: boo
     thread.start()
     thread.join()
     return found == [True]
+
+
+def invariant_kernels_mapped() -> bool:
+    """Whether this process computes with the invariant library (mapped with global symbols by
+    :func:`preload_invariant_kernels`)."""
+    return hasattr(ctypes.CDLL(None), INVARIANT_KERNELS_MARKER)
 
 
 PROBE_PROMPT: Final = 8

@@ -52,7 +52,7 @@ class EngineOptions:
     default. With compute turns, short: an engine's idle team must not spin through another's
     turn (engine/compute_turns.py)."""
     invariant_kernels: bool = False
-    """Compute with the ggml CPU library built without llamafile's sgemm (engine/kernels.py):
+    """Compute with the ggml CPU library with batch-invariant products (engine/kernels.py):
     the host asks for it for a load without flash attention, whose rows then decode the same
     whatever is beside them."""
     test_progress_delay_us: int = 0

@@ -148,7 +148,7 @@ class ContextReturned:
     chose (a GPU with 'auto')."""
     batch_invariant: bool | None = None
     """Whether a row decodes bit for bit the same whatever is beside it (``engine/kernels.py``:
-    on the CPU, without flash attention, on the kernels without llamafile's sgemm)."""
+    on the CPU, without flash attention, on the batch-invariant kernels)."""
     pooling: str | None = None
     """An embedding model's pooling (``mean``, ``cls``, ``last``, ``rank``: llama.cpp's, from the
     GGUF); None for a generative model. A pooling model serves embeddings, not generation."""

@@ -4,10 +4,10 @@ The real model (SmolLM2-135M-Instruct, Q4_1) asked to repeat, copy or rewrite a 
 512 tokens (past 512 cells llama.cpp's flash-attention kernel takes another path for a row
 decoded alone), greedily, three ways: alone with `--spec off`, alone with `--spec ngram` (the
 text verified in windows of proposals), and beside three other requests in one batch. Both
-loads say `--flash-attn off`, so their engines compute on the ggml CPU library built without
-llamafile's sgemm (skippyctl/engine/kernels.py) and report `batch_invariant` 1. The three texts
-must be byte-identical; with the stock kernels they are not (:data:`PROMPTS`).
-tests/engine/test_kernels.py shows the kernels bit for bit, and that the stock ones are not.
+loads say `--flash-attn off`, so their engines compute on the ggml CPU library with
+batch-invariant products (skippyctl/engine/kernels.py) and report `batch_invariant` 1. The three
+texts must be byte-identical; with the stock kernels they are not (:data:`PROMPTS`).
+tests/engine/test_engine_worker.py shows the load's probe, and that the stock kernels fail it.
 """
 
 from __future__ import annotations

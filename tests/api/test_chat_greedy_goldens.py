@@ -9,7 +9,7 @@ text must be byte-identical and the prompt must be the same number of tokens.
 
 Twice: llama-server with flash attention (`-fa on`, its choice on a CPU) against the default
 load (`--flash-attn auto`: on on a CPU), and llama-server `-fa off` on the ggml CPU library that
-skippyctl's engines without flash attention compute with (built without llamafile's sgemm,
+skippyctl's engines without flash attention compute with (batch-invariant products,
 skippyctl/engine/kernels.py; tests/golden/chat_greedy_fa_off.json) against a load with
 `--flash-attn off`. The kernels round differently, and a greedy text can part on that
 (llama-server's two goldens differ in 2 of the 16 chats); with the same kernels the texts are

@@ -336,7 +336,7 @@ def test_a_context_is_batch_invariant_only_without_flash_attention_on_the_invari
     fixture_dir: Path, invariant_kernels: bool, flash_attn: FlashAttention, expected: bool
 ) -> None:
     """The reply says whether a row decodes the same whatever is beside it: the engine computes
-    on the ggml built without llamafile's sgemm (engine/kernels.py) and flash attention is off.
+    on the ggml with batch-invariant products (engine/kernels.py) and flash attention is off.
     The stock kernels (the engine not asked for the other ones) are not."""
     fresh = Engine(tuple(EngineOptions(invariant_kernels=invariant_kernels).argv()))
     try:
