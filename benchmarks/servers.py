@@ -51,8 +51,8 @@ LLAMA_SERVER_AGAIN: Final = "llama-server-again"
 """The same llama-server once more, in the same rounds: against the first, the benchmark's own
 noise (a ratio an identical server gets)."""
 LLAMA_SERVER_FA_OFF: Final = "llama-server-fa-off"
-"""llama-server with `-fa off` (its own default, `auto`, turns flash attention on on a CPU, as
-skippy's does): the peer of skippy `--flash-attn off`."""
+"""llama-server with `-fa off` (its own default, `auto`, turns flash attention on on a CPU):
+the peer of skippy's default on a CPU (`--flash-attn auto`: off)."""
 LLAMA_CPP_SERVER: Final = "llama_cpp.server"
 SERVER_NAMES: Final = (
     SKIPPY,

@@ -387,8 +387,8 @@ def main(argv: list[str] | None = None) -> int:
         "--skippy-flash-attn",
         choices=("auto", "on", "off"),
         default="auto",
-        help="skippy's `load --flash-attn` in every skippy variant (auto: the default load; "
-        "off: the batch-invariant kernels)",
+        help="skippy's `load --flash-attn` in every skippy variant (auto: the default load, "
+        "off on a CPU: the batch-invariant kernels; on: llama.cpp's flash attention)",
     )
     args = parser.parse_args(argv)
     workloads = tuple(w for w in args.workloads.split(",") if w)

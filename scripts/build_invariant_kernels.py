@@ -112,9 +112,11 @@ def _replace(text: str, old: str, new: str, count: int) -> str:
     return text.replace(old, new)
 
 
-def _per_head(source: str, into: str, failed: str) -> str:
+def _per_head(source: str, into: str, types: str, fallback: str) -> str:
     """Whole heads (or a thread's share of a head's rows) per thread, each the stock loop's call
-    on its own operands for one thread."""
+    on its own operands for one thread. sgemm declines a product by its shapes and types alone,
+    the same for every head, so either every thread returns or every one goes to ``fallback``
+    (ggml's path, whose barriers need them all)."""
     return f"""        if (skippy_per_head) {{
             const int64_t rows = ne01/skippy_parts;
             for (int64_t job = ith; job < ne12*ne13*skippy_parts; job += nth) {{
@@ -130,8 +132,8 @@ def _per_head(source: str, into: str, failed: str) -> str:
                                      (char *)dst->data + i12*nb2 + i13*nb3 + i01*nb0,
                                      nb1/ggml_type_size(dst->type),
                                      src0->type,
-                                     {failed}))
-                    goto {"UseGgmlGemm1" if "src1->type" in failed else "UseGgmlGemm2"};
+                                     {types}))
+                    goto {fallback};
             }}
             return;
         }}
@@ -195,6 +197,7 @@ def patch(root: Path) -> None:
             "(const char *)src1->data + i12*nb12 + i13*nb13",
             "nb11/ggml_type_size(src1->type)",
             "src1->type,\n                                     dst->type",
+            "UseGgmlGemm1",
         ),
         1,
     )
@@ -210,6 +213,7 @@ def patch(root: Path) -> None:
             "(const char *)wdata + (i12*ne11 + i13*ne12*ne11)*row_size",
             "row_size/ggml_type_size(vec_dot_type)",
             "vec_dot_type,\n                                     dst->type",
+            "UseGgmlGemm2",
         ),
         1,
     )

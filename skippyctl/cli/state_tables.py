@@ -103,7 +103,8 @@ def options_line(model: ModelEntry) -> str:
     pairs = " ".join(f"{key}={_setting(value)}" for key, value in model.settings)
     if model.batch_invariant:
         pairs += " · batch-invariant"
-    elif model.batch_invariant is False and ("flash_attn", "off") in model.settings:
+    elif model.batch_invariant is False and ("flash_attn", "on") not in model.settings:
+        # A load without flash attention (the default on a CPU) whose probe failed.
         pairs += " · not batch-invariant"
     return f"  [dim]{escape(model.model_id)} options:[/] {escape(pairs)}"
 

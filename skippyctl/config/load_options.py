@@ -255,15 +255,14 @@ class LoadOptions:
     )
     flash_attn: FlashAttention = _option(
         FlashAttention.AUTO,
-        help="llama.cpp's flash attention for the model's contexts: 'auto' is on where the KV "
-        "cache is in host memory (the CPU, as llama-server decides) and llama.cpp's choice on "
-        "a GPU. With it a greedy text past 512 tokens of context can change with speculation "
-        "and with the requests decoding beside it (its kernel takes other paths for them). "
-        "'off' on the CPU computes on ggml kernels built without llamafile's sgemm, where a "
-        "row decodes the same whatever is beside it (the load measures it: "
-        "'batch_invariant' 1 in its events), and decoded 1.3-1.7x faster (a verify window "
-        "1.5-1.7x); prompts prefill slower (2,000 tokens of the real model 1.4x, F16, Q8_0 "
-        "and Q4_0 weights about 2x) and the load takes about a second more.",
+        help="llama.cpp's flash attention for the model's contexts: 'auto' is off where the KV "
+        "cache is in host memory (the CPU) and llama.cpp's choice on a GPU. Off, the CPU "
+        "computes on batch-invariant ggml kernels, where a row decodes the same whatever is "
+        "beside it (the load measures it: 'batch_invariant' 1 in its events), and decodes "
+        "faster (the real model: a step in 0.65x the time, a verify window 0.56-0.63x); long "
+        "prompts prefill slower (2,000 tokens 1.18x) and the load takes about a second more. "
+        "'on' is llama-server's default on a CPU: its greedy texts past 512 tokens of context "
+        "can change with speculation and with the requests decoding beside it.",
     )
     spec_draft_tokens: int = _option(
         MAX_DRAFT_TOKENS,

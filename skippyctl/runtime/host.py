@@ -381,9 +381,11 @@ class RuntimeHost:
             self._on_hello,
             listener,
             self._on_retire,
-            # Without flash attention the engine computes on the batch-invariant kernels
-            # (engine/kernels.py): its greedy texts then do not depend on the batch.
-            replace(self.options, invariant_kernels=options.flash_attn is FlashAttention.OFF),
+            # Without flash attention ('off', and 'auto' on the CPU) the engine computes on the
+            # batch-invariant kernels (engine/kernels.py): its greedy texts then do not depend
+            # on the batch. Mapped for 'auto' on a GPU too, where they serve what stays on
+            # the CPU.
+            replace(self.options, invariant_kernels=options.flash_attn is not FlashAttention.ON),
             topology,
             inherit_stderr=self.settings.engine_stderr is EngineStderr.INHERIT,
         )

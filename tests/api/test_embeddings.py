@@ -1,6 +1,8 @@
 """`/v1/embeddings` on an embedding model (fixtures/tiny-embedding.gguf: mean pooling), through
 the official `openai` client, against llama-server's answers to the same inputs
-(tests/golden/embeddings.json, `python -m scripts.golden_embeddings`); and its refusals."""
+(tests/golden/embeddings.json, `python -m scripts.golden_embeddings`); and its refusals. The
+embedding model is loaded with `--flash-attn on`, as llama-server computed the goldens: without
+it the vectors differ by about 1e-4, beyond the few float32 ulps compared here."""
 
 from __future__ import annotations
 
@@ -30,7 +32,9 @@ def runtime(tmp_path_factory: pytest.TempPathFactory, fixture_dir: Path) -> Iter
     running = start_server(tmp_path_factory.mktemp("runtime"))
     try:
         for alias, name in (("emb", "tiny-embedding.gguf"), ("gen", "tiny.gguf")):
-            answer = running.load(fixture_dir / name, alias=alias, ctx=1024, lanes=1)
+            answer = running.load(
+                fixture_dir / name, alias=alias, ctx=1024, lanes=1, flash_attn="on"
+            )
             assert answer["state"] == "available", answer
         yield running
     finally:

@@ -231,6 +231,8 @@ def _with_template(factory: pytest.TempPathFactory, template: str) -> Iterator[S
         ctx=2048,
         lanes=1,
         chat_template=str(VENDORED_TEMPLATES / template),
+        # The goldens' llama-server ran with flash attention (its choice on a CPU).
+        flash_attn="on",
     ) as running:
         yield running
 

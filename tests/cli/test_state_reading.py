@@ -203,26 +203,31 @@ def test_ps_shows_speculation_acceptance_per_model_and_per_session() -> None:
 
 
 def test_ps_says_whether_a_load_without_flash_attention_is_batch_invariant() -> None:
-    """Where the load turned flash attention off, the options line says what its probe found
-    (engine/kernels.py); other loads do not claim it either way."""
+    """Where the load computes without flash attention (`off`, and the default on a CPU), the
+    options line says what its probe found (engine/kernels.py); a load that asked for flash
+    attention does not claim it either way."""
     document = {
         "models": [
             {
                 "model_id": model_id,
                 "state": "available",
-                "settings": {"flash_attn": "off"} if flash_off else {"lanes": 2},
+                "settings": settings,
                 **({} if invariant is None else {"batch_invariant": invariant}),
             }
-            for model_id, flash_off, invariant in (
-                ("inv", True, True),
-                ("q6k", True, False),
-                ("std", False, False),
+            for model_id, settings, invariant in (
+                ("inv", {"flash_attn": "off"}, True),
+                ("dflt", {"lanes": 2}, True),
+                ("q6k", {"lanes": 2}, False),
+                ("fa", {"flash_attn": "on"}, False),
+                ("old", {"lanes": 2}, None),
             )
         ]
     }
     lines = [options_line(m) for m in read_state_document(document).models]
     assert lines == [
         "  [dim]inv options:[/] flash_attn=off · batch-invariant",
-        "  [dim]q6k options:[/] flash_attn=off · not batch-invariant",
-        "  [dim]std options:[/] lanes=2",
+        "  [dim]dflt options:[/] lanes=2 · batch-invariant",
+        "  [dim]q6k options:[/] lanes=2 · not batch-invariant",
+        "  [dim]fa options:[/] flash_attn=on",
+        "  [dim]old options:[/] lanes=2",
     ]

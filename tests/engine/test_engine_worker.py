@@ -310,12 +310,12 @@ def _served(
 
 @pytest.mark.parametrize(
     ("flash_attn", "expected"),
-    [(FlashAttention.AUTO, True), (FlashAttention.OFF, False), (FlashAttention.ON, True)],
+    [(FlashAttention.AUTO, False), (FlashAttention.OFF, False), (FlashAttention.ON, True)],
 )
 def test_the_context_s_flash_attention_is_the_load_s_choice_on_the_cpu(
     fixture_dir: Path, flash_attn: FlashAttention, expected: bool
 ) -> None:
-    """'auto' is on with the KV cache in host memory, and the reply says what the context uses
+    """'auto' is off with the KV cache in host memory, and the reply says what the context uses
     (docs/LOG_COVERAGE.md checks it against llama.cpp's own log line)."""
     fresh = Engine()
     try:
