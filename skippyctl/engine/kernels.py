@@ -94,12 +94,20 @@ PROBE_BESIDE: Final = 4
 def probe(llama: Any, context: Any, n_vocab: int) -> bool:
     """Decode a token pattern several ways and compare every row's logits bit for bit: 16 rows
     one at a time, as one window, 65 rows as windows of 16 and as one of 65, and (with two lanes
-    or more) 4 rows beside a second lane's. Leaves the context's memory empty. About 1 s on
-    the real model here; only a load without flash attention pays it."""
-    tokens = [(7 + 31 * i) % n_vocab for i in range(PROBE_PROMPT + PROBE_WINDOW)]
+    or more) 4 rows beside a second lane's — fewer where a lane's context or a decode call
+    holds fewer (a context too small to compare two rows is not claimed invariant). Leaves the
+    context's memory empty. About 1 s on the real model here; only a load without flash
+    attention pays it."""
+    # llama.cpp aborts the process on a batch over n_batch; a lane holds n_ctx_seq positions.
+    room = int(llama.llama_n_ctx_seq(context)) - PROBE_PROMPT
+    width = min(PROBE_WINDOW, int(llama.llama_n_batch(context)), room)
+    alone_rows = min(PROBE_STEPS, width)
+    if alone_rows < 2:
+        return False
+    tokens = [(7 + 31 * i) % n_vocab for i in range(PROBE_PROMPT + width)]
     memory = llama.llama_get_memory(context)
     lanes = int(llama.llama_n_seq_max(context))
-    batch = llama.llama_batch_init(PROBE_WINDOW + 2, 0, 1)
+    batch = llama.llama_batch_init(width + 2, 0, 1)
     size = n_vocab * ctypes.sizeof(ctypes.c_float)
     steps = list(enumerate(tokens[PROBE_PROMPT:], start=PROBE_PROMPT))
 
@@ -130,24 +138,23 @@ def probe(llama: Any, context: Any, n_vocab: int) -> bool:
 
     try:
         fresh(0)
-        alone = [decode([(t, p, 0, True)])[0] for p, t in steps[:PROBE_STEPS]]
+        alone = [decode([(t, p, 0, True)])[0] for p, t in steps[:alone_rows]]
         fresh(0)
-        if window(0, PROBE_STEPS) != alone:
+        if window(0, alone_rows) != alone:
             return False
-        in_sixteens = alone + [
+        in_pieces = alone + [
             row
-            for first in range(PROBE_STEPS, PROBE_WINDOW, PROBE_STEPS)
-            for row in window(first, PROBE_STEPS)
+            for first in range(alone_rows, width, alone_rows)
+            for row in window(first, alone_rows)
         ]
         fresh(0)
-        if window(0, PROBE_WINDOW) != in_sixteens:
+        if window(0, width) != in_pieces:
             return False
         if lanes >= 2:
             fresh(0, 1)
-            beside = [
-                decode([(t, p, 0, True), (t, p, 1, True)])[0] for p, t in steps[:PROBE_BESIDE]
-            ]
-            return beside == alone[:PROBE_BESIDE]
+            paired = min(PROBE_BESIDE, alone_rows)
+            beside = [decode([(t, p, 0, True), (t, p, 1, True)])[0] for p, t in steps[:paired]]
+            return beside == alone[:paired]
         return True
     except RuntimeError:
         return False

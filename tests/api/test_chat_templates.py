@@ -81,7 +81,8 @@ def _client(server: Server) -> openai.OpenAI:
 def smollm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     running = start_server(tmp_path_factory.mktemp("smollm"))
     try:
-        answer = running.load(REAL_MODEL, lanes=1, ctx=1024, alias="smollm")
+        # LLAMA_SERVER_GREEDY's texts came from llama-server's default, flash attention on.
+        answer = running.load(REAL_MODEL, lanes=1, ctx=1024, alias="smollm", flash_attn="on")
         assert answer["state"] == "available", answer
         yield running
     finally:

@@ -345,6 +345,25 @@ def test_a_context_is_batch_invariant_only_without_flash_attention_on_the_invari
         fresh.close()
 
 
+@pytest.mark.parametrize(("ctx", "lanes"), [(64, 1), (24, 2), (16, 1)])
+def test_the_load_s_probe_fits_a_small_context(fixture_dir: Path, ctx: int, lanes: int) -> None:
+    """The probe's windows fit the lane's context and the decode call's batch: llama.cpp aborts
+    the process on a batch it cannot hold (a 64-token context crashed the load when the probe
+    decoded 73 positions). A lane too small to compare two rows is not claimed invariant."""
+    fresh = Engine(tuple(EngineOptions(invariant_kernels=True).argv()))
+    try:
+        options = LoadOptions(
+            str(fixture_dir / "tiny.gguf"), ctx=ctx, lanes=lanes, flash_attn=FlashAttention.OFF
+        )
+        fresh.send(load_message("load-small", 3, options))
+        assert fresh.next("load_returned")["ok"] is True
+        serving = fresh.next("context_returned")
+        assert serving["ok"] is True, serving
+        assert serving["batch_invariant"] is (ctx // lanes >= 10)
+    finally:
+        fresh.close()
+
+
 def test_the_load_s_probe_leaves_no_decode_threads_behind(fixture_dir: Path) -> None:
     """The probe decodes on a thread of its own and lets its OpenMP team go: a team left on
     the engine's control thread stays beside the decode thread's, and libgomp, managing more
