@@ -284,8 +284,8 @@ def start_llama_server(
     server.url = f"http://127.0.0.1:{port}"
     try:
         _wait_ready(server, log_path, "/health")
-        maps = Path(f"/proc/{server.process.pid}/maps").read_text()
-        if invariant_kernels and str(INVARIANT_KERNELS_DIR) not in maps:
+        maps = Path(f"/proc/{server.process.pid}/maps")
+        if invariant_kernels and str(INVARIANT_KERNELS_DIR) not in maps.read_text():
             raise RuntimeError("llama-server did not take the invariant kernels")
     except BaseException:
         server.stop()

@@ -12,9 +12,10 @@ has other paths for long contexts and long batches), and for the weight types me
 F16, Q4_0, Q4_1, Q5_0, Q8_0; not Q6_K or Q4_K, whose kernels take other paths for a batch). So a
 context's claim is measured when it is made (:func:`probe`).
 
-An engine whose load turns flash attention off maps that copy before llama.cpp is imported
-(``EngineOptions.invariant_kernels``): the dynamic loader then links llama.cpp's ggml to the
-library already mapped under the same name. Figures: docs/BENCHMARKS.md section 5.
+An engine whose load does not ask for flash attention (``auto``, off on a CPU, or ``off``)
+maps that copy before llama.cpp is imported (``EngineOptions.invariant_kernels``): the dynamic
+loader then links llama.cpp's ggml to the library already mapped under the same name.
+Figures: docs/BENCHMARKS.md section 5.
 """
 
 from __future__ import annotations

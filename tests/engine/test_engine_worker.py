@@ -349,7 +349,7 @@ def test_a_context_is_batch_invariant_only_without_flash_attention_on_the_invari
 def test_the_load_s_probe_fits_a_small_context(fixture_dir: Path, ctx: int, lanes: int) -> None:
     """The probe's windows fit the lane's context and the decode call's batch: llama.cpp aborts
     the process on a batch it cannot hold (a 64-token context crashed the load when the probe
-    decoded 73 positions). A lane too small to compare two rows is not claimed invariant."""
+    decoded 73 positions). Each of these lanes holds the probe's prompt and a short window."""
     fresh = Engine(tuple(EngineOptions(invariant_kernels=True).argv()))
     try:
         options = LoadOptions(
@@ -359,7 +359,7 @@ def test_the_load_s_probe_fits_a_small_context(fixture_dir: Path, ctx: int, lane
         assert fresh.next("load_returned")["ok"] is True
         serving = fresh.next("context_returned")
         assert serving["ok"] is True, serving
-        assert serving["batch_invariant"] is (ctx // lanes >= 10)
+        assert serving["batch_invariant"] is True
     finally:
         fresh.close()
 
