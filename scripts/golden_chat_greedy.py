@@ -16,8 +16,9 @@ the same model with each template (`load --chat-template`) and compares through 
 
 `--binary`: a llama-server built elsewhere, used in place of benchmarks.llama_server_build's cache.
 `--flash-attn`: llama-server's `-fa` (default on, llama-server's own choice on a CPU: the file
-tests/golden/chat_greedy.json; off: tests/golden/chat_greedy_fa_off.json, what skippyctl's
-`--flash-attn off` computes, so llama-server then computes on the same ggml CPU library as
+tests/golden/chat_greedy.json, against skippyctl's `--flash-attn on`; off:
+tests/golden/chat_greedy_fa_off.json, what skippyctl's default computes on a CPU (`--flash-attn
+auto`: off), so llama-server then computes on the same ggml CPU library as
 skippyctl's engine: the one with batch-invariant products, skippyctl/engine/kernels.py).
 Flash attention rounds differently, and a greedy text can part on it.
 """
