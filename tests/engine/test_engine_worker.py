@@ -328,6 +328,7 @@ def test_the_context_s_flash_attention_is_the_load_s_choice_on_the_cpu(
     ("invariant_kernels", "flash_attn", "expected"),
     [
         (True, FlashAttention.OFF, True),
+        (True, FlashAttention.AUTO, True),  # the default: off on the CPU
         (True, FlashAttention.ON, False),
         (False, FlashAttention.OFF, False),
     ],
