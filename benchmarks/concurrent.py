@@ -2,7 +2,8 @@
 
     .venv/bin/python -m benchmarks.concurrent [--rounds N] [--sessions 1,2,4,8] [--tokens N]
         [--requests R] [--model mid|tiny|real] [--context-per-session N] [--threads T]
-        [--contenders skippy,llama-server,llama_cpp.server] [--watch-events] [--skippy-defaults]
+        [--contenders skippy,skippy-watched,llama-server,llama_cpp.server] [--watch-events]
+        [--skippy-defaults]
         [--skippy-base DIR] [--skippy-spec MODE] [--skippy-flash-attn MODE]
 
 For every S in --sessions, each contender is started fresh (benchmarks/servers.py: same model,
@@ -21,11 +22,13 @@ when both statistics reach it.
 
 Targets (issue 12), for the peer llama-server: aggregate tokens/s ≥ 1.00× at 1, 4 and 8
 sessions and TTFT p50 ≤ llama-server's; `--watch-events` repeats the run with a live SSE
-subscriber reading skippy's event stream. `--skippy-defaults` loads skippy without --lanes and
---ctx, as an operator would (target: 4 sessions ≥ 1.8× one session). `--skippy-spec MODE` loads
-skippy (and skippy-base) with `--spec MODE` (default: the load's default, `auto`), and
-`--skippy-flash-attn MODE` with `--flash-attn MODE` (against the contender
-`llama-server-fa-off`: llama-server with `-fa off`).
+subscriber reading skippy's event stream; the contender `skippy-watched` is skippy with that
+subscriber in the same rounds as `skippy` without it (both ratios to the peer are targeted, and
+`skippy-watched / skippy` is the subscriber's own cost). `--skippy-defaults` loads skippy
+without --lanes and --ctx, as an operator would (target: 4 sessions ≥ 1.8× one session).
+`--skippy-spec MODE` loads skippy (and skippy-base) with `--spec MODE` (default: the load's
+default, `auto`), and `--skippy-flash-attn MODE` with `--flash-attn MODE` (against the
+contender `llama-server-fa-off`: llama-server with `-fa off`).
 
 The contender `llama-server-again` is llama-server once more, in the same rounds: its ratios to
 `llama-server` are what an identical server gets here, the benchmark's own noise.
@@ -69,6 +72,7 @@ from benchmarks.servers import (
     SERVER_NAMES,
     SKIPPY,
     SKIPPY_BASE,
+    SKIPPY_WATCHED,
     ServerSpec,
     start,
 )
@@ -130,7 +134,7 @@ class Ratio:
     """The numerator: skippy, or llama-server-again (against llama-server: the noise)."""
 
 
-OPT_IN_CONTENDERS: Final = (SKIPPY_BASE, LLAMA_SERVER_AGAIN, LLAMA_SERVER_FA_OFF)
+OPT_IN_CONTENDERS: Final = (SKIPPY_BASE, SKIPPY_WATCHED, LLAMA_SERVER_AGAIN, LLAMA_SERVER_FA_OFF)
 """Run only when --contenders names them."""
 
 
@@ -145,7 +149,11 @@ def _measure(name: str, spec: ServerSpec, work: Workload, sessions: int, watch: 
             warm_up(server, work)
             sample = asyncio.run(
                 run_sessions(
-                    server, work, sessions, watch_events=watch and name in (SKIPPY, SKIPPY_BASE)
+                    server,
+                    work,
+                    sessions,
+                    watch_events=name == SKIPPY_WATCHED
+                    or (watch and name in (SKIPPY, SKIPPY_BASE)),
                 )
             )
         finally:
@@ -251,7 +259,13 @@ def run(plan: Plan) -> tuple[list[Row], list[Ratio]]:
                 )
             )
     ratios: list[Ratio] = []
-    pairs = [(SKIPPY, peer) for peer in plan.contenders if SKIPPY in plan.contenders]
+    pairs = [
+        (SKIPPY, peer)
+        for peer in plan.contenders
+        if SKIPPY in plan.contenders and peer != SKIPPY_WATCHED
+    ]
+    if SKIPPY_WATCHED in plan.contenders:
+        pairs += [(SKIPPY_WATCHED, peer) for peer in plan.contenders]
     if LLAMA_SERVER_AGAIN in plan.contenders and LLAMA_SERVER in plan.contenders:
         pairs.append((LLAMA_SERVER_AGAIN, LLAMA_SERVER))
     for ours_name, peer in pairs:
@@ -263,7 +277,9 @@ def run(plan: Plan) -> tuple[list[Row], list[Ratio]]:
             rate, paired, low, high = _paired(ours, theirs)
             ttft = ttft_p50[ours_name, sessions] / ttft_p50[peer, sessions]
             targeted = (
-                ours_name == SKIPPY and peer == TARGET_PEER and sessions in TARGET_RATE_SESSIONS
+                ours_name in (SKIPPY, SKIPPY_WATCHED)
+                and peer == TARGET_PEER
+                and sessions in TARGET_RATE_SESSIONS
             )
             ratios.append(
                 Ratio(

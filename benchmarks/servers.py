@@ -46,6 +46,9 @@ START_TIMEOUT_S: Final = 180.0
 STOP_TIMEOUT_S: Final = 15.0
 SKIPPY: Final = "skippy"
 SKIPPY_BASE: Final = "skippy-base"
+SKIPPY_WATCHED: Final = "skippy-watched"
+"""skippy started as `skippy` is, measured with a live SSE subscriber on its events (the
+load generator's): beside `skippy` in the same rounds, what a subscriber costs."""
 LLAMA_SERVER: Final = "llama-server"
 LLAMA_SERVER_AGAIN: Final = "llama-server-again"
 """The same llama-server once more, in the same rounds: against the first, the benchmark's own
@@ -57,6 +60,7 @@ LLAMA_CPP_SERVER: Final = "llama_cpp.server"
 SERVER_NAMES: Final = (
     SKIPPY,
     SKIPPY_BASE,
+    SKIPPY_WATCHED,
     LLAMA_SERVER,
     LLAMA_SERVER_AGAIN,
     LLAMA_SERVER_FA_OFF,
@@ -314,7 +318,7 @@ def start_llama_cpp_server(spec: ServerSpec, directory: Path) -> Server:
 
 
 def start(name: str, spec: ServerSpec, directory: Path) -> Server:
-    if name == SKIPPY:
+    if name in (SKIPPY, SKIPPY_WATCHED):
         return start_skippy(spec, directory)
     if name == SKIPPY_BASE:
         if spec.skippy_base is None:

@@ -77,6 +77,9 @@ class StepBatch:
         # split_equal), and each micro-batch is a whole forward pass. Lanes decoding in the
         # order they started (say 2, 0, 3, 1) would cost three passes instead of one.
         # (sequence id, request, prompt tokens to take: 0 for a decoding lane's next token)
+        slots = sum(take for _r, take in chunks) + sum(1 + len(r.draft) for r in decoding)
+        if slots > self.capacity:  # the slots are raw memory: never written past
+            raise ValueError(f"a step of {slots} tokens in a batch of {self.capacity}")
         entries: list[tuple[int, RequestState, int]] = [(sequence_of(r), r, 0) for r in decoding]
         entries += [(sequence_of(r), r, take) for r, take in chunks]
         if len(entries) > 1:

@@ -175,16 +175,18 @@ class DecodeCore:
         n_batch = int(llama.llama_n_batch(context))
         if n_batch <= lanes:
             raise ValueError(f"the context's n_batch ({n_batch}) must exceed lanes ({lanes})")
-        # llama_decode refuses a batch over n_batch: a chunk plus every lane's next token and,
-        # speculating, the step's proposals must fit.
-        speculation = speculation.within_batch(n_batch, lanes, prefill_chunk_tokens)
+        # llama_decode refuses a batch over n_batch: every lane's next token and, speculating,
+        # the step's proposals must fit, and so must a chunk beside the lanes' tokens (and
+        # their proposals, in a mode that verifies some in a step with a chunk).
+        speculation = speculation.within_batch(n_batch, lanes)
         self._spec = speculation
         slots = speculation.step_slots(lanes)
         if n_batch <= slots:
             raise ValueError(
                 f"the context's n_batch ({n_batch}) must exceed the decoding slots ({slots})"
             )
-        self._chunk = min(prefill_chunk_tokens, n_batch - slots)
+        beside_chunk = speculation.beside_chunk(lanes)
+        self._chunk = min(prefill_chunk_tokens, n_batch - beside_chunk)
         self._approaching_tokens = max(1, math.ceil(approaching_limit * self._ctx_per_lane))
 
         # Decode and batch threads: every core by default (``n_threads`` overrides, e.g. to
@@ -219,8 +221,9 @@ class DecodeCore:
             llama, context, self._kv, n_vocab=self._intake.n_vocab, emit=self.emit
         )
         """Session state files out and in, on the decode thread (``BatchEngine``'s inbox)."""
-        # One batch for the engine's lifetime: a chunk plus the decoding slots.
-        self._batch = StepBatch(llama, self._chunk + slots)
+        # One batch for the engine's lifetime: a step's decoding slots, or a chunk beside the
+        # lanes' tokens, whichever is more.
+        self._batch = StepBatch(llama, max(slots, self._chunk + beside_chunk))
         self._board = RequestBoard()
         self._steps = 0
         """Decode steps so far (which step generations ended in)."""

@@ -92,15 +92,20 @@ class SpecConfig:
         :data:`STEP_PROPOSALS` lanes)."""
         return min(self.draft_tokens, self.step_proposals // max(1, decoding))
 
-    def within_batch(self, n_batch: int, lanes: int, chunk: int) -> SpecConfig:
+    def beside_chunk(self, lanes: int) -> int:
+        """Batch slots the decoding lanes take in a step that carries a prompt chunk: with
+        ``--spec auto`` their next tokens only (such a step verifies no proposals:
+        ``proposals.py``), otherwise :meth:`step_slots`."""
+        return lanes if self.gated else self.step_slots(lanes)
+
+    def within_batch(self, n_batch: int, lanes: int) -> SpecConfig:
         """``--spec auto`` in a context of ``n_batch`` batch slots: the proposals a step may
-        verify beside ``lanes`` tokens and a whole prompt chunk of ``chunk`` tokens, so that
-        the default never shortens a chunk (prompts are split as llama-server splits them)
-        nor makes a load fail; off when none fit. Other modes were asked for by name and stay
-        as they are (the core refuses a batch they do not fit)."""
+        verify beside ``lanes`` tokens (a step with proposals carries no prompt chunk, so
+        they never shorten one), off when none fit. Other modes were asked for by name and
+        stay as they are (the core refuses a batch they do not fit)."""
         if not self.gated:
             return self
-        room = n_batch - lanes - chunk - 1
+        room = n_batch - lanes - 1
         if room < 1:
             return SPEC_OFF
         return replace(self, step_proposals=min(self.step_proposals, room))

@@ -100,3 +100,22 @@ def test_several_prompt_chunks_interleave_with_decoding_lanes_by_sequence(
     assert participants == [*decoding, first, second]
     assert [slot[0] for slot in _slots(batch)] == [0, 1, 2, 2, 2, 3]
     assert (first.out_index, second.out_index) == (4, 1)  # both prompts complete this step
+
+
+def test_a_step_larger_than_the_batch_is_refused_before_a_slot_is_written(
+    batch: StepBatch,
+) -> None:
+    """The slots are raw C memory: a step that does not fit raises instead of writing past
+    them, and the batch keeps what it held."""
+    fits = [_request("r0", 0, 4, 7)]
+    fits[0].draft = [1] * 63
+    batch.fill(fits, [])
+    before = _slots(batch)
+    over = _request("r1", 1, 4, 7)
+    over.draft = [1] * 10
+    with pytest.raises(ValueError, match="75 tokens in a batch of 64"):
+        batch.fill([*fits, over], [])
+    prefill = _prefilling(2, list(range(20)), done=0)
+    with pytest.raises(ValueError, match="84 tokens"):
+        batch.fill(fits, [(prefill, 20)])
+    assert _slots(batch) == before

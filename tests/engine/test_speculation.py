@@ -43,14 +43,20 @@ def test_the_window_doubles_while_all_is_accepted_and_shrinks_to_what_held() -> 
     assert window.window == 2
 
 
-def test_auto_takes_only_the_batch_a_whole_prompt_chunk_leaves_and_is_off_without_any() -> None:
-    """The default never shortens a prompt chunk nor fails a load; a mode asked for by name
-    keeps its budget (the core refuses a batch it does not fit)."""
+def test_auto_takes_the_batch_beside_the_lanes_and_leaves_chunks_whole() -> None:
+    """A step with proposals carries no prompt chunk under --spec auto, so its proposals take
+    the batch the lanes leave (a one-lane context of 512 speculates) and a chunk never gives
+    up a slot to them; without a slot to spare it is off. A mode asked for by name keeps its
+    budget (the core refuses a batch it does not fit), and its chunks make room for it."""
     auto = SpecConfig(SpecMode.AUTO)
-    roomy = auto.within_batch(n_batch=2048, lanes=4, chunk=512)
+    roomy = auto.within_batch(n_batch=2048, lanes=4)
     assert roomy.step_proposals == STEP_PROPOSALS and roomy.enabled
-    tight = auto.within_batch(n_batch=600, lanes=2, chunk=512)
-    assert tight.step_proposals == 600 - 2 - 512 - 1 and tight.step_slots(2) == 2 + 85
-    assert not auto.within_batch(n_batch=512, lanes=1, chunk=512).enabled
+    one_lane = auto.within_batch(n_batch=512, lanes=1)
+    assert one_lane.enabled and one_lane.lane_limit(1) == 64
+    tight = auto.within_batch(n_batch=100, lanes=2)
+    assert tight.step_proposals == 100 - 2 - 1 and tight.step_slots(2) == 2 + 97
+    assert tight.beside_chunk(2) == 2
+    assert not auto.within_batch(n_batch=2, lanes=1).enabled
     ngram = SpecConfig(SpecMode.NGRAM)
-    assert ngram.within_batch(n_batch=512, lanes=1, chunk=512) is ngram
+    assert ngram.within_batch(n_batch=512, lanes=1) is ngram
+    assert ngram.beside_chunk(2) == ngram.step_slots(2) == 2 + 128

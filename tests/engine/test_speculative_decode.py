@@ -167,22 +167,23 @@ class _KnownCosts(StepCosts):
         return self.token_s * proposed + self.pass_s * added_passes
 
 
-@pytest.mark.parametrize("lanes", [1, 4])
+@pytest.mark.parametrize(("lanes", "tokens_per_lane"), [(1, 512), (4, 1024)])
 def test_auto_verifies_proposals_once_they_pay_and_never_changes_the_text(
-    model: Any, lanes: int, monkeypatch: pytest.MonkeyPatch
+    model: Any, lanes: int, tokens_per_lane: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``--spec auto`` on the successor model with proposals that cost a tenth of a token
     each: after the first cycle every proposal is right, so every lane switches on (reported)
-    and most tokens come from proposals."""
+    and most tokens come from proposals. A one-lane context of 512 has a batch of 512, as
+    large as a prompt chunk: proposals never share a step with one, so it speculates too."""
     monkeypatch.setattr(spec_gate, "StepCosts", _KnownCosts)
     monkeypatch.setattr(_KnownCosts, "token_s", 0.0001)
     monkeypatch.setattr(_KnownCosts, "pass_s", 0.0002)
     table = successor_cycles(TINY_SUCCESSOR)
     n = 200
     requests = [_request(f"r{i}", word, n) for i, word in enumerate(WORDS[:lanes])]
-    # 1024 tokens a lane: a one-lane context of 512 has a batch of 512, all of it the prompt
-    # chunk's, and --spec auto then stays off (SpecConfig.within_batch).
-    speculated = _generate(model, AUTO, requests, lanes, sequential=False, tokens_per_lane=1024)
+    speculated = _generate(
+        model, AUTO, requests, lanes, sequential=False, tokens_per_lane=tokens_per_lane
+    )
     for request, word in zip(requests, WORDS, strict=False):
         expected = table.text(table.continuation(table.word_id(word), n))
         assert speculated.text[request.request_id] == expected
