@@ -61,8 +61,7 @@ class SpecConfig:
     first of them; otherwise they are discarded unexecuted (counted)."""
     step_proposals: int = STEP_PROPOSALS
     """Most proposed tokens one step verifies over all its lanes (``--spec auto`` takes fewer
-    when the context's batch would otherwise shorten a prompt chunk: see
-    :meth:`within_batch`)."""
+    when the context's batch beside the lanes' tokens holds fewer: see :meth:`within_batch`)."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.draft_tokens <= MAX_DRAFT_TOKENS:
