@@ -8,7 +8,9 @@ verifying them adds to the step, on this machine, for this model, at this batch 
   what a plain step spends per lane: ``plain(d) / d`` seconds with ``d`` lanes decoding.
 - **Length.** A window grows while its next token still pays on its own (``pᵏ`` of a token's
   worth against ``c``), or takes the length of a window already in the step when that saves
-  a forward pass.
+  a forward pass; never past twice the longest run of right proposals the lane has shown
+  (:data:`FIRST_WINDOW_CAP` before one): acceptance is not one per-token figure for every
+  proposal, and a run of right short ones says little of a long one.
 - **Cost.** What a step's proposals add to its time: ``c`` seconds a proposed token and ``e``
   seconds a forward pass they add (with one KV stream per lane, llama.cpp verifies lanes of
   unequal lengths in several passes: ``engine/batch.py``'s :func:`forward_passes`). Both are
@@ -37,7 +39,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 ACCEPTANCE_DECAY: Final = 0.8
@@ -58,6 +60,9 @@ STEP_STRETCH: Final = 0.5
 """What a step's proposals may add to it, as a share of a plain step, while a request may
 arrive and wait for the step (module docstring, "Bound"): windows unbounded there made later
 turns' first tokens 2.3× slower at 4 sessions (``benchmarks/concurrent.py``, the real model)."""
+FIRST_WINDOW_CAP: Final = 4
+"""The longest window a lane verifies before any of its windows had a proposal right; each
+longer run of right proposals lets it verify twice that (``LaneGate.longest_window``)."""
 SWITCH_ON: Final = 0.6
 SWITCH_OFF: Final = 0.25
 """Shares of a lane's steps with proposals that verified them, at which it counts as
@@ -149,7 +154,15 @@ class StepCosts:
 class LaneGate:
     """One request's acceptance and speculation state (module docstring)."""
 
-    __slots__ = ("_accepted", "_chosen", "_rejected", "on", "shadow", "shadow_matched")
+    __slots__ = (
+        "_accepted",
+        "_chosen",
+        "_rejected",
+        "longest_run",
+        "on",
+        "shadow",
+        "shadow_matched",
+    )
 
     def __init__(self) -> None:
         self._accepted = 0.0
@@ -163,6 +176,15 @@ class LaneGate:
         self.shadow: list[int] = []
         """A proposal not verified, compared with the tokens the lane commits next."""
         self.shadow_matched = 0
+        self.longest_run = 0
+        """The most proposals one of its windows (verified or shadow) had right in a row."""
+
+    def longest_window(self) -> int:
+        """The longest window the lane may verify: twice its longest run of right proposals
+        (:data:`FIRST_WINDOW_CAP` before one). The per-token estimate alone would let a run
+        of right one- or two-token proposals (another session a step ahead on the same text)
+        buy a 64-token window of the lane's own, much weaker, cyclic continuation."""
+        return max(FIRST_WINDOW_CAP, 2 * self.longest_run)
 
     def acceptance(self, prior: float) -> float:
         """Per-token acceptance: the geometric estimate accepted / (accepted + mismatches),
@@ -180,6 +202,8 @@ class LaneGate:
         return False
 
     def record(self, proposed: int, accepted: int) -> None:
+        if accepted > self.longest_run:
+            self.longest_run = accepted
         self._accepted = self._accepted * ACCEPTANCE_DECAY + accepted
         self._rejected = self._rejected * ACCEPTANCE_DECAY + (1.0 if accepted < proposed else 0.0)
 
@@ -279,9 +303,10 @@ class SpecGate:
         chosen: dict[int, int] = {}
         ranked: list[tuple[float, Candidate]] = []
         for candidate in candidates:
-            worth = self.worth(candidate.gate, candidate.proposed, lanes)
+            proposed = min(candidate.proposed, candidate.gate.longest_window())
+            worth = self.worth(candidate.gate, proposed, lanes)
             if worth is not None:
-                ranked.append((worth / candidate.proposed, candidate))
+                ranked.append((worth / proposed, replace(candidate, proposed=proposed)))
         ranked.sort(key=lambda entry: entry[0], reverse=True)
         current = dict(rows)
         passes = self._passes(rows)

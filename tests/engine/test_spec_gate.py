@@ -8,6 +8,7 @@ import pytest
 
 from skippyctl.engine.batch import forward_passes
 from skippyctl.engine.spec_gate import (
+    FIRST_WINDOW_CAP,
     STEP_STRETCH,
     Candidate,
     LaneGate,
@@ -209,3 +210,20 @@ def test_with_a_lane_free_the_proposals_add_at_most_the_bound_of_a_plain_step() 
     assert bounded and added is not None
     assert added <= STEP_STRETCH * 0.020 + 1e-9
     assert sum(bounded.values()) >= 0.9 * STEP_STRETCH * 0.020 / 0.0003 - lanes  # cut, not dropped
+
+
+def test_a_window_is_at_most_twice_the_longest_run_of_right_proposals_the_lane_has_shown() -> None:
+    """Right one-token proposals (another session a step ahead on the same text) make the
+    per-token estimate high; they do not buy a 53-token window of the lane's own proposal:
+    FIRST_WINDOW_CAP at most, as before any run, and twice a longer run once the lane shows
+    one."""
+    gate = _gate(0.010, 1, 0.0001, 0.0)
+    fresh = LaneGate()
+    assert gate.choose([(0, 1)], [Candidate(0, 53, fresh)], 1)[0] == {0: FIRST_WINDOW_CAP}
+    lane = LaneGate()
+    _accepting(gate, lane, 1, 1, 40)
+    assert lane.acceptance(gate.prior) > 0.9
+    assert gate.choose([(0, 1)], [Candidate(0, 53, lane)], 1)[0] == {0: FIRST_WINDOW_CAP}
+    gate.record(lane, 12, 10)
+    assert lane.longest_window() == 20
+    assert gate.choose([(0, 1)], [Candidate(0, 53, lane)], 1)[0] == {0: 20}
