@@ -139,6 +139,10 @@ class LaneKv:
     def release(self, lane: Lane) -> None:
         """A request left ``lane``: clear its KV unless a session keeps it warm (with a unified
         KV only a session's tokens are kept). Never raises."""
+        # The KV the request filled is seen before it goes: a verified window can take a lane
+        # from below the pressure mark to the request's last token within one step.
+        with contextlib.suppress(Exception):  # the caller's terminal must still be sent
+            self.check_pressure()
         if self.table.release(lane, time.monotonic()) or (self.unified and lane.session is None):
             try:
                 self.clear(lane)
