@@ -303,10 +303,12 @@ class SpecGate:
         chosen: dict[int, int] = {}
         ranked: list[tuple[float, Candidate]] = []
         for candidate in candidates:
-            proposed = min(candidate.proposed, candidate.gate.longest_window())
-            worth = self.worth(candidate.gate, proposed, lanes)
+            cap = candidate.gate.longest_window()
+            if candidate.proposed > cap:  # a copy only then: this runs every step
+                candidate = replace(candidate, proposed=cap)
+            worth = self.worth(candidate.gate, candidate.proposed, lanes)
             if worth is not None:
-                ranked.append((worth / proposed, replace(candidate, proposed=proposed)))
+                ranked.append((worth / candidate.proposed, candidate))
         ranked.sort(key=lambda entry: entry[0], reverse=True)
         current = dict(rows)
         passes = self._passes(rows)
