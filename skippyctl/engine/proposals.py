@@ -185,8 +185,8 @@ class Proposals:
         sampled after the last one count): the run-ahead of its last answer when that still
         holds, else one query to the proposer for all the lanes that need one. With ``--spec
         auto`` the gate then keeps the proposals that pay (``chunks``: the step's prompt
-        chunks, which share its passes; ``arrival_may_wait``: a request that comes now would
-        wait for this step, which the gate then keeps short)."""
+        chunks, which share its passes; ``arrival_may_wait``: a request is due and would wait
+        for this step, which then verifies none)."""
         self._step_plan = None
         limit = self._spec.lane_limit(len(decoding))
         gated = self._gate is not None
@@ -253,10 +253,11 @@ class Proposals:
         chosen: dict[int, int] = {}
         if candidates:
             switched: list[LaneGate] = []
-            if not chunks:
-                chosen, switched = gate.choose(rows, candidates, len(decoding), arrival_may_wait)
+            if not chunks and not arrival_may_wait:
+                chosen, switched = gate.choose(rows, candidates, len(decoding))
             # A step that carries a prompt verifies nothing: windows beside a chunk would delay
             # that request's first token by their forward pass, for a step in a prompt's life.
+            # Nor does a step a request due may arrive during and wait for (spec_gate, "Bound").
             for seq, r in by_seq.items():
                 length = chosen.get(seq, 0)
                 lane_gate = r.gate

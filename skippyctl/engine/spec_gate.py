@@ -18,11 +18,11 @@ verifying them adds to the step, on this machine, for this model, at this batch 
   longer speculating steps took than plain steps with as many lanes (:class:`StepCosts`).
 
 - **Bound.** A request that arrives waits for the step under way before its prompt is decoded.
-  So while a lane is free for one and requests lately started beside decoding lanes
-  (``DecodeCore._arrival_may_wait``), a step's proposals may add at most
-  :data:`STEP_STRETCH` of a plain step (windows cut to fit); a step that carries a prompt chunk
-  verifies none (``proposals.py``). With every lane busy, or one client's requests one after
-  the other, the windows are as long as they pay.
+  So a step verifies no proposals while a request is due: a lane is free, a generation ended
+  lately (its client's next request is on its way) and requests lately started beside decoding
+  lanes (``DecodeCore._arrival_may_wait``); nor does a step that carries a prompt chunk
+  (``proposals.py``). With every lane busy, or one client's requests one after the other, the
+  windows are as long as they pay.
 
 Acceptance is measured per lane also while the lane does not speculate: the proposer is still
 asked (prompt lookup in this process costs microseconds), and its proposal is compared with
@@ -56,10 +56,6 @@ STEP_NOISE: Final = 0.1
 """How much a step's time varies from one step to the next, as a share of it (2 busy cores)."""
 CHOSEN_WEIGHT: Final = 0.5
 """Weight of each step a lane had proposals in its share of such steps that verified them."""
-STEP_STRETCH: Final = 0.5
-"""What a step's proposals may add to it, as a share of a plain step, while a request may
-arrive and wait for the step (module docstring, "Bound"): windows unbounded there made later
-turns' first tokens 2.3× slower at 4 sessions (``benchmarks/concurrent.py``, the real model)."""
 FIRST_WINDOW_CAP: Final = 4
 """The longest window a lane verifies before any of its windows had a proposal right; each
 longer run of right proposals lets it verify twice that (``LaneGate.longest_window``)."""
@@ -289,17 +285,12 @@ class SpecGate:
         rows: list[tuple[int, int]],
         candidates: Sequence[Candidate],
         lanes: int,
-        bounded: bool = False,
     ) -> tuple[dict[int, int], list[LaneGate]]:
         """Which candidates verify how many of their proposals this step: ``{seq: length}``,
         and the gates that switched on or off. ``rows`` are the step's ``(sequence, tokens)``
         without proposals; lanes are taken best worth-per-token first while each still pays
         for what it adds — a window may be cut to the length of one already taken, when
-        sharing that one's passes pays better. ``bounded`` (a request may arrive and wait for
-        this step): the proposals add at most :data:`STEP_STRETCH` of a plain step, windows
-        cut to fit."""
-        plain = self.costs.plain(lanes)
-        room = STEP_STRETCH * plain if bounded and plain is not None else math.inf
+        sharing that one's passes pays better."""
         chosen: dict[int, int] = {}
         ranked: list[tuple[float, Candidate]] = []
         for candidate in candidates:
@@ -313,7 +304,7 @@ class SpecGate:
         current = dict(rows)
         passes = self._passes(rows)
         for _rank, candidate in ranked:
-            best: tuple[float, int, int, float] | None = None
+            best: tuple[float, int, int] | None = None
             lengths = {
                 candidate.proposed,
                 self.best_length(candidate.gate, candidate.proposed, lanes),
@@ -323,22 +314,16 @@ class SpecGate:
                 trial[candidate.seq] = trial.get(candidate.seq, 0) + length
                 trial_passes = self._passes(list(trial.items()))
                 cost = self.costs.cost(length, trial_passes - passes)
-                while cost is not None and cost > room and length > 1:
-                    length = max(1, math.floor(length * room / cost))  # cut to fit the bound
-                    trial[candidate.seq] = current.get(candidate.seq, 0) + length
-                    trial_passes = self._passes(list(trial.items()))
-                    cost = self.costs.cost(length, trial_passes - passes)
                 worth = self.worth(candidate.gate, length, lanes)
-                if cost is None or worth is None or cost > room:
+                if cost is None or worth is None:
                     continue
                 net = worth - cost
                 if net > 0 and (best is None or net > best[0]):
-                    best = (net, length, trial_passes, cost)
+                    best = (net, length, trial_passes)
             if best is not None:
-                _net, length, passes, cost = best
+                _net, length, passes = best
                 current[candidate.seq] = current.get(candidate.seq, 0) + length
                 chosen[candidate.seq] = length
-                room -= cost
         switched = [
             candidate.gate
             for candidate in candidates

@@ -270,6 +270,48 @@ def test_auto_verifies_nothing_in_a_step_that_carries_a_prompt(
     assert all(n <= 1 for step in with_prompt for _, n in step.values()), with_prompt
 
 
+class TimedShapes(BatchShapes):
+    """:class:`BatchShapes` with when each ``llama_decode`` was called (monotonic s)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.times: list[float] = []
+
+    def llama_decode(self, context: Any, batch: Any) -> int:
+        self.times.append(time.monotonic())
+        return super().llama_decode(context, batch)
+
+
+def test_auto_verifies_nothing_while_a_sessions_next_request_is_due(
+    model: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """r1 starts beside r0, which speculates, and ends at once. While its lane is free and it
+    ended lately (its client's next request is on its way and would wait for the step under
+    way), r0's steps verify no proposals; after that they verify again, with the same text."""
+    monkeypatch.setattr(spec_gate, "StepCosts", _KnownCosts)
+    monkeypatch.setattr(_KnownCosts, "token_s", 0.0001)
+    monkeypatch.setattr(_KnownCosts, "pass_s", 0.0002)
+    table = successor_cycles(TINY_SUCCESSOR)
+    shapes = TimedShapes()
+    requests = [_request("r0", "fox", 1500), _request("r1", "the", 2)]
+    run = _generate(
+        model, AUTO, requests, 2, sequential=False, staggered=True, tokens_per_lane=2048,
+        llama=shapes,
+    )  # fmt: skip
+    assert run.text["r0"] == table.text(table.continuation(table.word_id("fox"), 1500))
+    steps, times = shapes.steps, shapes.times
+    r0_seq = next(iter(steps[0]))
+    with_r1 = [i for i, step in enumerate(steps) if set(step) - {r0_seq}]
+    first, last = with_r1[0], with_r1[-1]
+    assert any(n > 1 for step in steps[:first] for _, n in step.values())  # r0 speculated
+    # r1 ended after its last step's decode began; the engine counts it due for 0.2 s after.
+    timed = list(zip(steps, times, strict=True))
+    due = [step for step, t in timed if times[last + 1] <= t < times[last] + 0.15]
+    again = [step for step, t in timed if t > times[last + 1] + 0.25]
+    assert due and all(n <= 1 for step in due for _, n in step.values()), due
+    assert any(n > 1 for step in again for _, n in step.values())
+
+
 def test_a_session_continues_from_speculated_kv(model: Any) -> None:
     """The lane's KV after speculation (rejected proposals removed) serves the session's next
     request exactly like KV decoded one token a step."""
