@@ -339,15 +339,19 @@ class DecodeCore:
     def refuse(self, r: RequestState, reason: ReasonCode, detail: str | None = None) -> None:
         self.finish(r, _FAILED, StopReason.ERROR, reason, detail=detail)
 
+    def prepare(self, r: RequestState) -> None:
+        """Tokenize a submitted request, on the thread that submits it (``request_intake``)."""
+        if r.error is None:
+            self._intake.prepare(r)
+
     def accept(self, r: RequestState) -> None:
-        """Validate, tokenize and queue a submitted request (or answer it at once)."""
+        """Queue a prepared request (or answer it at once)."""
         if r.error is not None:
             self.refuse(r, ReasonCode.INVALID_CONFIGURATION)
             return
         self._board.track(r)
-        refused = self._intake.tokenize(r)
-        if refused is not None:
-            self.refuse(r, refused, self._intake.last_refusal)
+        if r.refusal is not None:
+            self.refuse(r, *r.refusal)
             return
         self._board.queue.append(r)
 

@@ -182,7 +182,9 @@ class BatchEngine:
             self._thread.start()
 
     def submit(self, request: GenerateRequest) -> None:
-        """Queue ``request``; never blocks, never raises for a bad request.
+        """Prepare ``request`` on this thread (its chat rendered, its prompt tokenized:
+        ``request_intake.py``) and queue it; never waits for the decode thread, never raises for
+        a bad request.
 
         An invalid request (or a duplicate of an in-flight request id) is answered with
         ``GenDone`` failed/invalid_configuration. After :meth:`stop` every request is answered
@@ -192,10 +194,17 @@ class BatchEngine:
         error = validation_error(request) if isinstance(request, GenerateRequest) else "type"
         if error is not None and not isinstance(request, GenerateRequest):
             return  # nothing to answer: there is no request id
+        state = RequestState(request, submitted, error)
+        if not self._closed:  # read unlocked: a request of a closing engine is only cancelled
+            try:
+                # Rendered and tokenized here, not on the decode thread (request_intake.py).
+                self._core.prepare(state)
+            except Exception:  # noqa: BLE001 - refused below, on the decode thread
+                state.refusal = (ReasonCode.INTERNAL_RUNTIME_FAILURE, None)
         with self._cond:
             if error is None and request.request_id in self._ids:
                 error = "duplicate request_id"
-            state = RequestState(request, submitted, error)
+                state = RequestState(request, submitted, error)
             if self._closed:
                 closed = True
             else:

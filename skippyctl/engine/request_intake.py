@@ -10,7 +10,13 @@ has one; else the GGUF's ``tokenizer.chat_template``, or its ``tokenizer.chat_te
 for a request with tools (or when it has only that one); llama.cpp's ChatML only for a GGUF with
 neither. The default template compiles with the intake (at load), the tool_use one at the
 first chat with tools.
-Decode thread only; nothing here emits: the core answers a refusal with the reason returned.
+
+Threads: :meth:`RequestIntake.prepare` runs on the thread that submits a request (the engine's
+command thread), as llama-server's HTTP threads render and tokenize: the decode thread does
+not spend a step's gap on a chat's template or a long prompt's tokens, and the command thread
+does that work while a step's ``llama_decode`` runs (it holds no GIL). It reads the vocabulary
+only (read-only in llama.cpp) and is called from one thread at a time. :meth:`equip` runs on
+the decode thread. Nothing here emits: the core answers a refusal with the reason prepared.
 """
 
 from __future__ import annotations
@@ -62,8 +68,6 @@ class RequestIntake:
         self._add_eos_text = bool(llama.llama_vocab_get_add_eos(vocab))
         self._add_bos = True  # llama_tokenize adds BOS only if the vocabulary asks for it
         self._pieces: dict[int, bytes] = {}
-        self.last_refusal: str | None = None
-        """Why the last refused chat could not be rendered (for the requester only)."""
         # Compiled now, at load (~20 ms with its probe renders), not by the first chat on the
         # decode thread; a template that does not compile refuses each chat with its error.
         with contextlib.suppress(ChatTemplateError):
@@ -92,12 +96,16 @@ class RequestIntake:
             raise compiled
         return compiled
 
-    def tokenize(self, r: RequestState) -> ReasonCode | None:
-        """Set ``r.prompt`` from its prompt or messages; the reason to refuse ``r``, if any (a
-        prompt longer than a lane is refused before any lane or session is touched, with
-        ``r.prompt_count`` set)."""
+    def prepare(self, r: RequestState) -> None:
+        """``r.prompt`` from its prompt or messages (and ``r.gbnf`` from its constraint), or
+        ``r.refusal`` (a prompt longer than a lane is refused before any lane or session is
+        touched, with ``r.prompt_count`` set)."""
+        refused = self._tokenize(r)
+        if refused is not None:
+            r.refusal = refused
+
+    def _tokenize(self, r: RequestState) -> tuple[ReasonCode, str | None] | None:
         spec = r.spec
-        self.last_refusal = None
         try:
             if spec.messages is not None:
                 template = self.template_for(bool(spec.tools))
@@ -111,19 +119,18 @@ class RequestIntake:
                 self._llama, self.vocab, text, self._tokens_per_lane, add_special=self._add_bos
             )
         except ChatTemplateError as error:
-            self.last_refusal = str(error)
-            return ReasonCode.INVALID_CONFIGURATION
+            return ReasonCode.INVALID_CONFIGURATION, str(error)
         except (ValueError, UnicodeError):
-            return ReasonCode.INVALID_CONFIGURATION
+            return ReasonCode.INVALID_CONFIGURATION, None
         except Exception:  # noqa: BLE001 - one request's failure must not stop the engine
-            return ReasonCode.INTERNAL_RUNTIME_FAILURE
+            return ReasonCode.INTERNAL_RUNTIME_FAILURE, None
         if prompt is None:
             r.prompt_count = counted
-            return ReasonCode.CONTEXT_EXHAUSTED
+            return ReasonCode.CONTEXT_EXHAUSTED, None
         r.prompt = prompt
         bias_outside_vocab = any(t >= self.n_vocab for t, _b in spec.sampling.logit_bias)
         if not r.prompt or bias_outside_vocab:
-            return ReasonCode.INVALID_CONFIGURATION
+            return ReasonCode.INVALID_CONFIGURATION, None
         if spec.sampling.constraint is not None:
             # Parsed now, so a bad grammar is refused before the request takes a lane.
             try:
@@ -131,8 +138,7 @@ class RequestIntake:
                 assert r.gbnf is not None
                 self._llama.llama_sampler_free(grammar_sampler(self._llama, self.vocab, r.gbnf))
             except ValueError as error:
-                self.last_refusal = str(error)
-                return ReasonCode.INVALID_CONFIGURATION
+                return ReasonCode.INVALID_CONFIGURATION, str(error)
         return None
 
     def equip(self, r: RequestState) -> None:

@@ -144,6 +144,7 @@ class RequestState:
         "plugin_commits",
         "prompt_count",
         "prefill_pos",
+        "refusal",
         "prompt",
         "reused",
         "runahead",
@@ -190,6 +191,9 @@ class RequestState:
         self.out_index = -1
         self.gbnf: str | None = None
         """The grammar of a constrained request, made once at intake (a JSON schema's GBNF)."""
+        self.refusal: tuple[ReasonCode, str | None] | None = None
+        """Why intake refused the request, and what to tell the requester (a chat template's
+        error), when it did: found on the submitting thread, answered on the decode thread."""
         self.logprobs: list[TokenLogprob] | None = (
             None if error or spec.sampling.logprobs is None else []
         )

@@ -3,7 +3,13 @@ is chunked beside running generation, one write per iteration, progress messages
 
 from __future__ import annotations
 
-from skippyctl.engine.generation import GenerateRequest
+import threading
+from typing import Any
+
+import pytest
+
+from skippyctl.engine import request_intake
+from skippyctl.engine.generation import DECODE_THREAD_NAME, GenerateRequest, SamplingParams
 from skippyctl.engine.protocol_messages import EngineMessage
 from tests.engine.generation_harness import PROMPT, EngineFactory, Recorder, greedy
 
@@ -124,3 +130,39 @@ def test_progress_messages_are_rate_limited(
     assert [m["generated"] for m in generated] == sorted({m["generated"] for m in generated})
     times = h.recorder.times("p", "gen_progress")
     assert all(b - a >= 0.4 for a, b in zip(times, times[1:], strict=False))
+
+
+def test_prompts_are_tokenized_on_the_submitting_thread_not_the_decode_thread(
+    make_engine: EngineFactory,
+    eog_ban: tuple[tuple[int, float], ...],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A request's prompt is tokenized (and a chat rendered) by the thread that submits it, as
+    llama-server's HTTP threads do: the decode thread never spends a step's gap on it, and the
+    engine's command thread does it while a step's llama_decode holds no GIL."""
+    threads: list[str] = []
+    tokenize = request_intake.tokenize_at_most
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return tokenize(*args, **kwargs)
+
+    monkeypatch.setattr(request_intake, "tokenize_at_most", recorded)
+    h = make_engine(lanes=2)
+    submitter = threading.Thread(
+        target=lambda: h.engine.submit(
+            GenerateRequest("p0", prompt=PROMPT, max_tokens=4, sampling=greedy(eog_ban))
+        ),
+        name="test-submitter",
+    )
+    submitter.start()
+    submitter.join()
+    outside_vocab = SamplingParams(temperature=0.0, logit_bias=((10**6, 1.0),))
+    h.engine.submit(GenerateRequest("p1", prompt=PROMPT, max_tokens=4, sampling=outside_vocab))
+    done = {m["request_id"]: m for m in h.recorder.wait_done(2)}
+    assert done["p0"]["outcome"] == "completed"
+    # A bias on a token outside the vocabulary is refused as before (found at intake).
+    assert done["p1"]["outcome"] == "failed"
+    assert done["p1"]["reason"] == "invalid_configuration"
+    assert threads == ["test-submitter", threading.current_thread().name]
+    assert DECODE_THREAD_NAME not in threads
