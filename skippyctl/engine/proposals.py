@@ -257,7 +257,7 @@ class Proposals:
                 chosen, switched = gate.choose(rows, candidates, len(decoding))
             # A step that carries a prompt verifies nothing: windows beside a chunk would delay
             # that request's first token by their forward pass, for a step in a prompt's life.
-            # Nor does a step a request due may arrive during and wait for (spec_gate, "Bound").
+            # Nor does a step that a request due now would wait for (spec_gate, "Bound").
             for seq, r in by_seq.items():
                 length = chosen.get(seq, 0)
                 lane_gate = r.gate
