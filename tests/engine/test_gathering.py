@@ -24,7 +24,9 @@ from tests.engine.generation_harness import EngineFactory, Harness, greedy, llam
 TOKENS = 6
 
 
-def _recording(make_engine: EngineFactory, lanes: int = 3) -> tuple[Harness, list[Counter[int]]]:
+def _recording(
+    make_engine: EngineFactory, lanes: int = 3, start: bool = True
+) -> tuple[Harness, list[Counter[int]]]:
     steps: list[Counter[int]] = []
 
     def decode(context: Any, batch: Any) -> int:
@@ -32,7 +34,16 @@ def _recording(make_engine: EngineFactory, lanes: int = 3) -> tuple[Harness, lis
         return int(llama_cpp.llama_decode(context, batch))
 
     proxy = llama_with_decode(decode)
-    return make_engine(lanes=lanes, llama=proxy), steps
+    return make_engine(lanes=lanes, llama=proxy, start=start), steps
+
+
+def _two_end_together(h: Harness, ban: tuple[tuple[int, float], ...]) -> None:
+    """Requests a and b end in the same step: queued before the decode thread starts (this thread
+    tokenizes each as it submits it, and a loaded machine could start a alone)."""
+    h.engine.submit(_request("a", ban))
+    h.engine.submit(_request("b", ban))
+    h.engine.start()
+    h.recorder.wait_done(2)
 
 
 def _request(request_id: str, ban: tuple[tuple[int, float], ...]) -> GenerateRequest:
@@ -65,10 +76,8 @@ def test_sessions_that_come_back_together_share_their_first_step(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(decode_core, "GATHER_WAIT_S", 30.0)  # only the arrival ends the wait
-    h, steps = _recording(make_engine)
-    h.engine.submit(_request("a", eog_ban))
-    h.engine.submit(_request("b", eog_ban))
-    h.recorder.wait_done(2)  # two generations ended in the same step
+    h, steps = _recording(make_engine, start=False)
+    _two_end_together(h, eog_ban)
     h.engine.submit(_request("c", eog_ban))
     _wait_gathering(h)
     h.engine.submit(_request("d", eog_ban))
@@ -98,10 +107,8 @@ def test_the_wait_ends_when_the_others_never_come(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(decode_core, "GATHER_WAIT_S", 0.05)
-    h, _steps = _recording(make_engine)
-    h.engine.submit(_request("a", eog_ban))
-    h.engine.submit(_request("b", eog_ban))
-    h.recorder.wait_done(2)
+    h, _steps = _recording(make_engine, start=False)
+    _two_end_together(h, eog_ban)
     h.engine.submit(_request("c", eog_ban))
     _wait_gathering(h)
     _c_completes(h, 3)

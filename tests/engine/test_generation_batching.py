@@ -17,13 +17,16 @@ from tests.engine.generation_harness import PROMPT, EngineFactory, Recorder, gre
 def test_concurrent_requests_share_decode_batches(
     make_engine: EngineFactory, eog_ban: tuple[tuple[int, float], ...]
 ) -> None:
-    h = make_engine(lanes=3)
+    h = make_engine(lanes=3, start=False)
     for i in range(3):
         h.engine.submit(
             GenerateRequest(
                 f"b{i}", prompt=f"{PROMPT} {i}", max_tokens=20, sampling=greedy(eog_ban)
             )
         )
+    # Queued before the decode thread starts: this thread tokenizes each as it submits it, and
+    # 20 tokens of the tiny model may be decoded before a loaded machine submits the next.
+    h.engine.start()
     done = h.recorder.wait_done(3)
     assert all(m["outcome"] == "completed" for m in done)
     assert all(m["figures"]["shared_decode_steps"] > 0 for m in done)
