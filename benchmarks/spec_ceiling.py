@@ -98,7 +98,10 @@ def _child(path: str, sessions: str, windows: str, threads: int) -> dict[str, fl
 
 
 def _counts(text: str) -> list[int]:
-    return [int(part) for part in text.split(",") if part]
+    try:
+        return [int(part) for part in text.split(",") if part]
+    except ValueError:
+        return []  # refused by the caller with the others
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     sessions, windows = _counts(args.sessions), _counts(args.windows)
     if not sessions or not windows or min(sessions + windows) < 1:
-        parser.error("--sessions and --windows take positive counts")
+        parser.error("--sessions and --windows take comma-separated positive counts")
     if max(sessions) * (max(windows) + 1) > CONTEXT_PER_LANE:
         parser.error(f"a step of --sessions × (--windows + 1) tokens must fit {CONTEXT_PER_LANE}")
     if args.child:
