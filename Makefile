@@ -11,7 +11,7 @@ NATIVE_SRC := $(wildcard native/src/*.c native/src/*.h native/include/skippy/*.h
 
 .PHONY: bootstrap demo test fuzz lint typecheck native-test pytest fixtures clean
 
-$(STAMP): pyproject.toml setup.py scripts/bootstrap.sh scripts/build_invariant_kernels.py
+$(STAMP): pyproject.toml setup.py scripts/bootstrap.sh scripts/build_invariant_kernels.py native/kernels/q4_1_q8_1_gemm.inc
 	./scripts/bootstrap.sh
 	touch $(STAMP)
 

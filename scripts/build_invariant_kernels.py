@@ -10,9 +10,14 @@ products, and the two round differently, so a greedy text depends on the batch (
 section 5, "Flash attention on the CPU"). sgemm computes each element of a product the same way
 whatever the tile, the thread or the number of rows (one accumulator per element, summed along
 the shared dimension in one order), so the patched library takes every product sgemm supports
-through it, one row too. Its products of one row cost more than ggml's dot products only when
-they come as many small products (one per attention head and lane), where sgemm's two barriers
-per product add up; the patch hands such products out a head per thread, without barriers.
+through it, one row too — except a row of Q8_0 or Q4_0 weights on x86, whose dot product in ggml
+sums each element exactly as sgemm's kernel does (the same 8-lane accumulator, block by block,
+and the same horizontal sum) and is faster for one row: the model's output layer, every step.
+Its products of one row cost more than ggml's dot products only when they come as many small
+products (one per attention head and lane), where sgemm's two barriers per product add up; the
+patch hands such products out a head per thread, without barriers. And sgemm gains a kernel for
+Q4_1 weights (`native/kernels/q4_1_q8_1_gemm.inc`), which it lacks on x86: ggml computed their
+products an element at a time, so every extra row of a batch cost a third of a step.
 
 The source is the pinned `llama-cpp-python` source distribution (pip's HTTP cache answers the
 download after the bootstrap); its `vendor/llama.cpp` is patched and configured and only the
@@ -24,6 +29,7 @@ the patch; a second run with the same stamp does nothing.
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import shutil
 import subprocess
 import sys
@@ -45,11 +51,39 @@ BOOTSTRAP_CMAKE_ARGS: Final = Path(sys.prefix) / "llama-cmake-args"
 """Written by scripts/bootstrap.sh into the venv: the CMAKE_ARGS it built llama-cpp-python with
 (read here and by benchmarks/llama_server_build.py)."""
 STAMP: Final = "options"
-PATCH: Final = "skippy-invariant-kernels 2"
+PATCH: Final = "skippy-invariant-kernels 3"
 """Part of the stamp: a change to :func:`patch` bumps it, so that venvs rebuild."""
 PER_HEAD_ROWS: Final = 32
 """Products of many heads with fewer rows than this go a head per thread (a figure of speed, not
 of results: either way every element is computed the same)."""
+
+SAME_ONE_ROW: Final = """#if defined(__AVX2__) && !defined(__MMA__)
+    if (n < 2 && (Atype == GGML_TYPE_Q8_0 || Atype == GGML_TYPE_Q4_0))
+        return false;
+#endif
+"""
+"""Where sgemm still declines one row: ggml's x86 dot products of these types compute an element
+bit for bit as sgemm's ``tinyBLAS_Q0_AVX`` does (read in the vendored ``arch/x86/quants.c`` and
+``llamafile/sgemm.cpp``; every row's logits equal on Q8_0, Q4_0 and Q4_1 models, alone and in
+windows, against the library without this) and cost 0.3–0.7 ms less a step on the real model's
+Q8_0 output layer (docs/BENCHMARKS.md section 5). Each load's probe still checks the claim."""
+
+Q4_1_KERNEL: Final = Path(__file__).resolve().parent.parent / "native/kernels/q4_1_q8_1_gemm.inc"
+"""Appended to sgemm.cpp: ``skippy_q4_1_gemm``, false where the build has no such kernel."""
+Q4_1_CALL: Final = """        if (src0->type == GGML_TYPE_Q4_1 && ne12*ne13 == 1
+            && skippy_q4_1_gemm(params, ne01, ne11, ne00/ggml_blck_size(src0->type), src0->data,
+                                nb01/ggml_type_size(src0->type), wdata,
+                                row_size/ggml_type_size(vec_dot_type), dst->data,
+                                nb1/ggml_type_size(dst->type)))
+            return;
+"""
+"""Where ggml's own path for a product whose rows are quantized would start: its chunk counter is
+set, behind a barrier, and a Q4_1 product goes to :data:`Q4_1_KERNEL` instead."""
+Q4_1_DECLARATION: Final = (
+    "bool skippy_q4_1_gemm(const struct ggml_compute_params * params, int64_t m, int64_t n,\n"
+    "    int64_t k, const void * A, int64_t lda, const void * B, int64_t ldb, void * C,\n"
+    "    int64_t ldc);\n\n"
+)
 
 
 def _say(message: str) -> None:
@@ -143,7 +177,10 @@ def _per_head(source: str, into: str, types: str, fallback: str) -> str:
 def patch(root: Path) -> None:
     """Change the unpacked llama.cpp at ``root``:
 
-    - ``llamafile_sgemm`` serves products of one row as well (the stock one declines them);
+    - ``llamafile_sgemm`` serves products of one row as well (the stock one declines them),
+      but those of Q8_0 and Q4_0 weights on x86 (:data:`SAME_ONE_ROW`);
+    - ``ggml_compute_forward_mul_mat`` takes products of Q4_1 weights through
+      :data:`Q4_1_KERNEL` (where it compiles: x86 with VNNI), appended to sgemm.cpp;
     - its float kernels run without barriers when called for one thread;
     - ``ggml_compute_forward_mul_mat`` hands a product of several heads with few rows each to
       the threads a head (or an even share of a head's rows) at a time, each calling sgemm for
@@ -154,7 +191,10 @@ def patch(root: Path) -> None:
     sgemm = root / "ggml/src/ggml-cpu/llamafile/sgemm.cpp"
     text = sgemm.read_text()
     text = _replace(
-        text, "#if !defined(__MMA__)\n    if (n < 2)\n        return false;\n#endif\n", "", 1
+        text,
+        "#if !defined(__MMA__)\n    if (n < 2)\n        return false;\n#endif\n",
+        SAME_ONE_ROW,
+        1,
     )
     alone = "if (params->nth > 1) "
     text = _replace(
@@ -175,6 +215,7 @@ def patch(root: Path) -> None:
         "job = params->nth > 1 ? ggml_threadpool_chunk_add(params->threadpool, 1) : job + 1;",
         2,
     )
+    text += "\n" + Q4_1_KERNEL.read_text()
     sgemm.write_text(text)
 
     cpu = root / "ggml/src/ggml-cpu/ggml-cpu.c"
@@ -214,9 +255,12 @@ def patch(root: Path) -> None:
             "row_size/ggml_type_size(vec_dot_type)",
             "vec_dot_type,\n                                     dst->type",
             "UseGgmlGemm2",
-        ),
+        )
+        + Q4_1_CALL,
         1,
     )
+    entry = "void ggml_compute_forward_mul_mat(\n"
+    text = _replace(text, entry, Q4_1_DECLARATION + entry, 1)
     marker = INVARIANT_KERNELS_MARKER
     text += f"\nGGML_BACKEND_API int {marker}(void);\nint {marker}(void) {{ return 1; }}\n"
     cpu.write_text(text)
@@ -225,7 +269,8 @@ def patch(root: Path) -> None:
 def build() -> Path:
     options = cmake_options()
     stamp = INVARIANT_KERNELS_DIR / STAMP
-    stamped = " ".join([*options, PATCH])
+    kernel = hashlib.sha256(Q4_1_KERNEL.read_bytes()).hexdigest()[:16]
+    stamped = " ".join([*options, PATCH, kernel])
     library = INVARIANT_KERNELS_DIR / INVARIANT_KERNELS_LIBRARY
     if library.is_file() and stamp.is_file() and stamp.read_text() == stamped:
         return library
