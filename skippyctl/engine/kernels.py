@@ -5,9 +5,11 @@ sgemm and a product of one row through ggml's dot products, and the two round di
 without flash attention a row's attention depends on whether it is decoded alone, beside other
 lanes or in a verify window, and with F16, Q8_0 or Q4_0 weights so does every layer's product.
 The bootstrap builds a second copy of the library (``scripts/build_invariant_kernels.py``) that
-takes every product sgemm supports through sgemm, one row too; sgemm computes an element the
-same way whatever the tile, thread or row count, so a row's logits are bit for bit the same
-alone, beside other lanes and in a window of any length — with flash attention off (its kernel
+takes every product sgemm supports through sgemm, one row too (but where ggml's dot product
+computes an element exactly as sgemm does), and products of Q4_1 weights through a kernel of
+ours (``native/kernels/q4_1_q8_1_gemm.inc``); each computes an element the same way whatever
+the tile, thread or row count, so a row's logits are bit for bit the same alone, beside other
+lanes and in a window of any length — with flash attention off (its kernel
 has other paths for long contexts and long batches), and for the weight types measured so (F32,
 F16, Q4_0, Q4_1, Q5_0, Q8_0; not Q6_K or Q4_K, whose kernels take other paths for a batch). So a
 context's claim is measured when it is made (:func:`probe`).
