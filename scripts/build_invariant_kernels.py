@@ -15,9 +15,9 @@ sums each element exactly as sgemm's kernel does (the same 8-lane accumulator, b
 and the same horizontal sum) and is faster for one row: the model's output layer, every step.
 Its products of one row cost more than ggml's dot products only when they come as many small
 products (one per attention head and lane), where sgemm's two barriers per product add up; the
-patch hands such products out a head per thread, without barriers. And sgemm gains a kernel for
-Q4_1 weights (`native/kernels/q4_1_q8_1_gemm.inc`), which it lacks on x86: ggml computed their
-products an element at a time, so every extra row of a batch cost a third of a step.
+patch hands such products out a head per thread, without barriers. And products of Q4_1
+weights, which sgemm has no x86 kernel for, go to one of ours (`native/kernels/q4_1_q8_1_gemm.inc`):
+ggml computed them an element at a time, so every extra row of a batch cost a third of a step.
 
 The source is the pinned `llama-cpp-python` source distribution (pip's HTTP cache answers the
 download after the bootstrap); its `vendor/llama.cpp` is patched and configured and only the
