@@ -92,8 +92,8 @@ def test_a_decode_a_forced_unload_aborts_is_a_recoverable_native_failure(
         assert scheduler.unload("tiny", force=True) is not None
         events_until(scheduler, EventId.UNLOAD_COMPLETED)
         # The failure comes from the native layer's ring, the unload's end from the host: two
-        # producers, whose order in the stream is not promised (a full run once had the
-        # failure after it). So wait for the failure itself, from the start again.
+        # producers, whose order in the stream is not promised (a full run once had no failure
+        # before the end). So wait for the failure itself, from the start again.
         seen = events_until(scheduler, EventId.RECOVERABLE_NATIVE_FAILURE)
     finally:
         scheduler.shutdown()
