@@ -100,9 +100,7 @@ class RequestIntake:
         """``r.prompt`` from its prompt or messages (and ``r.gbnf`` from its constraint), or
         ``r.refusal`` (a prompt longer than a lane is refused before any lane or session is
         touched, with ``r.prompt_count`` set)."""
-        refused = self._tokenize(r)
-        if refused is not None:
-            r.refusal = refused
+        r.refusal = self._tokenize(r)
 
     def _tokenize(self, r: RequestState) -> tuple[ReasonCode, str | None] | None:
         spec = r.spec

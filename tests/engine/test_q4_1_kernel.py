@@ -1,8 +1,9 @@
 """The invariant library's Q4_1 kernel (native/kernels/q4_1_q8_1_gemm.inc) against ggml's own dot
 product, element by element and bit for bit, on random blocks of every tile shape it has.
 
-In a child process: the library is mapped beside llama-cpp-python's ggml base library, without
-llama.cpp (which this test process has already linked to the stock library of the same name)."""
+In a child process: the library is mapped as an engine maps it (``preload_invariant_kernels``),
+without llama.cpp (which this test process has already linked to the stock library of the same
+name)."""
 
 from __future__ import annotations
 
@@ -17,14 +18,13 @@ from skippyctl.engine.kernels import INVARIANT_KERNELS_DIR, INVARIANT_KERNELS_LI
 
 CHILD = textwrap.dedent(
     """
-    import ctypes, importlib.util, sys
-    from pathlib import Path
+    import ctypes, sys
     import numpy as np
+    from skippyctl.engine.kernels import preload_invariant_kernels
 
-    spec = importlib.util.find_spec("llama_cpp")
-    stock = Path(next(iter(spec.submodule_search_locations))) / "lib"
-    ctypes.CDLL(str(stock / "libggml-base.so.0"), mode=ctypes.RTLD_GLOBAL)
-    lib = ctypes.CDLL(sys.argv[1])
+    problem = preload_invariant_kernels()  # as an engine maps it, without llama.cpp
+    assert problem is None, problem
+    lib = ctypes.CDLL(sys.argv[1])  # the library just mapped: its handle
     lib.ggml_cpu_init()  # fills ggml's fp16 table, which both sides read their scales through
 
     class Params(ctypes.Structure):  # ggml-cpu-impl.h, struct ggml_compute_params
