@@ -76,14 +76,19 @@ class Proposals:
         self._step_plan: tuple[int, int, int] | None = None
         """This step's ``(lanes, proposed tokens, added passes)`` when the gate learns from its
         time (no prompt chunk in it)."""
+        self._ngram_plugin: NgramPlugin | None = None
+        """With ``--spec auto``: the n-gram plugin itself, asked how far each proposal's source
+        agrees with the request's text."""
         if speculation.mode in (SpecMode.NGRAM, SpecMode.AUTO):
-            self._ngram = InProcessPlugin(NgramPlugin(), n_vocab)
+            ngram = NgramPlugin()
+            self._ngram = InProcessPlugin(ngram, n_vocab)
             self._local = self._proposer = self._ngram
             if speculation.mode is SpecMode.AUTO:
                 self._gate = SpecGate(_one_pass if kv.unified else forward_passes)
+                self._ngram_plugin = ngram
             if activation is not None and not self._ngram.activate(activation):
                 # counted in its failures; the model does not speculate
-                self._local = self._proposer = self._gate = None
+                self._local = self._proposer = self._gate = self._ngram_plugin = None
         elif speculation.mode is SpecMode.DRAFT and draft is not None:
             self._local = self._proposer = draft
         elif speculation.mode is SpecMode.PLUGIN:
@@ -215,6 +220,8 @@ class Proposals:
         if wants:
             self._ask(decoding, wants)
         if self._gate is not None:
+            if wants:
+                self._cap_by_agreement(decoding, wants)
             self._gate_step(decoding, chunks, arrival_may_wait)
             return
         if not self._kv.unified and len(decoding) > 1:
@@ -229,6 +236,24 @@ class Proposals:
                     if keep_tail:  # the cut tail still follows the shorter window: run-ahead
                         r.runahead = r.draft[shortest:] + r.runahead
                     r.draft = r.draft[:shortest]
+
+    def _cap_by_agreement(self, decoding: list[RequestState], asked: dict[str, int]) -> None:
+        """``--spec auto``: a fresh proposal is at most half as long as its source has agreed
+        with the request's text (at least one token). A copy followed for ``m`` tokens tends to
+        go on for about as long again, and breaks where the request changes what it copies:
+        the gate's cost and acceptance figures alone verify too far past such a break
+        (docs/BENCHMARKS.md, section 7.4: the repetitive prompts replayed)."""
+        plugin, ngram = self._ngram_plugin, self._ngram
+        if plugin is None or ngram is None:
+            return
+        for r in decoding:
+            if not r.draft or r.id not in asked:
+                continue
+            ids = ngram.ids(r.id)
+            if ids is not None:
+                cap = max(1, plugin.agreement(ids) // 2)
+                if len(r.draft) > cap:
+                    r.draft = r.draft[:cap]
 
     def _gate_step(
         self,

@@ -10,7 +10,10 @@ verifying them adds to the step, on this machine, for this model, at this batch 
   worth against ``c``), or takes the length of a window already in the step when that saves
   a forward pass; never past twice the longest run of right proposals the lane has shown
   (:data:`FIRST_WINDOW_CAP` before one): acceptance is not one per-token figure for every
-  proposal, and a run of right short ones says little of a long one.
+  proposal, and a run of right short ones says little of a long one. With several lanes the
+  windows may all take one common length instead, when that pays better: lanes of equal
+  windows verify in the passes the step needs anyway, where the first lane's window alone
+  would add one.
 - **Cost.** What a step's proposals add to its time: ``c`` seconds a proposed token and ``e``
   seconds a forward pass they add (with one KV stream per lane, llama.cpp verifies lanes of
   unequal lengths in several passes: ``engine/batch.py``'s :func:`forward_passes`). Both are
@@ -72,6 +75,20 @@ def expected_accepted(acceptance: float, window: int) -> float:
     if acceptance <= 0.0:
         return 0.0
     return acceptance * (1.0 - acceptance**window) / (1.0 - acceptance)
+
+
+def _best_length(acceptance: float, proposed: int, value: float, token: float) -> int:
+    """:meth:`SpecGate.best_length` from a lane's ``acceptance``, the seconds a token is worth
+    (``value``) and a proposed token costs (``token``)."""
+    if token <= 0 or acceptance >= 1.0:
+        return proposed
+    if acceptance <= 0.0 or token >= value:
+        return 1
+    return max(1, min(proposed, int(math.log(token / value) / math.log(acceptance))))
+
+
+def _rank(entry: tuple[float, Candidate, float]) -> float:
+    return entry[0]
 
 
 class StepCosts:
@@ -263,15 +280,9 @@ class SpecGate:
         grows while ``pᵏ · plain / lanes > c``."""
         plain = self.costs.plain(lanes)
         per_token = self.costs.cost(1, 0)
-        acceptance = gate.acceptance(self.prior)
-        if plain is None or per_token is None or per_token <= 0 or acceptance >= 1.0:
+        if plain is None or per_token is None:
             return proposed
-        if acceptance <= 0.0:
-            return 1
-        value = plain / lanes
-        if per_token >= value:
-            return 1
-        return max(1, min(proposed, int(math.log(per_token / value) / math.log(acceptance))))
+        return _best_length(gate.acceptance(self.prior), proposed, plain / lanes, per_token)
 
     def worth(self, gate: LaneGate, proposed: int, lanes: int) -> float | None:
         """Seconds a window of ``proposed`` saves on average with ``lanes`` lanes decoding."""
@@ -290,46 +301,117 @@ class SpecGate:
         and the gates that switched on or off. ``rows`` are the step's ``(sequence, tokens)``
         without proposals; lanes are taken best worth-per-token first while each still pays
         for what it adds — a window may be cut to the length of one already taken, when
-        sharing that one's passes pays better."""
+        sharing that one's passes pays better — unless windows of one common length for all
+        of them pay better still (:meth:`_common_length`)."""
         chosen: dict[int, int] = {}
-        ranked: list[tuple[float, Candidate]] = []
-        for candidate in candidates:
-            cap = candidate.gate.longest_window()
-            if candidate.proposed > cap:  # a copy only then: this runs every step
-                candidate = replace(candidate, proposed=cap)
-            worth = self.worth(candidate.gate, candidate.proposed, lanes)
-            if worth is not None:
-                ranked.append((worth / candidate.proposed, candidate))
-        ranked.sort(key=lambda entry: entry[0], reverse=True)
-        current = dict(rows)
-        passes = self._passes(rows)
-        for _rank, candidate in ranked:
-            best: tuple[float, int, int] | None = None
-            lengths = {
-                candidate.proposed,
-                self.best_length(candidate.gate, candidate.proposed, lanes),
-            } | {taken for taken in chosen.values() if taken < candidate.proposed}
-            for length in lengths:
-                trial = dict(current)
-                trial[candidate.seq] = trial.get(candidate.seq, 0) + length
-                trial_passes = self._passes(list(trial.items()))
-                cost = self.costs.cost(length, trial_passes - passes)
-                worth = self.worth(candidate.gate, length, lanes)
-                if cost is None or worth is None:
-                    continue
-                net = worth - cost
-                if net > 0 and (best is None or net > best[0]):
-                    best = (net, length, trial_passes)
-            if best is not None:
-                _net, length, passes = best
-                current[candidate.seq] = current.get(candidate.seq, 0) + length
-                chosen[candidate.seq] = length
+        plain = self.costs.plain(lanes)
+        token = self.costs.cost(1, 0)
+        if plain is not None and token is not None:
+            # Each lane's acceptance once a step: this runs every step.
+            value, prior = plain / lanes, self.prior
+            ranked: list[tuple[float, Candidate, float]] = []
+            for candidate in candidates:
+                cap = candidate.gate.longest_window()
+                if candidate.proposed > cap:  # a copy only then
+                    candidate = replace(candidate, proposed=cap)
+                acceptance = candidate.gate.acceptance(prior)
+                per_token = expected_accepted(acceptance, candidate.proposed) / candidate.proposed
+                ranked.append((per_token, candidate, acceptance))
+            ranked.sort(key=_rank, reverse=True)
+            lanes_by_worth = [(candidate, acceptance) for _r, candidate, acceptance in ranked]
+            chosen = self._one_by_one(rows, lanes_by_worth, value, token)
+            if len(ranked) > 1:
+                chosen = self._common_length(rows, lanes_by_worth, value, token, chosen)
         switched = [
             candidate.gate
             for candidate in candidates
             if candidate.gate.verified(candidate.seq in chosen)
         ]
         return chosen, switched
+
+    def _one_by_one(
+        self,
+        rows: list[tuple[int, int]],
+        lanes_by_worth: Sequence[tuple[Candidate, float]],
+        value: float,
+        token: float,
+    ) -> dict[int, int]:
+        """Candidates (with their acceptance) taken in order while each pays for what it adds
+        to the step taken so far: its whole proposal, the length that pays best on its own, or
+        the length of a window already taken (sharing its passes). ``value``: seconds a token
+        is worth; ``token``: seconds a proposed token costs."""
+        chosen: dict[int, int] = {}
+        current = dict(rows)
+        passes = self._passes(rows)
+        for candidate, acceptance in lanes_by_worth:
+            best: tuple[float, int, int] | None = None
+            lengths = {
+                candidate.proposed,
+                _best_length(acceptance, candidate.proposed, value, token),
+            } | {taken for taken in chosen.values() if taken < candidate.proposed}
+            for length in lengths:
+                trial = dict(current)
+                trial[candidate.seq] = trial.get(candidate.seq, 0) + length
+                trial_passes = self._passes(list(trial.items()))
+                cost = self.costs.cost(length, trial_passes - passes) or 0.0
+                net = expected_accepted(acceptance, length) * value - cost
+                if net > 0 and (best is None or net > best[0]):
+                    best = (net, length, trial_passes)
+            if best is not None:
+                _net, length, passes = best
+                current[candidate.seq] = current.get(candidate.seq, 0) + length
+                chosen[candidate.seq] = length
+        return chosen
+
+    def _common_length(
+        self,
+        rows: list[tuple[int, int]],
+        lanes_by_worth: Sequence[tuple[Candidate, float]],
+        value: float,
+        token: float,
+        chosen: dict[int, int],
+    ) -> dict[int, int]:
+        """The better of ``chosen`` and windows of one common length. Taken one by one, the
+        first lane's window pays for the forward pass it adds on its own, and is refused when
+        that pass costs more than it brings — though with every lane's window as long as it,
+        the step needs no added pass at all. So every length a candidate proposes or would
+        take on its own is tried for all of them at once: each candidate whose own rows pay
+        at that length (cut to it, or its whole proposal when shorter)."""
+        base = self._passes(rows)
+        lengths = {candidate.proposed for candidate, _a in lanes_by_worth} | {
+            _best_length(acceptance, candidate.proposed, value, token)
+            for candidate, acceptance in lanes_by_worth
+        }
+        best, best_net = chosen, self._net(rows, lanes_by_worth, value, chosen, base)
+        for common in lengths:
+            plan: dict[int, int] = {}
+            for candidate, acceptance in lanes_by_worth:
+                length = min(common, candidate.proposed)
+                if expected_accepted(acceptance, length) * value > token * length:
+                    plan[candidate.seq] = length
+            net = self._net(rows, lanes_by_worth, value, plan, base)
+            if net > best_net:
+                best, best_net = plan, net
+        return best
+
+    def _net(
+        self,
+        rows: list[tuple[int, int]],
+        lanes_by_worth: Sequence[tuple[Candidate, float]],
+        value: float,
+        plan: Mapping[int, int],
+        base: int,
+    ) -> float:
+        """Seconds the ``plan``'s windows save on average, less what they add to the step."""
+        if not plan:
+            return 0.0
+        worth = 0.0
+        for candidate, acceptance in lanes_by_worth:
+            length = plan.get(candidate.seq)
+            if length:
+                worth += expected_accepted(acceptance, length) * value
+        passes = self._passes([(seq, tokens + plan.get(seq, 0)) for seq, tokens in rows])
+        return worth - (self.costs.cost(sum(plan.values()), passes - base) or 0.0)
 
     def added_passes(self, rows: Sequence[tuple[int, int]], chosen: Mapping[int, int]) -> int:
         """The forward passes the ``chosen`` windows add to what the step's rows alone take."""

@@ -146,6 +146,11 @@ class InProcessPlugin:
             return
         self._streams[request] = _Stream(ids)
 
+    def ids(self, request: str) -> RequestIds | None:
+        """The ids the plugin knows ``request`` by; None before its begin or after its end."""
+        stream = self._streams.get(request)
+        return None if stream is None else stream.ids
+
     def commit(self, request: str, tokens: Sequence[int]) -> None:
         stream = self._streams.get(request)
         if stream is None or not tokens:

@@ -208,3 +208,23 @@ def test_a_window_is_at_most_twice_the_longest_run_of_right_proposals_the_lane_h
     gate.record(lane, 12, 10)
     assert lane.longest_window() == 20
     assert gate.choose([(0, 1)], [Candidate(0, 53, lane)], 1)[0] == {0: 20}
+
+
+def test_lanes_that_each_would_add_a_pass_alone_verify_together_at_one_length() -> None:
+    """Four lanes with one KV stream each, a forward pass dear (a plain step's half): one
+    lane's window alone would need a pass of its own and does not pay for it, so taken one by
+    one no lane speculates; windows of one length on every lane need no added pass, and
+    their rows pay. Uneven proposals (16, 12, 16, 6) are cut to a common length."""
+    lanes = 4
+    rows = [(seq, 1) for seq in range(lanes)]
+    gate = _gate(0.022, lanes, 0.0026, 0.011)
+    gates = [LaneGate() for _ in range(lanes)]
+    for lane in gates:  # 5 of each window of 8 right: about 0.83 a token
+        _accepting(gate, lane, 8, 5, 6)
+    single, _ = gate.choose(rows, [Candidate(0, 8, gates[0])], lanes)
+    assert single == {}
+    windows = [16, 12, 16, 6]
+    candidates = [Candidate(seq, windows[seq], gates[seq]) for seq in range(lanes)]
+    chosen, _ = gate.choose(rows, candidates, lanes)
+    assert len(chosen) == lanes and len(set(chosen.values())) == 1
+    assert gate.added_passes(rows, chosen) == 0

@@ -270,6 +270,27 @@ def test_auto_verifies_nothing_in_a_step_that_carries_a_prompt(
     assert all(n <= 1 for step in with_prompt for _, n in step.values()), with_prompt
 
 
+def test_auto_windows_grow_with_how_far_back_the_copied_text_agrees(
+    model: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reply that starts to repeat its own first cycle matches it only by its last n-gram
+    (what came before each differs): its first window is at most half that agreement, 2
+    tokens. As the repeat goes on, the agreement and the windows grow (proposals cheap and
+    right: the gate alone would verify 4 at once, then twice its longest run)."""
+    monkeypatch.setattr(spec_gate, "StepCosts", _KnownCosts)
+    monkeypatch.setattr(_KnownCosts, "token_s", 0.0001)
+    monkeypatch.setattr(_KnownCosts, "pass_s", 0.0002)
+    table = successor_cycles(TINY_SUCCESSOR)
+    shapes = BatchShapes()
+    n = 300
+    run = _generate(model, AUTO, [_request("r0", "fox", n)], 1, sequential=True, llama=shapes)
+    assert run.text["r0"] == table.text(table.continuation(table.word_id("fox"), n))
+    windows = [tokens - 1 for step in shapes.steps for tokens, rows in step.values() if rows > 1]
+    assert windows, shapes.steps
+    assert windows[0] <= 2, windows
+    assert max(windows) >= 16, windows
+
+
 class TimedShapes(BatchShapes):
     """:class:`BatchShapes` with when each ``llama_decode`` was called (monotonic s)."""
 

@@ -17,7 +17,13 @@ from skippyctl.plugins.api import (
     ProposalQuery,
     RequestIds,
 )
-from skippyctl.plugins.builtin.ngram import NgramIndex, NgramPlugin, SharedNgrams, StreamGap
+from skippyctl.plugins.builtin.ngram import (
+    AGREEMENT_CAP,
+    NgramIndex,
+    NgramPlugin,
+    SharedNgrams,
+    StreamGap,
+)
 from tests.plugins.conftest import ROOT
 
 
@@ -126,3 +132,26 @@ def test_a_request_proposes_what_followed_its_last_ngram_in_another_request() ->
     assert len(small) == 2  # (2, 3, 4, 5) and (3, 4, 5, 6): (1, 2, 3, 4) went first
     assert NgramIndex([9, 3, 4, 5, 6], shared=small).propose(1) == [7]
     assert NgramIndex([8, 2, 3, 4, 5], shared=small).propose(1) == []  # forgotten since
+
+
+def test_a_proposal_says_how_far_back_its_source_agrees_with_the_text() -> None:
+    """The matched n-gram and as far back as both texts stay equal: 3 where the text before
+    the match differs, 20 for a passage copied from its start, the cap for a long one, the
+    other request's text for a proposal from the pool, 0 without a proposal."""
+    index = NgramIndex([5, 1, 2, 3, 4, 9, 8, 2, 3, 4])
+    assert index.propose(2) == [9, 8] and index.agreement == 3
+    passage = list(range(100, 140))
+    copying = NgramIndex([*passage, 1, *passage[:20]])
+    assert copying.propose(4) == passage[20:24] and copying.agreement == 20
+    long_text = [7 * i % 1000 for i in range(400)]
+    assert NgramIndex([*long_text, 1, *long_text[:300]]).propose(1) == [long_text[300]]
+    assert NgramIndex([*long_text, 1, *long_text[:300]]).agreement == 0  # not asked yet
+    capped = NgramIndex([*long_text, 1, *long_text[:300]])
+    capped.propose(1)
+    assert capped.agreement == AGREEMENT_CAP
+    shared = SharedNgrams()
+    NgramIndex([1, 2, 3, 4, 5, 6, 7, 8, 9], shared=shared)
+    pooled = NgramIndex([20, 2, 3, 4, 5], shared=shared)
+    assert pooled.propose(3) == [6, 7, 8] and pooled.agreement == 4
+    alone = NgramIndex([1, 2, 3])
+    assert alone.propose(3) == [] and alone.agreement == 0

@@ -6,8 +6,11 @@ the engine process (``skippyctl.plugins.inprocess``).
 index of its n-grams: the longest suffix (of ``ngram_max`` down to ``ngram_min`` tokens) of the
 history that occurred earlier in it proposes the tokens that followed that earlier occurrence
 (the latest one), continued cyclically when that occurrence is so recent that its continuation
-runs into the present (``a b a b`` proposes ``a b a b …``). Cost: O(``ngram_max``) dictionary
-work per committed token, one lookup per proposal; the index lives only as long as the request.
+runs into the present (``a b a b`` proposes ``a b a b …``). A proposal also tells how far
+back its source agrees with the history (:attr:`NgramIndex.agreement`): ``--spec auto`` keeps
+its windows within half of that. Cost: O(``ngram_max``) dictionary work per committed token, one
+lookup and a comparison of at most :data:`AGREEMENT_CAP` tokens per proposal; the index lives
+only as long as the request.
 
 :class:`NgramPlugin` keeps one index per begun request, and :class:`SharedNgrams` across them:
 a request whose own text has no earlier match proposes what followed its last ``ngram_max``
@@ -30,11 +33,23 @@ from skippyctl.plugins.api import (
     RequestIds,
 )
 
-__all__ = ["NGRAM_MAX", "NGRAM_MIN", "NgramIndex", "NgramPlugin", "SharedNgrams", "StreamGap"]
+__all__ = [
+    "AGREEMENT_CAP",
+    "NGRAM_MAX",
+    "NGRAM_MIN",
+    "NgramIndex",
+    "NgramPlugin",
+    "SharedNgrams",
+    "StreamGap",
+    "agreement",
+]
 
 NGRAM_MIN: Final = 2
 """A one-token match is mostly chance: a proposal needs the last two tokens seen before."""
 NGRAM_MAX: Final = 4
+AGREEMENT_CAP: Final = 128
+"""The most tokens :attr:`NgramIndex.agreement` counts back (twice the longest window a lane
+verifies)."""
 SHARED_NGRAMS: Final = 65536
 """Longest n-grams the plugin remembers across its requests (the oldest are forgotten first).
 Every committed token adds one, so what stays alive is the histories of the requests that wrote
@@ -66,22 +81,54 @@ class SharedNgrams:
         if len(entries) > self.limit:
             del entries[next(iter(entries))]
 
-    def propose(self, key: tuple[int, ...], history: list[int], limit: int) -> list[int]:
-        """Up to ``limit`` tokens that followed ``key`` in another request's history."""
+    def propose(
+        self, key: tuple[int, ...], history: list[int], limit: int
+    ) -> tuple[list[int], int]:
+        """Up to ``limit`` tokens that followed ``key`` in another request's history, and how
+        many tokens before them agree with the end of ``history`` (:func:`agreement`)."""
         found = self._entries.get(key)
         if found is None or found[0] is history:
-            return []
+            return [], 0
         other, start = found
-        return other[start : start + limit]
+        return other[start : start + limit], agreement(other, start, history, len(history))
 
     def __len__(self) -> int:
         return len(self._entries)
 
 
+def agreement(source: list[int], source_end: int, history: list[int], history_end: int) -> int:
+    """How many tokens before ``source_end`` in ``source`` equal those before ``history_end``
+    in ``history``, at most :data:`AGREEMENT_CAP`: how long the text a proposal is copied from
+    has already been followed. Compared a slice at a time (in C), doubling."""
+    agreed, step = 0, 8
+    while agreed < AGREEMENT_CAP:
+        take = min(step, AGREEMENT_CAP - agreed, source_end - agreed, history_end - agreed)
+        if take <= 0:
+            break
+        a, b = source_end - agreed, history_end - agreed
+        if source[a - take : a] == history[b - take : b]:
+            agreed += take
+            step *= 2
+            continue
+        while agreed < AGREEMENT_CAP and a > 0 and b > 0 and source[a - 1] == history[b - 1]:
+            agreed += 1
+            a, b = a - 1, b - 1
+        break
+    return agreed
+
+
 class NgramIndex:
     """One request's history and its n-gram index (module docstring)."""
 
-    __slots__ = ("_history", "_index", "_ngram_max", "_ngram_min", "_shared", "committed")
+    __slots__ = (
+        "_history",
+        "_index",
+        "_ngram_max",
+        "_ngram_min",
+        "_shared",
+        "agreement",
+        "committed",
+    )
 
     def __init__(
         self,
@@ -102,6 +149,10 @@ class NgramIndex:
         self.committed = 0
         """Committed tokens in the history (it starts with the prompt): the stream index the
         next run must start at."""
+        self.agreement = 0
+        """How many tokens before the last proposal's source agree with the end of the history
+        (the matched n-gram and as far back as the texts stay equal, up to
+        :data:`AGREEMENT_CAP`); 0 with no proposal. A copy followed for long tends to go on."""
         self._extend(prompt)
 
     def _extend(self, tokens: Iterable[int]) -> None:
@@ -132,12 +183,14 @@ class NgramIndex:
         when nothing matches."""
         history = self._history
         size = len(history)
+        self.agreement = 0
         if limit < 1:
             return []
         for n in range(min(self._ngram_max, size), self._ngram_min - 1, -1):
             start = self._index.get(tuple(history[size - n :]))
             if start is None:
                 continue
+            self.agreement = agreement(history, start, history, size)
             draft = history[start : start + limit]
             # A match close to the end repeats a short cycle: continue it past the history's
             # end the way it went so far (what followed the match is what the draft says).
@@ -145,7 +198,10 @@ class NgramIndex:
                 draft.append(draft[len(draft) - (size - start)])
             return draft
         if self._shared is not None and size >= self._ngram_max:
-            return self._shared.propose(tuple(history[size - self._ngram_max :]), history, limit)
+            draft, self.agreement = self._shared.propose(
+                tuple(history[size - self._ngram_max :]), history, limit
+            )
+            return draft
         return []
 
 
@@ -173,6 +229,12 @@ class NgramPlugin(BasePlugin):
         if query.pending:
             index.commit(query.pending_start, query.pending)
         return index.propose(query.capacity) or None
+
+    def agreement(self, ids: RequestIds) -> int:
+        """How far back the source of the request's last proposal agrees with its text
+        (:attr:`NgramIndex.agreement`); 0 for a request it does not hold."""
+        index = self._requests.get(ids.request)
+        return 0 if index is None else index.agreement
 
     def finish(
         self, ids: RequestIds, start: int, suffix: Sequence[int], receipt: PluginReceipt
