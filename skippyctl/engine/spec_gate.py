@@ -18,7 +18,8 @@ verifying them adds to the step, on this machine, for this model, at this batch 
   seconds a forward pass they add (with one KV stream per lane, llama.cpp verifies lanes of
   unequal lengths in several passes: ``engine/batch.py``'s :func:`forward_passes`). Both are
   fitted as the step goes (recursive least squares, forgetting old steps) from how much
-  longer speculating steps took than plain steps with as many lanes (:class:`StepCosts`).
+  longer speculating steps took than plain steps with as many lanes, for each lane count
+  apart (:class:`StepCosts`).
 
 - **Bound.** A request that arrives waits for the step under way before its prompt is decoded.
   So a step verifies no proposals while a request is due: a lane is free, a generation ended
@@ -87,21 +88,73 @@ def _best_length(acceptance: float, proposed: int, value: float, token: float) -
     return max(1, min(proposed, int(math.log(token / value) / math.log(acceptance))))
 
 
+@dataclass(frozen=True, slots=True)
+class _Prices:
+    """One step's figures for the gate: seconds a committed token is worth (``value``: a
+    lane's share of a plain step), a proposed token costs and an added forward pass costs."""
+
+    value: float
+    token: float
+    per_pass: float
+
+    def of(self, proposed: int, added_passes: int) -> float:
+        return self.token * proposed + self.per_pass * added_passes
+
+
 def _rank(entry: tuple[float, Candidate, float]) -> float:
     return entry[0]
 
 
-class StepCosts:
-    """What steps cost: a moving average of plain steps' seconds for each lane count, and a
-    recursive least-squares fit of what proposals add (module docstring)."""
+class _CostFit:
+    """A recursive least-squares fit of ``[c, e]`` (seconds a proposed token, seconds an added
+    forward pass) for one lane count, from a prior (module docstring, "Cost")."""
 
-    __slots__ = ("_cost", "_covariance", "_plain")
+    __slots__ = ("covariance", "estimate")
+
+    def __init__(self, plain: float, lanes: int) -> None:
+        # The prior until speculating steps say otherwise: a proposed token costs a quarter of
+        # a lane's share of the step, and an added forward pass as much as the whole step (a
+        # pass reads every weight, as a one-lane step does) — pessimistic, so a lane speculates
+        # first where it clearly pays, and the fit learns from there.
+        token, added_pass = plain / lanes / 4.0, plain
+        self.estimate = [token, added_pass]
+        # In units of a step's noise (about a tenth of it), each prior as uncertain as it is
+        # large: a few speculating steps outweigh it.
+        noise = STEP_NOISE * plain
+        self.covariance = [[(token / noise) ** 2, 0.0], [0.0, (added_pass / noise) ** 2]]
+
+    def update(self, proposed: int, added_passes: int, excess: float) -> None:
+        """A step whose proposals took ``excess`` seconds more than a plain step."""
+        x0, x1 = float(proposed), float(added_passes)
+        p = self.covariance
+        cost = self.estimate
+        px0 = p[0][0] * x0 + p[0][1] * x1
+        px1 = p[1][0] * x0 + p[1][1] * x1
+        gain_den = COST_FORGETTING + x0 * px0 + x1 * px1
+        k0, k1 = px0 / gain_den, px1 / gain_den
+        error = excess - (cost[0] * x0 + cost[1] * x1)
+        cost[0] += k0 * error
+        cost[1] += k1 * error
+        # P = (P - k xᵀ P) / λ, with xᵀP = (px0, px1) since P is symmetric.
+        self.covariance = [
+            [(p[0][0] - k0 * px0) / COST_FORGETTING, (p[0][1] - k0 * px1) / COST_FORGETTING],
+            [(p[1][0] - k1 * px0) / COST_FORGETTING, (p[1][1] - k1 * px1) / COST_FORGETTING],
+        ]
+
+
+class StepCosts:
+    """What steps cost, for each lane count: a moving average of plain steps' seconds, and a
+    recursive least-squares fit of what proposals add (module docstring). Each lane count has
+    its own fit: a proposed token beside one lane changes the step's products from one row to
+    several and costs about twice what it costs beside four lanes (the real model, measured in
+    the engine: about 5 ms for the first one beside a 11 ms step, 2 ms each beside a 22 ms
+    step of 4 lanes)."""
+
+    __slots__ = ("_fits", "_plain")
 
     def __init__(self) -> None:
         self._plain: dict[int, float] = {}
-        self._cost: list[float] | None = None
-        """``[c, e]``: seconds a proposed token, seconds an added forward pass."""
-        self._covariance: list[list[float]] = []
+        self._fits: dict[int, _CostFit] = {}
 
     def plain(self, lanes: int) -> float | None:
         """Seconds a plain step of ``lanes`` decoding lanes takes (the nearest lane count
@@ -117,51 +170,32 @@ class StepCosts:
         self._plain[lanes] = (
             seconds if known is None else known + PLAIN_STEP_WEIGHT * (seconds - known)
         )
-        if self._cost is None:
-            # The prior until speculating steps say otherwise: a proposed token costs a quarter
-            # of a lane's share of the step, and an added forward pass as much as the whole
-            # step (a pass reads every weight, as a one-lane step does) — pessimistic, so a
-            # lane speculates first where it clearly pays, and the fit learns from there.
-            step = self._plain[lanes]
-            token, added_pass = step / lanes / 4.0, step
-            self._cost = [token, added_pass]
-            # In units of a step's noise (about a tenth of it), each prior as uncertain as it
-            # is large: a few speculating steps outweigh it.
-            noise = STEP_NOISE * step
-            self._covariance = [[(token / noise) ** 2, 0.0], [0.0, (added_pass / noise) ** 2]]
+        if lanes not in self._fits:
+            self._fits[lanes] = _CostFit(self._plain[lanes], lanes)
 
     def observe_speculated(
         self, lanes: int, proposed: int, added_passes: int, seconds: float
     ) -> None:
-        """A step that verified ``proposed`` tokens in ``added_passes`` passes more than its
-        ``lanes`` lanes alone would need took ``seconds``."""
+        """A step of ``lanes`` lanes that verified ``proposed`` tokens in ``added_passes``
+        passes more than its lanes alone would need took ``seconds``."""
         plain = self._plain.get(lanes)
-        cost = self._cost
-        if plain is None or cost is None or proposed <= 0:
+        fit = self._fits.get(lanes)
+        if plain is None or fit is None or proposed <= 0:
             return
-        excess = seconds - plain
-        x0, x1 = float(proposed), float(added_passes)
-        p = self._covariance
-        px0 = p[0][0] * x0 + p[0][1] * x1
-        px1 = p[1][0] * x0 + p[1][1] * x1
-        gain_den = COST_FORGETTING + x0 * px0 + x1 * px1
-        k0, k1 = px0 / gain_den, px1 / gain_den
-        error = excess - (cost[0] * x0 + cost[1] * x1)
-        cost[0] += k0 * error
-        cost[1] += k1 * error
-        # P = (P - k xᵀ P) / λ, with xᵀP = (px0, px1) since P is symmetric.
-        self._covariance = [
-            [(p[0][0] - k0 * px0) / COST_FORGETTING, (p[0][1] - k0 * px1) / COST_FORGETTING],
-            [(p[1][0] - k1 * px0) / COST_FORGETTING, (p[1][1] - k1 * px1) / COST_FORGETTING],
-        ]
+        fit.update(proposed, added_passes, seconds - plain)
 
-    def cost(self, proposed: int, added_passes: int) -> float | None:
-        """Seconds ``proposed`` tokens in ``added_passes`` more passes add to a step; None
-        before any plain step (nothing to compare with)."""
-        cost = self._cost
-        if cost is None:
-            return None
-        return max(0.0, cost[0]) * proposed + max(0.0, cost[1]) * added_passes
+    def cost(self, lanes: int, proposed: int, added_passes: int) -> float | None:
+        """Seconds ``proposed`` tokens in ``added_passes`` more passes add to a step of
+        ``lanes`` lanes (the prior from the nearest lane count's plain step before one of
+        this count was measured); None before any plain step (nothing to compare with)."""
+        fit = self._fits.get(lanes)
+        if fit is None:
+            plain = self.plain(lanes)
+            if plain is None:
+                return None
+            fit = _CostFit(plain, lanes)
+        c, e = fit.estimate
+        return max(0.0, c) * proposed + max(0.0, e) * added_passes
 
 
 class LaneGate:
@@ -279,7 +313,7 @@ class SpecGate:
         adds ``pᵏ`` tokens worth ``plain / lanes`` each for ``c`` more seconds, so a window
         grows while ``pᵏ · plain / lanes > c``."""
         plain = self.costs.plain(lanes)
-        per_token = self.costs.cost(1, 0)
+        per_token = self.costs.cost(lanes, 1, 0)
         if plain is None or per_token is None:
             return proposed
         return _best_length(gate.acceptance(self.prior), proposed, plain / lanes, per_token)
@@ -305,8 +339,9 @@ class SpecGate:
         of them pay better still (:meth:`_common_length`)."""
         chosen: dict[int, int] = {}
         plain = self.costs.plain(lanes)
-        token = self.costs.cost(1, 0)
-        if plain is not None and token is not None:
+        token = self.costs.cost(lanes, 1, 0)
+        per_pass = self.costs.cost(lanes, 0, 1)
+        if plain is not None and token is not None and per_pass is not None:
             # Each lane's acceptance once a step: this runs every step.
             value, prior = plain / lanes, self.prior
             ranked: list[tuple[float, Candidate, float]] = []
@@ -319,9 +354,10 @@ class SpecGate:
                 ranked.append((per_token, candidate, acceptance))
             ranked.sort(key=_rank, reverse=True)
             lanes_by_worth = [(candidate, acceptance) for _r, candidate, acceptance in ranked]
-            chosen = self._one_by_one(rows, lanes_by_worth, value, token)
+            prices = _Prices(value, token, per_pass)
+            chosen = self._one_by_one(rows, lanes_by_worth, prices)
             if len(ranked) > 1:
-                chosen = self._common_length(rows, lanes_by_worth, value, token, chosen)
+                chosen = self._common_length(rows, lanes_by_worth, prices, chosen)
         switched = [
             candidate.gate
             for candidate in candidates
@@ -333,13 +369,11 @@ class SpecGate:
         self,
         rows: list[tuple[int, int]],
         lanes_by_worth: Sequence[tuple[Candidate, float]],
-        value: float,
-        token: float,
+        prices: _Prices,
     ) -> dict[int, int]:
         """Candidates (with their acceptance) taken in order while each pays for what it adds
         to the step taken so far: its whole proposal, the length that pays best on its own, or
-        the length of a window already taken (sharing its passes). ``value``: seconds a token
-        is worth; ``token``: seconds a proposed token costs."""
+        the length of a window already taken (sharing its passes)."""
         chosen: dict[int, int] = {}
         current = dict(rows)
         passes = self._passes(rows)
@@ -347,14 +381,14 @@ class SpecGate:
             best: tuple[float, int, int] | None = None
             lengths = {
                 candidate.proposed,
-                _best_length(acceptance, candidate.proposed, value, token),
+                _best_length(acceptance, candidate.proposed, prices.value, prices.token),
             } | {taken for taken in chosen.values() if taken < candidate.proposed}
             for length in lengths:
                 trial = dict(current)
                 trial[candidate.seq] = trial.get(candidate.seq, 0) + length
                 trial_passes = self._passes(list(trial.items()))
-                cost = self.costs.cost(length, trial_passes - passes) or 0.0
-                net = expected_accepted(acceptance, length) * value - cost
+                cost = prices.of(length, trial_passes - passes)
+                net = expected_accepted(acceptance, length) * prices.value - cost
                 if net > 0 and (best is None or net > best[0]):
                     best = (net, length, trial_passes)
             if best is not None:
@@ -367,8 +401,7 @@ class SpecGate:
         self,
         rows: list[tuple[int, int]],
         lanes_by_worth: Sequence[tuple[Candidate, float]],
-        value: float,
-        token: float,
+        prices: _Prices,
         chosen: dict[int, int],
     ) -> dict[int, int]:
         """The better of ``chosen`` and windows of one common length. Taken one by one, the
@@ -379,17 +412,17 @@ class SpecGate:
         at that length (cut to it, or its whole proposal when shorter)."""
         base = self._passes(rows)
         lengths = {candidate.proposed for candidate, _a in lanes_by_worth} | {
-            _best_length(acceptance, candidate.proposed, value, token)
+            _best_length(acceptance, candidate.proposed, prices.value, prices.token)
             for candidate, acceptance in lanes_by_worth
         }
-        best, best_net = chosen, self._net(rows, lanes_by_worth, value, chosen, base)
+        best, best_net = chosen, self._net(rows, lanes_by_worth, prices, chosen, base)
         for common in lengths:
             plan: dict[int, int] = {}
             for candidate, acceptance in lanes_by_worth:
                 length = min(common, candidate.proposed)
-                if expected_accepted(acceptance, length) * value > token * length:
+                if expected_accepted(acceptance, length) * prices.value > prices.token * length:
                     plan[candidate.seq] = length
-            net = self._net(rows, lanes_by_worth, value, plan, base)
+            net = self._net(rows, lanes_by_worth, prices, plan, base)
             if net > best_net:
                 best, best_net = plan, net
         return best
@@ -398,7 +431,7 @@ class SpecGate:
         self,
         rows: list[tuple[int, int]],
         lanes_by_worth: Sequence[tuple[Candidate, float]],
-        value: float,
+        prices: _Prices,
         plan: Mapping[int, int],
         base: int,
     ) -> float:
@@ -409,9 +442,9 @@ class SpecGate:
         for candidate, acceptance in lanes_by_worth:
             length = plan.get(candidate.seq)
             if length:
-                worth += expected_accepted(acceptance, length) * value
+                worth += expected_accepted(acceptance, length) * prices.value
         passes = self._passes([(seq, tokens + plan.get(seq, 0)) for seq, tokens in rows])
-        return worth - (self.costs.cost(sum(plan.values()), passes - base) or 0.0)
+        return worth - prices.of(sum(plan.values()), passes - base)
 
     def added_passes(self, rows: Sequence[tuple[int, int]], chosen: Mapping[int, int]) -> int:
         """The forward passes the ``chosen`` windows add to what the step's rows alone take."""

@@ -35,8 +35,8 @@ def test_step_costs_learn_what_a_proposed_token_and_an_added_pass_cost() -> None
         added = rng.randint(0, 3)
         seconds = 0.010 + 0.0006 * proposed + 0.004 * added
         costs.observe_speculated(4, proposed, added, seconds * rng.uniform(0.9, 1.1))
-    one_token = costs.cost(1, 0)
-    one_pass = costs.cost(0, 1)
+    one_token = costs.cost(4, 1, 0)
+    one_pass = costs.cost(4, 0, 1)
     assert one_token is not None and one_pass is not None
     assert one_token == pytest.approx(0.0006, rel=0.15)
     assert one_pass == pytest.approx(0.004, rel=0.15)
@@ -44,7 +44,7 @@ def test_step_costs_learn_what_a_proposed_token_and_an_added_pass_cost() -> None
 
 def test_nothing_is_known_before_a_plain_step() -> None:
     costs = StepCosts()
-    assert costs.plain(1) is None and costs.cost(4, 1) is None
+    assert costs.plain(1) is None and costs.cost(1, 4, 1) is None
     costs.observe_plain(2, 0.02)
     assert costs.plain(8) == pytest.approx(0.02)  # the nearest lane count measured
 
@@ -228,3 +228,22 @@ def test_lanes_that_each_would_add_a_pass_alone_verify_together_at_one_length() 
     chosen, _ = gate.choose(rows, candidates, lanes)
     assert len(chosen) == lanes and len(set(chosen.values())) == 1
     assert gate.added_passes(rows, chosen) == 0
+
+
+def test_each_lane_count_has_its_own_cost_fit() -> None:
+    """A proposed token beside one lane costs 5 ms (the step's products go from one row to
+    several); beside four, 2 ms. What one lane's steps taught does not price four lanes'
+    windows: before any step of four speculated, its prior (a quarter of a lane's share of the
+    plain step) prices them, then its own steps."""
+    costs = StepCosts()
+    costs.observe_plain(1, 0.011)
+    for proposed in (1, 2, 4, 8) * 30:
+        costs.observe_speculated(1, proposed, 0, 0.011 + 0.005 * proposed)
+    assert costs.cost(1, 1, 0) == pytest.approx(0.005, rel=0.05)
+    assert costs.cost(4, 1, 0) == pytest.approx(0.011 / 4 / 4)  # the prior, from the nearest
+    costs.observe_plain(4, 0.022)
+    assert costs.cost(4, 1, 0) == pytest.approx(0.022 / 4 / 4)
+    for proposed in (4, 8, 16) * 30:
+        costs.observe_speculated(4, proposed, 0, 0.022 + 0.002 * proposed)
+    assert costs.cost(4, 1, 0) == pytest.approx(0.002, rel=0.05)
+    assert costs.cost(1, 1, 0) == pytest.approx(0.005, rel=0.05)

@@ -163,7 +163,7 @@ class _KnownCosts(StepCosts):
     def plain(self, lanes: int) -> float:
         return 0.001 * lanes
 
-    def cost(self, proposed: int, added_passes: int) -> float:
+    def cost(self, lanes: int, proposed: int, added_passes: int) -> float:
         return self.token_s * proposed + self.pass_s * added_passes
 
 
