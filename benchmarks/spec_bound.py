@@ -14,12 +14,13 @@ Steps:
    text does not depend on the batch, so it is the text every session count gets.
 2. What steps cost, in the same run: `spec_ceiling`'s plain step of S lanes and its verify steps
    (windows of 8, 16 and 32 on every lane); a proposed token costs the median over the windows
-   of (step − plain step) / (S × W).
+   of (step − plain step) / (S × W) — the least it costs (short windows cost more a token).
 3. The replay, per S: S lanes in lockstep, lane i on prompt i mod 4 (as `spec_auto` assigns
    them; at 1 session the 4 prompts one after another), every step costing the plain step of
    the lanes still running plus a proposed token per verified proposal. Without proposals that
-   is `--spec off`; with the oracle it is the best any window policy over these proposals could
-   do. Prompt prefill, which both pay alike, is left out: so the bound is generous.
+   is `--spec off`; with the oracle it is more than any window policy over these proposals
+   could do: no proposal is wasted, and lanes of unequal windows cost no forward pass more
+   (with one KV stream per lane they do). Prompt prefill, which both pay alike, is left out.
 
 Reported per S: the share of reply tokens that proposals can give (`proposed_share`), the
 oracle's time and the plain replay's, and their ratio: the bound. Prints a table on stderr,

@@ -350,8 +350,9 @@ class SpecGate:
                 if candidate.proposed > cap:  # a copy only then
                     candidate = replace(candidate, proposed=cap)
                 acceptance = candidate.gate.acceptance(prior)
-                per_token = expected_accepted(acceptance, candidate.proposed) / candidate.proposed
-                ranked.append((per_token, candidate, acceptance))
+                # Ranked by the tokens a proposed token is expected to add.
+                yield_ = expected_accepted(acceptance, candidate.proposed) / candidate.proposed
+                ranked.append((yield_, candidate, acceptance))
             ranked.sort(key=_rank, reverse=True)
             lanes_by_worth = [(candidate, acceptance) for _r, candidate, acceptance in ranked]
             prices = _Prices(value, token, per_pass)
