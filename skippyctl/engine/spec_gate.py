@@ -318,13 +318,6 @@ class SpecGate:
             return proposed
         return _best_length(gate.acceptance(self.prior), proposed, plain / lanes, per_token)
 
-    def worth(self, gate: LaneGate, proposed: int, lanes: int) -> float | None:
-        """Seconds a window of ``proposed`` saves on average with ``lanes`` lanes decoding."""
-        plain = self.costs.plain(lanes)
-        if plain is None:
-            return None
-        return expected_accepted(gate.acceptance(self.prior), proposed) * plain / lanes
-
     def choose(
         self,
         rows: list[tuple[int, int]],

@@ -9,8 +9,8 @@ history that occurred earlier in it proposes the tokens that followed that earli
 runs into the present (``a b a b`` proposes ``a b a b …``). A proposal also tells how far
 back its source agrees with the history (:attr:`NgramIndex.agreement`): ``--spec auto`` keeps
 its windows within half of that. Cost: O(``ngram_max``) dictionary work per committed token, one
-lookup and a comparison of at most :data:`AGREEMENT_CAP` tokens per proposal; the index lives
-only as long as the request.
+lookup per proposal, and a comparison of at most :data:`AGREEMENT_CAP` tokens when the agreement
+is asked for; the index lives only as long as the request.
 
 :class:`NgramPlugin` keeps one index per begun request, and :class:`SharedNgrams` across them:
 a request whose own text has no earlier match proposes what followed its last ``ngram_max``
@@ -81,16 +81,13 @@ class SharedNgrams:
         if len(entries) > self.limit:
             del entries[next(iter(entries))]
 
-    def propose(
-        self, key: tuple[int, ...], history: list[int], limit: int
-    ) -> tuple[list[int], int]:
-        """Up to ``limit`` tokens that followed ``key`` in another request's history, and how
-        many tokens before them agree with the end of ``history`` (:func:`agreement`)."""
+    def source(self, key: tuple[int, ...], history: list[int]) -> tuple[list[int], int] | None:
+        """Another request's history that ``key`` last occurred in, and where the token after
+        it is there; None when no other request's does."""
         found = self._entries.get(key)
         if found is None or found[0] is history:
-            return [], 0
-        other, start = found
-        return other[start : start + limit], agreement(other, start, history, len(history))
+            return None
+        return found
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -126,7 +123,7 @@ class NgramIndex:
         "_ngram_max",
         "_ngram_min",
         "_shared",
-        "agreement",
+        "_source",
         "committed",
     )
 
@@ -149,10 +146,9 @@ class NgramIndex:
         self.committed = 0
         """Committed tokens in the history (it starts with the prompt): the stream index the
         next run must start at."""
-        self.agreement = 0
-        """How many tokens before the last proposal's source agree with the end of the history
-        (the matched n-gram and as far back as the texts stay equal, up to
-        :data:`AGREEMENT_CAP`); 0 with no proposal. A copy followed for long tends to go on."""
+        self._source: tuple[list[int], int, int] | None = None
+        """The last proposal's source: the history it was copied from, where the copy starts
+        there, and how long this history was then (None: no proposal)."""
         self._extend(prompt)
 
     def _extend(self, tokens: Iterable[int]) -> None:
@@ -177,20 +173,31 @@ class NgramIndex:
         self._extend(tokens)
         self.committed += len(tokens)
 
+    @property
+    def agreement(self) -> int:
+        """How many tokens before the last proposal's source agree with the history as it was
+        then (the matched n-gram and as far back as the texts stay equal, up to
+        :data:`AGREEMENT_CAP`); 0 with no proposal. A copy followed for long tends to go on.
+        Counted when asked: only ``--spec auto`` asks."""
+        if self._source is None:
+            return 0
+        source, start, size = self._source
+        return agreement(source, start, self._history, size)
+
     def propose(self, limit: int) -> list[int]:
         """Up to ``limit`` tokens that followed the longest earlier match of the history's
         suffix, else what followed its longest n-gram in another request (``shared``); empty
         when nothing matches."""
         history = self._history
         size = len(history)
-        self.agreement = 0
+        self._source = None
         if limit < 1:
             return []
         for n in range(min(self._ngram_max, size), self._ngram_min - 1, -1):
             start = self._index.get(tuple(history[size - n :]))
             if start is None:
                 continue
-            self.agreement = agreement(history, start, history, size)
+            self._source = (history, start, size)
             draft = history[start : start + limit]
             # A match close to the end repeats a short cycle: continue it past the history's
             # end the way it went so far (what followed the match is what the draft says).
@@ -198,10 +205,11 @@ class NgramIndex:
                 draft.append(draft[len(draft) - (size - start)])
             return draft
         if self._shared is not None and size >= self._ngram_max:
-            draft, self.agreement = self._shared.propose(
-                tuple(history[size - self._ngram_max :]), history, limit
-            )
-            return draft
+            found = self._shared.source(tuple(history[size - self._ngram_max :]), history)
+            if found is not None:
+                other, start = found
+                self._source = (other, start, size)
+                return other[start : start + limit]
         return []
 
 
