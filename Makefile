@@ -9,7 +9,7 @@ FIXTURES   := fixtures
 STAMP      := $(VENV)/.skippy-bootstrap
 NATIVE_SRC := $(wildcard native/src/*.c native/src/*.h native/include/skippy/*.h)
 
-.PHONY: bootstrap demo test fuzz lint typecheck native-test pytest fixtures clean
+.PHONY: bootstrap demo test fuzz lint typecheck native-test pytest fixtures goldens clean
 
 $(STAMP): pyproject.toml setup.py scripts/bootstrap.sh scripts/build_invariant_kernels.py native/kernels/q4_1_q8_1_gemm.inc
 	./scripts/bootstrap.sh
@@ -63,6 +63,16 @@ test: lint typecheck native-test pytest
 FUZZ_ARGS ?=
 fuzz: bootstrap fixtures
 	$(VENV)/bin/pytest -q -m hypothesis --hypothesis-profile=fuzz $(FUZZ_ARGS)
+
+# llama-server's answers that depend on this machine's CPU kernels (tests/goldens.py), into
+# tests/golden/cpu/<its instruction sets>/: builds the peer first (about 6 minutes, once).
+goldens: bootstrap fixtures
+	$(PY) -m benchmarks.llama_server_build
+	$(PY) -m scripts.golden_chat_greedy
+	$(PY) -m scripts.golden_chat_greedy --flash-attn off
+	$(PY) -m scripts.golden_logprobs
+	$(PY) -m scripts.golden_embeddings
+	$(PY) -m scripts.golden_tool_calls
 
 clean:
 	rm -rf build skippyctl/native/_skippy_native*.so skippyctl/native/.built $(FIXTURES)

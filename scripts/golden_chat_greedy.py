@@ -1,4 +1,4 @@
-"""Make tests/golden/chat_greedy*.json: llama-server's greedy chat answers under vendored templates.
+"""Make chat_greedy*.json: llama-server's greedy chat answers under vendored templates.
 
     .venv/bin/python -m scripts.golden_chat_greedy [--binary PATH] [--flash-attn on|off]
         [--out FILE]
@@ -13,6 +13,9 @@ render, tokenized with a real tokenizer. The file keeps each request and what ll
 answered (content, tool calls, finish_reason, usage). tests/api/test_chat_greedy_goldens.py loads
 the same model with each template (`load --chat-template`) and compares through the official
 `openai` client.
+
+The default `--out` is this machine's CPU directory, tests/golden/cpu/<features>/
+(tests/goldens.py): the answers depend on the CPU's kernels.
 
 `--binary`: a llama-server built elsewhere, used in place of benchmarks.llama_server_build's cache.
 `--flash-attn`: llama-server's `-fa` (default on, llama-server's own choice on a CPU: the file
@@ -35,6 +38,7 @@ import httpx
 
 from benchmarks.servers import MODEL_ALIAS, ServerSpec, start_llama_server
 from scripts.golden_peer import chat_answer, use_binary, write_golden
+from tests.goldens import machine_golden
 
 REPO: Final = Path(__file__).resolve().parents[1]
 MODEL: Final = REPO / "fixtures" / "real" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -120,10 +124,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--binary", type=Path, help="a llama-server binary to use")
     parser.add_argument("--flash-attn", choices=("on", "off"), default="on")
-    parser.add_argument("--out", type=Path, help="default: tests/golden/chat_greedy[_fa_off].json")
+    parser.add_argument(
+        "--out", type=Path, help="default: this CPU's tests/golden/cpu/…/chat_greedy[_fa_off].json"
+    )
     args = parser.parse_args(argv)
     suffix = "" if args.flash_attn == "on" else "_fa_off"
-    out = args.out or REPO / "tests" / "golden" / f"chat_greedy{suffix}.json"
+    out = args.out or machine_golden(f"chat_greedy{suffix}.json")
     use_binary(args.binary)
     templates = {}
     with tempfile.TemporaryDirectory(prefix="golden-chat-greedy-") as scratch:

@@ -1,4 +1,4 @@
-"""Make tests/golden/embeddings.json: llama-server's `/v1/embeddings` on the embedding fixture.
+"""Make embeddings.json: llama-server's `/v1/embeddings` on the embedding fixture.
 
     .venv/bin/python -m scripts.golden_embeddings [--binary PATH] [--out FILE]
 
@@ -6,6 +6,9 @@ Starts llama-server `--embeddings` (benchmarks/servers.py's `start_llama_server`
 from the same vendored llama.cpp) on fixtures/tiny-embedding.gguf (`make fixtures`: the tiny
 model with mean pooling) and keeps its answers to INPUTS: each vector and the usage.
 tests/api/test_embeddings.py asks skippyctl the same through the official `openai` client.
+
+The default `--out` is this machine's CPU directory, tests/golden/cpu/<features>/
+(tests/goldens.py): the answers depend on the CPU's kernels.
 
 `--binary`: a llama-server built elsewhere, used in place of benchmarks.llama_server_build's cache.
 """
@@ -21,6 +24,7 @@ import httpx
 
 from benchmarks.servers import MODEL_ALIAS, ServerSpec, start_llama_server
 from scripts.golden_peer import use_binary, write_golden
+from tests.goldens import machine_golden
 
 REPO: Final = Path(__file__).resolve().parents[1]
 MODEL: Final = REPO / "fixtures" / "tiny-embedding.gguf"
@@ -35,7 +39,7 @@ INPUTS: Final[list[tuple[str, Any]]] = [
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--binary", type=Path, help="a llama-server binary to use")
-    parser.add_argument("--out", type=Path, default=REPO / "tests" / "golden" / "embeddings.json")
+    parser.add_argument("--out", type=Path, help="default: this CPU's tests/golden/cpu/…")
     args = parser.parse_args(argv)
     use_binary(args.binary)
     spec = ServerSpec(
@@ -63,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             server.stop()
     write_golden(
-        args.out,
+        args.out or machine_golden("embeddings.json"),
         "golden_embeddings",
         args.binary,
         {

@@ -1,4 +1,4 @@
-"""Make tests/golden/tool_calls.json: llama-server's tool calls for the real model, once.
+"""Make tool_calls.json: llama-server's tool calls for the real model, once.
 
     .venv/bin/python -m scripts.golden_tool_calls [--binary PATH] [--out FILE]
 
@@ -10,6 +10,9 @@ few-shot pattern greedily, so each case's messages show two solved turns and ask
 file keeps each request and what llama-server answered (finish_reason, content, the calls' names
 and arguments, usage); ids are random and left out. tests/api/test_tool_calls_real.py replays
 the requests on skippy with the same template and compares.
+
+The default `--out` is this machine's CPU directory, tests/golden/cpu/<features>/
+(tests/goldens.py): the answers depend on the CPU's kernels.
 
 `--binary`: a llama-server built elsewhere (e.g. the path in /work/cache/llama-server.path),
 used in place of benchmarks.llama_server_build's cache.
@@ -26,6 +29,7 @@ import httpx
 
 from benchmarks.servers import MODEL_ALIAS, ServerSpec, start_llama_server
 from scripts.golden_peer import chat_answer, use_binary, write_golden
+from tests.goldens import machine_golden
 
 REPO: Final = Path(__file__).resolve().parents[1]
 MODEL: Final = REPO / "fixtures" / "real" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -101,7 +105,7 @@ CASES: Final[list[tuple[str, dict[str, Any]]]] = [
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--binary", type=Path, help="a llama-server binary to use")
-    parser.add_argument("--out", type=Path, default=REPO / "tests" / "golden" / "tool_calls.json")
+    parser.add_argument("--out", type=Path, help="default: this CPU's tests/golden/cpu/…")
     args = parser.parse_args(argv)
     use_binary(args.binary)
     template = REPO / "fixtures" / "vendor" / "templates" / TEMPLATE
@@ -127,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             server.stop()
     write_golden(
-        args.out,
+        args.out or machine_golden("tool_calls.json"),
         "golden_tool_calls",
         args.binary,
         {

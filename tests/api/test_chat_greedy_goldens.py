@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,13 +32,13 @@ from tests.api.conftest import (
     start_server,
     stop_server,
 )
+from tests.goldens import golden
 
-GOLDEN_DIR = Path(__file__).resolve().parents[1] / "golden"
 GOLDENS = {
     # The load's --flash-attn (None: the default, off on a CPU) → llama-server's answers with
     # that kernel.
-    None: json.loads((GOLDEN_DIR / "chat_greedy_fa_off.json").read_text()),
-    "on": json.loads((GOLDEN_DIR / "chat_greedy.json").read_text()),
+    None: json.loads(golden("chat_greedy_fa_off.json").read_text()),
+    "on": json.loads(golden("chat_greedy.json").read_text()),
 }
 GOLDEN = GOLDENS[None]
 CASES = [(template, case) for template, cases in GOLDEN["templates"].items() for case in cases]

@@ -17,10 +17,9 @@ import openai
 import pytest
 
 from tests.api.conftest import Server, assert_openai_error, openai_client, start_server, stop_server
+from tests.goldens import golden
 
-GOLDEN = json.loads(
-    (Path(__file__).resolve().parents[1] / "golden" / "embeddings.json").read_text()
-)
+GOLDEN = json.loads(golden("embeddings.json").read_text())
 N_UBATCH = 512
 FLOAT32_ULPS_OF_ONE = 4 * float(np.finfo(np.float32).eps)
 """Four float32 ulps at 1.0: every component of a normalised vector is at most 1."""

@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 
 from tests.api.conftest import Server, openai_client, real_model_server
+from tests.goldens import golden
 
-ROOT = Path(__file__).resolve().parents[2]
-GOLDEN = json.loads((ROOT / "tests" / "golden" / "logprobs.json").read_text())
+GOLDEN = json.loads(golden("logprobs.json").read_text())
 TOLERANCE = 1e-3
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 

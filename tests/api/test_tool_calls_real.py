@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 
 from tests.api.conftest import VENDORED_TEMPLATES, Server, openai_client, real_model_server
+from tests.goldens import golden
 
 SYSTEM = (
     "You are a function calling AI model. You may call one or more functions to assist with the "
@@ -218,9 +218,7 @@ def test_a_forced_call_the_runtime_cannot_force_is_a_400_naming_tool_choice(
 
 
 # -- against llama-server: the real model with a vendored tool template (tests/golden/README.md)
-GOLDEN_TOOL_CALLS = json.loads(
-    (Path(__file__).resolve().parents[1] / "golden" / "tool_calls.json").read_text()
-)
+GOLDEN_TOOL_CALLS = json.loads(golden("tool_calls.json").read_text())
 
 
 def _with_template(factory: pytest.TempPathFactory, template: str) -> Iterator[Server]:

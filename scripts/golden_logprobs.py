@@ -1,0 +1,90 @@
+"""Make logprobs.json: llama-server's logprobs on the real model, for tests/api/test_logprobs.py.
+
+    .venv/bin/python -m scripts.golden_logprobs [--binary PATH] [--out FILE]
+
+Starts llama-server (benchmarks/servers.py's `start_llama_server`, the peer built from the same
+vendored llama.cpp; `--jinja`, 2 slots, 2 threads, flash attention on: its choice on a CPU) on
+fixtures/real/SmolLM2-135M-Instruct.Q4_1.gguf and keeps two greedy answers' logprobs, each
+token's and its top alternatives': a chat (`logprobs`, `top_logprobs: 3`) and a completion
+(`logprobs: 2`, which llama-server answers in its chat-style `content` list). The default `--out`
+is this machine's CPU directory (tests/goldens.py): the values depend on the CPU's kernels.
+
+`--binary`: a llama-server built elsewhere, used in place of benchmarks.llama_server_build's cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+from typing import Any, Final
+
+import httpx
+
+from benchmarks.servers import ServerSpec, start_llama_server
+from scripts.golden_peer import use_binary, write_golden
+from tests.goldens import machine_golden
+
+REPO: Final = Path(__file__).resolve().parents[1]
+MODEL: Final = REPO / "fixtures" / "real" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+CHAT: Final = {
+    "messages": [{"role": "user", "content": "What is the capital of France?"}],
+    "temperature": 0,
+    "max_tokens": 6,
+    "logprobs": True,
+    "top_logprobs": 3,
+}
+COMPLETION: Final = {
+    "prompt": "The capital of France is",
+    "temperature": 0,
+    "max_tokens": 6,
+    "logprobs": 2,
+}
+
+
+def _entries(body: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        {
+            "token": entry["token"],
+            "logprob": entry["logprob"],
+            "top": [[top["token"], top["logprob"]] for top in entry["top_logprobs"]],
+        }
+        for entry in body["choices"][0]["logprobs"]["content"]
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--binary", type=Path, help="a llama-server binary to use")
+    parser.add_argument("--out", type=Path, help="default: this CPU's tests/golden/cpu/…")
+    args = parser.parse_args(argv)
+    use_binary(args.binary)
+    spec = ServerSpec(
+        MODEL, sessions=2, context_per_session=1024, threads=2, llama_server_args=("--jinja",)
+    )
+    with tempfile.TemporaryDirectory(prefix="golden-logprobs-") as scratch:
+        server = start_llama_server(spec, Path(scratch))
+        try:
+            with httpx.Client(base_url=server.url, timeout=300) as http:
+                chat = http.post("/v1/chat/completions", json=CHAT)
+                chat.raise_for_status()
+                completion = http.post("/v1/completions", json=COMPLETION)
+                completion.raise_for_status()
+        finally:
+            server.stop()
+    write_golden(
+        args.out or machine_golden("logprobs.json"),
+        "golden_logprobs",
+        args.binary,
+        {
+            "peer": "llama-server --jinja (benchmarks/llama_server_build.py), 2 slots, 2 threads",
+            "model": MODEL.name,
+            "chat": _entries(chat.json()),
+            "completion": _entries(completion.json()),
+        },
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
