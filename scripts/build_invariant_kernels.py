@@ -180,7 +180,7 @@ def patch(root: Path) -> None:
     - ``llamafile_sgemm`` serves products of one row as well (the stock one declines them),
       but those of Q8_0 and Q4_0 weights on x86 (:data:`SAME_ONE_ROW`);
     - ``ggml_compute_forward_mul_mat`` takes products of Q4_1 weights through
-      :data:`Q4_1_KERNEL` (where it compiles: x86 with VNNI), appended to sgemm.cpp;
+      :data:`Q4_1_KERNEL` (where it compiles: x86 with AVX2, FMA and F16C), appended to sgemm.cpp;
     - its float kernels run without barriers when called for one thread;
     - ``ggml_compute_forward_mul_mat`` hands a product of several heads with few rows each to
       the threads a head (or an even share of a head's rows) at a time, each calling sgemm for
