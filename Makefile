@@ -73,6 +73,7 @@ goldens: bootstrap fixtures
 	$(PY) -m scripts.golden_logprobs
 	$(PY) -m scripts.golden_embeddings
 	$(PY) -m scripts.golden_tool_calls
+	$(PY) -m scripts.golden_model_template
 
 clean:
 	rm -rf build skippyctl/native/_skippy_native*.so skippyctl/native/.built $(FIXTURES)

@@ -4,11 +4,12 @@ A peer's numbers depend on the CPU: ggml is built for the machine it runs on (it
 `GGML_NATIVE`), and its kernels sum in another order with AVX-512 or VNNI than with AVX2 alone.
 Measured: llama-server's first chat logprob on the real model was -1.8518 on the x86 CPU with VNNI
 that made the first goldens and -1.9186 on an AVX2-only AMD EPYC, where skippyctl's was -1.9187;
-greedy texts parted in 5 of 16 chats. So the goldens that hold numbers or greedy text are kept per
-CPU: `tests/golden/cpu/<features>/<name>`, `<features>` being the instruction sets llama.cpp
-reports it was built with on that machine (:func:`cpu_features`). A machine without its own
-directory compares with `tests/golden/<name>`, made on that first CPU (whose features were not
-recorded), and the test run warns; `make goldens` makes this machine's (tests/golden/README.md).
+greedy texts parted in 5 of 16 chats and in 2 of 3 under the model's own template. So the goldens
+that hold numbers or greedy text are kept per CPU: `tests/golden/cpu/<features>/<name>`,
+`<features>` being the instruction sets llama.cpp reports it was built with on that machine
+(:func:`cpu_features`). A machine without its own directory compares with
+`tests/golden/<name>`, made on that first CPU (whose features were not recorded), and the test
+run warns; `make goldens` makes this machine's (tests/golden/README.md).
 Renders and token counts do not depend on the CPU and stay in `tests/golden/` alone.
 """
 

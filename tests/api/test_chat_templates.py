@@ -21,6 +21,7 @@ import pytest
 from skippyctl.engine.text import model_chat_template
 from skippyctl.fixtures.generate import TINY, make_model
 from tests.api.conftest import Server, assert_openai_error, start_server, stop_server
+from tests.goldens import golden
 
 REAL_MODEL = Path(__file__).parents[2] / "fixtures" / "real" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 WEATHER_TOOL: dict[str, Any] = {
@@ -35,33 +36,9 @@ WEATHER_TOOL: dict[str, Any] = {
         },
     },
 }
-# llama-server (the vendored llama.cpp's, `--jinja -c 1024 -np 1` on the same GGUF), greedy
-# (`temperature: 0`), `max_tokens: 24`: its message content and usage.prompt_tokens.
-LLAMA_SERVER_GREEDY = [
-    (
-        [{"role": "user", "content": "What is the capital of France?"}],
-        None,
-        "L'Étoile, la Marseillaise, la femme au roi, la femme au ro",
-        37,
-    ),
-    (
-        [
-            {"role": "system", "content": "You are a terse assistant."},
-            {"role": "user", "content": "Name three colors."},
-        ],
-        None,
-        "The most obvious color is white, but there are many more. For example, black, red, "
-        "blue, and green",
-        25,
-    ),
-    (
-        [{"role": "user", "content": "What is the weather in Paris?"}],
-        [WEATHER_TOOL],
-        "Paris, the City of Light, the capital of art and culture. The weather in Paris is "
-        "indeed quite unique. The",
-        37,
-    ),
-]
+# llama-server's greedy answers (`temperature: 0`, `max_tokens: 24`) under the model's own
+# template: content and usage.prompt_tokens (`python -m scripts.golden_model_template`).
+LLAMA_SERVER_GREEDY = json.loads(golden("model_template_greedy.json").read_text())["cases"]
 HOSTILE = {
     "raises": ("{{ raise_exception('roles must alternate') }}", "roles must alternate"),
     "huge-range": ("{% for i in range(10**9) %}x{% endfor %}", "size"),
@@ -89,25 +66,15 @@ def smollm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         stop_server(running)
 
 
-@pytest.mark.parametrize(
-    ("messages", "tools", "text", "prompt_tokens"),
-    LLAMA_SERVER_GREEDY,
-    ids=["user-only", "system-and-user", "with-tools"],
-)
-def test_greedy_chat_equals_llama_server(
-    smollm: Server,
-    messages: list[dict[str, Any]],
-    tools: list[dict[str, Any]] | None,
-    text: str,
-    prompt_tokens: int,
-) -> None:
-    extra: dict[str, Any] = {} if tools is None else {"tools": tools}
+@pytest.mark.parametrize("case", LLAMA_SERVER_GREEDY, ids=lambda case: case["name"])
+def test_greedy_chat_equals_llama_server(smollm: Server, case: dict[str, Any]) -> None:
+    extra: dict[str, Any] = {} if case["tools"] is None else {"tools": case["tools"]}
     chat = _client(smollm).chat.completions.create(
-        model="smollm", messages=messages, max_tokens=24, temperature=0, **extra
+        model="smollm", messages=case["messages"], max_tokens=24, temperature=0, **extra
     )  # type: ignore[call-overload]
     assert chat.usage is not None
-    assert chat.usage.prompt_tokens == prompt_tokens
-    assert chat.choices[0].message.content == text
+    assert chat.usage.prompt_tokens == case["prompt_tokens"]
+    assert chat.choices[0].message.content == case["content"]
 
 
 def test_assistant_tool_calls_and_tool_results_are_accepted(smollm: Server) -> None:
