@@ -19,10 +19,10 @@ The default `--out` is this machine's CPU directory, tests/golden/cpu/<features>
 
 `--binary`: a llama-server built elsewhere, used in place of benchmarks.llama_server_build's cache.
 `--flash-attn`: llama-server's `-fa` (default on, llama-server's own choice on a CPU: the file
-tests/golden/chat_greedy.json, against skippyctl's `--flash-attn on`; off:
-tests/golden/chat_greedy_fa_off.json, what skippyctl's default computes on a CPU (`--flash-attn
-auto`: off), so llama-server then computes on the same ggml CPU library as
-skippyctl's engine: the one with batch-invariant products, skippyctl/engine/kernels.py).
+chat_greedy.json, against skippyctl's `--flash-attn on`; off: chat_greedy_fa_off.json, what
+skippyctl's default computes on a CPU (`--flash-attn auto`: off), so llama-server then computes
+on the same ggml CPU library as skippyctl's engine: the one with batch-invariant products,
+skippyctl/engine/kernels.py).
 Flash attention rounds differently, and a greedy text can part on it.
 """
 
