@@ -15,15 +15,11 @@ The default `--out` is this machine's CPU directory, tests/golden/cpu/<features>
 
 from __future__ import annotations
 
-import argparse
-import tempfile
 from pathlib import Path
 from typing import Any, Final
 
-import httpx
-
-from benchmarks.servers import MODEL_ALIAS, ServerSpec, start_llama_server
-from scripts.golden_peer import use_binary, write_golden
+from benchmarks.servers import MODEL_ALIAS, ServerSpec
+from scripts.golden_peer import golden_arguments, peer_client, write_golden
 from tests.goldens import machine_golden
 
 REPO: Final = Path(__file__).resolve().parents[1]
@@ -37,35 +33,24 @@ INPUTS: Final[list[tuple[str, Any]]] = [
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--binary", type=Path, help="a llama-server binary to use")
-    parser.add_argument("--out", type=Path, help="default: this CPU's tests/golden/cpu/…")
-    args = parser.parse_args(argv)
-    use_binary(args.binary)
+    args = golden_arguments(__doc__, argv)
     spec = ServerSpec(
         MODEL, sessions=1, context_per_session=512, threads=1, llama_server_args=("--embeddings",)
     )
     cases = []
-    with tempfile.TemporaryDirectory(prefix="golden-embeddings-") as scratch:
-        server = start_llama_server(spec, Path(scratch))
-        try:
-            with httpx.Client(base_url=server.url, timeout=300) as http:
-                for name, value in INPUTS:
-                    response = http.post(
-                        "/v1/embeddings", json={"model": MODEL_ALIAS, "input": value}
-                    )
-                    response.raise_for_status()
-                    body = response.json()
-                    cases.append(
-                        {
-                            "name": name,
-                            "input": value,
-                            "vectors": [d["embedding"] for d in body["data"]],
-                            "prompt_tokens": body["usage"]["prompt_tokens"],
-                        }
-                    )
-        finally:
-            server.stop()
+    with peer_client(spec, "embeddings") as http:
+        for name, value in INPUTS:
+            response = http.post("/v1/embeddings", json={"model": MODEL_ALIAS, "input": value})
+            response.raise_for_status()
+            body = response.json()
+            cases.append(
+                {
+                    "name": name,
+                    "input": value,
+                    "vectors": [d["embedding"] for d in body["data"]],
+                    "prompt_tokens": body["usage"]["prompt_tokens"],
+                }
+            )
     write_golden(
         args.out or machine_golden("embeddings.json"),
         "golden_embeddings",

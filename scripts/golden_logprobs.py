@@ -14,15 +14,11 @@ is this machine's CPU directory (tests/goldens.py): the values depend on the CPU
 
 from __future__ import annotations
 
-import argparse
-import tempfile
 from pathlib import Path
 from typing import Any, Final
 
-import httpx
-
-from benchmarks.servers import ServerSpec, start_llama_server
-from scripts.golden_peer import use_binary, write_golden
+from benchmarks.servers import ServerSpec
+from scripts.golden_peer import golden_arguments, peer_client, write_golden
 from tests.goldens import machine_golden
 
 REPO: Final = Path(__file__).resolve().parents[1]
@@ -54,24 +50,15 @@ def _entries(body: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--binary", type=Path, help="a llama-server binary to use")
-    parser.add_argument("--out", type=Path, help="default: this CPU's tests/golden/cpu/…")
-    args = parser.parse_args(argv)
-    use_binary(args.binary)
+    args = golden_arguments(__doc__, argv)
     spec = ServerSpec(
         MODEL, sessions=2, context_per_session=1024, threads=2, llama_server_args=("--jinja",)
     )
-    with tempfile.TemporaryDirectory(prefix="golden-logprobs-") as scratch:
-        server = start_llama_server(spec, Path(scratch))
-        try:
-            with httpx.Client(base_url=server.url, timeout=300) as http:
-                chat = http.post("/v1/chat/completions", json=CHAT)
-                chat.raise_for_status()
-                completion = http.post("/v1/completions", json=COMPLETION)
-                completion.raise_for_status()
-        finally:
-            server.stop()
+    with peer_client(spec, "logprobs") as http:
+        chat = http.post("/v1/chat/completions", json=CHAT)
+        chat.raise_for_status()
+        completion = http.post("/v1/completions", json=COMPLETION)
+        completion.raise_for_status()
     write_golden(
         args.out or machine_golden("logprobs.json"),
         "golden_logprobs",

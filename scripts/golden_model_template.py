@@ -15,31 +15,16 @@ tests/golden/cpu/<features>/ (tests/goldens.py): greedy texts depend on the CPU'
 
 from __future__ import annotations
 
-import argparse
-import tempfile
 from pathlib import Path
 from typing import Any, Final
 
-import httpx
-
-from benchmarks.servers import ServerSpec, start_llama_server
-from scripts.golden_peer import use_binary, write_golden
+from benchmarks.servers import ServerSpec
+from scripts.golden_chat_renders import WEATHER_TOOL
+from scripts.golden_peer import golden_arguments, peer_client, write_golden
 from tests.goldens import machine_golden
 
 REPO: Final = Path(__file__).resolve().parents[1]
 MODEL: Final = REPO / "fixtures" / "real" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-WEATHER_TOOL: Final[dict[str, Any]] = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
 CHATS: Final[list[tuple[str, list[dict[str, str]], list[dict[str, Any]] | None]]] = [
     ("user-only", [{"role": "user", "content": "What is the capital of France?"}], None),
     (
@@ -55,41 +40,28 @@ CHATS: Final[list[tuple[str, list[dict[str, str]], list[dict[str, Any]] | None]]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--binary", type=Path, help="a llama-server binary to use")
-    parser.add_argument("--out", type=Path, help="default: this CPU's tests/golden/cpu/…")
-    args = parser.parse_args(argv)
-    use_binary(args.binary)
+    args = golden_arguments(__doc__, argv)
     spec = ServerSpec(
         MODEL, sessions=1, context_per_session=1024, threads=2, llama_server_args=("--jinja",)
     )
     cases = []
-    with tempfile.TemporaryDirectory(prefix="golden-model-template-") as scratch:
-        server = start_llama_server(spec, Path(scratch))
-        try:
-            with httpx.Client(base_url=server.url, timeout=300) as http:
-                for name, messages, tools in CHATS:
-                    body: dict[str, Any] = {
-                        "messages": messages,
-                        "temperature": 0,
-                        "max_tokens": 24,
-                    }
-                    if tools is not None:
-                        body["tools"] = tools
-                    response = http.post("/v1/chat/completions", json=body)
-                    response.raise_for_status()
-                    answer = response.json()
-                    cases.append(
-                        {
-                            "name": name,
-                            "messages": messages,
-                            "tools": tools,
-                            "content": answer["choices"][0]["message"].get("content"),
-                            "prompt_tokens": answer["usage"]["prompt_tokens"],
-                        }
-                    )
-        finally:
-            server.stop()
+    with peer_client(spec, "model-template") as http:
+        for name, messages, tools in CHATS:
+            body: dict[str, Any] = {"messages": messages, "temperature": 0, "max_tokens": 24}
+            if tools is not None:
+                body["tools"] = tools
+            response = http.post("/v1/chat/completions", json=body)
+            response.raise_for_status()
+            answer = response.json()
+            cases.append(
+                {
+                    "name": name,
+                    "messages": messages,
+                    "tools": tools,
+                    "content": answer["choices"][0]["message"].get("content"),
+                    "prompt_tokens": answer["usage"]["prompt_tokens"],
+                }
+            )
     write_golden(
         args.out or machine_golden("model_template_greedy.json"),
         "golden_model_template",

@@ -3,12 +3,18 @@ answer's comparable fields, and how a golden file is written."""
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 
 from benchmarks import llama_server_build
+from benchmarks.servers import ServerSpec, start_llama_server
 
 
 def use_binary(path: Path | None) -> None:
@@ -46,3 +52,27 @@ def write_golden(out: Path, script: str, binary: Path | None, document: dict[str
     out.write_bytes(
         orjson.dumps({"made_by": made_by, **document}, option=orjson.OPT_INDENT_2) + b"\n"
     )
+
+
+def golden_arguments(doc: str, argv: list[str] | None) -> argparse.Namespace:
+    """A golden script's command line: `--binary` (asked from then on) and `--out` (None: this
+    CPU's directory, tests/goldens.py)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--binary", type=Path, help="a llama-server binary to use")
+    parser.add_argument("--out", type=Path, help="default: this CPU's tests/golden/cpu/…")
+    args = parser.parse_args(argv)
+    use_binary(args.binary)
+    return args
+
+
+@contextlib.contextmanager
+def peer_client(spec: ServerSpec, name: str) -> Iterator[httpx.Client]:
+    """llama-server on `spec`, its log in a scratch directory, and a client of it; stopped
+    after."""
+    with tempfile.TemporaryDirectory(prefix=f"golden-{name}-") as scratch:
+        server = start_llama_server(spec, Path(scratch))
+        try:
+            with httpx.Client(base_url=server.url, timeout=300) as http:
+                yield http
+        finally:
+            server.stop()

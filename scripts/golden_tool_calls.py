@@ -20,15 +20,11 @@ used in place of benchmarks.llama_server_build's cache.
 
 from __future__ import annotations
 
-import argparse
-import tempfile
 from pathlib import Path
 from typing import Any, Final
 
-import httpx
-
-from benchmarks.servers import MODEL_ALIAS, ServerSpec, start_llama_server
-from scripts.golden_peer import chat_answer, use_binary, write_golden
+from benchmarks.servers import MODEL_ALIAS, ServerSpec
+from scripts.golden_peer import chat_answer, golden_arguments, peer_client, write_golden
 from tests.goldens import machine_golden
 
 REPO: Final = Path(__file__).resolve().parents[1]
@@ -103,11 +99,7 @@ CASES: Final[list[tuple[str, dict[str, Any]]]] = [
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--binary", type=Path, help="a llama-server binary to use")
-    parser.add_argument("--out", type=Path, help="default: this CPU's tests/golden/cpu/…")
-    args = parser.parse_args(argv)
-    use_binary(args.binary)
+    args = golden_arguments(__doc__, argv)
     template = REPO / "fixtures" / "vendor" / "templates" / TEMPLATE
     spec = ServerSpec(
         MODEL,
@@ -117,19 +109,12 @@ def main(argv: list[str] | None = None) -> int:
         llama_server_args=("--jinja", "--chat-template-file", str(template)),
     )
     cases = []
-    with tempfile.TemporaryDirectory(prefix="golden-tool-calls-") as scratch:
-        server = start_llama_server(spec, Path(scratch))
-        try:
-            with httpx.Client(base_url=server.url, timeout=300) as http:
-                for name, extra in CASES:
-                    request = {"tools": TOOLS, "max_tokens": 80, "temperature": 0, **extra}
-                    response = http.post(
-                        "/v1/chat/completions", json={"model": MODEL_ALIAS, **request}
-                    )
-                    response.raise_for_status()
-                    cases.append({"name": name, "request": request, **chat_answer(response.json())})
-        finally:
-            server.stop()
+    with peer_client(spec, "tool-calls") as http:
+        for name, extra in CASES:
+            request = {"tools": TOOLS, "max_tokens": 80, "temperature": 0, **extra}
+            response = http.post("/v1/chat/completions", json={"model": MODEL_ALIAS, **request})
+            response.raise_for_status()
+            cases.append({"name": name, "request": request, **chat_answer(response.json())})
     write_golden(
         args.out or machine_golden("tool_calls.json"),
         "golden_tool_calls",
