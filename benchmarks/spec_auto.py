@@ -163,6 +163,10 @@ class Sample:
     tokens_per_s: float
     replies: tuple[str, ...]
     """Each request's reply text, in (session, request) order (chat workloads)."""
+    tokens: int = 0
+    """Completion tokens of the chat workloads' requests (0 for the successor's)."""
+    seconds: float = 0.0
+    """Wall seconds from the first request to the last reply (chat workloads)."""
 
 
 def _fa(flash: str) -> tuple[str, tuple[str, ...]]:
@@ -274,6 +278,7 @@ def _measure(workload: str, variant: Variant, sessions: int, requests: int, thre
         )
         server = start(variant.server, spec, Path(temp))
         replies: tuple[str, ...] = ()
+        wall, made = 0.0, 0
         try:
             warm_up(server, work)
             if not successor:
@@ -293,7 +298,7 @@ def _measure(workload: str, variant: Variant, sessions: int, requests: int, thre
         finally:
             server.stop()
     sys.stderr.write(f"  {variant.name:>28} S={sessions}: {rate:8.1f} tok/s{acceptance}\n")
-    return Sample(rate, replies)
+    return Sample(rate, replies, made, wall)
 
 
 def _acceptance(url: str, headers: dict[str, str]) -> str:

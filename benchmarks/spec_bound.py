@@ -3,6 +3,7 @@ repetitive prompts' greedy replies replayed with an oracle that verifies, in eve
 the proposals that would be accepted (no wasted row, no added forward pass).
 
     .venv/bin/python -m benchmarks.spec_bound [--rounds 3] [--threads 2] [--sessions 1,4,8]
+        [--no-server]
 
 `benchmarks.spec_ceiling` bounds any proposer (every proposal right). This bounds the one
 `--spec auto` has: the n-gram index of `skippyctl/plugins/builtin/ngram.py` (prompt lookup, the
@@ -23,10 +24,21 @@ Steps:
    is `--spec off`; with the oracle it is more than any window policy over these proposals
    could do: no proposal is wasted, and lanes of unequal windows cost no forward pass more
    (with one KV stream per lane they do). Prompt prefill, which both pay alike, is left out.
+4. What the target measures (unless ``--no-server``): `spec_auto`'s tokens/s of skippy
+   `--spec off` on the same workload, the wall clock from the first request to the last reply,
+   at each S (the median of ``--rounds`` fresh servers). Beside the decode steps that wall time
+   holds what speculation cannot shorten (the prompts' prefill, timed in step 1's process, one
+   prompt after another, the fastest of 5 times each) and what it can (the host's work of each
+   step: sampling, commits). The wall bound counts all of the wall time outside the replayed
+   decode and the prefill as work per step, which the oracle saves in proportion to the steps
+   it saves: more generous than the machine can be (HTTP and a reply's first token are in that
+   rest too), so a wall bound under a target is a target no window policy over these
+   proposals reaches here (:func:`wall_bound`).
 
 Reported per S: the share of reply tokens that proposals can give (`proposed_share`), the
-oracle's time and the plain replay's, and their ratio: the bound. Prints a table on stderr,
-one JSON summary on stdout.
+oracle's time and the plain replay's, and their ratio: the bound (decode only); the measured
+`--spec off` wall time, the prefill in it and the wall bound. Prints a table on stderr, one
+JSON summary on stdout.
 """
 
 from __future__ import annotations
@@ -36,12 +48,13 @@ import os
 import statistics
 import subprocess
 import sys
-from typing import Any, Final
+import time
+from typing import Any, Final, NamedTuple
 
 import orjson
 
 from benchmarks.models import model_path
-from benchmarks.spec_auto import REPETITIVE_PROMPTS
+from benchmarks.spec_auto import OFF, REPETITIVE_PROMPTS, Sample, _measure, variants
 from benchmarks.spec_ceiling import _child as ceiling_child
 from benchmarks.spec_ceiling import _counts
 from skippyctl.plugins.builtin.ngram import NgramIndex, SharedNgrams
@@ -51,11 +64,14 @@ MAX_TOKENS: Final = 256
 WINDOWS: Final = "2,4,8,16,32"
 LONGEST_WINDOW: Final = 64
 """The longest window the engine verifies a lane."""
+PREFILL_REPEATS: Final = 5
 
 
-def greedy_replies(path: str, threads: int) -> list[dict[str, list[int]]]:
-    """In this process: each repetitive prompt's tokens (the model's chat template) and its
-    greedy reply's, on the batch-invariant kernels."""
+def greedy_replies(path: str, threads: int) -> list[dict[str, Any]]:
+    """In this process: each repetitive prompt's tokens (the model's chat template), its
+    greedy reply's, and the milliseconds its prefill takes (the least of
+    :data:`PREFILL_REPEATS`: the prefill the wall bound leaves unsaved is then never more than
+    the server's), on the batch-invariant kernels."""
     from skippyctl.engine.kernels import preload_invariant_kernels
 
     problem = preload_invariant_kernels()
@@ -82,25 +98,41 @@ def greedy_replies(path: str, threads: int) -> list[dict[str, list[int]]]:
             if llama_cpp.llama_vocab_is_eog(vocab, token) or len(reply) >= MAX_TOKENS:
                 break
             reply.append(token)
-        replies.append({"prompt": list(tokens), "reply": reply})
+        prefill = []
+        for _ in range(PREFILL_REPEATS):
+            llm.reset()  # type: ignore[no-untyped-call]
+            started = time.perf_counter()
+            llm.eval(tokens)
+            prefill.append((time.perf_counter() - started) * 1000.0)
+        replies.append({"prompt": list(tokens), "reply": reply, "prefill_ms": min(prefill)})
     return replies
 
 
-def _replies_child(path: str, threads: int) -> list[dict[str, list[int]]]:
+def _replies_child(path: str, threads: int) -> list[dict[str, Any]]:
     command = [sys.executable, "-m", "benchmarks.spec_bound", "--child", path]
     done = subprocess.run(command + ["--threads", str(threads)], check=True, capture_output=True)
-    replies: list[dict[str, list[int]]] = orjson.loads(done.stdout)
+    replies: list[dict[str, Any]] = orjson.loads(done.stdout)
     return replies
+
+
+class Replay(NamedTuple):
+    """What lanes in lockstep took: decode milliseconds, reply tokens, tokens from proposals
+    and steps."""
+
+    ms: float
+    made: int
+    from_proposals: int
+    steps: int
 
 
 def replay(
-    replies: list[dict[str, list[int]]],
+    replies: list[dict[str, Any]],
     sessions: int,
     plain_ms: dict[int, float],
     token_ms: dict[int, float],
     oracle: bool,
-) -> tuple[float, int, int]:
-    """Milliseconds the lanes take in lockstep, reply tokens, tokens from proposals."""
+) -> Replay:
+    """The replies replayed in lockstep, the oracle's proposals verified or none."""
     shared = SharedNgrams()
     if sessions == 1:
         orders = [replies]  # one session asks the prompts one after another
@@ -108,7 +140,7 @@ def replay(
         orders = [[replies[lane % len(replies)]] for lane in range(sessions)]
     # Each lane: its queue of replies, the index of the one it writes, its position in it.
     lanes: list[dict[str, Any]] = [{"queue": list(order), "index": None} for order in orders]
-    total_ms, made, from_proposals = 0.0, 0, 0
+    total_ms, made, from_proposals, steps = 0.0, 0, 0, 0
     while True:
         running = []
         for lane in lanes:
@@ -125,7 +157,7 @@ def replay(
                     continue
             running.append(lane)
         if not running:
-            return total_ms, made, from_proposals
+            return Replay(total_ms, made, from_proposals, steps)
         proposed = 0
         for lane in running:
             reply, at, index = lane["reply"], lane["at"], lane["index"]
@@ -143,6 +175,34 @@ def replay(
             from_proposals += accepted
         count = len(running)
         total_ms += plain_ms[count] + token_ms[count] * proposed
+        steps += 1
+
+
+def prefill_ms(replies: list[dict[str, Any]], sessions: int) -> float:
+    """Milliseconds the prompts a run of ``sessions`` asks take to prefill, one after another
+    (as ``replay`` assigns them)."""
+    if sessions == 1:
+        return float(sum(pair["prefill_ms"] for pair in replies))
+    return float(sum(replies[lane % len(replies)]["prefill_ms"] for lane in range(sessions)))
+
+
+def wall_bound(wall_ms: float, off: Replay, oracle: Replay, prefill: float) -> float:
+    """The most the oracle's proposals could speed up a measured ``--spec off`` run of
+    ``wall_ms`` whose prompts take ``prefill`` milliseconds: the replayed decode time they save
+    (scaled down where the replay's plain decode took longer than the run), and of the rest of
+    the run outside the prefill the same share as of the steps, as if all of it were work per
+    step (module docstring, 4)."""
+    decode = min(off.ms, wall_ms)
+    rest = max(0.0, wall_ms - decode - prefill)
+    saved = (off.ms - oracle.ms) * decode / off.ms + rest * (1.0 - oracle.steps / off.steps)
+    return wall_ms / (wall_ms - saved)
+
+
+def measured_off(threads: int, sessions: int, runs: int) -> list[Sample]:
+    """``runs`` fresh servers of skippy ``--spec off`` on the repetitive workload at ``sessions``
+    (``spec_auto``'s measurement, as its target ratio's denominator)."""
+    (off,) = [v for v in variants("repetitive", ()) if v.name == OFF]
+    return [_measure("repetitive", off, sessions, 0, threads) for _ in range(runs)]
 
 
 def _costs(
@@ -161,9 +221,19 @@ def _costs(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=3, help="rounds of the step timings")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="rounds of the step timings, and fresh `--spec off` servers a session count",
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--sessions", default="1,4,8", help="comma-separated session counts")
+    parser.add_argument(
+        "--no-server",
+        action="store_true",
+        help="skip the measured `--spec off` runs (and the wall bound): the decode bound only",
+    )
     parser.add_argument("--child", metavar="PATH", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     sessions = _counts(args.sessions)
@@ -188,30 +258,44 @@ def main(argv: list[str] | None = None) -> int:
     plain, token = _costs(runs, counts)
     rows = []
     for count in sessions:
-        off_ms, made, _ = replay(replies, count, plain, token, oracle=False)
-        oracle_ms, made_oracle, from_proposals = replay(replies, count, plain, token, oracle=True)
-        assert made == made_oracle  # the same replies either way
-        rows.append(
-            {
-                "sessions": count,
-                "plain_step_ms": round(plain[count], 2),
-                "proposed_token_ms": round(token[count], 2),
-                "reply_tokens": made,
-                "proposed_share": round(from_proposals / made, 3),
-                "off_ms": round(off_ms, 1),
-                "oracle_ms": round(oracle_ms, 1),
-                "bound": round(off_ms / oracle_ms, 3),
-            }
-        )
+        off = replay(replies, count, plain, token, oracle=False)
+        best = replay(replies, count, plain, token, oracle=True)
+        assert off.made == best.made  # the same replies either way
+        row: dict[str, Any] = {
+            "sessions": count,
+            "plain_step_ms": round(plain[count], 2),
+            "proposed_token_ms": round(token[count], 2),
+            "reply_tokens": off.made,
+            "proposed_share": round(best.from_proposals / off.made, 3),
+            "off_ms": round(off.ms, 1),
+            "oracle_ms": round(best.ms, 1),
+            "bound": round(off.ms / best.ms, 3),
+        }
+        if not args.no_server:
+            samples = measured_off(args.threads, count, args.rounds)
+            wall_ms = statistics.median(sample.seconds for sample in samples) * 1000.0
+            served = sorted({sample.tokens for sample in samples})
+            if served != [off.made]:
+                sys.stderr.write(
+                    f"warning: at S={count} the server's replies were {served} tokens, the "
+                    f"replayed ones {off.made}: the wall bound compares different texts\n"
+                )
+            prefill = prefill_ms(replies, count)
+            row["off_wall_ms"] = round(wall_ms, 1)
+            row["prefill_ms"] = round(prefill, 1)
+            row["wall_bound"] = round(wall_bound(wall_ms, off, best, prefill), 3)
+        rows.append(row)
     out = sys.stderr
     out.write(f"model {os.path.basename(path)}, {args.threads} threads, {args.rounds} rounds\n")
     out.write(f"{'S':>3} {'plain ms':>9} {'token ms':>9} {'share':>6} {'off ms':>9}")
-    out.write(f" {'oracle ms':>10} {'bound':>6}\n")
+    out.write(f" {'oracle ms':>10} {'bound':>6} {'wall ms':>9} {'prefill':>8} {'wall bound':>10}\n")
     for row in rows:
         out.write(
             f"{row['sessions']:>3} {row['plain_step_ms']:>9.2f} {row['proposed_token_ms']:>9.2f}"
             f" {row['proposed_share']:>6.3f} {row['off_ms']:>9.1f} {row['oracle_ms']:>10.1f}"
-            f" {row['bound']:>6.3f}\n"
+            f" {row['bound']:>6.3f} {row.get('off_wall_ms', float('nan')):>9.1f}"
+            f" {row.get('prefill_ms', float('nan')):>8.1f}"
+            f" {row.get('wall_bound', float('nan')):>10.3f}\n"
         )
     summary = {
         "model": os.path.basename(path),
