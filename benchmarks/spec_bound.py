@@ -70,8 +70,8 @@ PREFILL_REPEATS: Final = 5
 def greedy_replies(path: str, threads: int) -> list[dict[str, Any]]:
     """In this process: each repetitive prompt's tokens (the model's chat template), its
     greedy reply's, and the milliseconds its prefill takes (the least of
-    :data:`PREFILL_REPEATS`: the prefill the wall bound leaves unsaved is then never more than
-    the server's), on the batch-invariant kernels."""
+    :data:`PREFILL_REPEATS`: the wall bound leaves that much unsaved, and the least errs on
+    the generous side), on the batch-invariant kernels."""
     from skippyctl.engine.kernels import preload_invariant_kernels
 
     problem = preload_invariant_kernels()
